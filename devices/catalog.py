@@ -1,0 +1,341 @@
+"""The hardware and model catalog: TOML data files shipped in `devices/catalog/`.
+
+Layout: `catalog/devices/<key>.toml` (one `HardwareSpec` each) and
+`catalog/models/<key>.toml` (one `ModelSpec` each). Every number in those files
+carries a comment naming its source. A device file may say `extends = "<key>"` to
+start from another entry and override some fields (used for software-stack variants
+of the same hardware, and handy in a user's own file).
+
+Lookup is case-insensitive, ignores `_`/space/`-`/`.` differences and accepts each
+entry's `aliases`; an unknown name raises `CatalogError` listing the closest names.
+Users can also load a device from their own TOML file (`load_device_file`) and a
+model from a Hugging Face `config.json` (`load_hf_config`) or a TOML file
+(`load_model_file`); `resolve_device` / `resolve_model` take either a name or a path.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+from .specs import HardwareSpec, ModelSpec
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on 3.10 only
+    import tomli as tomllib
+
+CATALOG_DIR = Path(__file__).with_name("catalog")
+
+
+class CatalogError(ValueError):
+    """An unknown catalog name, or a data file that cannot be read or validated."""
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[\s_]+", "-", name.strip().lower())
+
+
+def _compact(name: str) -> str:
+    return re.sub(r"[^a-z0-9]", "", name.lower())
+
+
+def _read_toml(path: Path) -> dict:
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        raise CatalogError(f"{path}: no such file") from None
+    except tomllib.TOMLDecodeError as e:
+        raise CatalogError(f"{path}: not valid TOML: {e}") from None
+
+
+def _validation_message(path: Path | str, exc: Exception) -> str:
+    """One line per pydantic error: the file, the dotted field and what was wrong."""
+    errors = getattr(exc, "errors", None)
+    if not callable(errors):
+        return f"{path}: {exc}"
+    lines = []
+    for err in errors():
+        loc = ".".join(str(p) for p in err.get("loc", ())) or "(top level)"
+        msg = err.get("msg", "invalid")
+        if err.get("type") == "missing":
+            lines.append(f"{path}: field '{loc}' is required but missing")
+        elif err.get("type") == "extra_forbidden":
+            lines.append(f"{path}: unknown field '{loc}' (check its spelling)")
+        else:
+            got = err.get("input")
+            lines.append(f"{path}: field '{loc}': {msg} (got {got!r})")
+    return "\n".join(lines)
+
+
+def _build(cls: Callable[..., Any], data: dict, path: Path | str):
+    try:
+        return cls(**data)
+    except CatalogError:
+        raise
+    except Exception as e:  # pydantic.ValidationError, TypeError
+        raise CatalogError(_validation_message(path, e)) from None
+
+
+def _merge(base: dict, over: dict) -> dict:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def _raw_entries(kind: str) -> dict[str, tuple[Path, dict]]:
+    """{key: (path, raw dict)} for every catalog file of `kind` ("devices"/"models")."""
+    out: dict[str, tuple[Path, dict]] = {}
+    for path in sorted((CATALOG_DIR / kind).glob("*.toml")):
+        data = _read_toml(path)
+        key = data.get("key", path.stem)
+        if key in out:
+            raise CatalogError(f"{path}: duplicate catalog key {key!r} (also in {out[key][0]})")
+        out[key] = (path, data)
+    return out
+
+
+def _resolve_extends(kind: str, data: dict, path: Path | str, seen: tuple = ()) -> dict:
+    data = dict(data)
+    parent = data.pop("extends", None)
+    if parent is None:
+        return data
+    if parent in seen:
+        raise CatalogError(f"{path}: 'extends' cycle through {parent!r}")
+    raw = _raw_entries(kind)
+    key = _lookup_key(kind, parent)
+    ppath, pdata = raw[key]
+    base = _resolve_extends(kind, pdata, ppath, seen + (parent,))
+    base.pop("aliases", None)  # aliases name one entry, never its variants
+    return _merge(base, data)
+
+
+@functools.lru_cache(maxsize=None)
+def _alias_index(kind: str) -> dict[str, str]:
+    index: dict[str, str] = {}
+    for key, (path, data) in _raw_entries(kind).items():
+        for name in [key, data.get("name", ""), *data.get("aliases", [])]:
+            if not name:
+                continue
+            for form in (_norm(name), _compact(name)):
+                other = index.get(form)
+                if other is not None and other != key:
+                    raise CatalogError(f"{path}: name {name!r} already names {other!r}")
+                index[form] = key
+    return index
+
+
+def _lookup_key(kind: str, name: str) -> str:
+    if not isinstance(name, str) or not name.strip():
+        raise CatalogError(f"expected a {kind[:-1]} name, got {name!r}")
+    index = _alias_index(kind)
+    for form in (_norm(name), _compact(name)):
+        if form in index:
+            return index[form]
+    keys = sorted(_raw_entries(kind))
+    close = difflib.get_close_matches(_norm(name), keys, n=3, cutoff=0.4)
+    if not close:
+        close = difflib.get_close_matches(_compact(name), [_compact(k) for k in keys], n=3, cutoff=0.4)
+        close = [k for k in keys if _compact(k) in close]
+    hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+    raise CatalogError(f"unknown {kind[:-1]} {name!r}{hint} (known: {', '.join(keys)})")
+
+
+@functools.lru_cache(maxsize=None)
+def get_device(name: str) -> HardwareSpec:
+    """The catalog device called `name` (key, display name or alias; any case).
+
+    Raises:
+        CatalogError: unknown name (the message lists the closest names) or a bad file.
+    """
+    key = _lookup_key("devices", name)
+    path, data = _raw_entries("devices")[key]
+    return _build(HardwareSpec, {"key": key, **_resolve_extends("devices", data, path)}, path)
+
+
+@functools.lru_cache(maxsize=None)
+def get_model(name: str) -> ModelSpec:
+    """The catalog model called `name` (key, display name, alias or HF repo id).
+
+    Raises:
+        CatalogError: unknown name (the message lists the closest names) or a bad file.
+    """
+    key = _lookup_key("models", name)
+    path, data = _raw_entries("models")[key]
+    return _build(ModelSpec, {"key": key, **_resolve_extends("models", data, path)}, path)
+
+
+def device_names() -> list[str]:
+    """Catalog device keys, sorted."""
+    return sorted(_raw_entries("devices"))
+
+
+def model_names() -> list[str]:
+    """Catalog model keys, sorted."""
+    return sorted(_raw_entries("models"))
+
+
+def load_device_file(path: str | Path) -> HardwareSpec:
+    """A device from a user's TOML file (same fields as the catalog's; may `extends` a
+    catalog entry). `key` defaults to the file's stem.
+
+    Raises:
+        CatalogError: missing file, bad TOML (with line/column), or a field that is
+            missing or out of range (named, with the file).
+    """
+    path = Path(path)
+    data = _read_toml(path)
+    data.setdefault("key", path.stem.lower())
+    data.setdefault("name", data["key"])
+    return _build(HardwareSpec, _resolve_extends("devices", data, path), path)
+
+
+def load_model_file(path: str | Path) -> ModelSpec:
+    """A model from a TOML file with `ModelSpec` fields (may `extends` a catalog model).
+
+    Raises:
+        CatalogError: as `load_device_file`.
+    """
+    path = Path(path)
+    data = _read_toml(path)
+    data.setdefault("key", path.stem.lower())
+    data.setdefault("name", data["key"])
+    return _build(ModelSpec, _resolve_extends("models", data, path), path)
+
+
+def _hf_get(cfg: dict, path: Path, *names: str, default: Any = ..., kind: type = int):
+    for n in names:
+        if n in cfg and cfg[n] is not None:
+            v = cfg[n]
+            if kind is int and not (isinstance(v, int) and not isinstance(v, bool)):
+                raise CatalogError(f"{path}: field '{n}' should be an integer, got {v!r}")
+            return v
+    if default is ...:
+        raise CatalogError(f"{path}: missing field '{names[0]}' (expected an integer)")
+    return default
+
+
+def load_hf_config(path: str | Path, name: str | None = None) -> ModelSpec:
+    """A model from a Hugging Face `config.json` on disk (a file, or a folder holding one).
+
+    Understands Llama/Mistral/Qwen (GQA), DeepSeek-V3/Kimi-K2 (MLA + MoE with shared
+    experts and leading dense layers), Qwen3-MoE, Mixtral and gpt-oss (MoE, sliding
+    window layers via `layer_types`). Fields read: num_hidden_layers, hidden_size,
+    num_attention_heads, num_key_value_heads, head_dim, intermediate_size, vocab_size,
+    tie_word_embeddings; MoE: n_routed_experts | num_local_experts | num_experts,
+    num_experts_per_tok, n_shared_experts, moe_intermediate_size, first_k_dense_replace,
+    mlp_only_layers; MLA: kv_lora_rank, q_lora_rank, qk_rope_head_dim, qk_nope_head_dim,
+    v_head_dim; sliding window: sliding_window with layer_types or use_sliding_window.
+
+    Raises:
+        CatalogError: missing file, invalid JSON, or a missing/ill-typed field (named).
+    """
+    path = Path(path)
+    if path.is_dir():
+        path = path / "config.json"
+    try:
+        cfg = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise CatalogError(f"{path}: no such file") from None
+    except json.JSONDecodeError as e:
+        raise CatalogError(f"{path}: not valid JSON: {e}") from None
+    if not isinstance(cfg, dict):
+        raise CatalogError(f"{path}: expected a JSON object")
+    if isinstance(cfg.get("text_config"), dict):  # multimodal wrappers keep the LM here
+        cfg = {**cfg, **cfg["text_config"]}
+
+    g = functools.partial(_hf_get, cfg, path)
+    layers = g("num_hidden_layers", "n_layer", "num_layers")
+    hidden = g("hidden_size", "n_embd", "d_model")
+    heads = g("num_attention_heads", "n_head")
+    kv_heads = g("num_key_value_heads", "num_kv_heads", default=heads)
+    head_dim = g("head_dim", default=None) or hidden // heads
+    vocab = g("vocab_size")
+    ffn = g("intermediate_size", "ffn_dim", "n_inner", default=4 * hidden)
+
+    moe = None
+    n_experts = g("n_routed_experts", "num_local_experts", "num_experts", default=None)
+    if n_experts:
+        dense = g("first_k_dense_replace", default=0)
+        mlp_only = cfg.get("mlp_only_layers") or []
+        if mlp_only and not dense:
+            if sorted(mlp_only) != list(range(len(mlp_only))):
+                raise CatalogError(f"{path}: field 'mlp_only_layers' must list the leading layers "
+                                   f"(0, 1, ...) for this model; got {mlp_only!r}")
+            dense = len(mlp_only)
+        moe = {
+            "n_routed_experts": n_experts,
+            "n_active_experts": g("num_experts_per_tok", "experts_per_token", "moe_topk"),
+            "n_shared_experts": g("n_shared_experts", "num_shared_experts", default=0),
+            "expert_ffn_size": g("moe_intermediate_size", default=ffn),
+            "n_dense_layers": dense,
+        }
+    mla = None
+    if cfg.get("kv_lora_rank"):
+        mla = {
+            "kv_lora_rank": g("kv_lora_rank"),
+            "qk_rope_head_dim": g("qk_rope_head_dim"),
+            "qk_nope_head_dim": g("qk_nope_head_dim"),
+            "v_head_dim": g("v_head_dim"),
+            "q_lora_rank": g("q_lora_rank", default=None),
+        }
+        head_dim = mla["v_head_dim"]
+    window = g("sliding_window", default=None)
+    n_sliding = 0
+    if window:
+        types = cfg.get("layer_types")
+        if isinstance(types, list):
+            n_sliding = sum(1 for t in types if t == "sliding_attention")
+        elif cfg.get("use_sliding_window", True):
+            n_sliding = layers
+    key = name or cfg.get("_name_or_path") or path.parent.name or path.stem
+    data = {
+        "key": _norm(str(key)).split("/")[-1],
+        "name": str(key).split("/")[-1],
+        "description": f"loaded from {path}",
+        "n_layers": layers, "hidden_size": hidden, "n_heads": heads, "n_kv_heads": kv_heads,
+        "head_dim": head_dim, "ffn_size": ffn, "vocab_size": vocab,
+        "tie_word_embeddings": bool(cfg.get("tie_word_embeddings", False)),
+        "moe": moe, "mla": mla,
+        "sliding_window": window if n_sliding else None, "n_sliding_layers": n_sliding,
+    }
+    return _build(ModelSpec, data, path)
+
+
+def _is_path(s: str) -> bool:
+    return s.endswith((".toml", ".json")) or "/" in s and Path(s).exists() or Path(s).is_file()
+
+
+def resolve_device(name_or_path: str | HardwareSpec) -> HardwareSpec:
+    """A HardwareSpec from a spec, a catalog name, or a path to a TOML file."""
+    if isinstance(name_or_path, HardwareSpec):
+        return name_or_path
+    s = str(name_or_path)
+    return load_device_file(s) if _is_path(s) else get_device(s)
+
+
+def resolve_model(name_or_path: str | ModelSpec) -> ModelSpec:
+    """A ModelSpec from a spec, a catalog name, a Hugging Face config.json (file or
+    folder) or a TOML file."""
+    if isinstance(name_or_path, ModelSpec):
+        return name_or_path
+    s = str(name_or_path)
+    if s.endswith(".toml") or (Path(s).is_file() and s.endswith(".toml")):
+        return load_model_file(s)
+    if _is_path(s) or Path(s).is_dir():
+        return load_hf_config(s)
+    return get_model(s)
+
+
+__all__ = [
+    "CATALOG_DIR", "CatalogError", "device_names", "get_device", "get_model", "load_device_file",
+    "load_hf_config", "load_model_file", "model_names", "resolve_device", "resolve_model",
+]

@@ -1,0 +1,584 @@
+"""Roofline cost model: how long a prefill iteration or a decode step takes.
+
+Pure functions of (model, device, parallelism, dtypes, speculative decoding) and the
+batch; vectorised with numpy so an engine can price 10^4 decode steps of a batch of
+10^3 requests in one call.
+
+Formulas (SI units: FLOP, bytes, seconds). An instance is N = tp x pp devices;
+a pipeline stage is tp devices holding n_layers / pp layers.
+
+Work of one forward pass over T tokens (summed over requests):
+    FLOPs  = 2 T A + 2 G V h + f_att x (positions attended)         [FLOP]
+        A = active linear params per token (attention + dense FFN + shared experts +
+            router + k routed experts, see `ModelSpec`), G = tokens that need logits
+            (prefill: one per request; decode: every token), V h = LM-head weights,
+        f_att = 2 x heads x (d_qk + d_v) per layer per attended position; a prefill
+            chunk of n tokens over c cached attends sum_{p=c+1}^{c+n} p positions,
+            capped at the window on sliding-window layers.
+    weight bytes per pass = (R + L_moe x D(T) x P_e) x b_w                    [bytes]
+        R = weights every pass reads (attention, dense FFN, shared experts, router,
+            norms, LM head), P_e = one routed expert, b_w = bytes per weight,
+        D(T) = E (1 - (1 - k/E)^T) distinct experts touched per MoE layer by T tokens
+            (uniform top-k routing; k for one token, -> E for large batches).
+    KV bytes = (cached tokens read + new tokens written) x KV bytes per token-layer.
+
+Time of one pass, with m = min(pp, requests) micro-batches (each request's next
+token depends on its last, so a pipeline keeps at most pp micro-batches in flight):
+    per stage, per micro-batch:
+        t_compute = (F_prefill / e_pc + F_decode / e_dc) / (m pp tp P)
+        t_memory  = (W(T/m) / e_m / pp + KV / e_kv / (m pp)) / (tp B)
+        t_stage   = max(t_compute, t_memory) + t_comm + (n_layers / pp) x L
+            P = dense peak FLOP/s of one device at the compute dtype, B = its memory
+            bandwidth, e_* = the device's efficiency factors for the phase,
+            t_comm = TP all-reduces (2 per layer: 2 (tp-1)/tp x S / link bandwidth +
+            2 ceil(log2 tp) x link latency, S = T/m x hidden x 2 bytes) or, with ep > 1, an
+            attention all-reduce plus an expert all-to-all (dispatch + combine) per
+            MoE layer; L = device.layer_latency_s (wafer only).
+        hop = link latency + pipeline_hop_latency_s + (T/m) x hidden x 2 / link bandwidth
+    decode / mixed (steady state, micro-batches interleave across steps):
+        time = max(pp x t_stage + (pp - 1) x hop, m x t_stage)
+        i.e. a token's latency is the sum of the stage times plus the hops, while the
+        slowest stage, busy with all m micro-batches, bounds throughput;
+    prefill (one iteration, pipeline filled then drained):
+        time = (m + pp - 1) x t_stage + (pp - 1) x hop
+    plus device.iteration_overhead_s. Communication is not overlapped with compute.
+
+Speculative decoding (k draft tokens, acceptance rate a): a step drafts k tokens
+(k passes of the draft: a draft model on one stage's devices, or an MTP head = one
+extra layer + LM head of the target) and verifies k + 1 tokens per request in one
+target pass; it yields (1 - a^(k+1)) / (1 - a) tokens per request on average.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Literal, Optional
+
+import numpy as np
+
+from .specs import ACTIVATION_BYTES, DTYPES, HardwareSpec, ModelSpec, dtype_bytes
+
+BOUNDS = ("compute", "memory", "communication", "latency")
+
+
+@dataclass(frozen=True)
+class Parallelism:
+    """How an instance's devices share the model.
+
+    tp: tensor-parallel degree (devices splitting each layer, one pipeline stage);
+    pp: pipeline stages (on the wafer engine: systems the layers are pipelined over);
+    ep: expert-parallel degree: the MoE layers' experts are sharded over ep of a
+        stage's tp devices (ep must divide tp); attention stays tensor parallel.
+
+    Raises:
+        ValueError: a degree below 1, not an integer, or ep not dividing tp.
+    """
+
+    tp: int = 1
+    pp: int = 1
+    ep: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("tp", "pp", "ep"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+                raise ValueError(f"Parallelism.{name} must be an integer >= 1, got {v!r}")
+        if self.tp % self.ep:
+            raise ValueError(f"Parallelism.ep ({self.ep}) must divide tp ({self.tp}): experts are "
+                             "sharded within a pipeline stage's tensor-parallel group")
+
+    @property
+    def n_devices(self) -> int:
+        return self.tp * self.pp
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """Speculative decoding: `draft_tokens` (k) drafted per step, each accepted with
+    probability `acceptance_rate` (a) until the first rejection.
+
+    method "mtp": multi-token-prediction head(s) of the target (one extra layer + the
+    LM head per drafted token); "draft_model": a separate small model, `draft_model`
+    (catalog name or ModelSpec), run on one pipeline stage's devices.
+
+    Raises:
+        ValueError: k < 1, a outside [0, 1), unknown method, or a draft_model method
+            without a draft model.
+    """
+
+    draft_tokens: int
+    acceptance_rate: float
+    method: Literal["mtp", "draft_model"] = "mtp"
+    draft_model: Optional[object] = None
+
+    def __post_init__(self) -> None:
+        k, a = self.draft_tokens, self.acceptance_rate
+        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+            raise ValueError(f"SpeculativeConfig.draft_tokens must be an integer >= 1, got {k!r}")
+        if not (0.0 <= float(a) < 1.0):
+            raise ValueError(f"SpeculativeConfig.acceptance_rate must be in [0, 1), got {a!r}")
+        if self.method not in ("mtp", "draft_model"):
+            raise ValueError(f"SpeculativeConfig.method must be 'mtp' or 'draft_model', got {self.method!r}")
+        if self.method == "draft_model" and self.draft_model is None:
+            raise ValueError("SpeculativeConfig: method 'draft_model' needs draft_model (a catalog name)")
+
+    @property
+    def tokens_per_step(self) -> float:
+        """Expected tokens emitted per verification step: (1 - a^(k+1)) / (1 - a)."""
+        a, k = float(self.acceptance_rate), int(self.draft_tokens)
+        return (1.0 - a ** (k + 1)) / (1.0 - a)
+
+
+@dataclass(frozen=True)
+class IterationCost:
+    """Cost of one iteration on the whole instance.
+
+    time_s: duration (s); flops: FLOPs done; bytes: bytes moved to/from device memory
+    (weights read once per micro-batch pass, KV read and written); comm_s: time spent
+    in communication (collectives and pipeline hops, transfer and latency) within
+    time_s; bound: the largest term of the critical path: "compute" or "memory" (the
+    roofline), "communication" (bytes over links) or "latency" (fixed latencies: per
+    layer, per collective step, per pipeline hop, per iteration). compute_s, memory_s,
+    comm_bw_s, latency_s: those terms along the critical path (s).
+    """
+
+    time_s: float
+    flops: float
+    bytes: float
+    comm_s: float
+    bound: str
+    compute_s: float = 0.0
+    memory_s: float = 0.0
+    latency_s: float = 0.0
+    comm_bw_s: float = 0.0
+    tokens: float = 0.0
+
+
+@dataclass(frozen=True)
+class StepCosts:
+    """The next n_steps decode steps of a fixed batch: arrays of shape (n_steps,).
+
+    time_s: duration of each step (s); flops, bytes: work of each step; comm_s:
+    communication time within each step; bound: what binds the first step;
+    tokens_per_step: expected tokens each request gains per step.
+    """
+
+    time_s: np.ndarray
+    flops: np.ndarray
+    bytes: np.ndarray
+    comm_s: np.ndarray
+    bound: str
+    tokens_per_step: float = 1.0
+
+    @property
+    def end_times(self) -> np.ndarray:
+        """Cumulative end time of each step from the start of the first (s)."""
+        return np.cumsum(self.time_s)
+
+
+@dataclass(frozen=True)
+class _Terms:
+    """A model's coefficients at given dtypes (plain floats for the hot path)."""
+
+    wb: float
+    kv_token_layer_bytes: float
+    resident_params: float
+    expert_params: float
+    n_moe: int
+    n_experts: int
+    top_k: int
+    active_linear: float
+    lm_head: float
+    attn_coef: float
+    n_layers: int
+    n_full: int
+    n_slide: int
+    window: float
+    hidden: int
+
+    @classmethod
+    def of(cls, model: ModelSpec, weight_dtype: str, kv_dtype: str) -> "_Terms":
+        moe = model.moe
+        return cls(
+            wb=dtype_bytes(weight_dtype),
+            kv_token_layer_bytes=model.kv_elements_per_token_per_layer * dtype_bytes(kv_dtype),
+            resident_params=float(model.pass_resident_params),
+            expert_params=float(model.expert_params),
+            n_moe=model.n_moe_layers,
+            n_experts=moe.n_routed_experts if moe else 0,
+            top_k=moe.n_active_experts if moe else 0,
+            active_linear=float(model.active_linear_params),
+            lm_head=float(model.lm_head_params),
+            attn_coef=float(model.attention_flops_per_position),
+            n_layers=model.n_layers,
+            n_full=model.n_full_attention_layers,
+            n_slide=model.n_sliding_layers,
+            window=float(model.sliding_window or 0),
+            hidden=model.hidden_size,
+        )
+
+    def distinct_experts(self, tokens: np.ndarray) -> np.ndarray:
+        if not self.n_moe:
+            return np.zeros_like(tokens)
+        E, k = self.n_experts, self.top_k
+        if k >= E:
+            return np.where(tokens > 0, float(E), 0.0)
+        return E * -np.expm1(tokens * math.log1p(-k / E))
+
+    def weight_bytes_per_pass(self, tokens: np.ndarray) -> np.ndarray:
+        experts = self.n_moe * self.distinct_experts(tokens) * self.expert_params
+        return np.where(tokens > 0, (self.resident_params + experts) * self.wb, 0.0)
+
+
+def _as_counts(x, name: str) -> np.ndarray:
+    a = np.asarray(x, dtype=float)
+    if a.ndim > 1:
+        a = a.ravel()
+    if a.size and (not np.all(np.isfinite(a)) or np.any(a < 0)):
+        raise ValueError(f"{name} must be finite token counts >= 0")
+    return np.atleast_1d(a)
+
+
+def _range_min_sum(c: np.ndarray, n: np.ndarray, w: float) -> np.ndarray:
+    """sum_{p=c+1}^{c+n} min(p, w), elementwise (w > 0)."""
+    top = np.minimum(c + n, w)
+    below = np.maximum(top - c, 0.0)            # positions c+1..top that are <= w
+    s_below = below * (c + 1 + top) / 2.0
+    return s_below + (n - below) * w
+
+
+def _shift_min_sum(c_sorted: np.ndarray, prefix: np.ndarray, shift: np.ndarray, w: float) -> np.ndarray:
+    """sum_i min(c_i + s, w) for every s in `shift` (c sorted ascending, prefix its
+    cumulative sum with a leading 0): O(len(shift) log len(c))."""
+    idx = np.searchsorted(c_sorted, w - shift, side="left")   # c_i + s < w for i < idx
+    return prefix[idx] + shift * idx + w * (c_sorted.size - idx)
+
+
+class CostModel:
+    """Iteration times of one instance: a model served on `parallelism` devices.
+
+    Args:
+        model, device: specs, or catalog names / file paths (see `devices.catalog`).
+        parallelism: tp x pp devices (ep within tp).
+        weight_dtype, kv_dtype: "bf16" | "fp8" | "fp4": bytes stored and moved; the
+            weight dtype also sets the compute dtype (see HardwareSpec.compute_dtype).
+        speculative: optional SpeculativeConfig.
+
+    Attributes:
+        kv_bytes_per_token: KV bytes per token of context, all layers, at kv_dtype
+            (plus the draft's KV when speculating with a draft model or MTP head).
+        weight_bytes: bytes of weights at weight_dtype (plus draft / MTP weights).
+        tokens_per_step: 1.0, or expected tokens per verification step.
+        peak_flops: dense FLOP/s of the whole instance at the compute dtype.
+        memory_bandwidth: bytes/s of the whole instance.
+
+    Raises:
+        ValueError: unknown dtype; CatalogError: unknown model/device name.
+    """
+
+    def __init__(self, model, device, parallelism: Parallelism | None = None,
+                 weight_dtype: str = "fp8", kv_dtype: str = "fp8",
+                 speculative: SpeculativeConfig | None = None):
+        from .catalog import resolve_device, resolve_model
+
+        for name, dt in (("weight_dtype", weight_dtype), ("kv_dtype", kv_dtype)):
+            if dt not in DTYPES:
+                raise ValueError(f"CostModel {name} must be one of {', '.join(DTYPES)}, got {dt!r}")
+        self.model: ModelSpec = resolve_model(model)
+        self.device: HardwareSpec = resolve_device(device)
+        self.parallelism: Parallelism = parallelism or Parallelism()
+        self.weight_dtype = weight_dtype
+        self.kv_dtype = kv_dtype
+        self.speculative = speculative
+        self.compute_dtype = self.device.compute_dtype(weight_dtype)
+        par, dev = self.parallelism, self.device
+        self._peak_dev = dev.dense_peak_flops(weight_dtype)
+        self.peak_flops: float = par.n_devices * self._peak_dev
+        self.memory_bandwidth: float = par.n_devices * dev.memory_bandwidth_Bps
+        self._t = _Terms.of(self.model, weight_dtype, kv_dtype)
+
+        self.draft: ModelSpec | None = None
+        extra_w = extra_kv = 0
+        if speculative is not None:
+            if speculative.method == "draft_model":
+                self.draft = resolve_model(speculative.draft_model)
+                extra_w = self.draft.weight_bytes(weight_dtype)
+            else:
+                self.draft = self._mtp_module(self.model)
+                extra_w = int(round((self.draft.params_total - self.draft.embedding_params
+                                     - (0 if self.draft.tie_word_embeddings else self.draft.lm_head_params))
+                                    * dtype_bytes(weight_dtype)))
+            extra_kv = self.draft.kv_bytes_per_token(kv_dtype)
+            self._td = _Terms.of(self.draft, weight_dtype, kv_dtype)
+        self.kv_bytes_per_token: int = self.model.kv_bytes_per_token(kv_dtype) + extra_kv
+        self.weight_bytes: int = self.model.weight_bytes(weight_dtype) + extra_w
+        self.tokens_per_step: float = 1.0 if speculative is None else speculative.tokens_per_step
+
+    @staticmethod
+    def _mtp_module(model: ModelSpec) -> ModelSpec:
+        """The target's MTP head as a one-layer model (MoE layer if the model has MoE;
+        embeddings and LM head shared with the target)."""
+        upd: dict = {"key": f"{model.key}-mtp", "name": f"{model.name} MTP head", "n_layers": 1,
+                     "n_sliding_layers": 0, "sliding_window": None}
+        if model.moe is not None:
+            upd["moe"] = model.moe.model_copy(update={"n_dense_layers": 0})
+        return model.model_copy(update=upd)
+
+    # ---- core -------------------------------------------------------------------
+    def _pass(self, t: _Terms, *, tokens, flops_p, flops_d, kv_p, kv_d, m: int, pp: int,
+              steady: bool) -> dict:
+        """Time one forward pass (arrays broadcast over steps); see the module docstring."""
+        dev, eff, tp, ep = self.device, self.device.efficiency, self.parallelism.tp, self.parallelism.ep
+        tokens = np.asarray(tokens, dtype=float)
+        tok_mb = tokens / m
+        w_mb = t.weight_bytes_per_pass(tok_mb)
+        decode_part = np.any(np.asarray(flops_d) > 0)
+        e_w = eff.decode_memory if decode_part else eff.prefill_memory
+        peak, bw = tp * self._peak_dev, tp * dev.memory_bandwidth_Bps
+        compute_s = (flops_p / eff.prefill_compute + flops_d / eff.decode_compute) / (m * pp * peak)
+        memory_s = (w_mb / e_w / pp + (kv_p / eff.prefill_memory + kv_d / eff.decode_memory) / (m * pp)) / bw
+        comm_bw, comm_lat = self._stage_comm(t, tok_mb, pp, tp, ep)
+        comm_s = comm_bw + comm_lat
+        lat_s = t.n_layers / pp * dev.layer_latency_s
+        stage = np.maximum(compute_s, memory_s) + comm_s + lat_s
+        if pp > 1:
+            link_bw, link_lat = dev.link(self.parallelism.n_devices)
+            hop_xfer = tok_mb * t.hidden * ACTIVATION_BYTES / (link_bw * eff.communication)
+            hop_lat = link_lat + dev.pipeline_hop_latency_s
+        else:
+            hop_xfer = hop_lat = 0.0
+        hop = hop_xfer + hop_lat
+        if steady:
+            time = np.maximum(pp * stage + (pp - 1) * hop, m * stage)
+            passes = pp
+        else:
+            time = (m + pp - 1) * stage + (pp - 1) * hop
+            passes = m + pp - 1
+        time = time + dev.iteration_overhead_s
+        z = 0 * time
+        return {
+            "time": time,
+            "flops": np.asarray(flops_p + flops_d, dtype=float) + z,
+            "bytes": m * w_mb + kv_p + kv_d + z,
+            # all time spent communicating (collectives and pipeline hops, both terms)
+            "comm": passes * comm_s + (pp - 1) * hop + z,
+            "compute": passes * compute_s + z,
+            "memory": passes * memory_s + z,
+            # alpha-beta split of the critical path: bandwidth-driven transfer time vs
+            # fixed latencies (per layer, per collective step, per hop, per iteration)
+            "comm_bw": passes * comm_bw + (pp - 1) * hop_xfer + z,
+            "latency": passes * (lat_s + comm_lat) + (pp - 1) * hop_lat + dev.iteration_overhead_s + z,
+        }
+
+    def _stage_comm(self, t: _Terms, tok_mb, pp: int, tp: int, ep: int) -> tuple:
+        """(transfer time, latency time) of one stage's collectives for one micro-batch
+        of tok_mb tokens (s)."""
+        if tp == 1:
+            return 0.0 * tok_mb, 0.0 * tok_mb
+        dev, e = self.device, self.device.efficiency.communication
+        bw, lat = dev.link(tp)
+        size = tok_mb * t.hidden * ACTIVATION_BYTES
+        # ring bandwidth term, tree latency term (NCCL switches to trees for small messages)
+        ar_bw = 2 * (tp - 1) / tp * size / (bw * e)
+        ar_lat = 2 * math.ceil(math.log2(tp)) * lat
+        layers, moe_layers = t.n_layers / pp, t.n_moe / pp
+        if ep > 1 and t.n_moe:
+            bw_e, lat_e = dev.link(ep)
+            sent = tok_mb / ep * t.top_k * t.hidden * ACTIVATION_BYTES * (ep - 1) / ep
+            dense = layers - moe_layers
+            return (dense * 2 * ar_bw + moe_layers * (ar_bw + 2 * sent / (bw_e * e)),
+                    dense * 2 * ar_lat + moe_layers * (ar_lat + 2 * lat_e) + 0.0 * tok_mb)
+        return layers * 2 * ar_bw, layers * 2 * ar_lat + 0.0 * tok_mb
+
+    @staticmethod
+    def _combine(parts: list[dict]) -> dict:
+        out = dict(parts[0])
+        for p in parts[1:]:
+            for k in out:
+                out[k] = out[k] + p[k]
+        return out
+
+    @staticmethod
+    def _bound(d: dict, i: int = 0) -> str:
+        roof = "compute" if np.ravel(d["compute"])[i] >= np.ravel(d["memory"])[i] else "memory"
+        vals = {roof: max(np.ravel(d["compute"])[i], np.ravel(d["memory"])[i]),
+                "communication": np.ravel(d["comm_bw"])[i], "latency": np.ravel(d["latency"])[i]}
+        return max(vals, key=vals.get)
+
+    def _cost(self, d: dict, tokens: float) -> IterationCost:
+        f = lambda k: float(np.ravel(d[k])[0])  # noqa: E731
+        return IterationCost(time_s=f("time"), flops=f("flops"), bytes=f("bytes"), comm_s=f("comm"),
+                             bound=self._bound(d), compute_s=f("compute"), memory_s=f("memory"),
+                             latency_s=f("latency"), comm_bw_s=f("comm_bw"), tokens=float(tokens))
+
+    # ---- work of a phase ---------------------------------------------------------------
+    @staticmethod
+    def _prefill_work(t: _Terms, n: np.ndarray, c: np.ndarray) -> tuple[float, float, float]:
+        """(tokens, FLOPs, KV bytes) of prefill chunks n over cached c."""
+        live = n > 0
+        n, c = n[live], c[live]
+        tokens = float(n.sum())
+        pos = t.n_full * float(np.sum(n * c + n * (n + 1) / 2))
+        kv_read = t.n_full * float(c.sum())
+        if t.n_slide:
+            pos += t.n_slide * float(_range_min_sum(c, n, t.window).sum())
+            kv_read += t.n_slide * float(np.minimum(c, t.window).sum())
+        flops = 2 * tokens * t.active_linear + 2 * live.sum() * t.lm_head + t.attn_coef * pos
+        kv = t.kv_token_layer_bytes * (kv_read + t.n_layers * tokens)
+        return tokens, flops, kv
+
+    @staticmethod
+    def _decode_work(t: _Terms, c: np.ndarray, shift: np.ndarray, q: int) -> tuple[float, np.ndarray, np.ndarray]:
+        """(tokens, FLOPs, KV bytes) per step of a decode batch with contexts c + shift
+        (shift: array over steps), q query tokens per request (k + 1 when verifying)."""
+        B = c.size
+        csum = float(c.sum())
+        ctx_sum = csum + B * shift                                  # sum_i (c_i + s)
+        pos = t.n_full * (q * ctx_sum + B * q * (q + 1) / 2)
+        kv_read = t.n_full * ctx_sum
+        if t.n_slide:
+            cs = np.sort(c)
+            prefix = np.concatenate(([0.0], np.cumsum(cs)))
+            pos = pos + t.n_slide * sum(_shift_min_sum(cs, prefix, shift + r, t.window) for r in range(1, q + 1))
+            kv_read = kv_read + t.n_slide * _shift_min_sum(cs, prefix, shift, t.window)
+        tokens = float(B * q)
+        flops = 2 * tokens * (t.active_linear + t.lm_head) + t.attn_coef * pos
+        kv = t.kv_token_layer_bytes * (kv_read + t.n_layers * tokens)
+        return tokens, flops, kv
+
+    def _draft_passes(self, c: np.ndarray, shift: np.ndarray) -> dict | None:
+        """k sequential draft passes (one token per request each) on one stage's devices."""
+        if self.speculative is None:
+            return None
+        parts = []
+        for r in range(int(self.speculative.draft_tokens)):
+            tok, fl, kv = self._decode_work(self._td, c, shift + r, 1)
+            parts.append(self._pass(self._td, tokens=tok, flops_p=0.0, flops_d=fl, kv_p=0.0, kv_d=kv,
+                                    m=1, pp=1, steady=True))
+        return self._combine(parts)
+
+    # ---- public API -------------------------------------------------------------------------
+    def prefill(self, new_tokens, cached_tokens=0) -> IterationCost:
+        """One chunked-prefill iteration: request i computes new_tokens[i] tokens on top
+        of cached_tokens[i] already in its KV (prefix cache or earlier chunks).
+
+        Args: arrays (or scalars) of token counts, broadcast together.
+        Raises: ValueError on negative counts or an iteration with no new tokens.
+        """
+        n = _as_counts(new_tokens, "new_tokens")
+        c = _as_counts(cached_tokens, "cached_tokens")
+        n, c = np.broadcast_arrays(n, c)
+        tokens, flops, kv = self._prefill_work(self._t, n, c)
+        if tokens <= 0:
+            raise ValueError("prefill: no new tokens in the iteration")
+        pp = self.parallelism.pp
+        m = int(min(pp, tokens))
+        d = self._pass(self._t, tokens=tokens, flops_p=flops, flops_d=0.0, kv_p=kv, kv_d=0.0,
+                       m=m, pp=pp, steady=False)
+        if self.speculative is not None:  # the draft (or MTP head) builds its KV of the prompt too
+            _, fl_d, kv_d = self._prefill_work(self._td, n, c)
+            d = self._combine([d, self._pass(self._td, tokens=tokens, flops_p=fl_d, flops_d=0.0, kv_p=kv_d,
+                                             kv_d=0.0, m=1, pp=1, steady=False)])
+        return self._cost(d, tokens)
+
+    def decode_steps(self, context_lens, n_steps: int) -> StepCosts:
+        """The next n_steps decode steps of a fixed batch.
+
+        Args:
+            context_lens: (B,) tokens of context of each request at the first step; in
+                step j request i has context_lens[i] + j x tokens_per_step.
+            n_steps: number of steps (>= 0).
+        Returns: StepCosts with arrays of shape (n_steps,).
+        Raises: ValueError on an empty batch, negative contexts or n_steps < 0.
+        """
+        c = _as_counts(context_lens, "context_lens")
+        if c.size == 0:
+            raise ValueError("decode_steps: empty batch (no context_lens)")
+        n_steps = int(n_steps)
+        if n_steps < 0:
+            raise ValueError(f"decode_steps: n_steps must be >= 0, got {n_steps}")
+        shift = np.arange(n_steps, dtype=float) * self.tokens_per_step
+        if n_steps == 0:
+            z = np.zeros(0)
+            return StepCosts(z, z, z, z, "memory", self.tokens_per_step)
+        d = self._decode_dict(c, shift)
+        return StepCosts(time_s=d["time"], flops=d["flops"], bytes=d["bytes"], comm_s=d["comm"],
+                         bound=self._bound(d), tokens_per_step=self.tokens_per_step)
+
+    def _decode_dict(self, c: np.ndarray, shift: np.ndarray) -> dict:
+        q = 1 if self.speculative is None else int(self.speculative.draft_tokens) + 1
+        tok, fl, kv = self._decode_work(self._t, c, shift, q)
+        pp = self.parallelism.pp
+        d = self._pass(self._t, tokens=np.full(shift.size, tok), flops_p=0.0, flops_d=fl, kv_p=0.0, kv_d=kv,
+                       m=int(min(pp, c.size)), pp=pp, steady=True)
+        draft = self._draft_passes(c, shift)
+        return d if draft is None else self._combine([d, draft])
+
+    def mixed(self, new_tokens, cached_tokens, context_lens) -> IterationCost:
+        """One colocated iteration: a prefill chunk (new_tokens over cached_tokens, as in
+        `prefill`) fused with one decode step of the requests with `context_lens`.
+        Weights are read once per micro-batch pass for both parts.
+
+        Raises: ValueError if both parts are empty or counts are negative.
+        """
+        n = _as_counts(new_tokens, "new_tokens")
+        c = _as_counts(cached_tokens, "cached_tokens")
+        n, c = np.broadcast_arrays(n, c)
+        ctx = _as_counts(context_lens, "context_lens") if np.size(context_lens) else np.zeros(0)
+        tok_p, fl_p, kv_p = self._prefill_work(self._t, n, c)
+        q = 1 if self.speculative is None else int(self.speculative.draft_tokens) + 1
+        zero = np.zeros(1)
+        tok_d, fl_d, kv_d = self._decode_work(self._t, ctx, zero, q) if ctx.size else (0.0, zero, zero)
+        if tok_p + tok_d <= 0:
+            raise ValueError("mixed: no prefill tokens and no decode requests")
+        pp = self.parallelism.pp
+        m = int(min(pp, int(np.count_nonzero(n)) + ctx.size))
+        d = self._pass(self._t, tokens=tok_p + tok_d, flops_p=fl_p, flops_d=fl_d, kv_p=kv_p, kv_d=kv_d,
+                       m=max(m, 1), pp=pp, steady=True)
+        if self.speculative is not None:
+            if ctx.size:
+                d = self._combine([d, self._draft_passes(ctx, zero)])
+            if tok_p:
+                _, f2, k2 = self._prefill_work(self._td, n, c)
+                d = self._combine([d, self._pass(self._td, tokens=tok_p, flops_p=f2, flops_d=0.0, kv_p=k2,
+                                                 kv_d=0.0, m=1, pp=1, steady=False)])
+        return self._cost(d, tok_p + tok_d)
+
+    # ---- conveniences -------------------------------------------------------------------------
+    def decode_step(self, context_lens) -> IterationCost:
+        """One decode step of the batch as an IterationCost (see `decode_steps`).
+
+        Raises: ValueError on an empty batch or negative contexts.
+        """
+        c = _as_counts(context_lens, "context_lens")
+        if c.size == 0:
+            raise ValueError("decode_step: empty batch (no context_lens)")
+        q = 1 if self.speculative is None else int(self.speculative.draft_tokens) + 1
+        return self._cost(self._decode_dict(c, np.zeros(1)), c.size * q)
+
+    def describe(self) -> dict:
+        """The instance's configuration and derived rates as a plain dict."""
+        par = self.parallelism
+        out = {
+            "model": self.model.key, "device": self.device.key, "n_devices": par.n_devices,
+            "tp": par.tp, "pp": par.pp, "ep": par.ep, "weight_dtype": self.weight_dtype,
+            "kv_dtype": self.kv_dtype, "compute_dtype": self.compute_dtype,
+            "peak_flops": self.peak_flops, "memory_bandwidth_Bps": self.memory_bandwidth,
+            "weight_bytes": self.weight_bytes, "kv_bytes_per_token": self.kv_bytes_per_token,
+            "tokens_per_step": self.tokens_per_step,
+        }
+        if self.speculative is not None:
+            s = self.speculative
+            out["speculative"] = {"method": s.method, "draft_tokens": s.draft_tokens,
+                                  "acceptance_rate": s.acceptance_rate,
+                                  "draft_model": self.draft.key if self.draft is not None else None}
+        return out
+
+    def __repr__(self) -> str:
+        p = self.parallelism
+        return (f"CostModel({self.model.key} on {p.n_devices} x {self.device.key}, tp={p.tp} pp={p.pp} "
+                f"ep={p.ep}, weights {self.weight_dtype}, KV {self.kv_dtype})")
+
+
+__all__ = ["BOUNDS", "CostModel", "IterationCost", "Parallelism", "SpeculativeConfig", "StepCosts"]

@@ -1,0 +1,226 @@
+"""Helpers shared by the serving engines: growable logs, speculative-step arithmetic,
+utilisation and lateness meters, the instance's memory ledger from the planner.
+
+Nothing here touches time or peers; the engines own their loops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import numpy as np
+
+from devices.memory import MemoryLedger
+
+#: Slack for float products such as steps * tokens_per_step (e.g. 3 * (1/3 * 3)) so an
+#: expected count that is an integer in exact arithmetic is not floored one too low.
+_EPS = 1e-9
+
+
+class GrowingArray:
+    """A float64 log with amortised O(1) append and a movable start.
+
+    Indices are global (they keep counting when the head is dropped with
+    `drop_before`), so a holder of an index range can read it back later as long as it
+    is at or after `base`.
+    """
+
+    __slots__ = ("_buf", "_n", "base")
+
+    def __init__(self, capacity: int = 1024) -> None:
+        self._buf = np.empty(max(16, capacity), dtype=np.float64)
+        self._n = 0          # live entries in _buf
+        self.base = 0        # global index of _buf[0]
+
+    def __len__(self) -> int:
+        """Global length (index one past the last entry)."""
+        return self.base + self._n
+
+    def extend(self, values: np.ndarray) -> None:
+        """Append `values` (1-D)."""
+        k = values.shape[0]
+        need = self._n + k
+        if need > self._buf.shape[0]:
+            new = np.empty(max(need, 2 * self._buf.shape[0]), dtype=np.float64)
+            new[: self._n] = self._buf[: self._n]
+            self._buf = new
+        self._buf[self._n : need] = values
+        self._n = need
+
+    def slice(self, start: int, stop: int) -> np.ndarray:
+        """Copy of global entries [start, stop); raises IndexError below `base`."""
+        if start < self.base or stop > len(self) or stop < start:
+            raise IndexError(f"GrowingArray: [{start}, {stop}) outside [{self.base}, {len(self)})")
+        return self._buf[start - self.base : stop - self.base].copy()
+
+    def drop_before(self, index: int) -> None:
+        """Forget entries below global `index` (their memory is reused)."""
+        cut = min(max(0, index - self.base), self._n)
+        if cut:
+            self._buf[: self._n - cut] = self._buf[cut : self._n]
+            self._n -= cut
+            self.base += cut
+
+
+def emitted_after(steps, remaining, tokens_per_step: float):
+    """Tokens emitted after `steps` verification steps by a request that had `remaining`
+    tokens left: min(remaining, floor(steps * tokens_per_step)). Works on ints or arrays.
+
+    Speculative decoding emits a random number of tokens per step; the engine uses the
+    expected value `tokens_per_step` (from the cost model) deterministically, so step j
+    emits floor(j*tps) - floor((j-1)*tps) >= 1 tokens (tps >= 1).
+    """
+    if tokens_per_step == 1.0:
+        return np.minimum(remaining, steps)
+    return np.minimum(remaining, np.floor(np.asarray(steps) * tokens_per_step + _EPS).astype(np.int64))
+
+
+def steps_for(tokens, tokens_per_step: float):
+    """Fewest steps S with emitted_after(S, inf) >= tokens (ints or int arrays; 0 for 0)."""
+    t = np.asarray(tokens, dtype=np.int64)
+    if tokens_per_step == 1.0:
+        out = t.copy()
+    else:
+        out = np.ceil(t / tokens_per_step).astype(np.int64)
+        # Repair the float rounding both ways with the same formula emitted_after uses.
+        low = np.floor(out * tokens_per_step + _EPS).astype(np.int64) < t
+        out = out + low
+        high = (out > 0) & (np.floor((out - 1) * tokens_per_step + _EPS).astype(np.int64) >= t)
+        out = out - high
+    out = np.maximum(out, 0)
+    return int(out) if out.ndim == 0 else out
+
+
+class Utilisation:
+    """Busy time, FLOPs and bytes moved by an engine, for MFU/MBU.
+
+    MFU = FLOPs / (peak FLOP/s x seconds); MBU = bytes / (bandwidth x seconds). Both are
+    reported over busy time and over the whole elapsed time.
+    """
+
+    __slots__ = ("busy_s", "flops", "bytes", "iterations")
+
+    def __init__(self) -> None:
+        self.busy_s = 0.0
+        self.flops = 0.0
+        self.bytes = 0.0
+        self.iterations = 0
+
+    def add(self, seconds: float, flops: float, nbytes: float, iterations: int = 1) -> None:
+        self.busy_s += float(seconds)
+        self.flops += float(flops)
+        self.bytes += float(nbytes)
+        self.iterations += int(iterations)
+
+    def as_dict(self, peak_flops: float, bandwidth: float, elapsed_s: float) -> dict:
+        def ratio(x: float, rate: float, s: float) -> float:
+            return x / (rate * s) if rate > 0 and s > 0 else 0.0
+
+        return {
+            "busy_s": self.busy_s,
+            "iterations": self.iterations,
+            "flops": self.flops,
+            "bytes": self.bytes,
+            "peak_flops": peak_flops,
+            "memory_bandwidth": bandwidth,
+            "elapsed_s": elapsed_s,
+            "busy_fraction": self.busy_s / elapsed_s if elapsed_s > 0 else 0.0,
+            "mfu": ratio(self.flops, peak_flops, elapsed_s),
+            "mbu": ratio(self.bytes, bandwidth, elapsed_s),
+            "mfu_busy": ratio(self.flops, peak_flops, self.busy_s),
+            "mbu_busy": ratio(self.bytes, bandwidth, self.busy_s),
+        }
+
+
+class Lateness:
+    """How far past its deadlines an engine woke (emulated seconds; 0 in virtual time)."""
+
+    __slots__ = ("samples",)
+
+    def __init__(self) -> None:
+        self.samples = GrowingArray(256)
+
+    def note(self, deadline: float, now: float) -> None:
+        self.samples.extend(np.array([max(0.0, now - deadline)]))
+
+    def as_dict(self) -> dict:
+        s = self.samples.slice(self.samples.base, len(self.samples))
+        return {
+            "lateness_n": int(s.shape[0]),
+            "lateness_max_s": float(s.max()) if s.size else 0.0,
+            "lateness_mean_s": float(s.mean()) if s.size else 0.0,
+            "lateness_p99_s": float(np.percentile(s, 99)) if s.size else 0.0,
+            "lateness_s": s,
+        }
+
+
+class TimeSeries:
+    """(t, value) samples, appended at events (memory occupancy, batch size)."""
+
+    __slots__ = ("t", "v")
+
+    def __init__(self) -> None:
+        self.t = GrowingArray(256)
+        self.v = GrowingArray(256)
+
+    def add(self, t: float, value: float) -> None:
+        self.t.extend(np.array([t]))
+        self.v.extend(np.array([float(value)]))
+
+    def as_arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        return self.t.slice(self.t.base, len(self.t)), self.v.slice(self.v.base, len(self.v))
+
+
+def instance_ledger(cost: Any, name: str, reserve_fraction: float | None,
+                    plan: Any = None) -> tuple[MemoryLedger, Any]:
+    """The instance's ledger with weights and workspace booked, and the memory plan.
+
+    Capacity, weight and reserve bytes come from `plan` (any object with int-valued
+    `capacity_bytes`, `weight_bytes`, `reserve_bytes`) or, when None, from
+    `devices.planner.plan_memory(cost)` (which raises ModelDoesNotFit when the weights
+    do not fit). What stays free is for KV blocks and the prefix cache.
+    """
+    if plan is None:
+        from devices.planner import plan_memory  # late: the planner imports the cost model
+
+        plan = plan_memory(cost) if reserve_fraction is None else plan_memory(
+            cost, reserve_fraction=reserve_fraction)
+    ledger = MemoryLedger(int(plan.capacity_bytes), name)
+    ledger.alloc("weights", int(plan.weight_bytes))
+    ledger.alloc("workspace", int(plan.reserve_bytes))
+    return ledger, plan
+
+
+def model_layers(cost: Any) -> int:
+    """Number of transformer layers of the cost model's model."""
+    model = cost.model
+    for attr in ("layers", "n_layers", "num_layers", "num_hidden_layers"):
+        v = getattr(model, attr, None)
+        if isinstance(v, int) and v > 0:
+            return v
+    raise AttributeError(f"cannot find the layer count of model {model!r}")
+
+
+def spawn(coro, errors: list) -> asyncio.Future:
+    """ensure_future(coro), recording an exception (not cancellation) in `errors` so the
+    engine's `drain`/`stats` re-raise it instead of losing it."""
+    fut = asyncio.ensure_future(coro)
+
+    def done(f: asyncio.Future) -> None:
+        if not f.cancelled() and f.exception() is not None:
+            errors.append(f.exception())
+
+    fut.add_done_callback(done)
+    return fut
+
+
+def ceil_div(a: int, b: int) -> int:
+    """ceil(a / b) for non-negative ints."""
+    return -(-a // b)
+
+
+__all__ = [
+    "GrowingArray", "Lateness", "TimeSeries", "Utilisation", "ceil_div", "emitted_after",
+    "instance_ledger", "model_layers", "spawn", "steps_for",
+]

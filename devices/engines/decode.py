@@ -1,0 +1,594 @@
+"""The decode engine (wafer-scale SRAM or GPU HBM): continuous batching with event skipping.
+
+Memory. The instance's ledger (capacity, weights and workspace from
+`planner.plan_memory`) holds the KV of the running batch in paged blocks of
+`kv_block_tokens`. A request enters through the pull protocol: `reserve_kv` books the
+memory for its incoming KV (waiting FIFO until it fits; the sender keeps the KV until
+then), the interconnect ships the frames, `receive_kv` verifies every frame and hands
+the request to the batch at the next step boundary. Two admission policies:
+
+- "reserve" (default, safe): `reserve_kv` books the request's *final* footprint,
+  prompt + output_tokens - 1 tokens (the KV after its last decode step). This is a
+  max_tokens-style reservation, as when a server reserves for the request's full
+  `max_tokens`: decode can never run out of memory and never preempts, at the price of
+  memory held early.
+- "preempt": `reserve_kv` books only the prompt's blocks; each request's KV grows block
+  by block as it decodes. Before each run of steps the engine computes at which step
+  the batch's growth would overflow the ledger and stops there; at that boundary it
+  preempts the most recently admitted request (vLLM's recompute preemption): its blocks
+  are freed, it records a `preempted` event and goes to the front of the reservation
+  queue for prompt + tokens-generated-so-far tokens. When that is granted it re-enters
+  the batch after a recompute prefill of those tokens on this device
+  (`cost.prefill([prompt + generated], [0])`), during which the whole batch stalls (one
+  iteration, as an unchunked prefill in the same scheduler would); it then generates
+  its remaining tokens normally. Its ITL samples include the gap around the
+  preemption. Memory for a run of k steps is booked when the run starts (the growth up
+  to its last step), so a reservation made mid-run cannot take it; blocks not yet used
+  are returned if the run is cut short.
+
+Time: events, not tokens. Between batch-changing events (admission, completion,
+preemption) the batch is fixed, so the engine asks `cost.decode_steps(context_lens, k)`
+for the next k step times at once, k = steps until the earliest completion (at most
+`max_steps_per_wake`, then it continues), and waits until the last of them or an
+admission. Woken early, it counts the steps finished by now with `np.searchsorted`,
+finishes the step in progress and rebuilds the batch there. `wakeups` counts the
+loop's wake-ups: it grows with batch changes, not with output tokens.
+
+Speculative decoding: the cost model's `tokens_per_step` (expected tokens per
+verification step, >= 1) is used as a deterministic expectation. Step j of a stint
+emits floor(j * tps) - floor((j - 1) * tps) tokens, so n remaining tokens need
+ceil(n / tps) steps (the last step emits the rest).
+
+Token timing. The engine keeps one growing log of step start/end times; a request
+keeps the index range of the steps it took part in. At completion its token times are
+rebuilt: one token per step at the step's end, or with speculative decoding the q
+tokens of a step spread evenly over it (start + i/q * duration, i = 1..q, the last at
+the step's end). ITL samples are the gaps between consecutive output tokens, starting
+with the gap from the first token (made by prefill, `first_token_s`) to the first
+decode token, which therefore includes the KV transfer and admission wait. So a
+request with n output tokens has n - 1 samples and their mean is exactly
+TPOT = (E2E - TTFT) / (n - 1) (DESIGN.md metric definitions).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from typing import Any, Literal
+
+import numpy as np
+
+from devices.engines.common import (
+    GrowingArray,
+    Lateness,
+    TimeSeries,
+    Utilisation,
+    emitted_after,
+    instance_ledger,
+    model_layers,
+    spawn,
+    steps_for,
+)
+from devices.memory import KVBlockPool
+from interconnect.codec import FrameError, decode_frame
+
+AdmissionPolicy = Literal["reserve", "preempt"]
+
+
+class _Waiter:
+    """A memory reservation waiting in FIFO order (external request or preempted seq)."""
+
+    __slots__ = ("req", "kv_tokens", "blocks", "first_token_s", "event", "granted", "seq")
+
+    def __init__(self, req, kv_tokens: int, blocks: int, first_token_s, seq=None) -> None:
+        self.req = req
+        self.kv_tokens = kv_tokens
+        self.blocks = blocks
+        self.first_token_s = first_token_s
+        self.event = asyncio.Event() if seq is None else None
+        self.granted = False
+        self.seq = seq
+
+
+class _Seq:
+    """A request in the decode engine (ready or running)."""
+
+    __slots__ = ("req", "first_token_s", "prompt", "n_out", "emitted", "rem", "steps",
+                 "start", "done", "order", "times", "recompute")
+
+    def __init__(self, req, first_token_s: float) -> None:
+        self.req = req
+        self.first_token_s = float(first_token_s)
+        self.prompt = int(req.prompt_tokens)
+        self.n_out = int(req.output_tokens)
+        self.emitted = 0          # decode tokens emitted before the current stint
+        self.rem = 0              # tokens to emit in the current stint
+        self.steps = 0            # steps the current stint needs
+        self.start = 0            # global index of the stint's first step
+        self.done = 0             # steps done in the current stint
+        self.order = 0            # admission order (preemption picks the largest)
+        self.times: list[np.ndarray] = []   # token times of ended stints
+        self.recompute = False
+
+
+class DecodeEngine:
+    """A decode instance (see the module docstring for the behaviour).
+
+    Keyword args:
+        name: instance name (ledger messages, stats).
+        clock: a `workloads.clock.Clock`.
+        cost: the instance's `devices.costmodel.CostModel` (its `tokens_per_step`
+            carries speculative decoding).
+        collector: handle with async `event`, `events`, `finish`.
+        max_batch: most requests in the running batch, >= 1.
+        kv_block_tokens: tokens per paged KV block, >= 1.
+        admission_policy: "reserve" or "preempt" (module docstring).
+        memory_reserve_fraction: `planner.plan_memory`'s reserve_fraction; None: default.
+        memory_plan: overrides the planner: an object with `capacity_bytes`,
+            `weight_bytes`, `reserve_bytes` (ints).
+        max_steps_per_wake: longest run of steps computed at once (bounds the arrays;
+            the run continues after it), >= 1.
+    Raises ValueError on out-of-range arguments; `planner.ModelDoesNotFit` if the
+    weights do not fit.
+    """
+
+    def __init__(self, *, name: str, clock: Any, cost: Any, collector: Any, max_batch: int = 256,
+                 kv_block_tokens: int = 16, admission_policy: AdmissionPolicy = "reserve",
+                 memory_reserve_fraction: float | None = None, memory_plan: Any = None,
+                 max_steps_per_wake: int = 4096) -> None:
+        if int(max_batch) < 1:
+            raise ValueError(f"DecodeEngine {name!r}: max_batch must be >= 1, got {max_batch}")
+        if admission_policy not in ("reserve", "preempt"):
+            raise ValueError(f"DecodeEngine {name!r}: admission_policy must be 'reserve' or "
+                             f"'preempt', got {admission_policy!r}")
+        if int(max_steps_per_wake) < 1:
+            raise ValueError(f"DecodeEngine {name!r}: max_steps_per_wake must be >= 1")
+        tps = float(cost.tokens_per_step)
+        if not tps >= 1.0:
+            raise ValueError(f"DecodeEngine {name!r}: cost.tokens_per_step must be >= 1, got {tps}")
+        self.name = name
+        self.clock = clock
+        self.cost = cost
+        self.collector = collector
+        self.max_batch = int(max_batch)
+        self.policy: AdmissionPolicy = admission_policy
+        self.max_steps_per_wake = int(max_steps_per_wake)
+        self.tps = tps
+        self.n_layers = model_layers(cost)
+
+        self.ledger, self.plan = instance_ledger(cost, f"{name}/KV", memory_reserve_fraction,
+                                                memory_plan)
+        self.kv_capacity_bytes = self.ledger.free_bytes
+        self.pool = KVBlockPool(self.ledger, kv_block_tokens, int(cost.kv_bytes_per_token))
+        self.block_tokens = self.pool.block_tokens
+
+        self._waiters: deque[_Waiter] = deque()
+        self._n_internal = 0                   # preempted waiters at the deque's front
+        self._reservations: dict[int, _Waiter] = {}
+        self._ready: deque[_Seq] = deque()
+        self._batch: list[_Seq] = []
+        self._reserving = 0                    # reserve_kv calls in progress
+        self._waiting_ids: set[int] = set()
+        self._order = 0
+        self._pending_events: list[tuple] = []
+        self._admit_event = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._loop_task: asyncio.Future | None = None
+        self._errors: list[BaseException] = []
+
+        self._t_start = GrowingArray(4096)     # global step log (emulated s)
+        self._t_end = GrowingArray(4096)
+        self.util = Utilisation()
+        self.lateness = Lateness()
+        self.memory = TimeSeries()
+        self.batch_series = TimeSeries()
+        self.wakeups = 0
+        self.batch_peak = 0
+        self._batch_seconds = 0.0              # integral of batch size over step time
+        self.counts = {"reserved": 0, "admitted": 0, "completed": 0, "failed": 0,
+                       "preemptions": 0, "recompute_tokens": 0, "bad_frames": 0,
+                       "tokens_generated": 0}
+
+    # ------------------------------------------------------------------ peer API
+    async def reserve_kv(self, req, kv_tokens: int, first_token_s: float | None = None) -> bool:
+        """Reserve memory for `req`'s incoming KV of `kv_tokens` tokens; return when
+        reserved (True). Waits FIFO behind earlier reservations.
+
+        Under "reserve" the final footprint (kv_tokens + output_tokens - 1 tokens) is
+        booked, under "preempt" the kv_tokens only. If the final footprint exceeds the
+        whole KV capacity the request can never run here: it is ended as failed
+        ("exceeds_decode_kv_capacity") and False is returned (the sender just frees its
+        copy). `first_token_s` (optional) is kept for `receive_kv`.
+        """
+        self._start()
+        final = int(kv_tokens) + req.output_tokens - 1
+        if self.pool.bytes_for(final) > self.kv_capacity_bytes:
+            self.counts["failed"] += 1
+            await self.collector.finish(req.id, "failed", reason="exceeds_decode_kv_capacity",
+                                        t=self.clock.now())
+            return False
+        if req.id in self._reservations or req.id in self._waiting_ids:
+            raise RuntimeError(f"DecodeEngine {self.name!r}: request {req.id} reserved twice")
+        tokens = final if self.policy == "reserve" else int(kv_tokens)
+        w = _Waiter(req, int(kv_tokens), self.pool.blocks_for(tokens), first_token_s)
+        self._reserving += 1
+        self._idle.clear()
+        self._waiting_ids.add(req.id)
+        try:
+            self._waiters.append(w)
+            self._grant()
+            if not w.granted:
+                await self.clock.wait_until(w.event, None)
+        finally:
+            self._reserving -= 1
+            self._waiting_ids.discard(req.id)
+        self.counts["reserved"] += 1
+        await self.collector.event(req.id, "kv_reserved", self.clock.now())
+        return True
+
+    async def receive_kv(self, req, frames: list, first_token_s: float | None = None) -> int:
+        """Verify every frame of `req`'s KV; return the number of bad frames.
+
+        A frame is bad if it fails its checksum or structure check, names another
+        request, or covers another token range; missing layers count as bad too. Bad
+        frames are never used: the reservation stays, so the sender may re-send (or call
+        `abort_kv`). With 0 bad frames the request joins the batch at the next step
+        boundary. Raises RuntimeError if `req` has no reservation here.
+        """
+        self._start()
+        w = self._reservations.get(req.id)
+        if w is None:
+            raise RuntimeError(f"DecodeEngine {self.name!r}: receive_kv for request {req.id} "
+                               "without a reservation (call reserve_kv first)")
+        bad = _count_bad_frames(req.id, w.kv_tokens, self.n_layers, frames)
+        if bad:
+            self.counts["bad_frames"] += bad
+            return bad
+        del self._reservations[req.id]
+        t_first = first_token_s if first_token_s is not None else w.first_token_s
+        if t_first is None:
+            raise ValueError(f"DecodeEngine {self.name!r}: request {req.id}: first_token_s was "
+                             "given neither to reserve_kv nor to receive_kv")
+        self.pool.adopt(req.id, w.blocks, "reserved")
+        seq = _Seq(req, t_first)
+        if seq.n_out == 1:
+            # Nothing to decode (a router normally never sends these here).
+            self.pool.free(req.id)
+            self.counts["completed"] += 1
+            await self.collector.finish(req.id, "completed", itl_s=np.empty(0), t=seq.first_token_s)
+            self._grant()
+            self._note_idle()
+            return 0
+        self._ready.append(seq)
+        if len(self._batch) < self.max_batch:
+            self._admit_event.set()
+        return 0
+
+    async def abort_kv(self, req, reason: str = "kv_checksum") -> None:
+        """Drop `req`'s reservation (its KV never arrived intact) and end it as failed."""
+        w = self._reservations.pop(req.id, None)
+        if w is None:
+            raise RuntimeError(f"DecodeEngine {self.name!r}: abort_kv for request {req.id} "
+                               "without a reservation")
+        self.ledger.free("reserved", w.blocks * self.pool.block_bytes)
+        self.counts["failed"] += 1
+        await self.collector.finish(req.id, "failed", reason=reason, t=self.clock.now())
+        self._grant()
+        self._note_idle()
+
+    async def drain(self) -> None:
+        """Return when nothing is reserved, waiting, ready or running; re-raise a
+        background task's exception."""
+        self._raise_errors()
+        while not self._is_idle():
+            self._idle.clear()
+            await self.clock.wait_until(self._idle, None)
+            self._raise_errors()
+
+    async def stats(self) -> dict:
+        """Counters and gauges (plain values and numpy arrays; picklable)."""
+        self._raise_errors()
+        now = self.clock.now()
+        mt, mv = self.memory.as_arrays()
+        bt, bv = self.batch_series.as_arrays()
+        out = {
+            "name": self.name,
+            "role": "decode",
+            "admission_policy": self.policy,
+            "tokens_per_step": self.tps,
+            "memory": self.ledger.snapshot(),
+            "kv_capacity_bytes": self.kv_capacity_bytes,
+            "kv_block_bytes": self.pool.block_bytes,
+            "memory_t_s": mt,
+            "memory_used_bytes": mv,
+            "batch_t_s": bt,
+            "batch_size": bv,
+            "batch_peak": self.batch_peak,
+            "batch_mean_busy": self._batch_seconds / self.util.busy_s if self.util.busy_s else 0.0,
+            "batch_mean": self._batch_seconds / now if now > 0 else 0.0,
+            "running": len(self._batch),
+            "ready": len(self._ready),
+            "waiting_reservations": len(self._waiters),
+            "wakeups": self.wakeups,
+            "steps": len(self._t_end),
+            **self.counts,
+        }
+        out.update(self.util.as_dict(self.cost.peak_flops, self.cost.memory_bandwidth, now))
+        out.update(self.lateness.as_dict())
+        return out
+
+    # ------------------------------------------------------------------ memory
+    def _grant(self) -> None:
+        """Grant waiting reservations in FIFO order while they fit."""
+        while self._waiters:
+            w = self._waiters[0]
+            nbytes = w.blocks * self.pool.block_bytes
+            if nbytes > self.ledger.free_bytes:
+                break
+            self._waiters.popleft()
+            w.granted = True
+            if w.seq is None:
+                self.ledger.alloc("reserved", nbytes)
+                self._reservations[w.req.id] = w
+                w.event.set()
+            else:
+                self._n_internal -= 1
+                self.pool.allocate(w.req.id, w.blocks)
+                self._ready.appendleft(w.seq)
+                if len(self._batch) < self.max_batch:
+                    self._admit_event.set()
+
+    def _kv_now(self, s: _Seq, extra_steps: int = 0) -> int:
+        """KV tokens of `s` after `extra_steps` more steps of its current stint."""
+        return s.prompt + s.emitted + int(emitted_after(s.done + extra_steps, s.rem, self.tps))
+
+    def _overflow_step(self, horizon: int) -> int | None:
+        """First step (1-based, <= horizon) whose KV growth does not fit, or None."""
+        batch = self._batch
+        B = self.block_tokens
+        kv0 = np.fromiter((s.prompt + s.emitted for s in batch), np.int64, len(batch))
+        rem = np.fromiter((s.rem for s in batch), np.int64, len(batch))
+        done = np.fromiter((s.done for s in batch), np.int64, len(batch))
+        held = np.fromiter((self.pool.held_blocks(s.req.id) for s in batch), np.int64, len(batch))
+        need_h = -(-(kv0 + emitted_after(done + horizon, rem, self.tps)) // B)
+        cnt = np.maximum(0, need_h - held)
+        total = int(cnt.sum())
+        free_blocks = self.ledger.free_bytes // self.pool.block_bytes
+        if total <= free_blocks:
+            return None
+        idx = np.repeat(np.arange(len(batch)), cnt)
+        local = np.arange(total) - np.repeat(np.cumsum(cnt) - cnt, cnt)
+        m = held[idx] + 1 + local                       # the block number being added
+        tokens_needed = (m - 1) * B - kv0[idx] + 1      # stint tokens that fill block m-1
+        step = np.maximum(1, steps_for(tokens_needed, self.tps) - done[idx])
+        step.sort()
+        return int(step[free_blocks])
+
+    def _grow(self, k: int) -> None:
+        """Book the blocks the batch needs through step k of the coming run."""
+        for s in self._batch:
+            if not self.pool.try_ensure_tokens(s.req.id, self._kv_now(s, k)):
+                raise AssertionError(f"{self.name}: planned KV growth does not fit")  # pragma: no cover
+
+    def _preempt_newest(self, t: float) -> None:
+        victim = max(self._batch, key=lambda s: s.order)
+        self._batch.remove(victim)
+        self._end_stint(victim)
+        self.pool.free(victim.req.id)
+        victim.recompute = True
+        w = _Waiter(victim.req, victim.prompt + victim.emitted,
+                    self.pool.blocks_for(victim.prompt + victim.emitted), None, seq=victim)
+        self._waiters.insert(self._n_internal, w)   # behind earlier preempted, before new
+        self._n_internal += 1
+        self.counts["preemptions"] += 1
+        self._pending_events.append((victim.req.id, "preempted", t))
+
+    def _plan(self, t: float) -> int:
+        """Steps to run before the next batch change (0 if the batch is empty)."""
+        while self._batch:
+            horizon = min(min(s.steps - s.done for s in self._batch), self.max_steps_per_wake)
+            if self.policy == "reserve":
+                return horizon
+            over = self._overflow_step(horizon)
+            if over is None:
+                k = horizon
+            elif over > 1:
+                k = over - 1
+            else:
+                self._preempt_newest(t)
+                continue
+            self._grow(k)
+            return k
+        return 0
+
+    # ------------------------------------------------------------------ token timing
+    def _stint_times(self, s: _Seq) -> np.ndarray:
+        """Token times of `s`'s current stint so far (spec tokens spread over a step)."""
+        d = s.done
+        if d == 0:
+            return np.empty(0)
+        ends = self._t_end.slice(s.start, s.start + d)
+        if self.tps == 1.0:
+            return ends
+        starts = self._t_start.slice(s.start, s.start + d)
+        e = emitted_after(np.arange(d + 1), s.rem, self.tps)
+        q = np.diff(e)
+        step_of = np.repeat(np.arange(d), q)
+        i = np.arange(int(e[-1])) - np.repeat(e[:-1], q) + 1
+        return starts[step_of] + (i / q[step_of]) * (ends[step_of] - starts[step_of])
+
+    def _end_stint(self, s: _Seq) -> None:
+        s.times.append(self._stint_times(s))
+        s.emitted += int(emitted_after(s.done, s.rem, self.tps))
+        s.done = s.rem = s.steps = 0
+
+    # ------------------------------------------------------------------ loop
+    def _start(self) -> None:
+        if self._loop_task is None:
+            self._loop_task = spawn(self._loop(), self._errors)
+            self._loop_task.add_done_callback(lambda _f: self._idle.set())
+
+    def _raise_errors(self) -> None:
+        if self._errors:
+            raise RuntimeError(f"DecodeEngine {self.name!r}: a background task failed") from self._errors[0]
+
+    def _is_idle(self) -> bool:
+        return bool(self._errors) or not (self._waiters or self._reservations or self._ready
+                                          or self._batch or self._reserving)
+
+    def _note_idle(self) -> None:
+        if self._is_idle():
+            self._idle.set()
+
+    async def _admit_ready(self) -> None:
+        """Move ready requests into the batch (step boundary); recompute preempted ones."""
+        now = self.clock.now()
+        recompute: list[_Seq] = []
+        while self._ready and len(self._batch) < self.max_batch:
+            s = self._ready.popleft()
+            s.rem = s.n_out - 1 - s.emitted
+            s.steps = steps_for(s.rem, self.tps)
+            s.start = len(self._t_end)
+            s.done = 0
+            self._order += 1
+            s.order = self._order
+            self._batch.append(s)
+            if s.recompute:
+                recompute.append(s)
+            else:
+                self.counts["admitted"] += 1
+                self._pending_events.append((s.req.id, "decode_admit", now))
+        self.batch_peak = max(self.batch_peak, len(self._batch))
+        if recompute:
+            new = np.array([s.prompt + s.emitted for s in recompute], dtype=np.int64)
+            c = self.cost.prefill(new, np.zeros_like(new))
+            t1 = now + c.time_s
+            await self.clock.sleep_until(t1)
+            self.lateness.note(t1, self.clock.now())
+            self.util.add(c.time_s, c.flops, c.bytes)
+            self.counts["recompute_tokens"] += int(new.sum())
+            for s in recompute:
+                s.recompute = False
+                s.start = len(self._t_end)
+
+    async def _flush_events(self) -> None:
+        if self._pending_events:
+            ev, self._pending_events = self._pending_events, []
+            await self.collector.events(ev)
+
+    async def _loop(self) -> None:
+        clock = self.clock
+        while True:
+            self._admit_event.clear()
+            await self._admit_ready()
+            t0 = clock.now()
+            k = self._plan(t0)
+            self._grant()
+            await self._flush_events()
+            self.memory.add(t0, self.ledger.used)
+            self.batch_series.add(t0, len(self._batch))
+            if k == 0:
+                self._note_idle()
+                await clock.wait_until(self._admit_event, None)
+                self.wakeups += 1
+                continue
+            batch = list(self._batch)
+            ctx = np.fromiter((s.prompt + 1 + s.emitted + int(emitted_after(s.done, s.rem, self.tps))
+                               for s in batch), np.int64, len(batch))
+            sc = self.cost.decode_steps(ctx, k)
+            t0 = clock.now()
+            ends = t0 + np.cumsum(sc.time_s)
+            fired = await clock.wait_until(self._admit_event, float(ends[-1]))
+            self.wakeups += 1
+            now = clock.now()
+            steps = k
+            if fired and now < ends[-1]:
+                n = int(np.searchsorted(ends, now, side="right"))
+                if now == t0 or (n > 0 and ends[n - 1] == now):
+                    steps = n                       # woken exactly at a step boundary
+                else:
+                    steps = n + 1                   # finish the step in progress
+                    await clock.sleep_until(float(ends[n]))
+                    self.lateness.note(float(ends[n]), clock.now())
+            else:
+                self.lateness.note(float(ends[-1]), now)
+            finished = self._commit(batch, sc, t0, ends, steps)
+            await self._flush_events()
+            for s, t, itl in finished:
+                await self.collector.finish(s.req.id, "completed", itl_s=itl, t=t)
+            if finished:
+                self._grant()
+
+    def _commit(self, batch: list[_Seq], sc, t0: float, ends: np.ndarray, steps: int) -> list:
+        """Record `steps` finished steps of `batch`; complete and release finished
+        requests. Returns [(seq, completion time, itl samples)]."""
+        if steps == 0:
+            return []
+        t_last = float(ends[steps - 1])
+        starts = np.empty(steps)
+        starts[0] = t0
+        starts[1:] = ends[: steps - 1]
+        self._t_start.extend(starts)
+        self._t_end.extend(ends[:steps])
+        self.util.add(t_last - t0, float(np.sum(sc.flops[:steps])), float(np.sum(sc.bytes[:steps])),
+                      iterations=steps)
+        self._batch_seconds += len(batch) * (t_last - t0)
+        finished = []
+        keep = []
+        for s in batch:
+            s.done += steps
+            if s.done >= s.steps:
+                self._end_stint(s)
+                times = np.concatenate([[s.first_token_s], *s.times])
+                itl = np.diff(times)
+                if itl.shape[0] != s.n_out - 1:  # pragma: no cover - internal invariant
+                    raise AssertionError(f"{self.name}: request {s.req.id} has {itl.shape[0]} "
+                                         f"ITL samples for {s.n_out} tokens")
+                self.pool.free(s.req.id)
+                self.counts["completed"] += 1
+                self.counts["tokens_generated"] += s.n_out - 1
+                self._pending_events.append((s.req.id, "completion", t_last))
+                finished.append((s, t_last, itl))
+            else:
+                keep.append(s)
+                if self.policy == "preempt":
+                    self.pool.shrink_to_tokens(s.req.id, self._kv_now(s))
+        self._batch = keep
+        if finished or len(self._t_end) - self._t_end.base > (1 << 16):
+            self._compact_log()
+        return finished
+
+    def _compact_log(self) -> None:
+        """Forget logged steps no running request refers to."""
+        low = min((s.start for s in self._batch), default=len(self._t_end))
+        if low - self._t_end.base > (1 << 14):
+            self._t_start.drop_before(low)
+            self._t_end.drop_before(low)
+
+
+def _count_bad_frames(request_id: int, kv_tokens: int, n_layers: int, frames: list) -> int:
+    """Bad frames of a KV payload: failing decode (checksum/structure), naming another
+    request or token range; plus 1 if the good frames leave layers uncovered."""
+    bad = 0
+    covered: list[tuple[int, int]] = []
+    for f in frames:
+        try:
+            h, _ = decode_frame(f)
+        except FrameError:
+            bad += 1
+            continue
+        if h.request_id != request_id or h.token_range != (0, kv_tokens):
+            bad += 1
+            continue
+        covered.append(h.layer_range)
+    if bad == 0:
+        covered.sort()
+        pos = 0
+        for a, b in covered:
+            if a > pos:
+                break
+            pos = max(pos, b)
+        if pos < n_layers:
+            bad += 1
+    return bad

@@ -1,0 +1,118 @@
+"""Memory planner: where the weights go and what is left for the KV cache.
+
+For an instance of N = tp x pp devices the weights are split evenly (tensor parallel
+within a stage, layers across stages; a stage may hold a fraction of a layer when the
+layer count does not divide). Each device keeps `reserve_fraction` of its memory for
+activations and workspace (default: the device's `activation_reserve_fraction`,
+10 % on GPUs as vLLM's gpu_memory_utilization=0.9 leaves, 2 % on the wafer whose
+decode activations are a few hidden vectors per layer). The rest holds KV blocks.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+from .costmodel import CostModel
+
+
+class ModelDoesNotFit(ValueError):
+    """The weights (plus the reserve) exceed the instance's memory, or leave no room
+    for any KV cache. The message says what is needed and how many devices would do."""
+
+
+def format_bytes(n: float) -> str:
+    """Decimal units with 3 significant figures: 1.03 TB, 176 GB, 44 GB, 512 MB."""
+    for unit, scale in (("PB", 1e15), ("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{n:.0f} B"
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """Byte budget of one instance (all its devices).
+
+    capacity_bytes = weight_bytes + reserve_bytes + kv_bytes; kv_tokens = kv_bytes //
+    kv_bytes_per_token; kv_blocks = kv_tokens // block_size. per_device_* are the same
+    for the most loaded device (all devices are equal under the even split).
+    """
+
+    n_devices: int
+    capacity_bytes: int
+    weight_bytes: int
+    reserve_bytes: int
+    kv_bytes: int
+    kv_bytes_per_token: int
+    kv_tokens: int
+    block_size: int
+    kv_blocks: int
+    reserve_fraction: float
+    per_device_capacity_bytes: int
+    per_device_weight_bytes: int
+    per_device_kv_bytes: int
+
+    def max_batch(self, context_tokens: int) -> int:
+        """Requests of `context_tokens` tokens whose KV fits at once (block-rounded)."""
+        if context_tokens <= 0:
+            raise ValueError(f"context_tokens must be > 0, got {context_tokens}")
+        return self.kv_blocks // math.ceil(context_tokens / self.block_size)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def plan_memory(cost: CostModel, *, reserve_fraction: float | None = None, block_size: int = 16) -> MemoryPlan:
+    """Split an instance's memory into weights, reserve and KV cache.
+
+    Args:
+        cost: the instance (model, device, parallelism, dtypes; its weight_bytes and
+            kv_bytes_per_token include any draft model).
+        reserve_fraction: share of each device's memory kept for activations and
+            workspace; None: the device's `activation_reserve_fraction`.
+        block_size: tokens per KV block (vLLM's default is 16).
+
+    Raises:
+        ModelDoesNotFit: e.g. "Kimi-K2 (fp8) needs 1.03 TB of weights; 4 CS-3 hold
+            176 GB: use at least 24 systems".
+        ValueError: reserve_fraction outside [0, 1) or block_size < 1.
+    """
+    dev = cost.device
+    rf = dev.activation_reserve_fraction if reserve_fraction is None else float(reserve_fraction)
+    if not 0.0 <= rf < 1.0:
+        raise ValueError(f"reserve_fraction must be in [0, 1), got {reserve_fraction!r}")
+    if int(block_size) < 1:
+        raise ValueError(f"block_size must be >= 1, got {block_size!r}")
+    n = cost.parallelism.n_devices
+    per_dev_cap = int(dev.memory_bytes)
+    capacity = n * per_dev_cap
+    weights = int(cost.weight_bytes)
+    per_dev_reserve = int(per_dev_cap * rf)
+    reserve = n * per_dev_reserve
+    usable_per_dev = per_dev_cap - per_dev_reserve
+    per_dev_weights = math.ceil(weights / n)
+    need = max(1, math.ceil(weights / usable_per_dev))
+    label = f"{cost.model.name} ({cost.weight_dtype})"
+    if per_dev_weights > usable_per_dev:
+        raise ModelDoesNotFit(
+            f"{label} needs {format_bytes(weights)} of weights; {n} {dev.name} hold {format_bytes(capacity)}"
+            f" ({format_bytes(n * usable_per_dev)} after the {rf:.0%} activation reserve): "
+            f"use at least {need} {dev.unit_name}")
+    kv_per_dev = usable_per_dev - per_dev_weights
+    kv_bytes = n * kv_per_dev
+    kvpt = int(cost.kv_bytes_per_token)
+    kv_tokens = kv_bytes // kvpt if kvpt else 0
+    kv_blocks = kv_tokens // int(block_size)
+    if kv_blocks < 1:
+        raise ModelDoesNotFit(
+            f"{label} fits its {format_bytes(weights)} of weights in {n} {dev.name} but leaves "
+            f"{format_bytes(kv_bytes)} for the KV cache, less than one block of {block_size} tokens "
+            f"({format_bytes(block_size * kvpt)}): use at least {need + 1} {dev.unit_name}")
+    return MemoryPlan(
+        n_devices=n, capacity_bytes=capacity, weight_bytes=weights, reserve_bytes=reserve,
+        kv_bytes=kv_bytes, kv_bytes_per_token=kvpt, kv_tokens=int(kv_tokens), block_size=int(block_size),
+        kv_blocks=int(kv_blocks), reserve_fraction=rf, per_device_capacity_bytes=per_dev_cap,
+        per_device_weight_bytes=per_dev_weights, per_device_kv_bytes=kv_per_dev)
+
+
+__all__ = ["MemoryPlan", "ModelDoesNotFit", "format_bytes", "plan_memory"]

@@ -1,0 +1,424 @@
+"""Hardware and model specifications (pydantic) and the quantities derived from them.
+
+Units are SI throughout: bytes, bytes/s, FLOP, FLOP/s, seconds, watts. Field names say
+the unit where it is not obvious (`memory_bandwidth_Bps`, `layer_latency_s`).
+
+`HardwareSpec` describes one device (a GPU, or one wafer-scale system); `ModelSpec`
+describes a transformer's shape, from which parameter counts, weight bytes, KV bytes
+per token and FLOPs per token are derived. Catalog entries live in TOML files under
+`devices/catalog/` (see `devices.catalog`), each number with its source.
+
+Derived-value conventions (documented once, used everywhere):
+- parameter counts cover every weight matrix and norm vector; biases, attention
+  sinks and router biases (< 0.01 % of any catalog model) are left out;
+- *active* parameters are those a token multiplies by: all attention and dense
+  weights, the shared experts, the router, `n_active_experts` routed experts per MoE
+  layer and the output projection (LM head). The input embedding is a table lookup
+  (one row read per token), so it is not active. This is the convention of the
+  gpt-oss model card (5.1 B active) and of DeepSeek-V3 (37 B); Qwen3 counts the
+  input embedding as well (22.1 B quoted vs 21.6 B here);
+- FLOPs per token = 2 x active parameters + attention (QK^T and AV):
+  2 x n_heads x (d_qk + d_v) per layer per attended position;
+- KV bytes per token: GQA 2 x layers x kv_heads x head_dim x bytes; MLA
+  layers x (kv_lora_rank + qk_rope_head_dim) x bytes (the compressed latent and the
+  shared RoPE key, as DeepSeek-V3 caches them). Sliding-window layers store at most
+  `sliding_window` tokens; `kv_bytes_per_token` counts every layer (an upper bound,
+  exact up to the window), `kv_bytes_for_context` is exact.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal, Optional
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+Dtype = Literal["bf16", "fp8", "fp4"]
+#: Dtype names in decreasing precision.
+DTYPES: tuple[str, ...] = ("bf16", "fp8", "fp4")
+#: Bytes per element. FP4 block scales (MXFP4: one byte per 32 values, +3 %) are not
+#: counted: the catalog's weight sizes are element counts x these widths.
+DTYPE_BYTES: dict[str, float] = {"bf16": 2.0, "fp8": 1.0, "fp4": 0.5}
+#: Activations travel between devices in 16-bit (TP all-reduce, EP all-to-all, PP hops).
+ACTIVATION_BYTES = 2.0
+
+
+def dtype_bytes(dtype: str) -> float:
+    """Bytes per element of `dtype` ("bf16" 2, "fp8" 1, "fp4" 0.5).
+
+    Raises:
+        ValueError: unknown dtype name.
+    """
+    try:
+        return DTYPE_BYTES[dtype]
+    except KeyError:
+        raise ValueError(f"unknown dtype {dtype!r}: expected one of {', '.join(DTYPES)}") from None
+
+
+class _Spec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+
+class Efficiency(_Spec):
+    """Fraction of a device's peak that real kernels sustain, per phase.
+
+    Defaults are sourced (see `reference/hardware.md`): sustained FP8 GEMM on GB200
+    reaches ~55 % of peak [M]; decode memory-bandwidth utilisation in tuned stacks is
+    60-85 % [E] (HBM achieved 92 % of peak in a microbenchmark [M]); collectives reach
+    ~80 % of link bandwidth [E]. Catalog entries tune only these factors, per device,
+    and say why in a comment.
+    """
+
+    prefill_compute: float = Field(0.55, gt=0, le=1, description="prefill FLOP/s / peak")
+    prefill_memory: float = Field(0.80, gt=0, le=1, description="prefill bytes/s / peak bandwidth")
+    decode_compute: float = Field(0.55, gt=0, le=1, description="decode FLOP/s / peak")
+    decode_memory: float = Field(0.75, gt=0, le=1, description="decode bytes/s / peak bandwidth")
+    communication: float = Field(0.80, gt=0, le=1, description="collective bytes/s / link bandwidth")
+
+
+class HardwareSpec(_Spec):
+    """One device: a GPU, or one wafer-scale system (kind "wafer").
+
+    Capacities and rates are per device; an instance of N devices multiplies them.
+    Peak FLOP/s are dense figures per dtype; `dense_fraction` scales a quoted peak whose
+    dense/sparse status is uncertain (CS-3's "125 PFLOP/s peak AI"). A dtype the device
+    lacks (FP4 on H100, FP8 on A100) computes at the next wider one it has, while its
+    bytes stay narrow (weight-only quantisation).
+
+    Latency terms model what a roofline misses: `layer_latency_s` is paid per layer
+    per pass of a micro-batch (wafer-scale decode is bound by moving activations across
+    the wafer and synchronising, not by bandwidth); `pipeline_hop_latency_s` is paid
+    per hop between pipeline stages (between systems on the wafer engine). Both are
+    zero for GPUs, whose per-layer cost the roofline covers.
+
+    Raises:
+        pydantic.ValidationError: a field is missing, of the wrong type, or out of
+            range (e.g. a zero or negative capacity), naming the field.
+    """
+
+    key: str = Field(min_length=1, description="catalog key, lower case")
+    name: str = Field(min_length=1, description="display name")
+    kind: Literal["gpu", "wafer"] = "gpu"
+    vendor: str = ""
+    description: str = ""
+    software_stack: str = ""
+    aliases: tuple[str, ...] = ()
+
+    memory_bytes: float = Field(gt=0, description="memory capacity per device (bytes)")
+    memory_bandwidth_Bps: float = Field(gt=0, description="memory bandwidth per device (bytes/s)")
+    peak_flops: dict[Dtype, float] = Field(description="dense peak FLOP/s per dtype; bf16 required")
+    dense_fraction: float = Field(1.0, gt=0, le=1, description="dense share of the quoted peak")
+    efficiency: Efficiency = Efficiency()
+
+    scale_up_bandwidth_Bps: float = Field(0.0, ge=0, description="scale-up fabric, per device, per direction (bytes/s)")
+    scale_up_latency_s: float = Field(0.0, ge=0, description="latency of one scale-up collective step (s)")
+    scale_up_domain: int = Field(1, ge=1, description="devices sharing the scale-up fabric")
+    scale_out_bandwidth_Bps: float = Field(gt=0, description="scale-out NIC bandwidth per device (bytes/s)")
+    scale_out_latency_s: float = Field(5e-6, ge=0, description="latency of one scale-out message (s)")
+
+    layer_latency_s: float = Field(0.0, ge=0, description="latency per layer per micro-batch pass (s)")
+    pipeline_hop_latency_s: float = Field(0.0, ge=0, description="latency per pipeline hop between devices (s)")
+    iteration_overhead_s: float = Field(0.0, ge=0, description="fixed cost per iteration (s)")
+    activation_reserve_fraction: float = Field(
+        0.10, ge=0, lt=1, description="share of memory kept for activations/workspace")
+
+    idle_w: float = Field(ge=0, description="power when idle (W)")
+    peak_w: float = Field(gt=0, description="power at full load (W)")
+    price_per_hour_usd: Optional[float] = Field(None, ge=0, description="rental price per device-hour")
+
+    @field_validator("peak_flops")
+    @classmethod
+    def _check_peaks(cls, v: dict) -> dict:
+        if "bf16" not in v:
+            raise ValueError("peak_flops must give a 'bf16' figure (the fallback for missing dtypes)")
+        for dt, f in v.items():
+            if not (f > 0 and math.isfinite(f)):
+                raise ValueError(f"peak_flops.{dt} must be a positive FLOP/s figure, got {f!r}")
+        return v
+
+    @model_validator(mode="after")
+    def _check_consistency(self) -> "HardwareSpec":
+        if self.idle_w > self.peak_w:
+            raise ValueError(f"idle_w ({self.idle_w} W) exceeds peak_w ({self.peak_w} W)")
+        if self.scale_up_domain > 1 and self.scale_up_bandwidth_Bps <= 0:
+            raise ValueError(
+                f"scale_up_domain is {self.scale_up_domain} but scale_up_bandwidth_Bps is 0: "
+                "give the fabric's bandwidth or set scale_up_domain = 1")
+        return self
+
+    @property
+    def unit_name(self) -> str:
+        """What one device is called in messages: "GPUs" or "systems"."""
+        return "systems" if self.kind == "wafer" else "GPUs"
+
+    def compute_dtype(self, dtype: str) -> str:
+        """The dtype the device computes in for `dtype` operands: `dtype` itself if it
+        has a peak for it, else the next wider one (fp4 -> fp8 -> bf16)."""
+        i = DTYPES.index(dtype) if dtype in DTYPES else -1
+        if i < 0:
+            raise ValueError(f"unknown dtype {dtype!r}: expected one of {', '.join(DTYPES)}")
+        for dt in reversed(DTYPES[: i + 1]):
+            if dt in self.peak_flops:
+                return dt
+        return "bf16"
+
+    def dense_peak_flops(self, dtype: str) -> float:
+        """Dense peak FLOP/s of one device computing with `dtype` operands."""
+        return self.peak_flops[self.compute_dtype(dtype)] * self.dense_fraction
+
+    def link(self, group: int) -> tuple[float, float]:
+        """(bandwidth bytes/s per direction, latency s) for traffic within a group of
+        `group` devices: the scale-up fabric if the group fits in one scale-up domain,
+        else the scale-out NIC."""
+        if group <= self.scale_up_domain and self.scale_up_bandwidth_Bps > 0:
+            return self.scale_up_bandwidth_Bps, self.scale_up_latency_s
+        return self.scale_out_bandwidth_Bps, self.scale_out_latency_s
+
+
+class MoESpec(_Spec):
+    """Mixture-of-experts layout. Dense layers come first (DeepSeek's
+    `first_k_dense_replace`) and use the model's `ffn_size`; the others are MoE."""
+
+    n_routed_experts: int = Field(gt=0)
+    n_active_experts: int = Field(gt=0, description="routed experts per token (top-k)")
+    n_shared_experts: int = Field(0, ge=0)
+    expert_ffn_size: int = Field(gt=0, description="intermediate size of one expert")
+    n_dense_layers: int = Field(0, ge=0)
+
+    @model_validator(mode="after")
+    def _check(self) -> "MoESpec":
+        if self.n_active_experts > self.n_routed_experts:
+            raise ValueError(f"n_active_experts ({self.n_active_experts}) exceeds "
+                             f"n_routed_experts ({self.n_routed_experts})")
+        return self
+
+
+class MLASpec(_Spec):
+    """Multi-head latent attention (DeepSeek-V2/V3, Kimi-K2)."""
+
+    kv_lora_rank: int = Field(gt=0)
+    qk_rope_head_dim: int = Field(gt=0)
+    qk_nope_head_dim: int = Field(gt=0)
+    v_head_dim: int = Field(gt=0)
+    q_lora_rank: Optional[int] = Field(None, gt=0, description="None: direct query projection")
+
+
+class ModelSpec(_Spec):
+    """A decoder-only transformer's shape (from its config.json).
+
+    Raises:
+        pydantic.ValidationError: missing/invalid field, naming it.
+    """
+
+    key: str = Field(min_length=1)
+    name: str = Field(min_length=1)
+    description: str = ""
+    aliases: tuple[str, ...] = ()
+
+    n_layers: int = Field(gt=0)
+    hidden_size: int = Field(gt=0)
+    n_heads: int = Field(gt=0)
+    n_kv_heads: int = Field(gt=0)
+    head_dim: int = Field(gt=0)
+    ffn_size: int = Field(ge=0, description="dense FFN intermediate size (0 if every layer is MoE)")
+    vocab_size: int = Field(gt=0)
+    tie_word_embeddings: bool = False
+    ffn_matrices: int = Field(3, ge=2, le=3, description="3 for gated (SwiGLU) FFNs, 2 otherwise")
+    moe: Optional[MoESpec] = None
+    mla: Optional[MLASpec] = None
+    sliding_window: Optional[int] = Field(None, gt=0, description="window of the sliding-window layers (tokens)")
+    n_sliding_layers: int = Field(0, ge=0)
+    published_params_total: Optional[float] = Field(None, gt=0, description="vendor's total parameter count")
+    published_params_active: Optional[float] = Field(None, gt=0, description="vendor's active parameter count")
+
+    @model_validator(mode="after")
+    def _check(self) -> "ModelSpec":
+        if self.n_kv_heads > self.n_heads:
+            raise ValueError(f"n_kv_heads ({self.n_kv_heads}) exceeds n_heads ({self.n_heads})")
+        if self.n_sliding_layers > self.n_layers:
+            raise ValueError(f"n_sliding_layers ({self.n_sliding_layers}) exceeds n_layers ({self.n_layers})")
+        if self.n_sliding_layers and self.sliding_window is None:
+            raise ValueError("n_sliding_layers > 0 needs sliding_window")
+        if self.moe is not None and self.moe.n_dense_layers > self.n_layers:
+            raise ValueError(f"moe.n_dense_layers ({self.moe.n_dense_layers}) exceeds n_layers")
+        if self.n_dense_layers > 0 and self.ffn_size == 0:
+            raise ValueError(f"{self.n_dense_layers} dense layers need ffn_size > 0")
+        return self
+
+    # ---- layer structure -------------------------------------------------------
+    @property
+    def n_moe_layers(self) -> int:
+        """Layers whose FFN is a mixture of experts."""
+        return 0 if self.moe is None else self.n_layers - self.moe.n_dense_layers
+
+    @property
+    def n_dense_layers(self) -> int:
+        """Layers with a dense FFN of `ffn_size`."""
+        return self.n_layers - self.n_moe_layers
+
+    @property
+    def n_full_attention_layers(self) -> int:
+        return self.n_layers - self.n_sliding_layers
+
+    # ---- parameter counts --------------------------------------------------------
+    @property
+    def attention_params_per_layer(self) -> int:
+        """Projection weights of one attention block (plus MLA's latent norms)."""
+        h, H = self.hidden_size, self.n_heads
+        if self.mla is None:
+            d = self.head_dim
+            return h * H * d + 2 * h * self.n_kv_heads * d + H * d * h
+        m = self.mla
+        qk = m.qk_nope_head_dim + m.qk_rope_head_dim
+        if m.q_lora_rank is None:
+            q = h * H * qk
+        else:
+            q = h * m.q_lora_rank + m.q_lora_rank + m.q_lora_rank * H * qk
+        kv = h * (m.kv_lora_rank + m.qk_rope_head_dim) + m.kv_lora_rank \
+            + m.kv_lora_rank * H * (m.qk_nope_head_dim + m.v_head_dim)
+        o = H * m.v_head_dim * h
+        return q + kv + o
+
+    @property
+    def dense_ffn_params(self) -> int:
+        return self.ffn_matrices * self.hidden_size * self.ffn_size
+
+    @property
+    def expert_params(self) -> int:
+        """One routed expert (0 without MoE)."""
+        return 0 if self.moe is None else self.ffn_matrices * self.hidden_size * self.moe.expert_ffn_size
+
+    @property
+    def shared_expert_params(self) -> int:
+        """All shared experts of one MoE layer."""
+        return 0 if self.moe is None else self.moe.n_shared_experts * self.expert_params
+
+    @property
+    def router_params(self) -> int:
+        return 0 if self.moe is None else self.hidden_size * self.moe.n_routed_experts
+
+    @property
+    def embedding_params(self) -> int:
+        return self.vocab_size * self.hidden_size
+
+    @property
+    def lm_head_params(self) -> int:
+        """Weights of the output projection as a matmul (vocab x hidden), tied or not."""
+        return self.vocab_size * self.hidden_size
+
+    @property
+    def norm_params(self) -> int:
+        return (2 * self.n_layers + 1) * self.hidden_size
+
+    @property
+    def params_total(self) -> int:
+        """All parameters (tied embeddings counted once)."""
+        moe = 0
+        if self.moe is not None:
+            moe = self.n_moe_layers * (self.moe.n_routed_experts * self.expert_params
+                                       + self.shared_expert_params + self.router_params)
+        head = 0 if self.tie_word_embeddings else self.lm_head_params
+        return (self.n_layers * self.attention_params_per_layer + self.n_dense_layers * self.dense_ffn_params
+                + moe + self.embedding_params + head + self.norm_params)
+
+    @property
+    def params_active(self) -> int:
+        """Parameters one token multiplies by (see the module docstring)."""
+        return self.active_linear_params + self.lm_head_params + self.norm_params
+
+    @property
+    def active_linear_params(self) -> int:
+        """Per-token matmul weights of the layers (no LM head, no norms)."""
+        moe = 0
+        if self.moe is not None:
+            moe = self.n_moe_layers * (self.moe.n_active_experts * self.expert_params
+                                       + self.shared_expert_params + self.router_params)
+        return self.n_layers * self.attention_params_per_layer + self.n_dense_layers * self.dense_ffn_params + moe
+
+    @property
+    def pass_resident_params(self) -> int:
+        """Weights every forward pass reads whatever its tokens: attention, dense FFNs,
+        shared experts, routers, norms and the LM head (routed experts are extra,
+        see `expected_distinct_experts`)."""
+        moe = 0 if self.moe is None else self.n_moe_layers * (self.shared_expert_params + self.router_params)
+        return (self.n_layers * self.attention_params_per_layer + self.n_dense_layers * self.dense_ffn_params
+                + moe + self.lm_head_params + self.norm_params)
+
+    def expected_distinct_experts(self, tokens) -> np.ndarray:
+        """Expected routed experts touched per MoE layer by `tokens` tokens (array ok).
+
+        With top-k routing spread uniformly over E experts, an expert is missed by one
+        token with probability 1 - k/E, so E x (1 - (1 - k/E)^T) experts are touched by T
+        tokens: k for one token, approaching E for large batches. Real routers are
+        skewed, which touches fewer; uniform is the upper bound for a given T.
+        """
+        t = np.asarray(tokens, dtype=float)
+        if self.moe is None:
+            return np.zeros_like(t)
+        E, k = self.moe.n_routed_experts, self.moe.n_active_experts
+        return E * -np.expm1(t * math.log1p(-k / E)) if k < E else np.where(t > 0, float(E), 0.0)
+
+    def weight_bytes(self, dtype: str = "bf16") -> int:
+        """Bytes of all weights stored at `dtype`."""
+        return int(round(self.params_total * dtype_bytes(dtype)))
+
+    # ---- KV cache ----------------------------------------------------------------------
+    @property
+    def kv_elements_per_token_per_layer(self) -> int:
+        """Cached elements per token per layer: 2 x kv_heads x head_dim (K and V), or
+        kv_lora_rank + qk_rope_head_dim for MLA."""
+        if self.mla is not None:
+            return self.mla.kv_lora_rank + self.mla.qk_rope_head_dim
+        return 2 * self.n_kv_heads * self.head_dim
+
+    def kv_bytes_per_token(self, dtype: str = "bf16") -> int:
+        """KV bytes per token over all layers at `dtype` (16-bit values match
+        `reference/hardware.md`). Sliding-window layers are counted in full: exact for
+        contexts up to the window, an upper bound beyond."""
+        return int(round(self.n_layers * self.kv_elements_per_token_per_layer * dtype_bytes(dtype)))
+
+    def kv_bytes_for_context(self, context, dtype: str = "bf16") -> np.ndarray:
+        """KV bytes held for one request of `context` tokens (array ok): full-attention
+        layers keep every token, sliding-window layers at most `sliding_window`."""
+        c = np.asarray(context, dtype=float)
+        per = self.kv_elements_per_token_per_layer * dtype_bytes(dtype)
+        held = self.n_full_attention_layers * c
+        if self.n_sliding_layers:
+            held = held + self.n_sliding_layers * np.minimum(c, self.sliding_window)
+        return held * per
+
+    # ---- FLOPs ------------------------------------------------------------------------------
+    @property
+    def attention_flops_per_position(self) -> int:
+        """FLOPs of QK^T and AV for one query token attending one position in one layer:
+        2 x n_heads x (d_qk + d_v). MLA uses its uncompressed head dims."""
+        if self.mla is None:
+            return 2 * self.n_heads * 2 * self.head_dim
+        m = self.mla
+        return 2 * self.n_heads * (m.qk_nope_head_dim + m.qk_rope_head_dim + m.v_head_dim)
+
+    def flops_per_token(self, context) -> np.ndarray:
+        """Forward FLOPs for one new token whose query attends `context` positions
+        (itself included; array ok): 2 x active params + attention, with sliding-window
+        layers capped at their window."""
+        c = np.asarray(context, dtype=float)
+        pos = self.n_full_attention_layers * c
+        if self.n_sliding_layers:
+            pos = pos + self.n_sliding_layers * np.minimum(c, self.sliding_window)
+        return 2.0 * self.params_active + self.attention_flops_per_position * pos
+
+    def summary(self) -> dict:
+        """Derived figures as a plain dict (parameters, bytes at each dtype)."""
+        return {
+            "params_total": self.params_total,
+            "params_active": self.params_active,
+            "weight_bytes": {dt: self.weight_bytes(dt) for dt in DTYPES},
+            "kv_bytes_per_token": {dt: self.kv_bytes_per_token(dt) for dt in DTYPES},
+        }
+
+
+__all__ = [
+    "ACTIVATION_BYTES", "DTYPES", "DTYPE_BYTES", "Dtype", "Efficiency", "HardwareSpec", "MLASpec",
+    "MoESpec", "ModelSpec", "dtype_bytes",
+]

@@ -1,0 +1,72 @@
+"""The KV interconnect: payload codec (msgpack frames), link model (bandwidth, latency,
+per-message overhead, max-min fair sharing) and the throttled `Interconnect` component.
+
+Imports `workloads` only (for types); never Ray.
+"""
+
+from interconnect.codec import (
+    FORMAT_VERSION,
+    KV_DTYPE_BITS,
+    ChecksumError,
+    FrameError,
+    FrameHeader,
+    corrupt_frame,
+    decode_frame,
+    encode_frame,
+    frame_size,
+    group_logical_bytes,
+    make_kv_frames,
+    payload_size,
+    peek_header,
+    verify_kv_frames,
+)
+from interconnect.component import Interconnect, InterconnectConfigError, TransferError, TransferResult
+from interconnect.link import (
+    CS3_IO_GBPS,
+    DEFAULT_LATENCY_US,
+    DEFAULT_PER_MESSAGE_US,
+    EMULATOR_DEFAULT_GBPS,
+    MOONCAKE_4X200_GBPS,
+    MOONCAKE_8X400_GBPS,
+    NIC_800GBE_GBPS,
+    FairShareNetwork,
+    LinkSpec,
+    LinkUsage,
+    PathCost,
+    path_cost,
+    transfer_time_alone,
+)
+
+__all__ = [
+    "CS3_IO_GBPS",
+    "DEFAULT_LATENCY_US",
+    "DEFAULT_PER_MESSAGE_US",
+    "EMULATOR_DEFAULT_GBPS",
+    "FORMAT_VERSION",
+    "KV_DTYPE_BITS",
+    "MOONCAKE_4X200_GBPS",
+    "MOONCAKE_8X400_GBPS",
+    "NIC_800GBE_GBPS",
+    "ChecksumError",
+    "FairShareNetwork",
+    "FrameError",
+    "FrameHeader",
+    "Interconnect",
+    "InterconnectConfigError",
+    "LinkSpec",
+    "LinkUsage",
+    "PathCost",
+    "TransferError",
+    "TransferResult",
+    "corrupt_frame",
+    "decode_frame",
+    "encode_frame",
+    "frame_size",
+    "group_logical_bytes",
+    "make_kv_frames",
+    "path_cost",
+    "payload_size",
+    "peek_header",
+    "transfer_time_alone",
+    "verify_kv_frames",
+]

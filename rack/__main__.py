@@ -1,0 +1,3 @@
+from rack.cli import main
+
+main()

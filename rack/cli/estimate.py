@@ -1,0 +1,178 @@
+"""`rack estimate`: what one instance of a model on some devices can do, from the
+roofline cost model (devices.costmodel) and the memory planner (devices.planner)."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Optional
+
+import typer
+
+from rack.cli.app import app
+
+
+def _fmt_rate(x: float, unit: str) -> str:
+    for prefix, scale in (("E", 1e18), ("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(x) >= scale:
+            return f"{x / scale:.4g} {prefix}{unit}"
+    return f"{x:.3g} {unit}"
+
+
+def _fmt_time(s: float) -> str:
+    if s >= 1:
+        return f"{s:.3g} s"
+    if s >= 1e-3:
+        return f"{s * 1e3:.3g} ms"
+    return f"{s * 1e6:.3g} us"
+
+
+def build_estimate(model: str, device: str, count: int, tp: Optional[int], pp: Optional[int], ep: int,
+                   weight_dtype: str, kv_dtype: str, batch: int, context: int, prompt: int,
+                   draft_tokens: int = 0, acceptance_rate: float = 0.7, spec_method: str = "mtp",
+                   draft_model: Optional[str] = None, reserve_fraction: Optional[float] = None) -> dict:
+    """The estimate as a plain dict (what `--json` prints).
+
+    Raises:
+        devices.CatalogError: unknown model/device; ValueError: bad parallelism or sizes;
+        devices.ModelDoesNotFit is caught and reported as {"fits": False, "error": ...}.
+    """
+    import numpy as np
+
+    from devices.costmodel import CostModel, SpeculativeConfig
+    from devices.planner import ModelDoesNotFit, plan_memory
+    from devices.validation import default_parallelism
+
+    for name, v in (("batch", batch), ("context", context), ("prompt", prompt)):
+        if v < 1:
+            raise ValueError(f"--{name} must be >= 1, got {v}")
+    par = default_parallelism(device, count, tp, pp, ep)
+    spec = None
+    if draft_tokens:
+        spec = SpeculativeConfig(draft_tokens, acceptance_rate, spec_method, draft_model)
+    cost = CostModel(model, device, par, weight_dtype=weight_dtype, kv_dtype=kv_dtype, speculative=spec)
+    out: dict = {"instance": cost.describe(), "model_name": cost.model.name, "device_name": cost.device.name,
+                 "software_stack": cost.device.software_stack}
+    try:
+        plan = plan_memory(cost, reserve_fraction=reserve_fraction)
+    except ModelDoesNotFit as e:
+        out.update(fits=False, error=str(e))
+        return out
+    out["fits"] = True
+    out["memory"] = plan.to_dict()
+    out["memory"]["max_batch_at_context"] = plan.max_batch(context)
+    need = batch * math.ceil(context / plan.block_size) * plan.block_size
+    out["memory"]["batch_kv_tokens"] = need
+    out["memory"]["batch_fits"] = need <= plan.kv_blocks * plan.block_size
+
+    one = cost.prefill([prompt], [0])
+    many = cost.prefill(np.full(batch, prompt), 0)
+    out["prefill"] = {
+        "prompt_tokens": prompt,
+        "single": {"time_s": one.time_s, "tokens_per_s": prompt / one.time_s, "bound": one.bound,
+                   "mfu": one.flops / (one.time_s * cost.peak_flops)},
+        "batch": {"requests": batch, "time_s": many.time_s, "tokens_per_s": batch * prompt / many.time_s,
+                  "bound": many.bound, "mfu": many.flops / (many.time_s * cost.peak_flops),
+                  "comm_s": many.comm_s},
+    }
+    step = cost.decode_step(np.full(batch, context))
+    per_user = cost.tokens_per_step / step.time_s
+    out["decode"] = {
+        "batch": batch, "context": context, "step_time_s": step.time_s, "tokens_per_step": cost.tokens_per_step,
+        "tpot_s": step.time_s / cost.tokens_per_step, "tokens_per_s_per_user": per_user,
+        "tokens_per_s": batch * per_user, "bound": step.bound, "comm_s": step.comm_s,
+        "compute_s": step.compute_s, "memory_s": step.memory_s, "comm_bw_s": step.comm_bw_s,
+        "latency_s": step.latency_s,
+        "mfu": step.flops / (step.time_s * cost.peak_flops),
+        "mbu": step.bytes / (step.time_s * cost.memory_bandwidth),
+    }
+    return out
+
+
+def _print_tables(est: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from devices.planner import format_bytes
+
+    con = Console()
+    inst = est["instance"]
+    title = (f"{est['model_name']} on {inst['n_devices']} x {est['device_name']}  "
+             f"(tp={inst['tp']} pp={inst['pp']} ep={inst['ep']}, weights {inst['weight_dtype']}, "
+             f"KV {inst['kv_dtype']}, compute {inst['compute_dtype']})")
+    con.print(f"[bold]{title}[/bold]")
+    if est.get("software_stack"):
+        con.print(f"software stack: {est['software_stack']}")
+    if "speculative" in inst:
+        s = inst["speculative"]
+        con.print(f"speculative decoding: {s['method']} ({s['draft_model']}), k={s['draft_tokens']}, "
+                  f"acceptance {s['acceptance_rate']}: {inst['tokens_per_step']:.3g} tokens/step")
+    if not est["fits"]:
+        con.print(f"[bold red]does not fit:[/bold red] {est['error']}")
+        return
+    m = est["memory"]
+    t = Table(title="Memory (whole instance)", show_header=False)
+    t.add_row("capacity", format_bytes(m["capacity_bytes"]))
+    t.add_row("weights", format_bytes(m["weight_bytes"]))
+    t.add_row(f"activation reserve ({m['reserve_fraction']:.0%})", format_bytes(m["reserve_bytes"]))
+    t.add_row("KV cache", f"{format_bytes(m['kv_bytes'])} = {m['kv_tokens']:,} tokens = "
+              f"{m['kv_blocks']:,} blocks of {m['block_size']}")
+    t.add_row("KV per token", format_bytes(m["kv_bytes_per_token"]))
+    ctx = est["decode"]["context"]
+    fits = "fits" if m["batch_fits"] else "[red]does NOT fit[/red]"
+    t.add_row(f"max batch at {ctx:,} tokens", f"{m['max_batch_at_context']:,} (batch {est['decode']['batch']} {fits})")
+    con.print(t)
+    p, d = est["prefill"], est["decode"]
+    t = Table(title="Throughput and latency")
+    for col in ("phase", "time", "tokens/s", "per user", "bound", "utilisation"):
+        t.add_column(col)
+    t.add_row(f"prefill 1 x {p['prompt_tokens']:,}", _fmt_time(p["single"]["time_s"]),
+              f"{p['single']['tokens_per_s']:,.0f}", "", p["single"]["bound"], f"MFU {p['single']['mfu']:.0%}")
+    t.add_row(f"prefill {p['batch']['requests']} x {p['prompt_tokens']:,}", _fmt_time(p["batch"]["time_s"]),
+              f"{p['batch']['tokens_per_s']:,.0f}", "", p["batch"]["bound"], f"MFU {p['batch']['mfu']:.0%}")
+    t.add_row(f"decode {d['batch']} @ {d['context']:,}", f"{_fmt_time(d['step_time_s'])}/step",
+              f"{d['tokens_per_s']:,.0f}", f"{d['tokens_per_s_per_user']:,.1f}", d["bound"],
+              f"MFU {d['mfu']:.0%}, MBU {d['mbu']:.0%}")
+    con.print(t)
+    con.print(f"peak {_fmt_rate(inst['peak_flops'], 'FLOP/s')} ({inst['compute_dtype']}, dense), "
+              f"memory bandwidth {_fmt_rate(inst['memory_bandwidth_Bps'], 'B/s')}")
+    con.print(f"decode step terms: compute {_fmt_time(d['compute_s'])}, memory {_fmt_time(d['memory_s'])}, "
+              f"link transfers {_fmt_time(d['comm_bw_s'])}, fixed latencies {_fmt_time(d['latency_s'])} "
+              f"(time in communication {_fmt_time(d['comm_s'])})")
+
+
+@app.command("estimate")
+def estimate(
+    model: str = typer.Option(..., "--model", "-m", help="catalog model (e.g. kimi-k2), HF config.json or TOML path"),
+    device: str = typer.Option(..., "--device", "-d", help="catalog device (e.g. cs3, mi455x) or TOML path"),
+    count: int = typer.Option(1, "--count", "-n", help="devices in the instance (= tp x pp)"),
+    tp: Optional[int] = typer.Option(None, "--tp", help="tensor parallel degree (default: count on GPUs)"),
+    pp: Optional[int] = typer.Option(None, "--pp", help="pipeline stages (default: count on wafer systems)"),
+    ep: int = typer.Option(1, "--ep", help="expert parallel degree (divides tp)"),
+    weight_dtype: str = typer.Option("fp8", "--weight-dtype", help="bf16 | fp8 | fp4"),
+    kv_dtype: str = typer.Option("fp8", "--kv-dtype", help="bf16 | fp8 | fp4"),
+    batch: int = typer.Option(1, "--batch", "-b", help="decode batch (and prefill batch) size"),
+    context: int = typer.Option(4096, "--context", "-c", help="context length of each decoding request (tokens)"),
+    prompt: int = typer.Option(1024, "--prompt", "-p", help="prompt length for the prefill figures (tokens)"),
+    draft_tokens: int = typer.Option(0, "--draft-tokens", help="speculative decoding: tokens drafted per step (0: off)"),
+    acceptance_rate: float = typer.Option(0.7, "--acceptance-rate", help="speculative decoding: acceptance rate in [0, 1)"),
+    spec_method: str = typer.Option("mtp", "--spec-method", help="mtp | draft_model"),
+    draft_model: Optional[str] = typer.Option(None, "--draft-model", help="draft model (with --spec-method draft_model)"),
+    reserve_fraction: Optional[float] = typer.Option(None, "--reserve-fraction", help="memory kept for activations (default: the device's)"),
+    json_out: bool = typer.Option(False, "--json", help="print JSON instead of tables"),
+) -> None:
+    """Estimate memory fit, KV capacity, prefill and decode speed, and the binding roof."""
+    from devices.catalog import CatalogError
+
+    try:
+        est = build_estimate(model, device, count, tp, pp, ep, weight_dtype, kv_dtype, batch, context, prompt,
+                             draft_tokens, acceptance_rate, spec_method, draft_model, reserve_fraction)
+    except (CatalogError, ValueError) as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2)
+    if json_out:
+        typer.echo(json.dumps(est, indent=2, default=float))
+    else:
+        _print_tables(est)
+    if not est["fits"]:
+        raise typer.Exit(1)

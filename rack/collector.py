@@ -1,0 +1,136 @@
+"""The metrics collector component: one timeline per request, one outcome per request.
+
+Engines and the router report lifecycle events (`event`, `events`) and each request's
+end (`finish`). The collector keeps them in flat numpy arrays (one row per request,
+one column per event) plus the requests' inter-token latencies, and checks the
+request-conservation rule: every submitted request ends exactly once, as completed,
+rejected (with a reason) or failed (with a reason). A second end is recorded as a
+violation, never silently merged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from typing import Iterable, Sequence
+
+import numpy as np
+
+EVENTS = ("arrival", "prefill_queued", "prefill_start", "first_token", "kv_reserved",
+          "transfer_start", "transfer_end", "decode_admit", "completion")
+OUTCOMES = ("completed", "rejected", "failed")
+_COL = {name: i for i, name in enumerate(EVENTS)}
+
+
+class Collector:
+    """Collects per-request timelines.
+
+    Keyword args:
+        clock: the run's `Clock` (used for the time of `finish` when `t` is omitted).
+        request_ids: ids of every request the run will submit (shape (n,)).
+    """
+
+    def __init__(self, *, clock, request_ids: Sequence[int]) -> None:
+        self.clock = clock
+        ids = np.asarray(request_ids, dtype=np.int64)
+        self.ids = ids
+        self._row = {int(r): i for i, r in enumerate(ids.tolist())}
+        n = len(ids)
+        self.times = np.full((n, len(EVENTS)), np.nan)
+        self.outcome = np.zeros(n, dtype=np.int8)          # 0 open, 1.. index in OUTCOMES + 1
+        self.reason: dict[int, str] = {}
+        self.preemptions = np.zeros(n, dtype=np.int32)
+        self.itl: dict[int, np.ndarray] = {}
+        self.violations: list[str] = []
+        self.unknown_events = Counter()
+        self._open = n
+        self._all_done = asyncio.Event()
+        if n == 0:
+            self._all_done.set()
+
+    # ----------------------------------------------------------------- peer API
+    async def event(self, request_id: int, name: str, t: float) -> None:
+        """Record lifecycle event `name` (one of EVENTS, or "preempted") at emulated t (s)."""
+        self._record(request_id, name, t)
+
+    async def events(self, batch: Iterable[tuple[int, str, float]]) -> None:
+        """Record many `(request_id, name, t)` events in one message."""
+        for request_id, name, t in batch:
+            self._record(request_id, name, t)
+
+    async def finish(self, request_id: int, outcome: str, reason: str | None = None,
+                     itl_s: np.ndarray | None = None, t: float | None = None) -> None:
+        """End request `request_id` with `outcome` in OUTCOMES; rejected/failed need a reason.
+
+        `itl_s`: the request's inter-token gaps (s), shape (output_tokens - 1,).
+        """
+        row = self._row.get(int(request_id))
+        if row is None:
+            self.violations.append(f"finish for unknown request {request_id}")
+            return
+        if outcome not in OUTCOMES:
+            self.violations.append(f"request {request_id}: unknown outcome {outcome!r}")
+            return
+        if self.outcome[row]:
+            self.violations.append(
+                f"request {request_id} ended twice: {OUTCOMES[self.outcome[row] - 1]} then {outcome}")
+            return
+        if outcome != "completed" and not reason:
+            reason = "unspecified"
+        self.outcome[row] = OUTCOMES.index(outcome) + 1
+        if reason:
+            self.reason[int(request_id)] = reason
+        if outcome == "completed":
+            when = self.clock.now() if t is None else t
+            if np.isnan(self.times[row, _COL["completion"]]):
+                self.times[row, _COL["completion"]] = when
+            if itl_s is not None:
+                self.itl[int(request_id)] = np.asarray(itl_s, dtype=np.float64)
+        self._open -= 1
+        if self._open == 0:
+            self._all_done.set()
+
+    async def wait_all(self, timeout_s: float | None = None) -> bool:
+        """Return True once every request has ended (emulated-time wait with a deadline)."""
+        if timeout_s is None:
+            await self._all_done.wait()
+            return True
+        return await self.clock.wait_until(self._all_done, self.clock.now() + timeout_s)
+
+    async def open_requests(self) -> list[int]:
+        """Ids of requests that have not ended yet."""
+        return self.ids[self.outcome == 0].tolist()
+
+    async def snapshot(self) -> dict:
+        """All records, as plain arrays and dicts (picklable) for the metrics step."""
+        order = sorted(self.itl)
+        lengths = np.array([len(self.itl[r]) for r in order], dtype=np.int64)
+        flat = np.concatenate([self.itl[r] for r in order]) if order else np.zeros(0)
+        return {
+            "ids": self.ids, "times": self.times, "events": list(EVENTS),
+            "outcome": self.outcome, "outcomes": list(OUTCOMES), "reason": dict(self.reason),
+            "preemptions": self.preemptions, "itl_ids": np.array(order, dtype=np.int64),
+            "itl_lengths": lengths, "itl_flat": flat, "violations": list(self.violations),
+            "unknown_events": dict(self.unknown_events),
+        }
+
+    # ----------------------------------------------------------------- internals
+    def _record(self, request_id: int, name: str, t: float) -> None:
+        row = self._row.get(int(request_id))
+        if row is None:
+            self.violations.append(f"event {name!r} for unknown request {request_id}")
+            return
+        if name == "preempted":
+            self.preemptions[row] += 1
+            return
+        col = _COL.get(name)
+        if col is None:
+            self.unknown_events[name] += 1
+            return
+        # Keep the first occurrence: a re-sent transfer or a recomputed request keeps
+        # the time its stage first happened, as a client would observe it...
+        if np.isnan(self.times[row, col]):
+            self.times[row, col] = t
+        elif name in ("transfer_end", "decode_admit"):
+            # ...except the end of a stage that was redone, whose latest time counts.
+            self.times[row, col] = t

@@ -1,0 +1,117 @@
+"""Metrics of a run, from the collector's records and the components' stats.
+
+Definitions (pinned by tests, stated in the README):
+- TTFT = first_token - arrival (queueing included; in the split rack the first token
+  is produced by the prefill instance when the prompt's last chunk ends).
+- E2E = completion - arrival. TPOT = (E2E - TTFT) / (output_tokens - 1), only for
+  requests with >= 2 output tokens. ITL = every gap between consecutive output tokens
+  of every completed request (the first token's wait is not an ITL sample), so the
+  mean of a request's ITLs equals its TPOT.
+- Rejected and failed requests give no latency samples but count in `submitted`.
+- Goodput = completed requests meeting both SLO targets (TTFT <= ttft_ms and TPOT <=
+  tpot_ms; a one-token request has no TPOT and meets that target) per second of
+  the run; SLO attainment = that count / submitted (DistServe).
+- The run's duration is from the first arrival to the last request's end.
+- Percentiles: linear interpolation between closest ranks (numpy's default method),
+  for every sample size; an empty sample gives null.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any, Sequence
+
+import numpy as np
+
+PERCENTILES = (50, 90, 99)
+
+
+def summarize(values: np.ndarray) -> dict:
+    """{"mean", "p50", "p90", "p99", "max", "n"} of `values` (nulls when empty)."""
+    v = np.asarray(values, dtype=np.float64)
+    v = v[~np.isnan(v)]
+    if v.size == 0:
+        return {"mean": None, "p50": None, "p90": None, "p99": None, "max": None, "n": 0}
+    p = np.percentile(v, PERCENTILES)
+    return {"mean": float(v.mean()), "p50": float(p[0]), "p90": float(p[1]), "p99": float(p[2]),
+            "max": float(v.max()), "n": int(v.size)}
+
+
+def per_request(snapshot: dict, requests: Sequence[Any]) -> dict[str, np.ndarray]:
+    """Per-request columns aligned with `snapshot["ids"]`: prompt/output tokens,
+    outcome, every lifecycle time, ttft_s, tpot_s, e2e_s, meets-SLO flags need SLOs
+    and are added by `compute`."""
+    ids = snapshot["ids"]
+    by_id = {r.id: r for r in requests}
+    prompt = np.array([by_id[i].prompt_tokens for i in ids.tolist()], dtype=np.int64)
+    output = np.array([by_id[i].output_tokens for i in ids.tolist()], dtype=np.int64)
+    times = snapshot["times"]
+    col = {n: i for i, n in enumerate(snapshot["events"])}
+    outcome = np.array(snapshot["outcomes"] + ["open"], dtype=object)[snapshot["outcome"] - 1]
+    completed = snapshot["outcome"] == 1 + snapshot["outcomes"].index("completed")
+    arrival = times[:, col["arrival"]]
+    ttft = np.where(completed, times[:, col["first_token"]] - arrival, np.nan)
+    e2e = np.where(completed, times[:, col["completion"]] - arrival, np.nan)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        tpot = np.where(completed & (output >= 2), (e2e - ttft) / (output - 1), np.nan)
+    cols = {"id": ids, "prompt_tokens": prompt, "output_tokens": output, "outcome": outcome,
+            "reason": np.array([snapshot["reason"].get(i, "") for i in ids.tolist()], dtype=object),
+            "preemptions": snapshot["preemptions"], "ttft_s": ttft, "tpot_s": tpot, "e2e_s": e2e}
+    for name, i in col.items():
+        cols[f"t_{name}"] = times[:, i]
+    return cols
+
+
+def compute(snapshot: dict, requests: Sequence[Any], slo_ttft_s: float, slo_tpot_s: float) -> dict:
+    """The request, latency, throughput and goodput sections of results.json."""
+    cols = per_request(snapshot, requests)
+    outcome = cols["outcome"]
+    completed = outcome == "completed"
+    counts = Counter(outcome.tolist())
+    reasons: dict[str, Counter] = {"rejected": Counter(), "failed": Counter()}
+    for o, r in zip(outcome.tolist(), cols["reason"].tolist()):
+        if o in reasons:
+            reasons[o][r] += 1
+    times = snapshot["times"]
+    n = len(cols["id"])
+    arrivals = cols["t_arrival"]
+    ends = np.nanmax(times, axis=1) if n else np.zeros(0)
+    start = float(np.nanmin(arrivals)) if n and not np.all(np.isnan(arrivals)) else 0.0
+    end = float(np.nanmax(ends)) if n and not np.all(np.isnan(ends)) else start
+    duration = max(end - start, 0.0)
+    ttft, tpot = cols["ttft_s"], cols["tpot_s"]
+    meets = completed & (ttft <= slo_ttft_s) & (np.isnan(tpot) | (tpot <= slo_tpot_s))
+    cols["meets_slo"] = meets
+    out_tokens = int(cols["output_tokens"][completed].sum())
+    rate = (lambda x: x / duration if duration > 0 else 0.0)
+    return {
+        "requests": {
+            "submitted": n,
+            "completed": int(counts.get("completed", 0)),
+            "rejected": int(counts.get("rejected", 0)),
+            "failed": int(counts.get("failed", 0)),
+            "open": int(counts.get("open", 0)),
+            "rejected_by_reason": dict(reasons["rejected"]),
+            "failed_by_reason": dict(reasons["failed"]),
+            "preemptions": int(np.sum(cols["preemptions"])),
+        },
+        "latency": {
+            "ttft_s": summarize(ttft),
+            "tpot_s": summarize(tpot),
+            "itl_s": summarize(snapshot["itl_flat"]),
+            "e2e_s": summarize(cols["e2e_s"]),
+        },
+        "throughput": {
+            "duration_s": duration,
+            "requests_per_s": rate(int(completed.sum())),
+            "output_tokens_per_s": rate(out_tokens),
+            "input_tokens_per_s": rate(int(cols["prompt_tokens"][completed].sum())),
+            "output_tokens": out_tokens,
+        },
+        "goodput": {
+            "requests_per_s": rate(int(meets.sum())),
+            "slo_attainment": float(meets.sum() / n) if n else 0.0,
+            "requests_meeting_slo": int(meets.sum()),
+            "slo": {"ttft_s": slo_ttft_s, "tpot_s": slo_tpot_s},
+        },
+    }, cols

@@ -1,0 +1,163 @@
+"""Run a scenario on a request list with either runtime and assemble `results.json`.
+
+This is the public Python API of the main job:
+
+    from rack.runner import run_scenario
+    from rack.scenario import load_scenario
+    from workloads import load_requests
+    out = run_scenario(load_scenario(), load_requests("mooncake-excerpt"), runtime="virtual")
+    print(out.results["latency"]["ttft_s"]["p50"])
+"""
+
+from __future__ import annotations
+
+import hashlib
+import platform
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+from rack import __version__
+from rack import metrics
+from rack.scenario import Scenario
+from rack.topology import ComponentSpec, build_topology
+
+
+@dataclass
+class RunOutput:
+    """What a run produced: `results` (the results.json dict), `columns` (per-request
+    table, numpy columns), `stats` (raw component stats) and the topology."""
+
+    results: dict
+    columns: dict[str, np.ndarray]
+    stats: dict[str, dict]
+    specs: list[ComponentSpec] = field(default_factory=list)
+    snapshot: dict = field(default_factory=dict)
+
+
+def _pool_sections(scenario: Scenario, specs: Sequence[ComponentSpec], stats: dict) -> tuple[dict, dict]:
+    memory, util = {}, {}
+    for pool in scenario.pools:
+        names = [s.name for s in specs if s.pool == pool.name]
+        st = [stats[n] for n in names if n in stats]
+        if not st:
+            continue
+        memory[pool.name] = {
+            "capacity_bytes": int(sum(s["memory"]["capacity_bytes"] for s in st)),
+            "peak_bytes": int(sum(s["memory"]["peak_bytes"] for s in st)),
+            "weight_bytes": int(sum(s["memory"]["held_bytes"].get("weights", 0) for s in st)),
+            "instances": len(st),
+            "devices": len(st) * pool.devices_per_instance,
+            "peak_fraction": float(max(s["memory"]["peak_bytes"] / s["memory"]["capacity_bytes"] for s in st)),
+        }
+        util[pool.name] = {
+            "compute": float(np.mean([s["mfu"] for s in st])),
+            "memory_bandwidth": float(np.mean([s["mbu"] for s in st])),
+            "busy_fraction": float(np.mean([s["busy_fraction"] for s in st])),
+        }
+    return memory, util
+
+
+def _kv_section(stats: dict) -> dict:
+    ic = stats.get("interconnect")
+    if ic is None:
+        return {"transfers": 0, "bytes_logical": 0, "bytes_shipped": 0, "checksum_failures": 0,
+                "time_s": metrics.summarize(np.zeros(0)), "links": {}}
+    bad_frames = sum(s.get("bad_frames", 0) for s in stats.values() if s.get("role") == "decode")
+    return {
+        "transfers": ic["transfers"],
+        "bytes_logical": int(ic["bytes_logical"]),
+        "bytes_shipped": int(ic["bytes_shipped"]),
+        "checksum_failures": int(ic["checksum_failures"]),
+        "bad_frames_at_receivers": int(bad_frames),
+        "failed_transfers": int(ic["failed_transfers"]),
+        "payload_scale": ic["payload_scale"],
+        "time_s": metrics.summarize(np.asarray(ic["transfer_time_s"])),
+        "links": {name: {"utilization": l["utilisation"], "bytes_logical": int(l["bytes_logical"]),
+                         "transfers": l["transfers"], "peak_concurrent": l["peak_flows"],
+                         "bandwidth_Bps": l["bandwidth_Bps"]}
+                  for name, l in ic["links"].items()},
+    }
+
+
+def _provenance(scenario: Scenario, trace_info: dict | None, runtime: str, loop_type: str) -> dict:
+    try:
+        import importlib.metadata as md
+        ray_version = md.version("ray")
+    except Exception:  # Ray is optional for the virtual runtime
+        ray_version = None
+    return {
+        "package": "rack-emulator", "version": __version__,
+        "scenario": scenario.name, "config": scenario.model_dump(mode="json"),
+        "trace": trace_info or {}, "seed": scenario.seed,
+        "python": sys.version.split()[0], "platform": platform.platform(),
+        "numpy": np.__version__, "ray": ray_version,
+        "runtime": runtime, "event_loop": loop_type,
+    }
+
+
+def run_scenario(scenario: Scenario, requests: Sequence[Any], *, runtime: str = "virtual",
+                 address: str | None = None, trace_info: dict | None = None,
+                 progress: bool = False, timeout_s: float | None = None) -> RunOutput:
+    """Replay `requests` (sorted by arrival) through `scenario` and measure it.
+
+    runtime: "virtual" (in-process virtual time, deterministic) or "ray" (one actor per
+        component, wall clock dilated by `scenario.dilation`; Ray starts locally unless
+        `address` is given).
+    timeout_s: Ray runtime only: wall-clock limit for the whole replay.
+    Raises ScenarioError for a bad scenario (before anything starts), and
+    `VirtualTimeDeadlock` / `RayRunError` if the rack stalls.
+    """
+    requests = sorted(requests, key=lambda r: (r.arrival_s, r.id))
+    specs = build_topology(scenario, [r.id for r in requests])
+    wall0 = time.perf_counter()
+    if runtime == "virtual":
+        from rack.runtime.virtual_run import run_topology_virtual
+        raw = run_topology_virtual(specs, requests)
+        loop_type = "VirtualTimeLoop"
+        dilation = None
+    elif runtime == "ray":
+        from rack.runtime.ray_runtime import run_topology_ray
+        raw = run_topology_ray(specs, requests, dilation=scenario.dilation, address=address,
+                               progress=progress, timeout_s=timeout_s)
+        loop_type = raw["loop_type"]
+        dilation = scenario.dilation
+    else:
+        raise ValueError(f"runtime: expected 'virtual' or 'ray', got {runtime!r}")
+    wall = time.perf_counter() - wall0
+
+    results, cols = metrics.compute(raw["snapshot"], requests, scenario.slo.ttft_ms / 1e3,
+                                    scenario.slo.tpot_ms / 1e3)
+    memory, util = _pool_sections(scenario, specs, raw["stats"])
+    lateness_all = np.concatenate([np.asarray(v, dtype=np.float64) for v in raw["lateness"].values()]) \
+        if raw["lateness"] else np.zeros(0)
+    late = metrics.summarize(lateness_all) if lateness_all.size else \
+        {"mean": 0.0, "p50": 0.0, "p90": 0.0, "p99": 0.0, "max": 0.0, "n": 0}
+    results.update({
+        "kv_transfer": _kv_section(raw["stats"]),
+        "memory": memory,
+        "utilization": util,
+        "emulation": {
+            "runtime": runtime, "dilation": dilation, "wall_s": wall,
+            "emulated_s": raw.get("now"),
+            "lateness_s": late,
+            "lateness_by_actor": {k: metrics.summarize(np.asarray(v)) for k, v in raw["lateness"].items()},
+            "violations": raw["snapshot"]["violations"],
+        },
+        "provenance": _provenance(scenario, trace_info, runtime, loop_type),
+    })
+    return RunOutput(results=results, columns=cols, stats=raw["stats"], specs=list(specs),
+                     snapshot=raw["snapshot"])
+
+
+def trace_info(path, reader_summary: dict | None = None, **controls) -> dict:
+    """Provenance of a trace file: path, sha256, replay controls and reader counters."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return {"path": str(path), "sha256": h.hexdigest(), "controls": controls,
+            "reader": reader_summary or {}}

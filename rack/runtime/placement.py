@@ -1,0 +1,32 @@
+"""Shared by both runtimes: build component objects from `ComponentSpec`s."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any, Callable
+
+from rack.topology import ComponentSpec, Ref
+
+
+def load_factory(path: str) -> Callable[..., Any]:
+    """The class named by "module:Class"."""
+    module, _, attr = path.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def resolve_refs(value: Any, lookup: Callable[[str], Any]) -> Any:
+    """`value` with every `Ref(name)` (also inside dicts, lists, tuples) replaced by `lookup(name)`."""
+    if isinstance(value, Ref):
+        return lookup(value.name)
+    if isinstance(value, dict):
+        return {k: resolve_refs(v, lookup) for k, v in value.items()}
+    if isinstance(value, list):
+        return [resolve_refs(v, lookup) for v in value]
+    if isinstance(value, tuple):
+        return tuple(resolve_refs(v, lookup) for v in value)
+    return value
+
+
+def construct(spec: ComponentSpec, clock: Any, lookup: Callable[[str], Any]) -> Any:
+    """Instantiate `spec` with `clock` and its peers resolved through `lookup`."""
+    return load_factory(spec.factory)(clock=clock, **resolve_refs(spec.kwargs, lookup))

@@ -1,0 +1,222 @@
+"""Scenario configuration: what rack to emulate (pydantic, from TOML or a catalog name).
+
+A scenario names the model and dtypes, the device pools (device, instance count,
+parallelism, role), the links between pools, the router policy, the SLO targets,
+the KV `payload_scale` and the Ray runtime's clock dilation. Shipped scenarios live in
+`rack/scenarios/*.toml`; `load_scenario(name_or_path)` reads either.
+
+Every error names the file and the field and says what was expected.
+"""
+
+from __future__ import annotations
+
+import difflib
+import sys
+from pathlib import Path
+from typing import Literal, Optional
+
+from interconnect.link import LinkSpec
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+SCENARIO_DIR = Path(__file__).parent / "scenarios"
+DEFAULT_SCENARIO = "helios-cs3-kimi-k2"
+
+
+class ScenarioError(ValueError):
+    """A scenario file or name is invalid; the message names the file and field."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SpeculativeSettings(_Strict):
+    """Speculative decoding on a decode pool: k draft tokens, acceptance rate a."""
+
+    draft_tokens: int = Field(ge=1)
+    acceptance_rate: float = Field(ge=0.0, lt=1.0)
+    method: Literal["mtp", "draft_model"] = "mtp"
+    draft_model: Optional[str] = None
+
+
+class PoolConfig(_Strict):
+    """A pool of identical engine instances.
+
+    `tp * pp` devices form one instance (on the wafer engine `pp` is the number of
+    systems its layers are pipelined over). `role` is what the pool's instances do.
+    """
+
+    name: str = Field(min_length=1)
+    device: str = Field(min_length=1, description="catalog name or path to a device TOML")
+    role: Literal["prefill", "decode", "both"]
+    instances: int = Field(default=1, ge=1)
+    tp: int = Field(default=1, ge=1)
+    pp: int = Field(default=1, ge=1)
+    ep: int = Field(default=1, ge=1)
+    # prefill side (role prefill or both)
+    chunk_tokens: int = Field(default=8192, ge=1, description="chunked-prefill token budget per iteration")
+    prefix_cache: bool = True
+    max_queue: int = Field(default=1024, ge=1, description="requests waiting per instance before rejection")
+    # decode side (role decode or both)
+    max_batch: int = Field(default=256, ge=1, description="continuous-batching batch limit (requests)")
+    admission_policy: Literal["reserve", "preempt"] = "reserve"
+    speculative: Optional[SpeculativeSettings] = None
+    kv_block_tokens: int = Field(default=16, ge=1, description="tokens per paged KV block")
+    memory_reserve_fraction: Optional[float] = Field(default=None, ge=0.0, lt=1.0)
+    resources: dict[str, float] = Field(default_factory=dict, description="Ray custom resources per instance actor")
+
+    @property
+    def devices_per_instance(self) -> int:
+        return self.tp * self.pp
+
+
+class LinkConfig(LinkSpec):
+    """A KV link from pool `src` to pool `dst` (bandwidth, latency and per-message
+    overhead as in `interconnect.link.LinkSpec`), shared max-min fairly by its transfers."""
+
+    src: str
+    dst: str
+
+
+class RouterConfig(_Strict):
+    """Admission and dispatch.
+
+    `policy`: "round_robin" or "least_outstanding_work" (fewest queued prompt tokens).
+    `max_outstanding_tokens`: prompt tokens waiting for prefill per instance above
+    which, when every instance is above it, an arrival is rejected ("router_queue_full").
+    `local_prefill_threshold_tokens`: conditional disaggregation; prompts up to this
+    length are prefilled on the decode side (needs a pool with role "both").
+    """
+
+    policy: Literal["round_robin", "least_outstanding_work"] = "least_outstanding_work"
+    max_outstanding_tokens: int = Field(default=4_000_000, ge=1)
+    local_prefill_threshold_tokens: int = Field(default=0, ge=0)
+
+
+class SLOConfig(_Strict):
+    """Per-request latency targets (DistServe goodput counts requests meeting both)."""
+
+    ttft_ms: float = Field(gt=0)
+    tpot_ms: float = Field(gt=0)
+
+
+class Scenario(_Strict):
+    """A whole emulated rack. See `rack/scenarios/*.toml` for annotated examples."""
+
+    name: str
+    description: str = ""
+    model: str = Field(description="catalog name or path to a config.json / model TOML")
+    weight_dtype: Literal["bf16", "fp8", "fp4"] = "fp8"
+    kv_dtype: Literal["bf16", "fp8", "fp4"] = "fp8"
+    pools: list[PoolConfig] = Field(min_length=1)
+    links: list[LinkConfig] = Field(default_factory=list)
+    router: RouterConfig = RouterConfig()
+    slo: SLOConfig
+    payload_scale: float = Field(default=1e-3, gt=0, le=1.0, description="shipped bytes / logical KV bytes")
+    layer_group: int = Field(default=8, ge=1, description="layers per KV frame")
+    dilation: float = Field(default=20.0, gt=0, description="Ray runtime: wall seconds per emulated second")
+    seed: int = 0
+
+    @field_validator("pools")
+    @classmethod
+    def _unique_pools(cls, pools: list[PoolConfig]) -> list[PoolConfig]:
+        names = [p.name for p in pools]
+        dup = {n for n in names if names.count(n) > 1}
+        if dup:
+            raise ValueError(f"pool names must be unique; repeated: {sorted(dup)}")
+        return pools
+
+    @model_validator(mode="after")
+    def _check_topology(self) -> "Scenario":
+        pools = {p.name: p for p in self.pools}
+        roles = {p.role for p in self.pools}
+        for i, link in enumerate(self.links):
+            for end in ("src", "dst"):
+                pool = getattr(link, end)
+                if pool not in pools:
+                    close = difflib.get_close_matches(pool, list(pools), n=3)
+                    hint = f"; did you mean {close}?" if close else ""
+                    raise ValueError(
+                        f"links[{i}].{end}: no pool named {pool!r} (pools: {sorted(pools)}){hint}")
+        has_prefill = bool(roles & {"prefill", "both"})
+        has_decode = bool(roles & {"decode", "both"})
+        if not (has_prefill and has_decode):
+            raise ValueError("pools: need at least one pool that prefills (role prefill/both) "
+                             "and one that decodes (role decode/both)")
+        if "prefill" in roles:
+            decoders = [p.name for p in self.pools if p.role == "decode"]
+            if not decoders:
+                raise ValueError("pools: a prefill-only pool needs a decode pool to ship its KV to")
+            for p in self.pools:
+                if p.role != "prefill":
+                    continue
+                for d in decoders:
+                    if not any(l.src == p.name and l.dst == d for l in self.links):
+                        raise ValueError(f"links: no link from prefill pool {p.name!r} to decode pool {d!r}")
+        if self.router.local_prefill_threshold_tokens and "both" not in roles:
+            raise ValueError("router.local_prefill_threshold_tokens: needs a pool with role 'both'")
+        return self
+
+    def pool(self, name: str) -> PoolConfig:
+        for p in self.pools:
+            if p.name == name:
+                return p
+        raise KeyError(name)
+
+    def with_overrides(self, **changes) -> "Scenario":
+        """A copy with top-level fields replaced (validated again)."""
+        data = self.model_dump()
+        data.update({k: v for k, v in changes.items() if v is not None})
+        return Scenario.model_validate(data)
+
+
+def scenario_names() -> list[str]:
+    """Names of the scenarios shipped in `rack/scenarios/`."""
+    return sorted(p.stem for p in SCENARIO_DIR.glob("*.toml"))
+
+
+def _format_validation(path: str, exc: ValidationError) -> str:
+    lines = [f"{path}: invalid scenario"]
+    for err in exc.errors():
+        loc = ".".join(str(x) for x in err["loc"]) or "(top level)"
+        got = err.get("input")
+        got_s = "" if isinstance(got, (dict, list)) else f" (got {got!r})"
+        lines.append(f"  field {loc}: {err['msg']}{got_s}")
+    return "\n".join(lines)
+
+
+def parse_scenario(data: dict, source: str = "<scenario>") -> Scenario:
+    """Validate a scenario dict; raises ScenarioError naming `source` and the field."""
+    try:
+        return Scenario.model_validate(data)
+    except ValidationError as exc:
+        raise ScenarioError(_format_validation(source, exc)) from None
+
+
+def load_scenario(name_or_path: str | Path | None = None) -> Scenario:
+    """Load a shipped scenario by name, or a TOML file by path.
+
+    Raises ScenarioError for a missing file, bad TOML (with line) or a bad field.
+    """
+    name_or_path = name_or_path or DEFAULT_SCENARIO
+    path = Path(name_or_path)
+    if not path.suffix and not path.exists():
+        path = SCENARIO_DIR / f"{name_or_path}.toml"
+        if not path.exists():
+            close = difflib.get_close_matches(str(name_or_path), scenario_names(), n=3)
+            hint = f"; did you mean {close}?" if close else ""
+            raise ScenarioError(
+                f"unknown scenario {str(name_or_path)!r}: expected a TOML file path or one of "
+                f"{scenario_names()}{hint}")
+    if not path.exists():
+        raise ScenarioError(f"{path}: no such scenario file")
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise ScenarioError(f"{path}: not valid TOML: {exc}") from None
+    return parse_scenario(data, str(path))

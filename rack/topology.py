@@ -1,0 +1,172 @@
+"""From a scenario to components: which component objects a run needs, their
+constructor arguments, and which peers each one talks to.
+
+The result is runtime-neutral: a list of `ComponentSpec`, whose keyword arguments
+refer to peers through `Ref(name)` placeholders. The virtual runtime replaces a
+`Ref` with the peer object; the Ray runtime with an actor proxy. Everything that can
+be checked before a component starts is checked here (the model fits every pool,
+every route exists), so a bad scenario fails before any actor is created.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from devices.catalog import resolve_device, resolve_model
+from devices.costmodel import CostModel, Parallelism, SpeculativeConfig
+from devices.planner import ModelDoesNotFit, plan_memory
+from interconnect.link import LinkSpec
+
+from .scenario import PoolConfig, Scenario, ScenarioError
+
+
+@dataclass(frozen=True)
+class Ref:
+    """A placeholder for the peer component called `name`."""
+
+    name: str
+
+
+@dataclass
+class ComponentSpec:
+    """One component to place: `factory` is "module:Class"; `kwargs` may hold Refs
+    (also inside dicts and lists); `resources` are Ray custom resources for its actor."""
+
+    name: str
+    factory: str
+    kwargs: dict[str, Any]
+    kind: str                      # collector | router | interconnect | prefill | decode | both
+    pool: str | None = None
+    resources: dict[str, float] = field(default_factory=dict)
+
+    def refs(self) -> set[str]:
+        """Names of the peers this component needs."""
+        out: set[str] = set()
+
+        def walk(v: Any) -> None:
+            if isinstance(v, Ref):
+                out.add(v.name)
+            elif isinstance(v, dict):
+                for x in v.values():
+                    walk(x)
+            elif isinstance(v, (list, tuple)):
+                for x in v:
+                    walk(x)
+
+        walk(self.kwargs)
+        return out
+
+
+def instance_names(pool: PoolConfig) -> list[str]:
+    """Names of a pool's instances: `<pool>-<i>`."""
+    return [f"{pool.name}-{i}" for i in range(pool.instances)]
+
+
+def cost_model(scenario: Scenario, pool: PoolConfig) -> CostModel:
+    """The cost model of one instance of `pool` (model, device, TP/PP/EP, dtypes,
+    speculative decoding). Raises ScenarioError naming the pool on a bad device/model."""
+    spec = None
+    if pool.speculative is not None:
+        s = pool.speculative
+        spec = SpeculativeConfig(draft_tokens=s.draft_tokens, acceptance_rate=s.acceptance_rate,
+                                 method=s.method, draft_model=s.draft_model)
+    try:
+        return CostModel(resolve_model(scenario.model), resolve_device(pool.device),
+                         Parallelism(tp=pool.tp, pp=pool.pp, ep=pool.ep),
+                         weight_dtype=scenario.weight_dtype, kv_dtype=scenario.kv_dtype,
+                         speculative=spec)
+    except (ValueError, KeyError) as exc:
+        raise ScenarioError(f"pool {pool.name!r}: {exc}") from None
+
+
+def check_fit(scenario: Scenario, pool: PoolConfig, cost: CostModel):
+    """The pool's memory plan; raises ScenarioError if the weights do not fit one instance."""
+    try:
+        if pool.memory_reserve_fraction is None:
+            return plan_memory(cost, block_size=pool.kv_block_tokens)
+        return plan_memory(cost, reserve_fraction=pool.memory_reserve_fraction,
+                           block_size=pool.kv_block_tokens)
+    except ModelDoesNotFit as exc:
+        raise ScenarioError(f"pool {pool.name!r} ({pool.device}, tp={pool.tp}, pp={pool.pp}): {exc}") from None
+
+
+def build_topology(scenario: Scenario, request_ids: Sequence[int]) -> list[ComponentSpec]:
+    """The components of `scenario`, in an order where each one's peers come first.
+
+    Raises ScenarioError (pool, field and what is needed) before anything starts.
+    """
+    specs: list[ComponentSpec] = [ComponentSpec(
+        "collector", "rack.collector:Collector", {"request_ids": list(request_ids)}, "collector")]
+    decoders = [p for p in scenario.pools if p.role == "decode"]
+    prefillers = [p for p in scenario.pools if p.role == "prefill"]
+    colocated = [p for p in scenario.pools if p.role == "both"]
+    costs = {p.name: cost_model(scenario, p) for p in scenario.pools}
+    for p in scenario.pools:
+        check_fit(scenario, p, costs[p.name])
+
+    decode_names: list[str] = []
+    for p in decoders:
+        for name in instance_names(p):
+            decode_names.append(name)
+            specs.append(ComponentSpec(name, "devices.engines.decode:DecodeEngine", {
+                "name": name, "cost": costs[p.name], "collector": Ref("collector"),
+                "max_batch": p.max_batch, "kv_block_tokens": p.kv_block_tokens,
+                "admission_policy": p.admission_policy,
+                "memory_reserve_fraction": p.memory_reserve_fraction,
+            }, "decode", p.name, dict(p.resources)))
+
+    local_names: list[str] = []
+    for p in colocated:
+        for name in instance_names(p):
+            local_names.append(name)
+            specs.append(ComponentSpec(name, "devices.engines.colocated:ColocatedEngine", {
+                "name": name, "cost": costs[p.name], "collector": Ref("collector"),
+                "chunk_tokens": p.chunk_tokens, "max_queue": p.max_queue,
+                "max_batch": p.max_batch, "kv_block_tokens": p.kv_block_tokens,
+                "prefix_cache": p.prefix_cache, "admission_policy": p.admission_policy,
+                "memory_reserve_fraction": p.memory_reserve_fraction,
+            }, "both", p.name, dict(p.resources)))
+
+    if prefillers:
+        links = [LinkSpec(name=l.name, bandwidth_GBps=l.bandwidth_GBps, latency_us=l.latency_us,
+                          per_message_us=l.per_message_us) for l in scenario.links]
+        routes: dict[tuple[str, str], list[str]] = {}
+        for l in scenario.links:
+            src_pool, dst_pool = scenario.pool(l.src), scenario.pool(l.dst)
+            for s in instance_names(src_pool):
+                for d in instance_names(dst_pool):
+                    routes.setdefault((s, d), []).append(l.name)
+        for key, path in routes.items():
+            if len(path) > 1:
+                raise ScenarioError(f"links: more than one link from {key[0]} to {key[1]}: {path}")
+        specs.append(ComponentSpec("interconnect", "interconnect.component:Interconnect", {
+            "links": links, "routes": routes,
+            "receivers": {d: Ref(d) for d in decode_names},
+            "payload_scale": scenario.payload_scale,
+        }, "interconnect"))
+
+    prefill_names: list[str] = []
+    for p in prefillers:
+        for name in instance_names(p):
+            prefill_names.append(name)
+            specs.append(ComponentSpec(name, "devices.engines.prefill:PrefillEngine", {
+                "name": name, "cost": costs[p.name], "collector": Ref("collector"),
+                "interconnect": Ref("interconnect"), "decode": {d: Ref(d) for d in decode_names},
+                "chunk_tokens": p.chunk_tokens, "max_queue": p.max_queue,
+                "kv_block_tokens": p.kv_block_tokens, "prefix_cache": p.prefix_cache,
+                "payload_scale": scenario.payload_scale, "layer_group": scenario.layer_group,
+                "memory_reserve_fraction": p.memory_reserve_fraction, "kv_seed": scenario.seed,
+            }, "prefill", p.name, dict(p.resources)))
+
+    r = scenario.router
+    specs.append(ComponentSpec("router", "rack.router:Router", {
+        "collector": Ref("collector"),
+        "prefill": {n: Ref(n) for n in prefill_names},
+        "decode_targets": decode_names,
+        "local": {n: Ref(n) for n in local_names},
+        "policy": r.policy,
+        "max_outstanding_tokens": r.max_outstanding_tokens,
+        "local_prefill_threshold_tokens": r.local_prefill_threshold_tokens,
+    }, "router"))
+    return specs

@@ -1,0 +1,65 @@
+"""Memory planner: weights, reserve and KV; models that do not fit."""
+
+import pytest
+
+from devices.costmodel import CostModel, Parallelism, SpeculativeConfig
+from devices.planner import ModelDoesNotFit, format_bytes, plan_memory
+
+
+def test_kimi_k2_on_four_cs3_says_what_is_needed():
+    c = CostModel("kimi-k2", "cs3", Parallelism(pp=4), "fp8", "fp8")
+    with pytest.raises(ModelDoesNotFit) as e:
+        plan_memory(c)
+    msg = str(e.value)
+    assert msg.startswith("Kimi-K2 (fp8) needs 1.03 TB of weights; 4 CS-3 hold 176 GB")
+    assert msg.endswith("use at least 24 systems")
+
+
+def test_the_suggested_count_fits():
+    plan = plan_memory(CostModel("kimi-k2", "cs3", Parallelism(pp=24), "fp8", "fp8"))
+    assert plan.kv_tokens > 100_000 and plan.kv_blocks == plan.kv_tokens // 16
+    with pytest.raises(ModelDoesNotFit, match="GPUs"):
+        plan_memory(CostModel("llama-3.1-405b", "h100", Parallelism(tp=4), "bf16", "bf16"))
+
+
+def test_budget_adds_up():
+    c = CostModel("llama-3.1-70b", "h100", Parallelism(tp=4), "fp8", "fp8")
+    p = plan_memory(c)
+    assert p.capacity_bytes == 4 * 80_000_000_000
+    assert p.reserve_bytes == int(0.1 * 80e9) * 4
+    assert p.weight_bytes == c.weight_bytes
+    assert p.weight_bytes + p.reserve_bytes + p.kv_bytes <= p.capacity_bytes
+    assert p.capacity_bytes - (p.weight_bytes + p.reserve_bytes + p.kv_bytes) < 4
+    assert p.kv_tokens == p.kv_bytes // c.kv_bytes_per_token
+    assert p.max_batch(4096) == p.kv_blocks // 256
+    assert plan_memory(c, reserve_fraction=0.0).kv_bytes == p.kv_bytes + p.reserve_bytes
+
+
+def test_draft_model_weights_and_kv_count():
+    base = plan_memory(CostModel("llama-3.1-70b", "h100", Parallelism(tp=2), "fp8", "fp8"))
+    spec = plan_memory(CostModel("llama-3.1-70b", "h100", Parallelism(tp=2), "fp8", "fp8",
+                                 SpeculativeConfig(3, 0.8, "draft_model", "llama-3.2-1b")))
+    assert spec.weight_bytes > base.weight_bytes and spec.kv_tokens < base.kv_tokens
+
+
+def test_weights_that_leave_no_kv_room():
+    c = CostModel("llama-3.1-70b", "h100", Parallelism(tp=1), "bf16", "bf16")
+    with pytest.raises(ModelDoesNotFit, match="use at least 2 GPUs"):
+        plan_memory(c)
+    c = CostModel("llama-3.1-70b", "mi300x", Parallelism(tp=1), "bf16", "bf16")
+    tight = 1 - (c.weight_bytes + 1e6) / 192e9      # leaves 1 MB: less than one KV block
+    with pytest.raises(ModelDoesNotFit, match="less than one block"):
+        plan_memory(c, reserve_fraction=tight)
+
+
+def test_bad_arguments():
+    c = CostModel("llama-3.1-8b", "h100")
+    with pytest.raises(ValueError):
+        plan_memory(c, reserve_fraction=1.0)
+    with pytest.raises(ValueError):
+        plan_memory(c, block_size=0)
+
+
+def test_format_bytes():
+    assert format_bytes(1.026e12) == "1.03 TB" and format_bytes(176e9) == "176 GB"
+    assert format_bytes(44e9) == "44 GB" and format_bytes(512) == "512 B"

@@ -1,0 +1,167 @@
+"""Specs: parameter counts and KV bytes against published figures; refusal of bad specs."""
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+from pydantic import ValidationError
+
+from devices.catalog import get_device, get_model, model_names
+from devices.specs import HardwareSpec, ModelSpec
+
+HARDWARE_MD = Path(__file__).resolve().parents[2] / "shared" / "reference" / "hardware.md"
+
+# Published totals / active counts the issue names (within 2 %).
+PUBLISHED = [
+    ("llama-3.1-70b", 70.6e9, None),
+    ("llama-3.1-405b", 405.9e9, None),
+    ("deepseek-v3", 671e9, 37e9),
+    # Kimi-K2: the model card's "1 T" is rounded; the technical report says 1.04 T.
+    ("kimi-k2", 1.04e12, 32e9),
+    ("llama-3.1-8b", 8.03e9, None),
+    ("gpt-oss-120b", 116.83e9, 5.13e9),
+    ("qwen3-235b-a22b", 235.1e9, None),
+]
+
+# KV bytes per token at 16 bit, from reference/hardware.md ("Models").
+KV16 = {
+    "llama-3.1-8b": 131_072, "llama-3.1-70b": 327_680, "llama-3.1-405b": 516_096,
+    "deepseek-v3": 70_272, "kimi-k2": 70_272, "qwen3-235b-a22b": 192_512,
+    "gpt-oss-120b": 73_728, "grok-1": 262_144, "llama-2-70b": 327_680,
+}
+
+
+@pytest.mark.parametrize("key,total,active", PUBLISHED)
+def test_parameter_counts_match_published(key, total, active):
+    m = get_model(key)
+    assert m.params_total == pytest.approx(total, rel=0.02)
+    if active is not None:
+        assert m.params_active == pytest.approx(active, rel=0.02)
+
+
+def test_kimi_k2_is_a_trillion_parameters():
+    m = get_model("kimi-k2")
+    assert 1.0e12 <= m.params_total <= 1.04e12
+    assert m.params_active < 0.035 * m.params_total
+
+
+@pytest.mark.parametrize("key,kv", sorted(KV16.items()))
+def test_kv_bytes_per_token_exact(key, kv):
+    assert get_model(key).kv_bytes_per_token("bf16") == kv
+    assert get_model(key).kv_bytes_per_token("fp8") == kv // 2
+
+
+@pytest.mark.skipif(not HARDWARE_MD.exists(), reason="shared/reference/hardware.md not beside the repo")
+def test_kv_bytes_match_reference_file_rows():
+    rows = 0
+    for line in HARDWARE_MD.read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) < 10 or not re.match(r"^[0-9,]+", cells[-1]):
+            continue
+        name = re.sub(r"\s*\(.*\)$", "", cells[0])
+        expected = int(re.match(r"^([0-9,]+)", cells[-1]).group(1).replace(",", ""))
+        assert get_model(name).kv_bytes_per_token("bf16") == expected, name
+        rows += 1
+    assert rows >= 8
+
+
+def test_llama2_differs_from_llama31_only_in_vocab():
+    a, b = get_model("llama-2-70b"), get_model("llama-3.1-70b")
+    assert a.params_total < b.params_total
+    assert b.params_total - a.params_total == 2 * (128256 - 32000) * 8192
+
+
+def test_weight_bytes_per_dtype():
+    m = get_model("kimi-k2")
+    assert m.weight_bytes("fp8") == pytest.approx(m.params_total, rel=1e-9)
+    assert m.weight_bytes("bf16") == 2 * m.weight_bytes("fp8")
+    assert m.weight_bytes("fp4") == pytest.approx(m.weight_bytes("fp8") / 2, abs=1)
+    with pytest.raises(ValueError, match="unknown dtype"):
+        m.weight_bytes("int3")
+
+
+def test_sliding_window_kv_is_capped_beyond_the_window():
+    m = get_model("gpt-oss-120b")
+    per_layer = m.kv_elements_per_token_per_layer * 2
+    assert m.kv_bytes_for_context(100) == pytest.approx(100 * m.kv_bytes_per_token("bf16"))
+    at = m.kv_bytes_for_context(np.array([10_000, 20_000]))
+    assert at[1] - at[0] == pytest.approx(10_000 * 18 * per_layer)   # only the 18 full layers grow
+
+
+def test_flops_per_token_grows_with_context_and_counts_active_params():
+    m = get_model("deepseek-v3")
+    f = m.flops_per_token(np.array([1, 1000, 100_000]))
+    assert np.all(np.diff(f) > 0)
+    assert f[0] == pytest.approx(2 * m.params_active, rel=1e-3)
+
+
+def test_expected_distinct_experts():
+    m = get_model("deepseek-v3")
+    d = m.expected_distinct_experts(np.array([0, 1, 8, 64, 10_000]))
+    assert d[0] == 0 and d[1] == pytest.approx(8)
+    assert np.all(np.diff(d) > 0) and d[-1] == pytest.approx(256, rel=1e-6)
+    assert get_model("llama-3.1-8b").expected_distinct_experts(5) == 0
+
+
+def _hw(**over):
+    base = dict(key="x", name="X", memory_bytes=80e9, memory_bandwidth_Bps=3e12, peak_flops={"bf16": 1e15},
+                scale_out_bandwidth_Bps=50e9, idle_w=50, peak_w=700)
+    base.update(over)
+    return HardwareSpec(**base)
+
+
+@pytest.mark.parametrize("field,value", [("memory_bytes", 0), ("memory_bytes", -1e9),
+                                         ("memory_bandwidth_Bps", 0), ("scale_out_bandwidth_Bps", -5)])
+def test_zero_or_negative_capacity_is_refused_with_a_clear_message(field, value):
+    with pytest.raises(ValidationError) as e:
+        _hw(**{field: value})
+    msg = str(e.value)
+    assert field in msg and "greater than 0" in msg
+
+
+def test_other_bad_hardware_specs_are_refused():
+    with pytest.raises(ValidationError, match="bf16"):
+        _hw(peak_flops={"fp8": 1e15})
+    with pytest.raises(ValidationError, match="peak_flops.fp8"):
+        _hw(peak_flops={"bf16": 1e15, "fp8": 0})
+    with pytest.raises(ValidationError, match="idle_w"):
+        _hw(idle_w=900)
+    with pytest.raises(ValidationError, match="efficiency"):
+        _hw(efficiency={"decode_memory": 1.5})
+    with pytest.raises(ValidationError, match="memroy_bytes"):
+        _hw(memroy_bytes=1)
+
+
+def test_bad_model_specs_are_refused():
+    base = get_model("llama-3.1-8b").model_dump()
+    with pytest.raises(ValidationError, match="n_layers"):
+        ModelSpec(**{**base, "n_layers": 0})
+    with pytest.raises(ValidationError, match="n_kv_heads"):
+        ModelSpec(**{**base, "n_kv_heads": 64})
+    with pytest.raises(ValidationError, match="n_active_experts"):
+        ModelSpec(**{**base, "moe": {"n_routed_experts": 4, "n_active_experts": 8, "expert_ffn_size": 10}})
+
+
+def test_compute_dtype_falls_back_to_a_wider_one():
+    h100, a100, b200 = get_device("h100"), get_device("a100"), get_device("b200")
+    assert h100.compute_dtype("fp4") == "fp8" and h100.dense_peak_flops("fp4") == h100.peak_flops["fp8"]
+    assert a100.compute_dtype("fp8") == "bf16" and a100.compute_dtype("fp4") == "bf16"
+    assert b200.compute_dtype("fp4") == "fp4"
+
+
+def test_wafer_peak_uses_the_dense_fraction():
+    cs3 = get_device("cs3")
+    assert cs3.peak_flops["bf16"] == 125e15
+    assert cs3.dense_peak_flops("bf16") == pytest.approx(125e15 * cs3.dense_fraction)
+    assert cs3.kind == "wafer" and cs3.layer_latency_s > 0 and cs3.pipeline_hop_latency_s > 0
+    for key in ("h100", "mi300x", "b300"):
+        assert get_device(key).layer_latency_s == 0 and get_device(key).pipeline_hop_latency_s == 0
+
+
+def test_every_catalog_model_derives_consistently():
+    for key in model_names():
+        m = get_model(key)
+        assert 0 < m.params_active <= m.params_total + m.lm_head_params
+        s = m.summary()
+        assert s["weight_bytes"]["bf16"] == 2 * s["weight_bytes"]["fp8"]

@@ -1,0 +1,273 @@
+"""DecodeEngine: continuous batching with event skipping, reservations, preemption,
+speculative decoding, ITL bookkeeping, frame verification."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+import numpy as np
+import pytest
+
+from devices.engines.decode import DecodeEngine
+from interconnect.codec import corrupt_frame, make_kv_frames
+from rack.runtime.virtual import run_virtual
+from tests._engine_fakes import FakeCollector, FakeCost, plan
+from workloads.request import Request
+
+GB = 10**9
+
+
+def _frames(cost, req, scale=1e-5):
+    return make_kv_frames(req.id, req.prompt_tokens, cost.kv_bytes_per_token,
+                          cost.model.layers, 8, scale, kv_dtype=cost.kv_dtype)
+
+
+async def _deliver(engine, cost, req, t_first=None):
+    t_first = engine.clock.now() if t_first is None else t_first
+    assert await engine.reserve_kv(req, req.prompt_tokens) is True
+    return await engine.receive_kv(req, _frames(cost, req), t_first)
+
+
+def _run(requests, *, cost=None, capacity=40 * GB, policy="reserve", max_batch=256,
+         arrivals=None, **kw):
+    """Deliver `requests` (at t=0 or at `arrivals`), drain, return (engine, collector, stats)."""
+    cost = cost or FakeCost()
+    out = {}
+
+    async def main(clock):
+        col = FakeCollector(clock)
+        eng = DecodeEngine(name="wafer0", clock=clock, cost=cost, collector=col,
+                           max_batch=max_batch, kv_block_tokens=16, admission_policy=policy,
+                           memory_plan=plan(capacity, cost.weight_bytes), **kw)
+
+        async def one(req, t):
+            await clock.sleep_until(t)
+            await _deliver(eng, cost, req)
+
+        times = arrivals or [0.0] * len(requests)
+        await asyncio.gather(*(one(r, t) for r, t in zip(requests, times)))
+        await eng.drain()
+        out.update(engine=eng, collector=col, stats=await eng.stats())
+
+    run_virtual(main)
+    return out["engine"], out["collector"], out["stats"]
+
+
+def _reqs(outputs, prompt=1000):
+    return [Request(id=i, arrival_s=0.0, prompt_tokens=prompt + 37 * i, output_tokens=n)
+            for i, n in enumerate(outputs)]
+
+
+def _check_common(eng, col, stats, reqs):
+    assert set(col.outcomes) == {r.id for r in reqs}
+    assert stats["memory"]["peak_bytes"] <= stats["memory"]["capacity_bytes"]
+    held = stats["memory"]["held_bytes"]
+    assert held["kv"] == 0 and held["reserved"] == 0          # everything freed
+    assert eng.pool.blocks_in_use == 0
+
+
+def test_itl_samples_and_tpot_identity():
+    reqs = _reqs([2, 5, 17, 64, 300])
+    eng, col, stats = _run(reqs)
+    _check_common(eng, col, stats, reqs)
+    admit = col.times("decode_admit")
+    for r in reqs:
+        o = col.outcomes[r.id]
+        assert o["outcome"] == "completed"
+        itl = o["itl_s"]
+        assert itl.shape == (r.output_tokens - 1,)
+        assert np.all(itl > 0)
+        # first token at t=0 (the prefill side), so E2E - TTFT = completion time - 0
+        tpot = (o["t"] - 0.0) / (r.output_tokens - 1)
+        assert np.mean(itl) == pytest.approx(tpot, rel=1e-12)
+        assert admit[r.id] == 0.0
+    assert stats["completed"] == len(reqs)
+    assert stats["tokens_generated"] == sum(r.output_tokens - 1 for r in reqs)
+
+
+def test_wakeups_independent_of_output_length():
+    outputs = [3, 10, 10, 25, 60, 61, 130, 200, 400, 999]
+    _, _, s1 = _run(_reqs(outputs))
+    _, _, s2 = _run(_reqs([2 * n for n in outputs]))
+    assert s1["completed"] == s2["completed"] == len(outputs)
+    assert s2["steps"] > 1.9 * s1["steps"]                      # twice the tokens...
+    assert s1["wakeups"] == s2["wakeups"]                      # ...same work
+    # one wake-up per distinct completion step count (9 distinct), plus the idle wait
+    assert s1["wakeups"] <= len(set(outputs)) + 2
+
+
+def test_wakeups_bounded_by_batch_changes_with_staggered_arrivals():
+    outputs = [50 + 13 * i for i in range(30)]
+    reqs = _reqs(outputs)
+    arrivals = [0.003 * i for i in range(30)]
+    _, col, s1 = _run(reqs, arrivals=arrivals)
+    _, _, s2 = _run(_reqs([4 * n for n in outputs]), arrivals=arrivals)
+    assert s1["wakeups"] <= 2 * len(reqs) + 2 and s2["wakeups"] <= 2 * len(reqs) + 2
+    # an admission happens at its arrival (engine idle) or exactly at a step end of a
+    # running request (all token times of a request with tps=1 are step ends)
+    first = dict(zip((r.id for r in reqs), arrivals))           # first token at delivery
+    token_times = np.concatenate([first[rid] + np.cumsum(o["itl_s"])
+                                  for rid, o in col.outcomes.items()])
+    admits = col.times("decode_admit")
+    for r, t_arr in zip(reqs, arrivals):
+        t = admits[r.id]
+        assert t >= t_arr
+        assert t == t_arr or np.min(np.abs(token_times - t)) < 1e-12, (r.id, t, t_arr)
+
+
+def test_admission_mid_run_happens_at_a_step_boundary():
+    cost = FakeCost()
+    out = {}
+
+    async def main(clock):
+        col = FakeCollector(clock)
+        eng = DecodeEngine(name="d", clock=clock, cost=cost, collector=col, max_batch=8,
+                           memory_plan=plan(40 * GB, cost.weight_bytes))
+        a = Request(id=0, arrival_s=0, prompt_tokens=500, output_tokens=200)
+        b = Request(id=1, arrival_s=0, prompt_tokens=500, output_tokens=20)
+        await _deliver(eng, cost, a)
+        await clock.sleep_until(0.0123456)
+        await _deliver(eng, cost, b)
+        await eng.drain()
+        out.update(col=col, stats=await eng.stats())
+
+    run_virtual(main)
+    col = out["col"]
+    t_admit = col.times("decode_admit")[1]
+    token_times_a = np.cumsum(col.outcomes[0]["itl_s"])         # first token at 0
+    assert t_admit >= 0.0123456
+    assert np.min(np.abs(token_times_a - t_admit)) < 1e-15       # a step end of request 0
+    assert t_admit - 0.0123456 < np.max(col.outcomes[0]["itl_s"])  # within one step
+    # b's first decode token is one step after its admission
+    assert col.outcomes[1]["itl_s"].shape == (19,)
+    assert out["stats"]["wakeups"] <= 5
+
+
+def test_speculative_decoding_uses_expected_tokens_per_step():
+    tps = 2.5
+    cost = FakeCost(tokens_per_step=tps)
+    reqs = _reqs([2, 7, 11, 100])
+    eng, col, stats = _run(reqs, cost=cost)
+    _check_common(eng, col, stats, reqs)
+    steps_needed = [math.ceil((r.output_tokens - 1) / tps) for r in reqs]
+    assert stats["steps"] == max(steps_needed)
+    for r in reqs:
+        itl = col.outcomes[r.id]["itl_s"]
+        assert itl.shape == (r.output_tokens - 1,)
+        assert np.mean(itl) == pytest.approx(col.outcomes[r.id]["t"] / (r.output_tokens - 1))
+        assert np.all(itl > 0)
+
+
+def test_reserve_policy_waits_fifo_and_never_preempts():
+    cost = FakeCost()
+    kv_block = 16 * cost.kv_bytes_per_token
+    # room for two requests' final footprints (1000 + 499 tokens -> 94 blocks each)
+    capacity = cost.weight_bytes + 2 * 94 * kv_block + kv_block
+    reqs = [Request(id=i, arrival_s=0, prompt_tokens=1000, output_tokens=500) for i in range(5)]
+    eng, col, stats = _run(reqs, cost=cost, capacity=capacity, arrivals=[1e-6 * i for i in range(5)])
+    _check_common(eng, col, stats, reqs)
+    assert stats["preemptions"] == 0 and stats["batch_peak"] == 2
+    reserved = col.times("kv_reserved")
+    assert [reserved[i] for i in range(5)] == sorted(reserved[i] for i in range(5))
+    assert reserved[2] > reserved[1]                           # the third had to wait
+    assert all(col.outcomes[r.id]["outcome"] == "completed" for r in reqs)
+
+
+def test_preempt_policy_recomputes_and_stays_within_memory():
+    cost = FakeCost()
+    kv_block = 16 * cost.kv_bytes_per_token
+    capacity = cost.weight_bytes + 300 * kv_block     # prompts 63 blocks; finals 94 blocks
+    reqs = [Request(id=i, arrival_s=0, prompt_tokens=1000, output_tokens=500) for i in range(4)]
+    eng, col, stats = _run(reqs, cost=cost, capacity=capacity, policy="preempt")
+    _check_common(eng, col, stats, reqs)
+    assert stats["preemptions"] >= 1 and col.count("preempted") == stats["preemptions"]
+    assert stats["recompute_tokens"] > 0
+    for r in reqs:
+        o = col.outcomes[r.id]
+        assert o["outcome"] == "completed" and o["itl_s"].shape == (499,)
+        assert np.mean(o["itl_s"]) == pytest.approx(o["t"] / 499)
+    # more concurrency than "reserve" would allow in the same memory (3 x 94 > 300 - ...)
+    assert stats["batch_peak"] >= 3
+
+
+def test_request_too_large_for_decode_fails():
+    cost = FakeCost()
+    capacity = cost.weight_bytes + 100 * 16 * cost.kv_bytes_per_token
+    reqs = [Request(id=0, arrival_s=0, prompt_tokens=1500, output_tokens=200)]
+    out = {}
+
+    async def main(clock):
+        col = FakeCollector(clock)
+        eng = DecodeEngine(name="d", clock=clock, cost=cost, collector=col, max_batch=4,
+                           memory_plan=plan(capacity, cost.weight_bytes))
+        out["ok"] = await eng.reserve_kv(reqs[0], 1500)
+        await eng.drain()
+        out["col"] = col
+
+    run_virtual(main)
+    assert out["ok"] is False
+    assert out["col"].outcomes[0]["outcome"] == "failed"
+    assert out["col"].outcomes[0]["reason"] == "exceeds_decode_kv_capacity"
+
+
+def test_bad_frames_are_counted_never_used():
+    cost = FakeCost()
+    req = Request(id=7, arrival_s=0, prompt_tokens=300, output_tokens=5)
+    out = {}
+
+    async def main(clock):
+        col = FakeCollector(clock)
+        eng = DecodeEngine(name="d", clock=clock, cost=cost, collector=col, max_batch=4,
+                           memory_plan=plan(40 * GB, cost.weight_bytes))
+        await eng.reserve_kv(req, 300)
+        frames = _frames(cost, req)
+        bad = [corrupt_frame(frames[0]), frames[1], corrupt_frame(frames[2], seed=3)] + frames[3:]
+        out["bad"] = await eng.receive_kv(req, bad, 0.0)
+        out["missing"] = await eng.receive_kv(req, frames[:-1], 0.0)
+        other = make_kv_frames(8, 300, cost.kv_bytes_per_token, cost.model.layers, 8, 1e-5)
+        out["wrong_req"] = await eng.receive_kv(req, other, 0.0)
+        out["held"] = eng.ledger.held("reserved")
+        await eng.abort_kv(req, "kv_checksum")
+        await eng.drain()
+        out.update(col=col, stats=await eng.stats())
+
+    run_virtual(main)
+    assert out["bad"] == 2 and out["missing"] == 1 and out["wrong_req"] == len(
+        make_kv_frames(8, 300, 131_072, 32, 8, 1e-5))
+    assert out["held"] > 0
+    o = out["col"].outcomes[7]
+    assert o["outcome"] == "failed" and o["reason"] == "kv_checksum"
+    assert out["col"].count("decode_admit") == 0
+    assert out["stats"]["memory"]["used_bytes"] == out["stats"]["memory"]["held_bytes"]["weights"]
+
+
+def test_receive_without_reservation_is_an_error():
+    cost = FakeCost()
+    req = Request(id=1, arrival_s=0, prompt_tokens=10, output_tokens=5)
+
+    async def main(clock):
+        eng = DecodeEngine(name="d", clock=clock, cost=cost, collector=FakeCollector(),
+                           max_batch=4, memory_plan=plan(40 * GB, cost.weight_bytes))
+        with pytest.raises(RuntimeError, match="without a reservation"):
+            await eng.receive_kv(req, _frames(cost, req), 0.0)
+
+    run_virtual(main)
+
+
+def test_max_batch_caps_the_batch():
+    reqs = _reqs([20] * 10)
+    eng, col, stats = _run(reqs, max_batch=3)
+    _check_common(eng, col, stats, reqs)
+    assert stats["batch_peak"] == 3
+    assert 0 < stats["batch_mean_busy"] <= 3
+
+
+def test_bad_arguments():
+    cost = FakeCost()
+    with pytest.raises(ValueError, match="admission_policy"):
+        DecodeEngine(name="d", clock=None, cost=cost, collector=None, max_batch=4,
+                     admission_policy="swap", memory_plan=plan(40 * GB, cost.weight_bytes))
+    with pytest.raises(ValueError, match="max_batch"):
+        DecodeEngine(name="d", clock=None, cost=cost, collector=None, max_batch=0,
+                     memory_plan=plan(40 * GB, cost.weight_bytes))

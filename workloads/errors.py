@@ -1,0 +1,47 @@
+"""The one exception type for bad trace input.
+
+Every problem a reader finds in a file (a missing field, a length that is not a
+positive integer, a timestamp that goes backwards, an empty file, an unknown trace
+name) is raised as a `TraceError` whose message names the file, the line and the
+field, so that the user can open the file at that line and fix it.
+"""
+
+from __future__ import annotations
+
+
+class TraceError(ValueError):
+    """Bad trace input.
+
+    Attributes: `path` (str, the file or the name that was asked for), `line` (1-based
+    physical line number in the file, or None when the problem is not on one line),
+    `field` (the column/key name, or None), `problem` (what was wrong and what was
+    expected), `reason` (a short stable key such as ``"negative_length"``, used to
+    count skipped rows; None for errors that cannot be skipped).
+
+    `str(err)` is ``"{path}:{line}: field '{field}': {problem}"``; the line and field
+    parts are left out when they are None.
+    """
+
+    def __init__(
+        self,
+        path: str,
+        line: int | None,
+        field: str | None,
+        problem: str,
+        reason: str | None = None,
+    ) -> None:
+        self.path = str(path)
+        self.line = line
+        self.field = field
+        self.problem = problem
+        self.reason = reason
+        super().__init__(self._format())
+
+    def _format(self) -> str:
+        where = self.path if self.line is None else f"{self.path}:{self.line}"
+        if self.field is None:
+            return f"{where}: {self.problem}"
+        return f"{where}: field '{self.field}': {self.problem}"
+
+    def __reduce__(self):  # keep the attributes when pickled (e.g. across Ray actors)
+        return (TraceError, (self.path, self.line, self.field, self.problem, self.reason))

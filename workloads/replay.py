@@ -1,0 +1,217 @@
+"""Replay controls on request iterators, and `load_requests` (a trace, filtered, as a list).
+
+Every control takes and returns an iterator of `Request`s in arrival order, so a
+multi-GB trace streams through them; `window` stops reading at the window's end.
+Ids are kept (they still name the trace row); arrival times are re-based to the
+window start and then divided by the rate scale.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+from typing import Any, Iterable, Iterator, Mapping
+
+from .errors import TraceError
+from .reader import TraceReader, open_trace
+from .request import Request
+
+def parse_window(text: str) -> tuple[float | None, float | None]:
+    """``"60:180"`` -> (60.0, 180.0) seconds; either side may be empty (``":300"``).
+
+    Raises ValueError on anything else.
+    """
+    start, sep, end = text.partition(":")
+    if not sep:
+        raise ValueError(f"window must look like START:END in seconds (e.g. 60:180), got {text!r}")
+    try:
+        return (float(start) if start.strip() else None, float(end) if end.strip() else None)
+    except ValueError:
+        raise ValueError(f"window must look like START:END in seconds (e.g. 60:180), got {text!r}") from None
+
+
+def select_window(requests: Iterable[Request], start_s: float | None = None,
+           end_s: float | None = None) -> Iterator[Request]:
+    """Requests with ``start_s <= arrival_s < end_s``, arrivals re-based to ``start_s``.
+
+    None means open on that side. The input must be in arrival order (every reader
+    guarantees it); reading stops at the first arrival >= end_s. Raises ValueError if
+    end_s <= start_s or if the input goes backwards in time.
+    """
+    start = 0.0 if start_s is None else float(start_s)
+    end = math.inf if end_s is None else float(end_s)
+    if not end > start:
+        raise ValueError(f"window end ({end_s} s) must be after its start ({start_s} s)")
+    previous = -math.inf
+    for r in requests:
+        t = r.arrival_s
+        if t < previous:
+            raise ValueError(f"requests are not in arrival order (request {r.id} at {t} s "
+                             f"after one at {previous} s); sort them before windowing")
+        previous = t
+        if t >= end:
+            return
+        if t >= start:
+            if start:
+                r = Request(r.id, t - start, r.prompt_tokens, r.output_tokens, r.block_hashes,
+                            r.block_size, r.tenant, r.slo_class)
+            yield r
+
+
+def scale_rate(requests: Iterable[Request], factor: float) -> Iterator[Request]:
+    """Divide every arrival time by `factor`: 2.0 replays twice as fast (inter-arrival
+    times halved), 0.5 half as fast. Raises ValueError unless factor is finite and > 0."""
+    if not (math.isfinite(factor) and factor > 0):
+        raise ValueError(f"rate_scale must be a finite number > 0, got {factor}")
+    if factor == 1.0:
+        yield from requests
+        return
+    for r in requests:
+        yield Request(r.id, r.arrival_s / factor, r.prompt_tokens, r.output_tokens,
+                      r.block_hashes, r.block_size, r.tenant, r.slo_class)
+
+
+def sample_fraction(requests: Iterable[Request], fraction: float, seed: int = 0) -> Iterator[Request]:
+    """Keep each request independently with probability `fraction` (seeded, so the same
+    seed keeps the same requests). Raises ValueError unless 0 < fraction <= 1."""
+    if not (0.0 < fraction <= 1.0):
+        raise ValueError(f"sample fraction must be in (0, 1], got {fraction}")
+    if fraction == 1.0:
+        yield from requests
+        return
+    draw = random.Random(seed).random
+    for r in requests:
+        if draw() < fraction:
+            yield r
+
+
+def take(requests: Iterable[Request], n: int | None) -> Iterator[Request]:
+    """The first `n` requests (all if None); stops reading after the n-th.
+    Raises ValueError if n < 0."""
+    if n is None:
+        yield from requests
+        return
+    if n < 0:
+        raise ValueError(f"max_requests must be >= 0, got {n}")
+    if n == 0:
+        return
+    for i, r in enumerate(requests, 1):
+        yield r
+        if i >= n:
+            return
+
+
+def scale_output(requests: Iterable[Request], factor: float) -> Iterator[Request]:
+    """Multiply every output length by `factor` (rounded, at least 1 token).
+    Raises ValueError unless factor is finite and > 0."""
+    if not (math.isfinite(factor) and factor > 0):
+        raise ValueError(f"output_scale must be a finite number > 0, got {factor}")
+    if factor == 1.0:
+        yield from requests
+        return
+    for r in requests:
+        yield Request(r.id, r.arrival_s, r.prompt_tokens, max(1, round(r.output_tokens * factor)),
+                      r.block_hashes, r.block_size, r.tenant, r.slo_class)
+
+
+def replay(requests: Iterable[Request], *, window: tuple[float | None, float | None] | None = None,
+           rate_scale: float = 1.0, max_requests: int | None = None, sample: float = 1.0,
+           seed: int = 0, output_scale: float = 1.0) -> Iterator[Request]:
+    """All replay controls in their fixed order: window (trace seconds, re-based to its
+    start) -> sample (fraction, seed) -> max_requests -> rate_scale -> output_scale.
+
+    Lazy. Raises ValueError on bad parameters (when iteration starts).
+    """
+    it: Iterable[Request] = requests
+    if window is not None:
+        it = select_window(it, *window)
+    it = sample_fraction(it, sample, seed)
+    it = take(it, max_requests)
+    it = scale_rate(it, rate_scale)
+    return scale_output(it, output_scale)
+
+
+class RequestList(list):
+    """A `list[Request]` that also says where it came from (for a run's results).
+
+    Attributes: name (as asked), path, format, controls (the replay parameters),
+    rows_read, skipped_rows, skipped_by_reason, skipped_examples, failed_requests
+    (reader counters; partial if a window stopped reading early, see `complete`).
+    """
+
+    def __init__(self, requests: Iterable[Request] = (), **meta: Any) -> None:
+        super().__init__(requests)
+        self.name: str | None = meta.get("name")
+        self.path: str | None = meta.get("path")
+        self.format: str | None = meta.get("format")
+        self.controls: dict[str, Any] = meta.get("controls", {})
+        self.rows_read: int = meta.get("rows_read", len(self))
+        self.skipped_by_reason: dict[str, int] = meta.get("skipped_by_reason", {})
+        self.skipped_examples: list[str] = meta.get("skipped_examples", [])
+        self.failed_requests: int = meta.get("failed_requests", 0)
+        self.complete: bool = meta.get("complete", True)
+
+    @property
+    def skipped_rows(self) -> int:
+        return sum(self.skipped_by_reason.values())
+
+    def summary(self) -> dict[str, Any]:
+        """JSON-ready provenance and counters (requests, skipped rows by reason, ...)."""
+        return {
+            "name": self.name, "path": self.path, "format": self.format,
+            "requests": len(self), "rows_read": self.rows_read,
+            "skipped_rows": self.skipped_rows, "skipped_by_reason": dict(self.skipped_by_reason),
+            "skipped_examples": list(self.skipped_examples),
+            "failed_requests": self.failed_requests, "read_whole_file": self.complete,
+            "controls": dict(self.controls),
+        }
+
+
+def load_requests(name_or_path: str | os.PathLike | TraceReader, *,
+                  window: tuple[float | None, float | None] | None = None,
+                  rate_scale: float = 1.0, max_requests: int | None = None,
+                  sample: float = 1.0, seed: int = 0, skip_bad_rows: bool = False,
+                  output_scale: float = 1.0, format: str | None = None,
+                  mapping: Mapping[str, Any] | None = None) -> RequestList:
+    """Read a trace (NAME, PATH or an open `TraceReader`) through the replay controls.
+
+    window: (start_s, end_s) in trace seconds, either None for open; arrivals are
+      re-based to start_s. rate_scale: arrival times divided by it (2.0 = twice the
+      rate). max_requests: keep the first n (after window and sampling). sample:
+      keep each request with this probability (seeded by `seed`). output_scale:
+      output lengths multiplied by it (rounded, >= 1). Ids are the trace's row ids
+      (not renumbered). format, mapping, skip_bad_rows: see `open_trace`.
+
+    Returns a `RequestList` (a list, plus counters such as skipped rows for the run's
+    results). Raises TraceError for bad input, for a trace without timestamps (a
+    length distribution: use it through `EmpiricalLengths`), or when nothing is left;
+    ValueError for bad parameters.
+    """
+    reader = name_or_path if isinstance(name_or_path, TraceReader) else open_trace(
+        name_or_path, format=format, skip_bad_rows=skip_bad_rows, mapping=mapping)
+    if not reader.has_timestamps:
+        raise TraceError(
+            str(reader.path), None, None,
+            f"has no timestamps ({reader.format} length distribution); use it as a length "
+            "source, e.g. synthesize(PoissonArrivals(rate_per_s), "
+            f"EmpiricalLengths.from_trace({reader.name!r}), n=...)",
+        )
+    controls = {"window": list(window) if window is not None else None,
+                "rate_scale": rate_scale, "max_requests": max_requests, "sample": sample,
+                "seed": seed, "output_scale": output_scale, "skip_bad_rows": reader.skip_bad_rows}
+    requests = list(replay(reader, window=window, rate_scale=rate_scale,
+                           max_requests=max_requests, sample=sample, seed=seed,
+                           output_scale=output_scale))
+    c = reader.counters()
+    if not requests:
+        why = (f"all {c['rows_read']} rows were skipped as bad ({c['skipped_by_reason']})"
+               if c["requests"] == 0 and c["rows_read"] else
+               f"none passed the replay controls {controls}")
+        raise TraceError(str(reader.path), None, None, f"no requests to replay: {why}")
+    return RequestList(
+        requests, name=reader.name, path=str(reader.path), format=reader.format,
+        controls=controls, rows_read=c["rows_read"], skipped_by_reason=c["skipped_by_reason"],
+        skipped_examples=c["skipped_examples"], failed_requests=c["failed_requests"],
+        complete=c["complete"],
+    )

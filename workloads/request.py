@@ -1,0 +1,44 @@
+"""`Request`: one inference request of a workload (the unit every component passes around)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """One LLM inference request, immutable and cheap (slots; traces hold 10^5-10^7 of them).
+
+    Fields (fixed by docs/interfaces.md):
+      id: unique within a run. Readers number data rows of the file from 0 in file
+        order; replay controls keep those ids (so a filtered run still points at
+        trace rows), generators number their output from 0.
+      arrival_s: arrival time in seconds from the trace (or window) start, >= 0.
+      prompt_tokens: prompt (prefill) length in tokens, >= 1.
+      output_tokens: tokens to generate (decode), >= 1.
+      block_hashes: one prefix-block hash per `block_size`-token block of the prompt,
+        in order (the last block may be partial), or None when the source has none.
+        Two requests whose first k hashes agree share their first k blocks.
+      block_size: tokens per hash block (Mooncake traces: 512).
+      tenant, slo_class: optional labels (e.g. BurstGPT's model and log type).
+
+    Raises ValueError if a length is < 1 or block_size < 1.
+    """
+
+    id: int
+    arrival_s: float
+    prompt_tokens: int
+    output_tokens: int
+    block_hashes: tuple[int, ...] | None = None
+    block_size: int = 512
+    tenant: str | None = None
+    slo_class: str | None = None
+
+    def __post_init__(self) -> None:
+        # Two comparisons: cheap enough for 10^7 rows, and it stops a zero-length
+        # request from reaching an engine where it would divide by zero much later.
+        if self.prompt_tokens < 1 or self.output_tokens < 1 or self.block_size < 1:
+            raise ValueError(
+                f"Request {self.id}: prompt_tokens ({self.prompt_tokens}), output_tokens "
+                f"({self.output_tokens}) and block_size ({self.block_size}) must be >= 1"
+            )

@@ -1,0 +1,177 @@
+"""`trace_stats`: the figures `rack trace stats` prints for a trace.
+
+Definitions (the shared traces' READMEs were computed the same way, and tests pin
+them against those READMEs):
+- span_s: last arrival - first arrival; rate_mean_per_s: count / span_s.
+- rate_peak_per_min: most requests in one minute, minutes counted in fixed 60 s bins
+  from the first arrival; rate_peak_1min_per_s is that divided by 60.
+- interarrival_cv: population standard deviation / mean of the gaps between
+  consecutive arrivals (numpy ``std``, ddof=0).
+- percentiles: linear interpolation (numpy's default), as everywhere in the project.
+- prefix_hit_ratio: share of prefix blocks whose hash appeared in an earlier request
+  (an infinite prefix cache); prefix_hit_ratio_tokens weights each block by its tokens
+  (the last block of a prompt may be partial), over all prompt tokens of requests
+  that carry hashes.
+Rate, span and CV are None for a source without timestamps; the prefix figures are
+None for one without hashes.
+"""
+
+from __future__ import annotations
+
+import os
+from array import array
+from dataclasses import asdict, dataclass, field
+from typing import Any, Iterable, Mapping
+
+from .errors import TraceError
+from .reader import TraceReader, open_trace
+from .request import Request
+
+
+@dataclass(frozen=True)
+class LengthStats:
+    """Token-length summary (tokens): mean, median, p90, p99, min, max."""
+
+    mean: float
+    median: float
+    p90: float
+    p99: float
+    min: int
+    max: int
+
+    @classmethod
+    def of(cls, values: "Any") -> "LengthStats":
+        import numpy as np
+        a = np.asarray(values, dtype=np.float64)
+        med, p90, p99 = np.percentile(a, [50, 90, 99])
+        return cls(float(a.mean()), float(med), float(p90), float(p99), int(a.min()), int(a.max()))
+
+
+@dataclass(frozen=True)
+class TraceStats:
+    """Statistics of one trace (see the module docstring for every definition).
+
+    Units: seconds, requests per second / per minute, tokens. Fields that do not apply
+    (no timestamps, no hashes) are None.
+    """
+
+    name: str | None
+    path: str | None
+    format: str | None
+    count: int
+    has_timestamps: bool
+    span_s: float | None
+    rate_mean_per_s: float | None
+    rate_peak_per_min: int | None
+    rate_peak_1min_per_s: float | None
+    interarrival_cv: float | None
+    input_tokens: LengthStats
+    output_tokens: LengthStats
+    has_hashes: bool
+    block_size: int | None
+    prefix_blocks: int | None
+    prefix_blocks_hit: int | None
+    prefix_hit_ratio: float | None
+    prefix_hit_ratio_tokens: float | None
+    distinct_hashes: int | None
+    rows_read: int
+    skipped_rows: int
+    skipped_by_reason: dict[str, int] = field(default_factory=dict)
+    failed_requests: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (the object `rack trace stats --json` prints)."""
+        return asdict(self)
+
+
+def trace_stats(source: str | os.PathLike | TraceReader | Iterable[Request], *,
+                format: str | None = None, skip_bad_rows: bool = False,
+                mapping: Mapping[str, Any] | None = None) -> TraceStats:
+    """Statistics of a trace NAME/PATH (opened with `open_trace`), an open `TraceReader`,
+    or any iterable of `Request`s in arrival order (e.g. a generator's output).
+
+    Streams the input once, keeping 8 bytes per request per column plus the set of
+    block hashes seen. Raises TraceError for bad input (see `open_trace`) or when no
+    valid request is left.
+    """
+    import numpy as np
+
+    if isinstance(source, (str, os.PathLike)):
+        source = open_trace(source, format=format, skip_bad_rows=skip_bad_rows, mapping=mapping)
+    reader = source if isinstance(source, TraceReader) else None
+
+    arrivals = array("d")
+    prompts = array("q")
+    outputs = array("q")
+    seen: set[int] = set()
+    blocks = blocks_hit = 0
+    hashed_tokens = hit_tokens = 0
+    has_hashes = False
+    block_size: int | None = None
+    for r in source:
+        arrivals.append(r.arrival_s)
+        p = r.prompt_tokens
+        prompts.append(p)
+        outputs.append(r.output_tokens)
+        hashes = r.block_hashes
+        if hashes is not None:
+            has_hashes = True
+            bs = block_size = r.block_size
+            blocks += len(hashes)
+            hashed_tokens += p
+            for k, h in enumerate(hashes):
+                if h in seen:
+                    blocks_hit += 1
+                    hit_tokens += max(0, min(bs, p - k * bs))
+            seen.update(hashes)
+
+    n = len(prompts)
+    name = reader.name if reader else getattr(source, "name", None)
+    path = str(reader.path) if reader else getattr(source, "path", None)
+    if n == 0:
+        detail = ""
+        if reader is not None and reader.rows_skipped:
+            detail = f": all {reader.rows_read} rows were skipped as bad ({reader.skipped})"
+        raise TraceError(str(path or name or "<requests>"), None, None,
+                         f"no valid requests{detail}")
+
+    has_ts = reader.has_timestamps if reader else True
+    span = rate = cv = peak_rate = None
+    peak = None
+    if has_ts:
+        t = np.frombuffer(arrivals, dtype=np.float64)
+        span = float(t[-1] - t[0])
+        rate = n / span if span > 0 else None
+        peak = int(np.bincount(((t - t[0]) // 60.0).astype(np.int64)).max())
+        peak_rate = peak / 60.0
+        if n >= 2:
+            gaps = np.diff(t)
+            mean_gap = gaps.mean()
+            cv = float(gaps.std() / mean_gap) if mean_gap > 0 else None
+
+    if reader is not None:
+        counters = reader.counters()
+    else:
+        counters = {
+            "format": getattr(source, "format", None),
+            "rows_read": getattr(source, "rows_read", n),
+            "skipped_by_reason": dict(getattr(source, "skipped_by_reason", {})),
+            "failed_requests": getattr(source, "failed_requests", 0),
+        }
+    skipped = counters["skipped_by_reason"]
+    return TraceStats(
+        name=name, path=path, format=counters["format"], count=n, has_timestamps=has_ts,
+        span_s=span, rate_mean_per_s=rate, rate_peak_per_min=peak,
+        rate_peak_1min_per_s=peak_rate, interarrival_cv=cv,
+        input_tokens=LengthStats.of(np.frombuffer(prompts, dtype=np.int64)),
+        output_tokens=LengthStats.of(np.frombuffer(outputs, dtype=np.int64)),
+        has_hashes=has_hashes, block_size=block_size,
+        prefix_blocks=blocks if has_hashes else None,
+        prefix_blocks_hit=blocks_hit if has_hashes else None,
+        prefix_hit_ratio=(blocks_hit / blocks if blocks else 0.0) if has_hashes else None,
+        prefix_hit_ratio_tokens=(hit_tokens / hashed_tokens if hashed_tokens else 0.0)
+        if has_hashes else None,
+        distinct_hashes=len(seen) if has_hashes else None,
+        rows_read=counters["rows_read"], skipped_rows=sum(skipped.values()),
+        skipped_by_reason=dict(skipped), failed_requests=counters["failed_requests"],
+    )
