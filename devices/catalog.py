@@ -311,7 +311,10 @@ def load_hf_config(path: str | Path, name: str | None = None) -> ModelSpec:
 
 
 def _is_path(s: str) -> bool:
-    return s.endswith((".toml", ".json")) or "/" in s and Path(s).exists() or Path(s).is_file()
+    """A file argument rather than a catalog name: a .toml/.json name, or an existing
+    path with a directory part (catalog names such as "meta-llama/Llama-3.1-8B" contain
+    "/" too, so those must exist to count as paths)."""
+    return s.endswith((".toml", ".json")) or ("/" in s and Path(s).exists())
 
 
 def resolve_device(name_or_path: str | HardwareSpec) -> HardwareSpec:
@@ -328,9 +331,9 @@ def resolve_model(name_or_path: str | ModelSpec) -> ModelSpec:
     if isinstance(name_or_path, ModelSpec):
         return name_or_path
     s = str(name_or_path)
-    if s.endswith(".toml") or (Path(s).is_file() and s.endswith(".toml")):
+    if s.endswith(".toml"):
         return load_model_file(s)
-    if _is_path(s) or Path(s).is_dir():
+    if _is_path(s) or (Path(s).is_dir() and (Path(s) / "config.json").is_file()):
         return load_hf_config(s)
     return get_model(s)
 

@@ -15,11 +15,11 @@ hashes (Mooncake's 512-token blocks), LRU-evicted, counted against the same ledg
 
 from __future__ import annotations
 
+import numbers
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import AbstractSet, Hashable, Iterable, Sequence
 
-import numpy as np
 
 #: Ledger categories. "reserved" is memory promised to a KV transfer not yet arrived
 #: (the pull protocol: the receiver reserves before the sender ships).
@@ -40,7 +40,7 @@ class LedgerUnderflow(LedgerError, ValueError):
 
 def _as_bytes(nbytes: object, what: str) -> int:
     """Validate a byte count: a non-negative integer (numpy ints accepted)."""
-    if isinstance(nbytes, bool) or not isinstance(nbytes, (int, np.integer)):
+    if isinstance(nbytes, bool) or not isinstance(nbytes, numbers.Integral):
         raise TypeError(f"{what}: byte count must be an integer, got {nbytes!r} "
                         f"({type(nbytes).__name__})")
     value = int(nbytes)
@@ -345,6 +345,7 @@ class PrefixCache:
         self.category = ledger._check_cat(category)
         self._lru: OrderedDict[tuple[int, int], _Entry] = OrderedDict()
         self._pinned_by: dict[Hashable, list[tuple[int, int]]] = {}
+        self._unpinned_bytes = 0
         self.stats = PrefixCacheStats()
 
     def __len__(self) -> int:
@@ -382,7 +383,10 @@ class PrefixCache:
         n = self.match(hashes, bs)
         keys = [(bs, h) for h in hashes[:n]]
         for key in reversed(keys):
-            self._lru[key].pins += 1
+            entry = self._lru[key]
+            if entry.pins == 0:
+                self._unpinned_bytes -= entry.nbytes
+            entry.pins += 1
             self._lru.move_to_end(key)
         if keys:
             self._pinned_by[owner] = keys
@@ -403,7 +407,10 @@ class PrefixCache:
         """Unpin `owner`'s blocks; return how many were pinned (0 if none)."""
         keys = self._pinned_by.pop(owner, [])
         for key in keys:
-            self._lru[key].pins -= 1
+            entry = self._lru[key]
+            entry.pins -= 1
+            if entry.pins == 0:
+                self._unpinned_bytes += entry.nbytes
         return len(keys)
 
     def insert(self, hashes: Iterable[int], block_size: int) -> int:
@@ -425,6 +432,7 @@ class PrefixCache:
                 break
             self.ledger.alloc(self.category, nbytes)
             self._lru[key] = _Entry(nbytes)
+            self._unpinned_bytes += nbytes
             new += 1
             added.append(key)
             protected.add(key)
@@ -454,14 +462,16 @@ class PrefixCache:
         for key in victims:
             entry = self._lru.pop(key)
             self.ledger.free(self.category, entry.nbytes)
+            self._unpinned_bytes -= entry.nbytes
             self.stats.evicted_blocks += 1
         return True
 
     def evictable_bytes(self) -> int:
-        """Bytes of unpinned entries (what `make_room` could free)."""
-        return sum(e.nbytes for e in self._lru.values() if not e.pins)
+        """Bytes of unpinned entries (what `make_room` could free without `protect`); O(1)."""
+        return self._unpinned_bytes
 
     def clear(self) -> None:
         """Drop every unpinned entry."""
         for key in [k for k, e in self._lru.items() if not e.pins]:
             self.ledger.free(self.category, self._lru.pop(key).nbytes)
+        self._unpinned_bytes = 0

@@ -33,8 +33,9 @@ def format_bytes(n: float) -> str:
 class MemoryPlan:
     """Byte budget of one instance (all its devices).
 
-    capacity_bytes = weight_bytes + reserve_bytes + kv_bytes; kv_tokens = kv_bytes //
-    kv_bytes_per_token; kv_blocks = kv_tokens // block_size. per_device_* are the same
+    capacity_bytes = weight_bytes + reserve_bytes + kv_bytes (+ < n bytes of rounding
+    from the per-device split); kv_tokens = kv_bytes // kv_bytes_per_token; kv_blocks =
+    kv_tokens // block_size. per_device_* are the same
     for the most loaded device (all devices are equal under the even split).
     """
 

@@ -208,11 +208,12 @@ class Interconnect:
             t_wire = t0 + len(frames) * cost.per_message_s
             if t_wire > t0:
                 await clock.sleep_until(t_wire)
-            wire_start = max(t_wire, self._net.now)
             if logical_bytes > 0:
+                # model time, not the clock: host lateness must not stretch the transfer
+                wire_start = max(t_wire, self._net.now)
                 wire_end = await self._cross(path, logical_bytes, wire_start)
             else:
-                wire_end = wire_start
+                wire_start = wire_end = t_wire
             t_end = wire_end + cost.latency_s
             await clock.sleep_until(t_end)
             receiver = self._receivers[dst]

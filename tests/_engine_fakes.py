@@ -3,12 +3,19 @@ small analytic cost model, and helpers to run engines on the virtual-time loop."
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from types import SimpleNamespace
 
 import numpy as np
 
-from interconnect.codec import corrupt_frame, verify_kv_frames
+from devices.engines.common import model_layers
+from devices.engines.decode import DecodeEngine
+from interconnect.codec import corrupt_frame, make_kv_frames, verify_kv_frames
+from rack.runtime.virtual import run_virtual
+from workloads.request import Request
+
+GB = 10**9
 
 
 class FakeCollector:
@@ -131,3 +138,48 @@ def plan(capacity_bytes: int, weight_bytes: int, reserve_bytes: int = 0):
     """A memory plan object as the engines accept in `memory_plan`."""
     return SimpleNamespace(capacity_bytes=capacity_bytes, weight_bytes=weight_bytes,
                            reserve_bytes=reserve_bytes)
+
+
+def frames_for(cost, req, scale=1e-5):
+    """The KV frames of `req`'s prompt for a cost model (8 layers per frame)."""
+    return make_kv_frames(req.id, req.prompt_tokens, cost.kv_bytes_per_token,
+                          model_layers(cost), 8, scale, kv_dtype=cost.kv_dtype)
+
+
+async def deliver(engine, cost, req, t_first=None):
+    """Reserve and hand over `req`'s KV to a decode engine (first token at t_first)."""
+    t_first = engine.clock.now() if t_first is None else t_first
+    assert await engine.reserve_kv(req, req.prompt_tokens) is True
+    return await engine.receive_kv(req, frames_for(cost, req), t_first)
+
+
+def run_decode(requests, *, cost=None, capacity=40 * GB, policy="reserve", max_batch=256,
+               arrivals=None, **kw):
+    """Deliver `requests` (at t=0 or at `arrivals`), drain, return (engine, collector, stats)."""
+    cost = cost or FakeCost()
+    out = {}
+    mem = None if capacity is None else plan(capacity, cost.weight_bytes)  # None: the planner
+
+    async def main(clock):
+        col = FakeCollector(clock)
+        eng = DecodeEngine(name="wafer0", clock=clock, cost=cost, collector=col,
+                           max_batch=max_batch, kv_block_tokens=16, admission_policy=policy,
+                           memory_plan=mem, **kw)
+
+        async def one(req, t):
+            await clock.sleep_until(t)
+            await deliver(eng, cost, req)
+
+        times = arrivals or [0.0] * len(requests)
+        await asyncio.gather(*(one(r, t) for r, t in zip(requests, times)))
+        await eng.drain()
+        out.update(engine=eng, collector=col, stats=await eng.stats())
+
+    run_virtual(main)
+    return out["engine"], out["collector"], out["stats"]
+
+
+def make_requests(outputs, prompt=1000):
+    """Requests with the given output lengths and slightly different prompts."""
+    return [Request(id=i, arrival_s=0.0, prompt_tokens=prompt + 37 * i, output_tokens=n)
+            for i, n in enumerate(outputs)]

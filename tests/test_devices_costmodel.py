@@ -190,3 +190,19 @@ def test_instance_rates_and_bad_inputs():
         Parallelism(tp=4, ep=3)
     with pytest.raises(ValueError, match="tp"):
         Parallelism(tp=0)
+
+
+def test_sliding_window_position_sums_match_brute_force():
+    from devices.costmodel import _range_min_sum, _shift_min_sum
+
+    rng = np.random.default_rng(1)
+    c = rng.integers(0, 300, 50).astype(float)
+    n = rng.integers(0, 300, 50).astype(float)
+    w = 128.0
+    brute = [sum(min(p, w) for p in range(int(ci) + 1, int(ci + ni) + 1)) for ci, ni in zip(c, n)]
+    assert np.allclose(_range_min_sum(c, n, w), brute)
+    cs = np.sort(c)
+    prefix = np.concatenate(([0.0], np.cumsum(cs)))
+    shifts = np.array([0.0, 1.0, 2.5, 64.0, 500.0])
+    brute = [np.minimum(c + s, w).sum() for s in shifts]
+    assert np.allclose(_shift_min_sum(cs, prefix, shifts, w), brute)

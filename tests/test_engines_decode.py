@@ -3,7 +3,6 @@ speculative decoding, ITL bookkeeping, frame verification."""
 
 from __future__ import annotations
 
-import asyncio
 import math
 
 import numpy as np
@@ -12,51 +11,13 @@ import pytest
 from devices.engines.decode import DecodeEngine
 from interconnect.codec import corrupt_frame, make_kv_frames
 from rack.runtime.virtual import run_virtual
-from tests._engine_fakes import FakeCollector, FakeCost, plan
 from workloads.request import Request
 
-GB = 10**9
-
-
-def _frames(cost, req, scale=1e-5):
-    return make_kv_frames(req.id, req.prompt_tokens, cost.kv_bytes_per_token,
-                          cost.model.layers, 8, scale, kv_dtype=cost.kv_dtype)
-
-
-async def _deliver(engine, cost, req, t_first=None):
-    t_first = engine.clock.now() if t_first is None else t_first
-    assert await engine.reserve_kv(req, req.prompt_tokens) is True
-    return await engine.receive_kv(req, _frames(cost, req), t_first)
-
-
-def _run(requests, *, cost=None, capacity=40 * GB, policy="reserve", max_batch=256,
-         arrivals=None, **kw):
-    """Deliver `requests` (at t=0 or at `arrivals`), drain, return (engine, collector, stats)."""
-    cost = cost or FakeCost()
-    out = {}
-
-    async def main(clock):
-        col = FakeCollector(clock)
-        eng = DecodeEngine(name="wafer0", clock=clock, cost=cost, collector=col,
-                           max_batch=max_batch, kv_block_tokens=16, admission_policy=policy,
-                           memory_plan=plan(capacity, cost.weight_bytes), **kw)
-
-        async def one(req, t):
-            await clock.sleep_until(t)
-            await _deliver(eng, cost, req)
-
-        times = arrivals or [0.0] * len(requests)
-        await asyncio.gather(*(one(r, t) for r, t in zip(requests, times)))
-        await eng.drain()
-        out.update(engine=eng, collector=col, stats=await eng.stats())
-
-    run_virtual(main)
-    return out["engine"], out["collector"], out["stats"]
-
-
-def _reqs(outputs, prompt=1000):
-    return [Request(id=i, arrival_s=0.0, prompt_tokens=prompt + 37 * i, output_tokens=n)
-            for i, n in enumerate(outputs)]
+from _engine_fakes import GB, FakeCollector, FakeCost, plan  # tests/ helper module
+from _engine_fakes import deliver as _deliver
+from _engine_fakes import frames_for as _frames
+from _engine_fakes import make_requests as _reqs
+from _engine_fakes import run_decode as _run
 
 
 def _check_common(eng, col, stats, reqs):
@@ -271,3 +232,25 @@ def test_bad_arguments():
     with pytest.raises(ValueError, match="max_batch"):
         DecodeEngine(name="d", clock=None, cost=cost, collector=None, max_batch=0,
                      memory_plan=plan(40 * GB, cost.weight_bytes))
+
+
+def test_real_speculative_cost_model_on_pipelined_wafers():
+    """Llama-3.1-70B on 4 CS-3 (pipelined) with an 8B draft model: a request with n
+    output tokens takes ceil((n - 1) / tokens_per_step) verification steps, each no
+    faster than reading the weights once at the wafers' SRAM bandwidth."""
+    from devices.costmodel import CostModel, Parallelism, SpeculativeConfig
+
+    spec = SpeculativeConfig(draft_tokens=3, acceptance_rate=0.7, method="draft_model",
+                             draft_model="llama-3.1-8b")
+    cost = CostModel("llama-3.1-70b", "cs3", Parallelism(pp=4), weight_dtype="bf16",
+                     kv_dtype="bf16", speculative=spec)
+    tps = cost.tokens_per_step
+    req = Request(id=0, arrival_s=0.0, prompt_tokens=2000, output_tokens=301)
+    eng, col, stats = _run([req], cost=cost, capacity=None)
+    assert stats["steps"] == math.ceil(300 / tps)
+    itl = col.outcomes[0]["itl_s"]
+    assert itl.shape == (300,)
+    step = cost.decode_steps([2001], 1).time_s[0]
+    assert step >= cost.weight_bytes * 0.9 / cost.memory_bandwidth
+    # tokens per second per user ~ tps / step time (the first gap includes no wait here)
+    assert 300 / col.outcomes[0]["t"] == pytest.approx(tps / step, rel=0.01)

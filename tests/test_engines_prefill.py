@@ -14,7 +14,7 @@ from devices.costmodel import CostModel, Parallelism
 from devices.engines.decode import DecodeEngine
 from devices.engines.prefill import PrefillEngine
 from rack.runtime.virtual import run_virtual
-from tests._engine_fakes import DirectInterconnect, FakeCollector, plan
+from _engine_fakes import DirectInterconnect, FakeCollector, plan
 from workloads.request import Request
 
 SCALE = 1e-5     # payload_scale: ship 10 ppm of the KV bytes (logical sizes stay exact)
@@ -272,3 +272,45 @@ def test_kimi_k2_mi455x_prefill_to_cs3_decode_with_preemption():
         o = col.outcomes[r.id]
         n = r.output_tokens
         assert np.mean(o["itl_s"]) == pytest.approx((o["t"] - first[r.id]) / (n - 1), rel=1e-9)
+
+
+def test_with_the_real_interconnect_component():
+    from interconnect.component import Interconnect
+    from interconnect.link import LinkSpec
+
+    pcost, dcost = llama_h100(), llama_cs3()
+    reqs = _poisson(20, rate=50.0, prompt_range=(1000, 8000), output_range=(2, 50), seed=5)
+    out = {}
+
+    async def main(clock):
+        col = FakeCollector(clock)
+        decode = DecodeEngine(name="wafer0", clock=clock, cost=dcost, collector=col, max_batch=64)
+        ic = Interconnect(clock=clock, links=[LinkSpec(name="kv0", bandwidth_GBps=10.0)],
+                          routes={("gpu0", "wafer0"): ["kv0"]}, receivers={"wafer0": decode},
+                          payload_scale=SCALE)
+        prefill = PrefillEngine(name="gpu0", clock=clock, cost=pcost, collector=col, interconnect=ic,
+                                decode={"wafer0": decode}, payload_scale=SCALE)
+
+        async def arrive(r):
+            await clock.sleep_until(r.arrival_s)
+            await prefill.submit(r, "wafer0")
+
+        await asyncio.gather(*(arrive(r) for r in reqs))
+        await prefill.drain()
+        await decode.drain()
+        await ic.drain()
+        out.update(col=col, ic=await ic.stats(), pstats=await prefill.stats(),
+                   dstats=await decode.stats())
+
+    run_virtual(main)
+    col = out["col"]
+    _check_exactly_once_and_memory(out, reqs)
+    assert out["ic"]["transfers"] == len(reqs)
+    assert out["ic"]["bytes_logical"] == sum(r.prompt_tokens for r in reqs) * pcost.kv_bytes_per_token
+    start, end = col.times("transfer_start"), col.times("transfer_end")
+    reserved, admit = col.times("kv_reserved"), col.times("decode_admit")
+    for r in reqs:
+        wire = r.prompt_tokens * pcost.kv_bytes_per_token / 10e9
+        assert end[r.id] - start[r.id] >= wire                   # the link's bandwidth bound
+        assert reserved[r.id] <= start[r.id] <= end[r.id] <= admit[r.id]
+        assert col.outcomes[r.id]["outcome"] == "completed"

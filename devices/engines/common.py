@@ -192,6 +192,11 @@ def instance_ledger(cost: Any, name: str, reserve_fraction: float | None,
     return ledger, plan
 
 
+def memory_label(cost: Any) -> str:
+    """"SRAM" for a wafer-scale device, "HBM" otherwise (for ledger names)."""
+    return "SRAM" if getattr(getattr(cost, "device", None), "kind", "gpu") == "wafer" else "HBM"
+
+
 def model_layers(cost: Any) -> int:
     """Number of transformer layers of the cost model's model."""
     model = cost.model
@@ -222,5 +227,5 @@ def ceil_div(a: int, b: int) -> int:
 
 __all__ = [
     "GrowingArray", "Lateness", "TimeSeries", "Utilisation", "ceil_div", "emitted_after",
-    "instance_ledger", "model_layers", "spawn", "steps_for",
+    "instance_ledger", "memory_label", "model_layers", "spawn", "steps_for",
 ]

@@ -17,11 +17,13 @@ the request to the batch at the next step boundary. Two admission policies:
   the batch's growth would overflow the ledger and stops there; at that boundary it
   preempts the most recently admitted request (vLLM's recompute preemption): its blocks
   are freed, it records a `preempted` event and goes to the front of the reservation
-  queue for prompt + tokens-generated-so-far tokens. When that is granted it re-enters
+  queue (behind earlier preempted requests, before any new reservation) for prompt +
+  tokens-generated-so-far tokens. When that is granted it re-enters
   the batch after a recompute prefill of those tokens on this device
   (`cost.prefill([prompt + generated], [0])`), during which the whole batch stalls (one
   iteration, as an unchunked prefill in the same scheduler would); it then generates
-  its remaining tokens normally. Its ITL samples include the gap around the
+  its remaining tokens normally, re-sending `decode_admit` (the collector keeps the
+  latest time of a redone stage). Its ITL samples include the gap around the
   preemption. Memory for a run of k steps is booked when the run starts (the growth up
   to its last step), so a reservation made mid-run cannot take it; blocks not yet used
   are returned if the run is cut short.
@@ -65,6 +67,7 @@ from devices.engines.common import (
     Utilisation,
     emitted_after,
     instance_ledger,
+    memory_label,
     model_layers,
     spawn,
     steps_for,
@@ -94,7 +97,7 @@ class _Seq:
     """A request in the decode engine (ready or running)."""
 
     __slots__ = ("req", "first_token_s", "prompt", "n_out", "emitted", "rem", "steps",
-                 "start", "done", "order", "times", "recompute")
+                 "start", "done", "order", "times", "recompute", "shared")
 
     def __init__(self, req, first_token_s: float) -> None:
         self.req = req
@@ -109,6 +112,7 @@ class _Seq:
         self.order = 0            # admission order (preemption picks the largest)
         self.times: list[np.ndarray] = []   # token times of ended stints
         self.recompute = False
+        self.shared = 0           # prompt tokens whose KV lives in (pinned) prefix-cache entries
 
 
 class DecodeEngine:
@@ -156,8 +160,8 @@ class DecodeEngine:
         self.tps = tps
         self.n_layers = model_layers(cost)
 
-        self.ledger, self.plan = instance_ledger(cost, f"{name}/KV", memory_reserve_fraction,
-                                                memory_plan)
+        self.ledger, self.plan = instance_ledger(cost, f"{name}/{memory_label(cost)}",
+                                                 memory_reserve_fraction, memory_plan)
         self.kv_capacity_bytes = self.ledger.free_bytes
         self.pool = KVBlockPool(self.ledger, kv_block_tokens, int(cost.kv_bytes_per_token))
         self.block_tokens = self.pool.block_tokens
@@ -186,6 +190,7 @@ class DecodeEngine:
         self.wakeups = 0
         self.batch_peak = 0
         self._batch_seconds = 0.0              # integral of batch size over step time
+        self._step_seconds = 0.0               # time spent in decode steps
         self.counts = {"reserved": 0, "admitted": 0, "completed": 0, "failed": 0,
                        "preemptions": 0, "recompute_tokens": 0, "bad_frames": 0,
                        "tokens_generated": 0}
@@ -305,7 +310,8 @@ class DecodeEngine:
             "batch_t_s": bt,
             "batch_size": bv,
             "batch_peak": self.batch_peak,
-            "batch_mean_busy": self._batch_seconds / self.util.busy_s if self.util.busy_s else 0.0,
+            # time-averaged batch size over decode steps, and over the whole run
+            "batch_mean_busy": self._batch_seconds / self._step_seconds if self._step_seconds else 0.0,
             "batch_mean": self._batch_seconds / now if now > 0 else 0.0,
             "running": len(self._batch),
             "ready": len(self._ready),
@@ -324,7 +330,7 @@ class DecodeEngine:
         while self._waiters:
             w = self._waiters[0]
             nbytes = w.blocks * self.pool.block_bytes
-            if nbytes > self.ledger.free_bytes:
+            if nbytes > self._available_bytes() or not self._make_room(nbytes):
                 break
             self._waiters.popleft()
             w.granted = True
@@ -339,22 +345,35 @@ class DecodeEngine:
                 if len(self._batch) < self.max_batch:
                     self._admit_event.set()
 
+    def _available_bytes(self) -> int:
+        """Bytes KV could get now (free, plus what a cache could give up)."""
+        return self.ledger.free_bytes
+
+    def _make_room(self, nbytes: int) -> bool:
+        """Make `nbytes` free in the ledger if possible (a cache may evict)."""
+        return self.ledger.free_bytes >= nbytes
+
+    def _release_kv(self, s: _Seq) -> None:
+        """Free a finished request's KV."""
+        self.pool.free(s.req.id)
+
     def _kv_now(self, s: _Seq, extra_steps: int = 0) -> int:
         """KV tokens of `s` after `extra_steps` more steps of its current stint."""
-        return s.prompt + s.emitted + int(emitted_after(s.done + extra_steps, s.rem, self.tps))
+        return (s.prompt - s.shared + s.emitted
+                + int(emitted_after(s.done + extra_steps, s.rem, self.tps)))
 
     def _overflow_step(self, horizon: int) -> int | None:
         """First step (1-based, <= horizon) whose KV growth does not fit, or None."""
         batch = self._batch
         B = self.block_tokens
-        kv0 = np.fromiter((s.prompt + s.emitted for s in batch), np.int64, len(batch))
+        kv0 = np.fromiter((s.prompt - s.shared + s.emitted for s in batch), np.int64, len(batch))
         rem = np.fromiter((s.rem for s in batch), np.int64, len(batch))
         done = np.fromiter((s.done for s in batch), np.int64, len(batch))
         held = np.fromiter((self.pool.held_blocks(s.req.id) for s in batch), np.int64, len(batch))
         need_h = -(-(kv0 + emitted_after(done + horizon, rem, self.tps)) // B)
         cnt = np.maximum(0, need_h - held)
         total = int(cnt.sum())
-        free_blocks = self.ledger.free_bytes // self.pool.block_bytes
+        free_blocks = self._available_bytes() // self.pool.block_bytes
         if total <= free_blocks:
             return None
         idx = np.repeat(np.arange(len(batch)), cnt)
@@ -367,6 +386,9 @@ class DecodeEngine:
 
     def _grow(self, k: int) -> None:
         """Book the blocks the batch needs through step k of the coming run."""
+        need = sum(max(0, self.pool.blocks_for(self._kv_now(s, k)) - self.pool.held_blocks(s.req.id))
+                   for s in self._batch)
+        self._make_room(need * self.pool.block_bytes)
         for s in self._batch:
             if not self.pool.try_ensure_tokens(s.req.id, self._kv_now(s, k)):
                 raise AssertionError(f"{self.name}: planned KV growth does not fit")  # pragma: no cover
@@ -375,8 +397,9 @@ class DecodeEngine:
         victim = max(self._batch, key=lambda s: s.order)
         self._batch.remove(victim)
         self._end_stint(victim)
-        self.pool.free(victim.req.id)
+        self._release_kv(victim)
         victim.recompute = True
+        victim.shared = 0
         w = _Waiter(victim.req, victim.prompt + victim.emitted,
                     self.pool.blocks_for(victim.prompt + victim.emitted), None, seq=victim)
         self._waiters.insert(self._n_internal, w)   # behind earlier preempted, before new
@@ -384,10 +407,14 @@ class DecodeEngine:
         self.counts["preemptions"] += 1
         self._pending_events.append((victim.req.id, "preempted", t))
 
-    def _plan(self, t: float) -> int:
-        """Steps to run before the next batch change (0 if the batch is empty)."""
+    def _plan(self, t: float, limit: int | None = None) -> int:
+        """Steps to run before the next batch change (0 if the batch is empty), at most
+        `limit`; under "preempt" books their KV growth, preempting if even one step
+        does not fit."""
         while self._batch:
             horizon = min(min(s.steps - s.done for s in self._batch), self.max_steps_per_wake)
+            if limit is not None:
+                horizon = min(horizon, limit)
             if self.policy == "reserve":
                 return horizon
             over = self._overflow_step(horizon)
@@ -458,7 +485,9 @@ class DecodeEngine:
                 recompute.append(s)
             else:
                 self.counts["admitted"] += 1
-                self._pending_events.append((s.req.id, "decode_admit", now))
+            # a re-admission after preemption re-sends decode_admit (the collector keeps
+            # the latest time of a redone stage)
+            self._pending_events.append((s.req.id, "decode_admit", now))
         self.batch_peak = max(self.batch_peak, len(self._batch))
         if recompute:
             new = np.array([s.prompt + s.emitted for s in recompute], dtype=np.int64)
@@ -470,18 +499,24 @@ class DecodeEngine:
             self.counts["recompute_tokens"] += int(new.sum())
             for s in recompute:
                 s.recompute = False
-                s.start = len(self._t_end)
 
     async def _flush_events(self) -> None:
         if self._pending_events:
             ev, self._pending_events = self._pending_events, []
             await self.collector.events(ev)
 
+    async def _extra_work(self) -> bool:
+        """Hook run at each batch boundary before decode-only steps; True if it ran an
+        iteration (the colocated engine runs mixed prefill+decode iterations here)."""
+        return False
+
     async def _loop(self) -> None:
         clock = self.clock
         while True:
             self._admit_event.clear()
             await self._admit_ready()
+            if await self._extra_work():
+                continue
             t0 = clock.now()
             k = self._plan(t0)
             self._grant()
@@ -493,37 +528,54 @@ class DecodeEngine:
                 await clock.wait_until(self._admit_event, None)
                 self.wakeups += 1
                 continue
-            batch = list(self._batch)
-            ctx = np.fromiter((s.prompt + 1 + s.emitted + int(emitted_after(s.done, s.rem, self.tps))
-                               for s in batch), np.int64, len(batch))
-            sc = self.cost.decode_steps(ctx, k)
-            t0 = clock.now()
-            ends = t0 + np.cumsum(sc.time_s)
-            fired = await clock.wait_until(self._admit_event, float(ends[-1]))
-            self.wakeups += 1
-            now = clock.now()
-            steps = k
-            if fired and now < ends[-1]:
-                n = int(np.searchsorted(ends, now, side="right"))
-                if now == t0 or (n > 0 and ends[n - 1] == now):
-                    steps = n                       # woken exactly at a step boundary
-                else:
-                    steps = n + 1                   # finish the step in progress
-                    await clock.sleep_until(float(ends[n]))
-                    self.lateness.note(float(ends[n]), clock.now())
-            else:
-                self.lateness.note(float(ends[-1]), now)
-            finished = self._commit(batch, sc, t0, ends, steps)
-            await self._flush_events()
-            for s, t, itl in finished:
-                await self.collector.finish(s.req.id, "completed", itl_s=itl, t=t)
-            if finished:
-                self._grant()
+            await self._run_steps(k)
 
-    def _commit(self, batch: list[_Seq], sc, t0: float, ends: np.ndarray, steps: int) -> list:
-        """Record `steps` finished steps of `batch`; complete and release finished
-        requests. Returns [(seq, completion time, itl samples)]."""
+    async def _run_steps(self, k: int) -> None:
+        """Run up to k decode steps of the current batch, cut short at the step boundary
+        after an admission; then record them and complete finished requests."""
+        clock = self.clock
+        batch = list(self._batch)
+        sc = self.cost.decode_steps(self._contexts(batch), k)
+        t0 = clock.now()
+        ends = t0 + np.cumsum(sc.time_s)
+        fired = await clock.wait_until(self._admit_event, float(ends[-1]))
+        self.wakeups += 1
+        now = clock.now()
+        steps = k
+        if fired and now < ends[-1]:
+            n = int(np.searchsorted(ends, now, side="right"))
+            if now == t0 or (n > 0 and ends[n - 1] == now):
+                steps = n                       # woken exactly at a step boundary
+            else:
+                steps = n + 1                   # finish the step in progress
+                await clock.sleep_until(float(ends[n]))
+                self.lateness.note(float(ends[n]), clock.now())
+        else:
+            self.lateness.note(float(ends[-1]), now)
+        if steps:
+            self.util.add(float(ends[steps - 1]) - t0, float(np.sum(sc.flops[:steps])),
+                          float(np.sum(sc.bytes[:steps])), iterations=steps)
+        await self._finish(self._commit(batch, t0, ends, steps))
+
+    def _contexts(self, batch: list[_Seq]) -> np.ndarray:
+        """Context of each request at its next step: prompt + tokens so far (the last
+        one is the step's input)."""
+        return np.fromiter((s.prompt + 1 + s.emitted + int(emitted_after(s.done, s.rem, self.tps))
+                            for s in batch), np.int64, len(batch))
+
+    async def _finish(self, finished: list) -> None:
+        await self._flush_events()
+        for s, t, itl in finished:
+            await self.collector.finish(s.req.id, "completed", itl_s=itl, t=t)
+        if finished:
+            self._grant()
+
+    def _commit(self, batch: list[_Seq], t0: float, ends: np.ndarray, steps: int) -> list:
+        """Record `steps` finished steps of `batch` (step i ends at ends[i], the first
+        starts at t0); complete and release finished requests. Returns [(seq,
+        completion time, itl samples)]. Utilisation is the caller's to record."""
         if steps == 0:
+            self._shrink(batch)
             return []
         t_last = float(ends[steps - 1])
         starts = np.empty(steps)
@@ -531,9 +583,8 @@ class DecodeEngine:
         starts[1:] = ends[: steps - 1]
         self._t_start.extend(starts)
         self._t_end.extend(ends[:steps])
-        self.util.add(t_last - t0, float(np.sum(sc.flops[:steps])), float(np.sum(sc.bytes[:steps])),
-                      iterations=steps)
         self._batch_seconds += len(batch) * (t_last - t0)
+        self._step_seconds += t_last - t0
         finished = []
         keep = []
         for s in batch:
@@ -545,19 +596,24 @@ class DecodeEngine:
                 if itl.shape[0] != s.n_out - 1:  # pragma: no cover - internal invariant
                     raise AssertionError(f"{self.name}: request {s.req.id} has {itl.shape[0]} "
                                          f"ITL samples for {s.n_out} tokens")
-                self.pool.free(s.req.id)
+                self._release_kv(s)
                 self.counts["completed"] += 1
                 self.counts["tokens_generated"] += s.n_out - 1
                 self._pending_events.append((s.req.id, "completion", t_last))
                 finished.append((s, t_last, itl))
             else:
                 keep.append(s)
-                if self.policy == "preempt":
-                    self.pool.shrink_to_tokens(s.req.id, self._kv_now(s))
         self._batch = keep
+        self._shrink(keep)
         if finished or len(self._t_end) - self._t_end.base > (1 << 16):
             self._compact_log()
         return finished
+
+    def _shrink(self, batch: list[_Seq]) -> None:
+        """Under "preempt", return blocks booked for steps that did not run."""
+        if self.policy == "preempt":
+            for s in batch:
+                self.pool.shrink_to_tokens(s.req.id, self._kv_now(s))
 
     def _compact_log(self) -> None:
         """Forget logged steps no running request refers to."""

@@ -46,6 +46,7 @@ from devices.engines.common import (
     TimeSeries,
     Utilisation,
     instance_ledger,
+    memory_label,
     model_layers,
     spawn,
 )
@@ -129,8 +130,8 @@ class PrefillEngine:
         self.n_layers = model_layers(cost)
         self.kv_bytes_per_token = int(cost.kv_bytes_per_token)
 
-        self.ledger, self.plan = instance_ledger(cost, f"{name}/HBM", memory_reserve_fraction,
-                                                memory_plan)
+        self.ledger, self.plan = instance_ledger(cost, f"{name}/{memory_label(cost)}",
+                                                 memory_reserve_fraction, memory_plan)
         self.kv_capacity_bytes = self.ledger.free_bytes
         self.pool = KVBlockPool(self.ledger, kv_block_tokens, self.kv_bytes_per_token)
         self.prefix = PrefixCache(self.ledger, self.kv_bytes_per_token) if prefix_cache else None
@@ -348,8 +349,12 @@ class PrefillEngine:
                 frames = make_kv_frames(req.id, req.prompt_tokens, self.kv_bytes_per_token,
                                         self.n_layers, self.layer_group, self.payload_scale,
                                         kv_dtype=self.cost.kv_dtype, seed=self.kv_seed + attempt)
+                await self.collector.event(req.id, "transfer_start", self.clock.now())
                 result = await self.interconnect.transfer(req, frames, logical, src=self.name,
                                                           dst=job.target, first_token_s=t_first)
+                t_end = getattr(result, "end_s", None)
+                await self.collector.event(req.id, "transfer_end",
+                                           self.clock.now() if t_end is None else float(t_end))
                 if not _transfer_failed(result):
                     self.counts["handoffs_done"] += 1
                     break

@@ -1,0 +1,265 @@
+"""The colocated engine: prefill and decode on one instance (the baselines: GPU only,
+wafer only; and the local path of conditional disaggregation).
+
+It is a `DecodeEngine` whose requests come from its own FCFS prefill queue instead of
+a KV transfer. The scheduler is vLLM's with chunked prefill: while prompts are being
+prefilled, every iteration is one *mixed* iteration, a decode step of the running
+batch fused with a prefill chunk, priced by `cost.mixed(new, cached, context_lens)`;
+the chunk's token budget is `chunk_tokens` minus the batch's decode tokens (vLLM's
+max_num_batched_tokens counts both), continuing prompts first, then FCFS admissions.
+When no prompt is in progress (or the batch alone fills the budget) the engine runs
+decode-only with event skipping, exactly as `DecodeEngine`, and a new submission cuts
+the run at the next step boundary. The engine's work therefore grows with prefill
+chunks and batch changes, not with output tokens.
+
+Memory: one ledger. A prompt is admitted when its KV fits ("reserve": the final
+footprint prompt + output - 1 tokens; "preempt": the prompt, then block-by-block
+growth with recompute preemption, see `devices.engines.decode`); preempted requests
+waiting for memory block new admissions (they go first). With the prefix cache, a
+prompt's leading full blocks found in the cache are not recomputed and their KV is
+shared (the pinned entries hold it; only the rest is allocated); a finished request's
+full prompt blocks join the cache, which gives memory back (LRU) whenever KV needs it.
+A prompt's first token is produced at the end of its last chunk (`first_token`); it
+joins the decode batch at the next iteration (`decode_admit`); a request with one
+output token completes at its first token. ITL and timing as in `DecodeEngine`; the
+first ITL sample is the gap from the first token to the first decode step.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+import numpy as np
+
+from devices.engines.decode import AdmissionPolicy, DecodeEngine, _Seq
+from devices.memory import PrefixCache
+
+
+class _Job:
+    """A prompt in the prefill part of the colocated engine."""
+
+    __slots__ = ("req", "cached", "computed", "started")
+
+    def __init__(self, req) -> None:
+        self.req = req
+        self.cached = 0
+        self.computed = 0
+        self.started = False
+
+    @property
+    def remaining(self) -> int:
+        return self.req.prompt_tokens - self.cached - self.computed
+
+
+class ColocatedEngine(DecodeEngine):
+    """Prefill + decode on one instance (see the module docstring).
+
+    Keyword args: as `DecodeEngine` (name, clock, cost, collector, max_batch,
+    kv_block_tokens, admission_policy, memory_reserve_fraction, memory_plan,
+    max_steps_per_wake), plus
+        chunk_tokens: token budget of one iteration (prefill + decode tokens), >= 1.
+        max_queue: queued prompts beyond which `submit` rejects ("prefill_queue_full").
+        prefix_cache: enable the prefix cache (requests with `block_hashes`).
+    `max_batch` bounds the requests being prefilled or decoded at once.
+    """
+
+    def __init__(self, *, name: str, clock: Any, cost: Any, collector: Any,
+                 chunk_tokens: int = 8192, max_queue: int = 1024, max_batch: int = 256,
+                 kv_block_tokens: int = 16, prefix_cache: bool = True,
+                 admission_policy: AdmissionPolicy = "reserve",
+                 memory_reserve_fraction: float | None = None, memory_plan: Any = None,
+                 max_steps_per_wake: int = 4096) -> None:
+        if int(chunk_tokens) < 1:
+            raise ValueError(f"ColocatedEngine {name!r}: chunk_tokens must be >= 1, got {chunk_tokens}")
+        if int(max_queue) < 0:
+            raise ValueError(f"ColocatedEngine {name!r}: max_queue must be >= 0, got {max_queue}")
+        super().__init__(name=name, clock=clock, cost=cost, collector=collector,
+                         max_batch=max_batch, kv_block_tokens=kv_block_tokens,
+                         admission_policy=admission_policy,
+                         memory_reserve_fraction=memory_reserve_fraction,
+                         memory_plan=memory_plan, max_steps_per_wake=max_steps_per_wake)
+        self.chunk_tokens = int(chunk_tokens)
+        self.max_queue = int(max_queue)
+        self.prefix = PrefixCache(self.ledger, self.pool.kv_bytes_per_token) if prefix_cache else None
+        self._queue: deque[_Job] = deque()
+        self._prefilling: list[_Job] = []
+        self.queue_peak = 0
+        self.tokens_computed = 0
+        self.tokens_cached = 0
+        self.counts.update({"submitted": 0, "rejected": 0, "prefilled": 0,
+                            "completed_at_first_token": 0, "mixed_iterations": 0})
+
+    # ------------------------------------------------------------------ peer API
+    async def submit(self, req, decode_target: str | None = None) -> None:
+        """Queue `req` (prefill then decode here; `decode_target` is ignored). Returns at
+        once; ends the request itself when rejected or when it can never fit."""
+        self._start()
+        now = self.clock.now()
+        self.counts["submitted"] += 1
+        if self.pool.bytes_for(req.prompt_tokens) > self.kv_capacity_bytes:
+            self.counts["failed"] += 1
+            await self.collector.finish(req.id, "failed", reason="prompt_exceeds_kv_capacity", t=now)
+            return
+        if self.pool.bytes_for(req.prompt_tokens + req.output_tokens - 1) > self.kv_capacity_bytes:
+            self.counts["failed"] += 1
+            await self.collector.finish(req.id, "failed", reason="exceeds_decode_kv_capacity", t=now)
+            return
+        if len(self._queue) >= self.max_queue:
+            self.counts["rejected"] += 1
+            await self.collector.finish(req.id, "rejected", reason="prefill_queue_full", t=now)
+            return
+        self._queue.append(_Job(req))
+        self.queue_peak = max(self.queue_peak, len(self._queue))
+        self._idle.clear()
+        self._admit_event.set()            # cut a decode-only run at the next step boundary
+        await self.collector.event(req.id, "prefill_queued", now)
+
+    async def outstanding_tokens(self) -> int:
+        """Prompt tokens still to prefill (queued ones counted whole)."""
+        return sum(j.remaining for j in self._prefilling) + sum(j.req.prompt_tokens for j in self._queue)
+
+    async def stats(self) -> dict:
+        out = await super().stats()
+        out.update({
+            "role": "both",
+            "queue_len": len(self._queue),
+            "queue_peak": self.queue_peak,
+            "prefilling": len(self._prefilling),
+            "tokens_computed": self.tokens_computed,
+            "tokens_cached": self.tokens_cached,
+            "prefix_cache": self.prefix.stats.as_dict() if self.prefix else None,
+            "prefix_cache_entries": len(self.prefix) if self.prefix else 0,
+        })
+        return out
+
+    # ------------------------------------------------------------------ memory hooks
+    def _available_bytes(self) -> int:
+        extra = self.prefix.evictable_bytes() if self.prefix is not None else 0
+        return self.ledger.free_bytes + extra
+
+    def _make_room(self, nbytes: int) -> bool:
+        if self.prefix is not None:
+            return self.prefix.make_room(nbytes)
+        return self.ledger.free_bytes >= nbytes
+
+    def _release_kv(self, s: _Seq) -> None:
+        req = s.req
+        self.pool.free(req.id)
+        if self.prefix is not None:
+            self.prefix.release(req.id)
+            if req.block_hashes:
+                self.prefix.insert(req.block_hashes[: req.prompt_tokens // req.block_size],
+                                   req.block_size)
+
+    def _is_idle(self) -> bool:
+        return super()._is_idle() and not (self._queue or self._prefilling)
+
+    # ------------------------------------------------------------------ prefill part
+    def _try_admit(self, job: _Job) -> bool:
+        """Book `job`'s KV (after a prefix-cache lookup); False (nothing held) if it
+        cannot start now."""
+        if self._waiters:                  # preempted requests wait for memory: they go first
+            return False
+        if len(self._batch) + len(self._ready) + len(self._prefilling) >= self.max_batch:
+            return False
+        req = job.req
+        hit = 0
+        hashes: tuple = ()
+        if self.prefix is not None and req.block_hashes:
+            hashes = req.block_hashes[: req.prompt_tokens // req.block_size]
+            hit = self.prefix.acquire(req.id, hashes, req.block_size, count=False)
+        cached = min(hit * req.block_size, req.prompt_tokens - 1)
+        final = req.prompt_tokens + req.output_tokens - 1
+        tokens = (final if self.policy == "reserve" else req.prompt_tokens) - cached
+        blocks = self.pool.blocks_for(tokens)
+        need = blocks * self.pool.block_bytes
+        if need > self._available_bytes() or not self._make_room(need) \
+                or not self.pool.try_allocate(req.id, blocks):
+            if self.prefix is not None:
+                self.prefix.release(req.id)
+            return False
+        if self.prefix is not None and hashes:
+            self.prefix.count_lookup(hit, len(hashes), req.block_size)
+        job.cached = cached
+        self.tokens_cached += cached
+        return True
+
+    def _schedule(self, budget: int) -> list[tuple[_Job, int]]:
+        plan: list[tuple[_Job, int]] = []
+        for job in self._prefilling:
+            if budget == 0:
+                break
+            take = min(job.remaining, budget)
+            plan.append((job, take))
+            budget -= take
+        while budget > 0 and self._queue:
+            job = self._queue[0]
+            if not self._try_admit(job):
+                break
+            self._queue.popleft()
+            self._prefilling.append(job)
+            take = min(job.remaining, budget)
+            plan.append((job, take))
+            budget -= take
+        return plan
+
+    async def _extra_work(self) -> bool:
+        """One mixed iteration (decode step + prefill chunk) if a prompt can progress."""
+        if not (self._prefilling or self._queue):
+            return False
+        budget = self.chunk_tokens - len(self._batch)
+        if budget <= 0:
+            return False
+        clock = self.clock
+        t0 = clock.now()
+        k = self._plan(t0, limit=1) if self._batch else 0   # may preempt (policy "preempt")
+        plan = self._schedule(budget)
+        if not plan:
+            return False
+        batch = list(self._batch) if k else []
+        new = np.fromiter((take for _, take in plan), np.int64, len(plan))
+        cached = np.fromiter((j.cached + j.computed for j, _ in plan), np.int64, len(plan))
+        c = self.cost.mixed(new, cached, self._contexts(batch) if batch else np.zeros(0, np.int64))
+        t1 = t0 + c.time_s
+        for j, _ in plan:
+            if not j.started:
+                j.started = True
+                self._pending_events.append((j.req.id, "prefill_start", t0))
+        self.memory.add(t0, self.ledger.used)
+        self.batch_series.add(t0, len(batch))
+        await self._flush_events()
+        await clock.sleep_until(t1)
+        self.lateness.note(t1, clock.now())
+        self.wakeups += 1
+        self.counts["mixed_iterations"] += 1
+        self.util.add(c.time_s, c.flops, c.bytes)
+        self.tokens_computed += int(new.sum())
+        finished = self._commit(batch, t0, np.array([t1]), 1) if batch else []
+        done = []
+        for j, take in plan:
+            j.computed += take
+            if j.remaining == 0:
+                done.append(j)
+        single = []
+        if done:
+            ids = {id(j) for j in done}
+            self._prefilling = [j for j in self._prefilling if id(j) not in ids]
+            self.counts["prefilled"] += len(done)
+            for j in done:
+                self._pending_events.append((j.req.id, "first_token", t1))
+                s = _Seq(j.req, t1)
+                s.shared = j.cached
+                if s.n_out == 1:
+                    self._release_kv(s)
+                    self.counts["completed_at_first_token"] += 1
+                    single.append(s)
+                else:
+                    self._ready.append(s)
+        await self._finish(finished)
+        for s in single:
+            await self.collector.finish(s.req.id, "completed", itl_s=np.empty(0), t=t1)
+        if single:
+            self._grant()
+        self._note_idle()
+        return True

@@ -1,0 +1,119 @@
+"""Write a run's results folder: `results.json`, `requests.csv` and `summary.txt`.
+
+`results.json` schema (stable; documented in the README): `requests`, `latency`,
+`throughput`, `goodput`, `kv_transfer`, `memory`, `utilization`, `emulation`,
+`provenance`. `requests.csv` has one row per request: id, prompt/output tokens,
+outcome, reason, preemptions, ttft_s, tpot_s, e2e_s, meets_slo and every lifecycle
+time (t_arrival ... t_completion, emulated seconds; empty when it did not happen).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+def _clean(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    if isinstance(value, np.ndarray):
+        return _clean(value.tolist())
+    if isinstance(value, (np.integer,)):
+        return int(value)
+    if isinstance(value, (np.floating, float)):
+        v = float(value)
+        return None if math.isnan(v) or math.isinf(v) else v
+    if isinstance(value, np.bool_):
+        return bool(value)
+    return value
+
+
+def to_json(results: dict) -> str:
+    """results.json text: NaN/inf become null, numpy values become plain numbers."""
+    return json.dumps(_clean(results), indent=2, sort_keys=False)
+
+
+def write_requests_csv(path: Path, columns: dict[str, np.ndarray]) -> None:
+    """One row per request (see the module docstring)."""
+    names = list(columns)
+    n = len(columns["id"])
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(names)
+        cols = [columns[k].tolist() for k in names]
+        for i in range(n):
+            row = []
+            for c in cols:
+                v = c[i]
+                if isinstance(v, float):
+                    row.append("" if math.isnan(v) else repr(v))
+                else:
+                    row.append(v)
+            w.writerow(row)
+
+
+def fmt_s(v: float | None) -> str:
+    """Seconds as a short human string (us/ms/s)."""
+    if v is None:
+        return "-"
+    if v < 1e-3:
+        return f"{v * 1e6:.1f} us"
+    if v < 1.0:
+        return f"{v * 1e3:.1f} ms"
+    return f"{v:.2f} s"
+
+
+def summary_text(results: dict) -> str:
+    """A plain-text summary of one run (what `rack run` prints)."""
+    r, lat = results["requests"], results["latency"]
+    lines = [f"scenario {results['provenance']['scenario']}  runtime {results['emulation']['runtime']}"
+             f"  dilation {results['emulation']['dilation']}  wall {results['emulation']['wall_s']:.1f} s",
+             f"requests: {r['submitted']} submitted, {r['completed']} completed, {r['rejected']} rejected,"
+             f" {r['failed']} failed" + (f" (reasons: {r['rejected_by_reason'] | r['failed_by_reason']})"
+                                         if r['rejected'] or r['failed'] else ""),
+             f"{'metric':<8}{'mean':>11}{'p50':>11}{'p90':>11}{'p99':>11}"]
+    for key, label in (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("itl_s", "ITL"), ("e2e_s", "E2E")):
+        s = lat[key]
+        lines.append(f"{label:<8}" + "".join(f"{fmt_s(s[p]):>11}" for p in ("mean", "p50", "p90", "p99")))
+    t, g, kv = results["throughput"], results["goodput"], results["kv_transfer"]
+    lines.append(f"throughput: {t['requests_per_s']:.2f} req/s, {t['output_tokens_per_s']:.0f} output tok/s"
+                 f" over {t['duration_s']:.1f} s emulated")
+    lines.append(f"goodput: {g['requests_per_s']:.2f} req/s meeting TTFT<={g['slo']['ttft_s']*1e3:.0f} ms and "
+                 f"TPOT<={g['slo']['tpot_s']*1e3:.0f} ms (SLO attainment {g['slo_attainment']:.1%})")
+    if kv["transfers"]:
+        lines.append(f"KV transfer: {kv['transfers']} transfers, {kv['bytes_logical']/1e9:.2f} GB logical, "
+                     f"{kv['bytes_shipped']/1e6:.2f} MB shipped, {kv['checksum_failures']} checksum failures, "
+                     f"time p50 {fmt_s(kv['time_s']['p50'])} p99 {fmt_s(kv['time_s']['p99'])}")
+    for pool, m in results["memory"].items():
+        u = results["utilization"].get(pool, {})
+        lines.append(f"pool {pool}: {m['devices']} devices, memory peak {m['peak_bytes']/1e9:.1f} of "
+                     f"{m['capacity_bytes']/1e9:.1f} GB, MFU {u.get('compute', 0):.2%}, "
+                     f"MBU {u.get('memory_bandwidth', 0):.2%}, busy {u.get('busy_fraction', 0):.1%}")
+    e = results["emulation"]
+    if e["runtime"] == "ray":
+        ls = e["lateness_s"]
+        lines.append(f"lateness (emulated): p50 {fmt_s(ls['p50'])}, p99 {fmt_s(ls['p99'])}, max {fmt_s(ls['max'])}")
+        tpot50 = lat["tpot_s"]["p50"]
+        if tpot50 and ls["p99"] and ls["p99"] > 0.01 * tpot50:
+            lines.append(f"WARNING: p99 lateness {fmt_s(ls['p99'])} is more than 1% of the median TPOT "
+                         f"{fmt_s(tpot50)}: the host could not keep pace; raise --dilation")
+    if e["violations"]:
+        lines.append(f"WARNING: {len(e['violations'])} accounting violation(s): {e['violations'][:3]}")
+    return "\n".join(lines)
+
+
+def write_results(out_dir: str | Path, results: dict, columns: dict[str, np.ndarray]) -> Path:
+    """Write results.json, requests.csv and summary.txt into `out_dir` (created)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(to_json(results))
+    write_requests_csv(out / "requests.csv", columns)
+    (out / "summary.txt").write_text(summary_text(results) + "\n")
+    return out
