@@ -7,7 +7,8 @@ Policies (`RouterConfig.policy`):
   prefill (queried from the instances once per arrival tick, then updated locally as
   the tick's requests are placed, so one tick costs one query per instance).
 Admission: a request is rejected ("router_queue_full") when every prefill instance
-already has more than `max_outstanding_tokens` prompt tokens of work outstanding.
+already has more than `max_outstanding_tokens` prompt tokens of work outstanding (the
+instances' loads are queried once per arrival tick and updated locally within it).
 Conditional disaggregation: a prompt of at most `local_prefill_threshold_tokens`
 tokens goes to a colocated ("both") instance instead, which prefills and decodes it.
 Decode targets are chosen round-robin.
@@ -77,32 +78,29 @@ class Router:
     async def _tick(self, batch: Sequence[Any]) -> None:
         now = self.clock.now()
         await self.collector.events([(r.id, "arrival", now) for r in batch])
-        load: dict[str, int] = {}
-        if self.policy == "least_outstanding_work" and len(self.prefill) > 1:
-            names = sorted(self.prefill)
-            values = await asyncio.gather(*(self.prefill[nm].outstanding_tokens() for nm in names))
-            load = dict(zip(names, (int(v) for v in values)))
+        names = sorted(self.prefill)
+        values = await asyncio.gather(*(self.prefill[nm].outstanding_tokens() for nm in names))
+        load = dict(zip(names, (int(v) for v in values)))
         submits = []
         for req in batch:
-            if self._rr_local is not None and req.prompt_tokens <= self.threshold:
+            if self._rr_local is not None and (not self.prefill or req.prompt_tokens <= self.threshold):
                 name = next(self._rr_local)
                 submits.append(self.local[name].submit(req, name))
                 self.dispatched[name] += 1
                 continue
-            if not self.prefill:
-                name = next(self._rr_local)
-                submits.append(self.local[name].submit(req, name))
-                self.dispatched[name] += 1
-                continue
-            if load:
+            if self.policy == "least_outstanding_work":
                 name = min(load, key=lambda nm: (load[nm], nm))
-                if load[name] > self.max_outstanding_tokens:
+            else:
+                name = next(self._rr)
+            if load[name] > self.max_outstanding_tokens:
+                # The least-loaded instance is full, so all are (or round-robin hit a full one).
+                if self.policy == "round_robin" and min(load.values()) <= self.max_outstanding_tokens:
+                    name = min(load, key=lambda nm: (load[nm], nm))
+                else:
                     self.rejected += 1
                     await self.collector.finish(req.id, "rejected", reason="router_queue_full", t=now)
                     continue
-                load[name] += req.prompt_tokens
-            else:
-                name = next(self._rr)
+            load[name] += req.prompt_tokens
             target = next(self._rr_decode) if self._rr_decode is not None else name
             submits.append(self.prefill[name].submit(req, target))
             self.dispatched[name] += 1
