@@ -20,7 +20,7 @@ from interconnect.codec import (
     peek_header,
     verify_kv_frames,
 )
-from interconnect.component import Interconnect, InterconnectConfigError, TransferError, TransferResult
+from interconnect.component import Interconnect, InterconnectConfigError, PeerLost, TransferError, TransferResult
 from interconnect.link import (
     CS3_IO_GBPS,
     DEFAULT_LATENCY_US,
@@ -56,6 +56,7 @@ __all__ = [
     "LinkSpec",
     "LinkUsage",
     "PathCost",
+    "PeerLost",
     "TransferError",
     "TransferResult",
     "corrupt_frame",

@@ -30,14 +30,14 @@ from typing import TYPE_CHECKING, Any, Hashable, Mapping, Sequence
 
 import numpy as np
 
-from interconnect.codec import FrameError, payload_size, peek_header
+from interconnect.codec import FrameError, corrupt_frame, payload_size, peek_header
 from interconnect.link import FairShareNetwork, LinkSpec, PathCost, path_cost
 
 if TYPE_CHECKING:
     from workloads.clock import Clock
     from workloads.request import Request
 
-__all__ = ["Interconnect", "InterconnectConfigError", "TransferError", "TransferResult"]
+__all__ = ["Interconnect", "InterconnectConfigError", "PeerLost", "TransferError", "TransferResult"]
 
 
 class InterconnectConfigError(ValueError):
@@ -47,6 +47,13 @@ class InterconnectConfigError(ValueError):
 class TransferError(ValueError):
     """A transfer request is inconsistent (unknown route, frames that disagree with the
     stated logical size, the request or the payload scale)."""
+
+
+class PeerLost(RuntimeError):
+    """A peer component lost the state a call relied on: it died (on Ray: its actor was
+    killed or is restarting) or restarted since (a fresh instance without the request's
+    reservation). The caller may recover (re-send, re-prefill) or end the request; see
+    docs/robustness.md. The runtimes raise it for a call to a dead peer."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,6 +167,11 @@ class Interconnect:
         self._total_shipped = 0
         self._checksum_failures = 0
         self._failed_transfers = 0
+        # fault injection (corrupt): armed rules, requests awaiting an intact re-send
+        self._corruption: list[dict] = []
+        self._corrupted_rids: dict[int, dict] = {}
+        self._frames_corrupted = 0
+        self._lost_transfers = 0
 
     # ------------------------------------------------------------------ public API
 
@@ -217,12 +229,22 @@ class Interconnect:
             t_end = wire_end + cost.latency_s
             await clock.sleep_until(t_end)
             receiver = self._receivers[dst]
-            bad = await receiver.receive_kv(req, frames, t0 if first_token_s is None else first_token_s)
+            if self._corruption:
+                frames = self._inject_corruption(req.id, frames, path, t_end)
+            try:
+                bad = await receiver.receive_kv(req, frames, t0 if first_token_s is None else first_token_s)
+            except PeerLost:
+                self._lost_transfers += 1   # the receiver restarted: the sender re-sends
+                raise
         finally:
             self._in_flight -= 1
             if self._in_flight == 0:
                 self._idle.set()
         bad = int(bad)
+        if bad == 0 and self._corrupted_rids:
+            rule = self._corrupted_rids.pop(req.id, None)
+            if rule is not None:
+                rule["recovered"] += 1      # the re-sent payload arrived intact
         self._n_transfers += 1
         self._total_logical += logical_bytes
         self._total_shipped += shipped
@@ -254,6 +276,46 @@ class Interconnect:
         self._net.flap(link, start, end)
         self._poke()
 
+    async def corrupt(self, count: int, seed: int = 0, start: float = 0.0, end: float = math.inf,
+                      link: str | None = None, tag: int = 0) -> None:
+        """Fault injection: flip one byte of one frame (`codec.corrupt_frame`) in each of
+        the next `count` (>= 1) payloads delivered during [start, end) (emulated s) over
+        `link` (None: any link), at most once per request, so its re-send arrives intact.
+        Frame and byte are drawn from `seed`. The receiver's checksum must catch every
+        one; `stats()["corruption"]` counts them per `tag` with their intact re-sends.
+        Raises ValueError for count < 1 or an unknown link."""
+        if int(count) < 1:
+            raise ValueError(f"corrupt: count must be >= 1, got {count!r}")
+        if link is not None and link not in self._specs:
+            raise ValueError(f"corrupt: unknown link {link!r}; known links: {sorted(self._specs)}")
+        self._corruption.append({"tag": tag, "left": int(count), "seed": int(seed), "start": float(start),
+                                 "end": float(end), "link": link, "corrupted": 0, "recovered": 0,
+                                 "hit": set()})
+
+    def _inject_corruption(self, request_id: int, frames: list, path: tuple[str, ...], t: float) -> list:
+        """`frames`, with one frame replaced by a corrupted copy if an armed rule applies."""
+        if request_id in self._corrupted_rids or not frames:
+            return frames
+        for rule in self._corruption:
+            if rule["left"] <= 0 or not (rule["start"] <= t < rule["end"]) or request_id in rule["hit"] \
+                    or (rule["link"] is not None and rule["link"] not in path):
+                continue
+            rng = np.random.default_rng([rule["seed"], rule["corrupted"]])
+            i = int(rng.integers(len(frames)))
+            try:
+                bad = corrupt_frame(frames[i], seed=int(rng.integers(1 << 31)))
+            except FrameError:      # empty or unreadable body: nothing to flip in this one
+                continue
+            frames = list(frames)
+            frames[i] = bad
+            rule["left"] -= 1
+            rule["corrupted"] += 1
+            rule["hit"].add(request_id)
+            self._corrupted_rids[request_id] = rule
+            self._frames_corrupted += 1
+            break
+        return frames
+
     async def drain(self) -> None:
         """Return when no transfer is in flight."""
         await self._clock.wait_until(self._idle, None)
@@ -264,6 +326,8 @@ class Interconnect:
         Returns {"elapsed_s", "payload_scale", "transfers", "in_flight",
         "bytes_logical", "bytes_shipped", "checksum_failures" (bad frames reported by
         receivers), "failed_transfers" (transfers with >= 1 bad frame),
+        "lost_transfers" (the receiver had restarted: PeerLost), "frames_corrupted" and
+        "corruption" (list of {"tag", "corrupted", "recovered", "left"}, see `corrupt`),
         "transfer_time_s" (list of per-transfer durations, s), "links": {name: {
         "bandwidth_Bps", "latency_s", "per_message_s", "transfers", "bytes_logical"
         (completed transfers), "bytes_shipped", "bytes_carried" (incl. partial
@@ -297,6 +361,10 @@ class Interconnect:
             "bytes_shipped": self._total_shipped,
             "checksum_failures": self._checksum_failures,
             "failed_transfers": self._failed_transfers,
+            "lost_transfers": self._lost_transfers,
+            "frames_corrupted": self._frames_corrupted,
+            "corruption": [{k: r[k] for k in ("tag", "corrupted", "recovered", "left")}
+                           for r in self._corruption],
             "transfer_time_s": list(self._durations),
             "links": links,
         }

@@ -44,6 +44,7 @@ class Collector:
         self.violations: list[str] = []
         self.unknown_events = Counter()
         self._open = n
+        self.faults: dict[int, dict] = {}        # fault injector records, by fault index
         self._all_done = asyncio.Event()
         if n == 0:
             self._all_done.set()
@@ -101,6 +102,20 @@ class Collector:
         """Ids of requests that have not ended yet."""
         return self.ids[self.outcome == 0].tolist()
 
+    async def open_among(self, ids: Iterable[int]) -> list[int]:
+        """Those of `ids` that have not ended yet (unknown ids are left out)."""
+        out = []
+        for rid in ids:
+            row = self._row.get(int(rid))
+            if row is not None and not self.outcome[row]:
+                out.append(int(rid))
+        return out
+
+    async def note_fault(self, index: int, record: dict) -> None:
+        """Keep the fault injector's record of fault `index` (replacing an earlier one);
+        it is returned under "faults" by `snapshot` (see rack.faults)."""
+        self.faults[int(index)] = dict(record)
+
     async def snapshot(self) -> dict:
         """All records, as plain arrays and dicts (picklable) for the metrics step."""
         order = sorted(self.itl)
@@ -112,6 +127,7 @@ class Collector:
             "preemptions": self.preemptions, "itl_ids": np.array(order, dtype=np.int64),
             "itl_lengths": lengths, "itl_flat": flat, "violations": list(self.violations),
             "unknown_events": dict(self.unknown_events),
+            "faults": [self.faults[i] for i in sorted(self.faults)],
         }
 
     # ----------------------------------------------------------------- internals

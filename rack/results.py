@@ -2,7 +2,8 @@
 
 `results.json` schema (stable; documented in the README): `requests`, `latency`,
 `throughput`, `goodput`, `kv_transfer`, `memory`, `utilization`, `emulation`,
-`provenance`. `requests.csv` has one row per request: id, prompt/output tokens,
+`provenance`, `energy`, `cost`, `breakdown` (see rack.energy and rack.breakdown).
+`requests.csv` has one row per request: id, prompt/output tokens,
 outcome, reason, preemptions, ttft_s, tpot_s, e2e_s, meets_slo and every lifecycle
 time (t_arrival ... t_completion, emulated seconds; empty when it did not happen).
 """
@@ -96,6 +97,14 @@ def summary_text(results: dict) -> str:
         lines.append(f"pool {pool}: {m['devices']} devices, memory peak {m['peak_bytes']/1e9:.1f} of "
                      f"{m['capacity_bytes']/1e9:.1f} GB, MFU {u.get('compute', 0):.2%}, "
                      f"MBU {u.get('memory_bandwidth', 0):.2%}, busy {u.get('busy_fraction', 0):.1%}")
+    en, co = results.get("energy"), results.get("cost")
+    if en:
+        tpj = en["tokens_per_joule"]
+        usd = co.get("usd_per_mtok") if co else None
+        lines.append(f"energy: {en['joules'] / 3.6e6:.2f} kWh over {en['window_s']:.1f} s (mean "
+                     f"{en['mean_power_w'] / 1e3:.1f} kW, idle {en['idle_power_w'] / 1e3:.1f} kW), "
+                     + (f"{tpj:.4g} output tokens/J" if tpj else "no output tokens")
+                     + (f"; cost ${usd:.2f} per million output tokens ({co['basis']})" if usd is not None else ""))
     e = results["emulation"]
     if e["runtime"] == "ray":
         ls = e["lateness_s"]

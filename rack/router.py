@@ -20,6 +20,11 @@ import asyncio
 import itertools
 from typing import Any, Mapping, Sequence
 
+import numpy as np
+
+from interconnect.component import PeerLost
+from rack.faults import retry_on_peer_lost as _retry
+
 
 class Router:
     """Replays requests and routes them.
@@ -27,19 +32,21 @@ class Router:
     Keyword args:
         clock: the run's Clock.
         collector: collector handle (`event`, `events`, `finish`).
-        prefill: prefill-capable instance handles by name (`submit(req, decode_target)`,
-            `outstanding_tokens()`).
+        prefill: prefill-capable instance handles by name (`submit_many([(req,
+            decode_target), ...])`, `outstanding_tokens()`).
         decode_targets: names of decode instances a prefill instance may ship KV to.
         local: colocated instance handles by name, for conditional disaggregation.
         policy: "round_robin" or "least_outstanding_work".
         max_outstanding_tokens: per-instance outstanding prompt tokens above which an
             arrival is rejected when every instance is above it (>= 1).
         local_prefill_threshold_tokens: prompts up to this length go to `local` (0: off).
+        decoders: decode instance handles by name (`holding`), used only by `recover`.
     """
 
     def __init__(self, *, clock, collector, prefill: Mapping[str, Any], decode_targets: Sequence[str],
                  local: Mapping[str, Any] | None = None, policy: str = "least_outstanding_work",
-                 max_outstanding_tokens: int = 1 << 40, local_prefill_threshold_tokens: int = 0) -> None:
+                 max_outstanding_tokens: int = 1 << 40, local_prefill_threshold_tokens: int = 0,
+                 decoders: Mapping[str, Any] | None = None) -> None:
         if policy not in ("round_robin", "least_outstanding_work"):
             raise ValueError(f"router policy: expected 'round_robin' or 'least_outstanding_work', got {policy!r}")
         if not prefill and not local:
@@ -57,6 +64,18 @@ class Router:
         self._rr_decode = itertools.cycle(self.decode_targets) if self.decode_targets else None
         self.dispatched = {name: 0 for name in list(self.prefill) + list(self.local)}
         self.rejected = 0
+        # Fault recovery: where each request was sent (rack.faults, docs/robustness.md).
+        self.decoders = dict(decoders or {})
+        self._inst_names = sorted(self.prefill) + sorted(self.local)
+        self._inst_idx = {n: i for i, n in enumerate(self._inst_names)}
+        self._dec_names = list(dict.fromkeys([*self.decode_targets, *sorted(self.local)]))
+        self._dec_idx = {n: i for i, n in enumerate(self._dec_names)}
+        self._requests: Sequence[Any] = ()
+        self._pre_of = np.zeros(0, np.int32)     # per request position: instance index, -1 none
+        self._dec_of = np.zeros(0, np.int32)     # per request position: decode target index
+        self._pos: dict[int, int] | None = None  # request id -> position (built on first recovery)
+        self._dispatching: set[int] = set()      # submits in flight
+        self.recovered = 0
 
     async def run(self, requests: Sequence[Any]) -> dict:
         """Submit `requests` (sorted by arrival) at their arrival times; returns counts.
@@ -65,27 +84,35 @@ class Router:
         `arrival` message to the collector, one load query per instance.
         """
         i, n = 0, len(requests)
+        self._requests = requests
+        self._pre_of = np.full(n, -1, np.int32)
+        self._dec_of = np.full(n, -1, np.int32)
         while i < n:
             t = requests[i].arrival_s
             j = i
             while j < n and requests[j].arrival_s == t:
                 j += 1
             await self.clock.sleep_until(t)
-            await self._tick(requests[i:j])
+            await self._tick(requests[i:j], i)
             i = j
         return {"dispatched": dict(self.dispatched), "rejected": self.rejected}
 
-    async def _tick(self, batch: Sequence[Any]) -> None:
+    async def _tick(self, batch: Sequence[Any], base: int = 0) -> None:
         now = self.clock.now()
-        await self.collector.events([(r.id, "arrival", now) for r in batch])
         names = sorted(self.prefill)
-        values = await asyncio.gather(*(self.prefill[nm].outstanding_tokens() for nm in names))
-        load = dict(zip(names, (int(v) for v in values)))
-        submits = []
-        for req in batch:
+        # The arrival events and the load queries travel together: one round trip, not two.
+        _, *values = await asyncio.gather(
+            self.collector.events([(r.id, "arrival", now) for r in batch]),
+            *(self.prefill[nm].outstanding_tokens() for nm in names), return_exceptions=True)
+        # an instance that is down (PeerLost, Ray) counts as full until it is back
+        load = dict(zip(names, (self.max_outstanding_tokens + 1 if isinstance(v, PeerLost) else int(v)
+                                for v in _raise_other(values))))
+        per_instance: dict[str, list] = {}
+        for k, req in enumerate(batch):
             if self._rr_local is not None and (not self.prefill or req.prompt_tokens <= self.threshold):
                 name = next(self._rr_local)
-                submits.append(self.local[name].submit(req, name))
+                per_instance.setdefault(name, []).append((req, name))
+                self._note_route(base + k, name, name)
                 self.dispatched[name] += 1
                 continue
             if self.policy == "least_outstanding_work":
@@ -102,7 +129,95 @@ class Router:
                     continue
             load[name] += req.prompt_tokens
             target = next(self._rr_decode) if self._rr_decode is not None else name
-            submits.append(self.prefill[name].submit(req, target))
+            per_instance.setdefault(name, []).append((req, target))
+            self._note_route(base + k, name, target)
             self.dispatched[name] += 1
-        if submits:
-            await asyncio.gather(*submits)
+        # One message per instance per tick: the tick's requests reach an instance
+        # together, so they share its first iteration on Ray as on virtual time.
+        if per_instance:
+            await self._submit(per_instance)
+
+    # ------------------------------------------------------------------ recovery
+    def _note_route(self, pos: int, instance: str, target: str | None) -> None:
+        self._pre_of[pos] = self._inst_idx[instance]
+        self._dec_of[pos] = self._dec_idx.get(target, -1) if target is not None else -1
+
+    async def _submit(self, per_instance: dict[str, list]) -> None:
+        """submit_many per instance; requests in flight are not candidates of `recover`.
+        A submit to an instance that is down (PeerLost) leaves its requests routed there:
+        the recovery of that instance re-dispatches them."""
+        ids = [req.id for items in per_instance.values() for req, _ in items]
+        self._dispatching.update(ids)
+        try:
+            results = await asyncio.gather(*((self.prefill.get(nm) or self.local[nm]).submit_many(items)
+                                             for nm, items in per_instance.items()), return_exceptions=True)
+        finally:
+            self._dispatching.difference_update(ids)
+        _raise_other(results)
+
+    async def recover(self, instance: str) -> dict:
+        """Re-dispatch the requests instance `instance` lost when it died (fault recovery,
+        docs/robustness.md); call it once the instance is back (restarted, empty).
+
+        Candidates are the open requests routed to it (as prefill instance, or as decode
+        target). Those some live component still holds are left alone: a prefill
+        instance that still holds a request's KV re-sends it itself after a decode
+        restart. For a lost prefill instance, the decode engines first drop the KV
+        reservations made for its requests. The rest are lost and go to a prefill
+        instance again (another one than `instance` if there is one), keeping their
+        decode target: re-prefilled, then decoded from the start. Idempotent.
+        Returns {"instance", "role", "candidates", "held", "redispatched": [ids]}.
+        Raises KeyError for an unknown instance.
+        """
+        if instance in self.prefill:
+            role, col, idx = "prefill", self._pre_of, self._inst_idx[instance]
+        elif instance in self._dec_idx and instance not in self.local:
+            role, col, idx = "decode", self._dec_of, self._dec_idx[instance]
+        else:
+            raise KeyError(f"router.recover: {instance!r} is not a prefill or decode instance; "
+                           f"known: {sorted(self.prefill)} / {self.decode_targets}")
+        ids = [self._requests[p].id for p in np.flatnonzero(col == idx).tolist()]
+        cand = [i for i in await self.collector.open_among(ids) if i not in self._dispatching]
+        held: set[int] = set()
+        if cand:
+            here = self.prefill[instance] if role == "prefill" else self.decoders.get(instance)
+            if here is not None:          # the restarted instance: requests sent after its restart
+                held.update(await _retry(self.clock, lambda: here.holding(cand)))
+            rest = [i for i in cand if i not in held]
+            for name, h in self.prefill.items():
+                if name != instance:
+                    held.update(await _retry(self.clock, lambda h=h: h.holding(rest)))
+            for name, h in self.decoders.items():
+                if name != instance:       # drop reservations only of a lost prefill's requests
+                    held.update(await _retry(self.clock, lambda h=h: h.holding(rest, drop_reserved=role == "prefill")))
+        lost = await self.collector.open_among([i for i in cand if i not in held])
+        if self._pos is None:
+            self._pos = {r.id: p for p, r in enumerate(self._requests)}
+        # only those still routed to `instance` and not being submitted (no await from here
+        # to the submit bookkeeping, so a concurrent tick cannot interleave)
+        lost = [i for i in lost if col[self._pos[i]] == idx and i not in self._dispatching]
+        others = sorted(n for n in self.prefill if n != instance) or [instance]
+        per_instance: dict[str, list] = {}
+        for k, rid in enumerate(lost):
+            pos = self._pos[rid]
+            name = others[k % len(others)] if role == "prefill" else self._inst_names[self._pre_of[pos]]
+            if name not in self.prefill:
+                name = others[k % len(others)]
+            d = int(self._dec_of[pos])
+            target = self._dec_names[d] if d >= 0 else name
+            per_instance.setdefault(name, []).append((self._requests[pos], target))
+            self._note_route(pos, name, target if d >= 0 else None)
+        if per_instance:
+            self.recovered += len(lost)
+            await self._submit(per_instance)
+        return {"instance": instance, "role": role, "candidates": len(cand), "held": len(held),
+                "redispatched": lost}
+
+
+def _raise_other(results: Sequence[Any]) -> Sequence[Any]:
+    """`results` of a gather(return_exceptions=True); re-raises any error but PeerLost."""
+    for r in results:
+        if isinstance(r, BaseException) and not isinstance(r, PeerLost):
+            raise r
+    return results
+

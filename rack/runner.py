@@ -22,6 +22,9 @@ import numpy as np
 
 from rack import __version__
 from rack import metrics
+from rack.breakdown import apply_fixed_stages, stage_breakdown
+from rack.energy import cost_section, energy_section
+from rack.faults import faults_section
 from rack.scenario import Scenario
 from rack.topology import ComponentSpec, build_topology
 
@@ -83,6 +86,20 @@ def _kv_section(stats: dict) -> dict:
     }
 
 
+def _energy_cost_sections(scenario: Scenario, specs: Sequence[ComponentSpec], raw: dict,
+                          results: dict, cols: dict) -> dict:
+    """`energy`, `cost` and `breakdown` sections (rack.energy, rack.breakdown). Energy is
+    integrated from time 0 to the run's emulated end (the latest engine clock)."""
+    window = max([float(raw.get("now") or 0.0)] +
+                 [float(s.get("elapsed_s", 0.0)) for s in raw["stats"].values()])
+    done = cols["outcome"] == "completed"
+    out_tok = int(cols["output_tokens"][done].sum())
+    in_tok = int(cols["prompt_tokens"][done].sum())
+    energy = energy_section(scenario, specs, raw["stats"], window, out_tok, in_tok)
+    return {"energy": energy, "cost": cost_section(scenario, specs, energy, out_tok, in_tok),
+            "breakdown": stage_breakdown(cols, scenario.fixed_stages)}
+
+
 def _provenance(scenario: Scenario, trace_info: dict | None, runtime: str, loop_type: str) -> dict:
     try:
         import importlib.metadata as md
@@ -129,7 +146,8 @@ def run_scenario(scenario: Scenario, requests: Sequence[Any], *, runtime: str = 
         raise ValueError(f"runtime: expected 'virtual' or 'ray', got {runtime!r}")
     wall = time.perf_counter() - wall0
 
-    results, cols = metrics.compute(raw["snapshot"], requests, scenario.slo.ttft_ms / 1e3,
+    snapshot = apply_fixed_stages(raw["snapshot"], scenario.fixed_stages)
+    results, cols = metrics.compute(snapshot, requests, scenario.slo.ttft_ms / 1e3,
                                     scenario.slo.tpot_ms / 1e3)
     memory, util = _pool_sections(scenario, specs, raw["stats"])
     lateness_all = np.concatenate([np.asarray(v, dtype=np.float64) for v in raw["lateness"].values()]) \
@@ -146,9 +164,16 @@ def run_scenario(scenario: Scenario, requests: Sequence[Any], *, runtime: str = 
             "lateness_s": late,
             "lateness_by_actor": {k: metrics.summarize(np.asarray(v)) for k, v in raw["lateness"].items()},
             "violations": raw["snapshot"]["violations"],
+            # Ray runtime: component -> Ray node id (read inside each actor), and per-actor
+            # messages, KV bytes crossing nodes, clock offsets (rack.runtime.ray_runtime).
+            "nodes": raw.get("nodes", {}),
+            "ray": raw.get("ray"),
         },
         "provenance": _provenance(scenario, trace_info, runtime, loop_type),
     })
+    results.update(_energy_cost_sections(scenario, specs, raw, results, cols))
+    # injected faults and what they cost (rack.faults, docs/robustness.md)
+    results["faults"] = faults_section(raw["snapshot"], raw["stats"], cols)
     return RunOutput(results=results, columns=cols, stats=raw["stats"], specs=list(specs),
                      snapshot=raw["snapshot"])
 

@@ -16,6 +16,9 @@ from pathlib import Path
 from typing import Literal, Optional
 
 from interconnect.link import LinkSpec
+from rack.breakdown import FixedStage
+from rack.energy import CostSettings, EnergySettings
+from rack.faults import FaultConfig, check_faults
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 if sys.version_info >= (3, 11):
@@ -67,6 +70,8 @@ class PoolConfig(_Strict):
     admission_policy: Literal["reserve", "preempt"] = "reserve"
     speculative: Optional[SpeculativeSettings] = None
     kv_block_tokens: int = Field(default=16, ge=1, description="tokens per paged KV block")
+    max_reserve_queue: int = Field(default=4096, ge=1, description="decode side: KV reservations waiting "
+                                   "for memory per instance before rejection (decode_queue_full)")
     memory_reserve_fraction: Optional[float] = Field(default=None, ge=0.0, lt=1.0)
     resources: dict[str, float] = Field(default_factory=dict, description="Ray custom resources per instance actor")
 
@@ -104,6 +109,46 @@ class SLOConfig(_Strict):
     ttft_ms: float = Field(gt=0)
     tpot_ms: float = Field(gt=0)
 
+    @field_validator("ttft_ms", "tpot_ms")
+    @classmethod
+    def _plausible_ms(cls, v: float, info) -> float:
+        # A value outside these bounds is almost surely in another unit. Floors: the
+        # fastest published per-user decode is ~1,800-2,300 tokens/s (~0.45 ms/token,
+        # reference/calibration.md), so 0.1 ms per output token (10,000 tokens/s) is
+        # out of reach; no TTFT (a forward pass over every layer, plus the network)
+        # is below 1 ms. Ceilings: one hour to the first token, one minute per token.
+        lo, hi = {"ttft_ms": (1.0, 3.6e6), "tpot_ms": (0.1, 6e4)}[info.field_name]
+        if v < lo:
+            raise ValueError(f"{info.field_name} is in milliseconds: {v:g} ms is implausibly small "
+                             f"(expected >= {lo:g} ms; if you meant {v:g} s, write {info.field_name} = {v * 1e3:g})")
+        if v > hi:
+            raise ValueError(f"{info.field_name} is in milliseconds: {v:g} ms is implausibly large "
+                             f"(expected <= {hi:g} ms; if you meant {v:g} us, write {info.field_name} = {v / 1e3:g})")
+        return v
+
+
+class PlacementConfig(_Strict):
+    """Ray placement of the components that are not pools (TOML table `[placement]`).
+
+    Each field is the Ray custom resources its actor asks for, e.g. `router = {head = 1}`
+    pins the router to a node started with `--resources='{"head": 64}'` (pool instances
+    use their pool's `resources`). Empty (the default): Ray picks the node. Ignored by the
+    virtual runtime; the Ray runtime refuses, before creating any actor, a resource no
+    node offers (docs/multinode.md).
+    """
+
+    router: dict[str, float] = Field(default_factory=dict, description="Ray resources of the router actor")
+    collector: dict[str, float] = Field(default_factory=dict, description="Ray resources of the collector actor")
+    interconnect: dict[str, float] = Field(default_factory=dict, description="Ray resources of the interconnect actor")
+
+    @field_validator("router", "collector", "interconnect")
+    @classmethod
+    def _positive(cls, v: dict[str, float]) -> dict[str, float]:
+        bad = {k: x for k, x in v.items() if not k or not (x > 0) or x == float("inf")}
+        if bad:
+            raise ValueError(f"Ray resource amounts must be positive and finite, got {bad}")
+        return v
+
 
 class Scenario(_Strict):
     """A whole emulated rack. See `rack/scenarios/*.toml` for annotated examples."""
@@ -117,10 +162,17 @@ class Scenario(_Strict):
     links: list[LinkConfig] = Field(default_factory=list)
     router: RouterConfig = RouterConfig()
     slo: SLOConfig
+    placement: PlacementConfig = PlacementConfig()   # Ray nodes of router/collector/interconnect
     payload_scale: float = Field(default=1e-3, gt=0, le=1.0, description="shipped bytes / logical KV bytes")
     layer_group: int = Field(default=8, ge=1, description="layers per KV frame")
     dilation: float = Field(default=20.0, gt=0, description="Ray runtime: wall seconds per emulated second")
     seed: int = 0
+    # Energy, cost and fixed latency stages (rack.energy, rack.breakdown document them).
+    energy: EnergySettings = EnergySettings()
+    cost: CostSettings = CostSettings()
+    fixed_stages: list[FixedStage] = Field(default_factory=list)
+    # Injected faults (rack.faults; docs/robustness.md).
+    faults: list[FaultConfig] = Field(default_factory=list)
 
     @field_validator("pools")
     @classmethod
@@ -149,7 +201,10 @@ class Scenario(_Strict):
             raise ValueError("pools: need at least one pool that prefills (role prefill/both) "
                              "and one that decodes (role decode/both)")
         if "prefill" in roles:
-            decoders = [p.name for p in self.pools if p.role == "decode"]
+            # KV goes to the decode pools; with none, to the colocated ("both") pools
+            # (conditional disaggregation: they also prefill short prompts locally).
+            decoders = [p.name for p in self.pools if p.role == "decode"] or \
+                [p.name for p in self.pools if p.role == "both"]
             if not decoders:
                 raise ValueError("pools: a prefill-only pool needs a decode pool to ship its KV to")
             for p in self.pools:
@@ -160,6 +215,7 @@ class Scenario(_Strict):
                         raise ValueError(f"links: no link from prefill pool {p.name!r} to decode pool {d!r}")
         if self.router.local_prefill_threshold_tokens and "both" not in roles:
             raise ValueError("router.local_prefill_threshold_tokens: needs a pool with role 'both'")
+        check_faults(self)
         return self
 
     def pool(self, name: str) -> PoolConfig:
@@ -172,7 +228,7 @@ class Scenario(_Strict):
         """A copy with top-level fields replaced (validated again)."""
         data = self.model_dump()
         data.update({k: v for k, v in changes.items() if v is not None})
-        return Scenario.model_validate(data)
+        return parse_scenario(data, f"scenario {self.name!r} with overrides {sorted(changes)}")
 
 
 def scenario_names() -> list[str]:
@@ -180,13 +236,56 @@ def scenario_names() -> list[str]:
     return sorted(p.stem for p in SCENARIO_DIR.glob("*.toml"))
 
 
+def _fields_at(loc: tuple) -> list[str]:
+    """Field names of the model found at `loc` inside Scenario ([] if not a model)."""
+    import typing
+
+    model: object = Scenario
+    for part in loc[:-1]:
+        if isinstance(part, int):
+            continue
+        field = getattr(model, "model_fields", {}).get(part)
+        if field is None:
+            return []
+        ann, model = field.annotation, None
+        for cand in (ann, *typing.get_args(ann), *(a for x in typing.get_args(ann) for a in typing.get_args(x))):
+            if isinstance(cand, type) and issubclass(cand, BaseModel):
+                model = cand
+                break
+        if model is None:
+            return []
+    return list(getattr(model, "model_fields", {}))
+
+
+_UNIT_WORDS = {"ms": "milliseconds", "s": "seconds", "us": "microseconds", "gb": "GB", "gbps": "GB/s",
+               "bps": "bytes/s"}
+
+
 def _format_validation(path: str, exc: ValidationError) -> str:
-    lines = [f"{path}: invalid scenario"]
+    """One line per error, each naming the file, the field and what was expected."""
+    lines = []
     for err in exc.errors():
-        loc = ".".join(str(x) for x in err["loc"]) or "(top level)"
+        loc = tuple(err["loc"])
+        field = ".".join(str(x) for x in loc)
+        msg = err["msg"]
         got = err.get("input")
         got_s = "" if isinstance(got, (dict, list)) else f" (got {got!r})"
-        lines.append(f"  field {loc}: {err['msg']}{got_s}")
+        if err["type"] == "extra_forbidden":
+            known = _fields_at(loc)
+            close = difflib.get_close_matches(str(loc[-1]), known, n=1, cutoff=0.5)
+            hint = ""
+            if close:
+                unit = _UNIT_WORDS.get(close[0].rsplit("_", 1)[-1].lower())
+                hint = f"; did you mean {close[0]!r}" + (f" (in {unit})" if unit else "") + "?"
+            lines.append(f"{path}: unknown field {field!r}{hint}"
+                         + (f" (expected one of: {', '.join(known)})" if known else ""))
+        elif err["type"] == "missing":
+            lines.append(f"{path}: field {field!r} is required but missing")
+        elif not loc:
+            # model-level checks name their own field first ("links[0].dst: ...")
+            lines.append(f"{path}: field {msg.removeprefix('Value error, ')}")
+        else:
+            lines.append(f"{path}: field {field}: {msg.removeprefix('Value error, ')}{got_s}")
     return "\n".join(lines)
 
 
@@ -219,4 +318,29 @@ def load_scenario(name_or_path: str | Path | None = None) -> Scenario:
         data = tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as exc:
         raise ScenarioError(f"{path}: not valid TOML: {exc}") from None
-    return parse_scenario(data, str(path))
+    scenario = parse_scenario(data, str(path))
+    check_hardware(scenario, str(path))
+    return scenario
+
+
+def check_hardware(scenario: Scenario, source: str = "<scenario>") -> None:
+    """Resolve the model and every pool's device (catalog name or file) and check that
+    the weights fit one instance of each pool, as `build_topology` will. Raises
+    ScenarioError naming `source`, the field and what is needed (closest catalog names
+    for an unknown one; the instance size the weights need)."""
+    from devices.catalog import resolve_device, resolve_model
+    from rack.topology import check_fit, cost_model
+
+    try:
+        resolve_model(scenario.model)
+    except (ValueError, KeyError) as exc:
+        raise ScenarioError(f"{source}: field model: {exc}") from None
+    for i, p in enumerate(scenario.pools):
+        try:
+            resolve_device(p.device)
+        except (ValueError, KeyError) as exc:
+            raise ScenarioError(f"{source}: field pools.{i}.device (pool {p.name!r}): {exc}") from None
+        try:
+            check_fit(scenario, p, cost_model(scenario, p))
+        except ScenarioError as exc:
+            raise ScenarioError(f"{source}: field pools.{i} (tp, pp): {exc}") from None

@@ -18,6 +18,7 @@ from devices.costmodel import CostModel, Parallelism, SpeculativeConfig
 from devices.planner import ModelDoesNotFit, plan_memory
 from interconnect.link import LinkSpec
 
+from .faults import apply_faults
 from .scenario import PoolConfig, Scenario, ScenarioError
 
 
@@ -97,10 +98,14 @@ def build_topology(scenario: Scenario, request_ids: Sequence[int]) -> list[Compo
     Raises ScenarioError (pool, field and what is needed) before anything starts.
     """
     specs: list[ComponentSpec] = [ComponentSpec(
-        "collector", "rack.collector:Collector", {"request_ids": list(request_ids)}, "collector")]
+        "collector", "rack.collector:Collector", {"request_ids": list(request_ids)}, "collector",
+        resources=dict(scenario.placement.collector))]
     decoders = [p for p in scenario.pools if p.role == "decode"]
     prefillers = [p for p in scenario.pools if p.role == "prefill"]
     colocated = [p for p in scenario.pools if p.role == "both"]
+    # Conditional disaggregation without a decode-only pool: the prefill pool ships its
+    # KV to the colocated ("both") instances, which also prefill short prompts locally.
+    kv_receivers = decoders if decoders else (colocated if prefillers else [])
     costs = {p.name: cost_model(scenario, p) for p in scenario.pools}
     for p in scenario.pools:
         check_fit(scenario, p, costs[p.name])
@@ -114,18 +119,22 @@ def build_topology(scenario: Scenario, request_ids: Sequence[int]) -> list[Compo
                 "max_batch": p.max_batch, "kv_block_tokens": p.kv_block_tokens,
                 "admission_policy": p.admission_policy,
                 "memory_reserve_fraction": p.memory_reserve_fraction,
+                "max_reserve_queue": p.max_reserve_queue,
             }, "decode", p.name, dict(p.resources)))
 
     local_names: list[str] = []
     for p in colocated:
         for name in instance_names(p):
             local_names.append(name)
+            if p in kv_receivers:
+                decode_names.append(name)
             specs.append(ComponentSpec(name, "devices.engines.colocated:ColocatedEngine", {
                 "name": name, "cost": costs[p.name], "collector": Ref("collector"),
                 "chunk_tokens": p.chunk_tokens, "max_queue": p.max_queue,
                 "max_batch": p.max_batch, "kv_block_tokens": p.kv_block_tokens,
                 "prefix_cache": p.prefix_cache, "admission_policy": p.admission_policy,
                 "memory_reserve_fraction": p.memory_reserve_fraction,
+                "max_reserve_queue": p.max_reserve_queue,
             }, "both", p.name, dict(p.resources)))
 
     if prefillers:
@@ -144,7 +153,7 @@ def build_topology(scenario: Scenario, request_ids: Sequence[int]) -> list[Compo
             "links": links, "routes": routes,
             "receivers": {d: Ref(d) for d in decode_names},
             "payload_scale": scenario.payload_scale,
-        }, "interconnect"))
+        }, "interconnect", resources=dict(scenario.placement.interconnect)))
 
     prefill_names: list[str] = []
     for p in prefillers:
@@ -168,5 +177,7 @@ def build_topology(scenario: Scenario, request_ids: Sequence[int]) -> list[Compo
         "policy": r.policy,
         "max_outstanding_tokens": r.max_outstanding_tokens,
         "local_prefill_threshold_tokens": r.local_prefill_threshold_tokens,
-    }, "router"))
-    return specs
+        "decoders": {d: Ref(d) for d in decode_names},
+    }, "router", resources=dict(scenario.placement.router)))
+    # injected faults: crash targets made restartable, plus the injector (rack.faults)
+    return apply_faults(scenario, specs)

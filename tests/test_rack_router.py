@@ -20,6 +20,10 @@ class FakeInstance:
         self.got.append((req.id, target, self.clock.now()))
         self.load += req.prompt_tokens
 
+    async def submit_many(self, items):
+        for req, target in items:
+            await self.submit(req, target)
+
     async def outstanding_tokens(self):
         return self.load
 

@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from devices.engines.common import enqueue_batch
 from devices.engines.decode import AdmissionPolicy, DecodeEngine, _Seq
 from devices.memory import PrefixCache
 
@@ -57,7 +58,7 @@ class ColocatedEngine(DecodeEngine):
 
     Keyword args: as `DecodeEngine` (name, clock, cost, collector, max_batch,
     kv_block_tokens, admission_policy, memory_reserve_fraction, memory_plan,
-    max_steps_per_wake), plus
+    max_steps_per_wake, max_reserve_queue), plus
         chunk_tokens: token budget of one iteration (prefill + decode tokens), >= 1.
         max_queue: queued prompts beyond which `submit` rejects ("prefill_queue_full").
         prefix_cache: enable the prefix cache (requests with `block_hashes`).
@@ -69,7 +70,7 @@ class ColocatedEngine(DecodeEngine):
                  kv_block_tokens: int = 16, prefix_cache: bool = True,
                  admission_policy: AdmissionPolicy = "reserve",
                  memory_reserve_fraction: float | None = None, memory_plan: Any = None,
-                 max_steps_per_wake: int = 4096) -> None:
+                 max_steps_per_wake: int = 4096, max_reserve_queue: int | None = None) -> None:
         if int(chunk_tokens) < 1:
             raise ValueError(f"ColocatedEngine {name!r}: chunk_tokens must be >= 1, got {chunk_tokens}")
         if int(max_queue) < 0:
@@ -78,7 +79,8 @@ class ColocatedEngine(DecodeEngine):
                          max_batch=max_batch, kv_block_tokens=kv_block_tokens,
                          admission_policy=admission_policy,
                          memory_reserve_fraction=memory_reserve_fraction,
-                         memory_plan=memory_plan, max_steps_per_wake=max_steps_per_wake)
+                         memory_plan=memory_plan, max_steps_per_wake=max_steps_per_wake,
+                         max_reserve_queue=max_reserve_queue)
         self.chunk_tokens = int(chunk_tokens)
         self.max_queue = int(max_queue)
         self.prefix = PrefixCache(self.ledger, self.pool.kv_bytes_per_token) if prefix_cache else None
@@ -94,30 +96,31 @@ class ColocatedEngine(DecodeEngine):
     async def submit(self, req, decode_target: str | None = None) -> None:
         """Queue `req` (prefill then decode here; `decode_target` is ignored). Returns at
         once; ends the request itself when rejected or when it can never fit."""
-        self._start()
-        now = self.clock.now()
-        self.counts["submitted"] += 1
+        await self.submit_many([(req, decode_target)])
+
+    async def submit_many(self, items) -> None:
+        """`submit` for a list of (request, decode_target) pairs arriving together."""
+        # A new prompt cuts a decode-only run at the next step boundary (_admit_event).
+        await enqueue_batch(self, items, self._refusal, lambda req, _target: _Job(req),
+                            self._admit_event)
+
+    def _refusal(self, req, target):
         if self.pool.bytes_for(req.prompt_tokens) > self.kv_capacity_bytes:
-            self.counts["failed"] += 1
-            await self.collector.finish(req.id, "failed", reason="prompt_exceeds_kv_capacity", t=now)
-            return
+            return ("failed", "prompt_exceeds_kv_capacity")
         if self.pool.bytes_for(req.prompt_tokens + req.output_tokens - 1) > self.kv_capacity_bytes:
-            self.counts["failed"] += 1
-            await self.collector.finish(req.id, "failed", reason="exceeds_decode_kv_capacity", t=now)
-            return
-        if len(self._queue) >= self.max_queue:
-            self.counts["rejected"] += 1
-            await self.collector.finish(req.id, "rejected", reason="prefill_queue_full", t=now)
-            return
-        self._queue.append(_Job(req))
-        self.queue_peak = max(self.queue_peak, len(self._queue))
-        self._idle.clear()
-        self._admit_event.set()            # cut a decode-only run at the next step boundary
-        await self.collector.event(req.id, "prefill_queued", now)
+            return ("failed", "exceeds_decode_kv_capacity")
+        return None
 
     async def outstanding_tokens(self) -> int:
         """Prompt tokens still to prefill (queued ones counted whole)."""
         return sum(j.remaining for j in self._prefilling) + sum(j.req.prompt_tokens for j in self._queue)
+
+    async def holding(self, ids, drop_reserved: bool = False) -> list[int]:
+        """As `DecodeEngine.holding`, plus the prompts queued or being prefilled here."""
+        held = await super().holding(ids, drop_reserved)
+        want = set(int(i) for i in ids)
+        held += [j.req.id for j in (*self._queue, *self._prefilling) if j.req.id in want]
+        return held
 
     async def stats(self) -> dict:
         out = await super().stats()

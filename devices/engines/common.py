@@ -220,6 +220,40 @@ def spawn(coro, errors: list) -> asyncio.Future:
     return fut
 
 
+async def enqueue_batch(engine: Any, items, refuse, make_job, wake: asyncio.Event) -> None:
+    """Queue several requests at once (one router tick), for any engine with a FCFS
+    `_queue`, `counts`, `queue_peak`, `_idle`, `clock` and `collector`.
+
+    All admissible requests are queued before the engine's loop can run, so a tick's
+    requests share the first iteration on both runtimes (on Ray an await between two
+    submissions would let the loop start with the first one alone); their
+    `prefill_queued` events go to the collector in one message. `refuse(req, target)`
+    returns None or (outcome, reason) for a request that must end at once;
+    `make_job(req, target)` builds the queue entry.
+    """
+    engine._start()
+    now = engine.clock.now()
+    queued, ends = [], []
+    for req, target in items:
+        engine.counts["submitted"] += 1
+        verdict = refuse(req, target)
+        if verdict is None and len(engine._queue) >= engine.max_queue:
+            verdict = ("rejected", "prefill_queue_full")
+        if verdict is not None:
+            engine.counts[verdict[0]] += 1
+            ends.append((req.id, verdict))
+            continue
+        engine._queue.append(make_job(req, target))
+        queued.append((req.id, "prefill_queued", now))
+    if queued:
+        engine.queue_peak = max(engine.queue_peak, len(engine._queue))
+        engine._idle.clear()
+        wake.set()
+        await engine.collector.events(queued)
+    for rid, (outcome, reason) in ends:
+        await engine.collector.finish(rid, outcome, reason=reason, t=now)
+
+
 def ceil_div(a: int, b: int) -> int:
     """ceil(a / b) for non-negative ints."""
     return -(-a // b)

@@ -74,6 +74,7 @@ from devices.engines.common import (
 )
 from devices.memory import KVBlockPool
 from interconnect.codec import FrameError, decode_frame
+from interconnect.component import PeerLost
 
 AdmissionPolicy = Literal["reserve", "preempt"]
 
@@ -81,7 +82,7 @@ AdmissionPolicy = Literal["reserve", "preempt"]
 class _Waiter:
     """A memory reservation waiting in FIFO order (external request or preempted seq)."""
 
-    __slots__ = ("req", "kv_tokens", "blocks", "first_token_s", "event", "granted", "seq")
+    __slots__ = ("req", "kv_tokens", "blocks", "first_token_s", "event", "granted", "seq", "lost")
 
     def __init__(self, req, kv_tokens: int, blocks: int, first_token_s, seq=None) -> None:
         self.req = req
@@ -91,6 +92,7 @@ class _Waiter:
         self.event = asyncio.Event() if seq is None else None
         self.granted = False
         self.seq = seq
+        self.lost = False       # dropped (engine halted, or the sender's state was lost)
 
 
 class _Seq:
@@ -132,6 +134,8 @@ class DecodeEngine:
             `weight_bytes`, `reserve_bytes` (ints).
         max_steps_per_wake: longest run of steps computed at once (bounds the arrays;
             the run continues after it), >= 1.
+        max_reserve_queue: KV reservations that may wait for memory at once; one more
+            is refused ("rejected"/"decode_queue_full"); None: unbounded.
     Raises ValueError on out-of-range arguments; `planner.ModelDoesNotFit` if the
     weights do not fit.
     """
@@ -139,7 +143,13 @@ class DecodeEngine:
     def __init__(self, *, name: str, clock: Any, cost: Any, collector: Any, max_batch: int = 256,
                  kv_block_tokens: int = 16, admission_policy: AdmissionPolicy = "reserve",
                  memory_reserve_fraction: float | None = None, memory_plan: Any = None,
-                 max_steps_per_wake: int = 4096) -> None:
+                 max_steps_per_wake: int = 4096, max_reserve_queue: int | None = None) -> None:
+        if max_reserve_queue is not None and int(max_reserve_queue) < 1:
+            raise ValueError(f"DecodeEngine {name!r}: max_reserve_queue must be >= 1 or None, "
+                             f"got {max_reserve_queue}")
+        self.max_reserve_queue = None if max_reserve_queue is None else int(max_reserve_queue)
+        self.waiting_peak = 0                  # most external reservations waiting at once
+        self._finishing: set[int] = set()      # completed, collector.finish not yet returned
         if int(max_batch) < 1:
             raise ValueError(f"DecodeEngine {name!r}: max_batch must be >= 1, got {max_batch}")
         if admission_policy not in ("reserve", "preempt"):
@@ -215,6 +225,15 @@ class DecodeEngine:
             return False
         if req.id in self._reservations or req.id in self._waiting_ids:
             raise RuntimeError(f"DecodeEngine {self.name!r}: request {req.id} reserved twice")
+        if self.counts.get("reservations_dropped") and req.id in self._decoding_ids():
+            # After a recovery dropped reservations, a stale payload of this request may
+            # have been admitted already: its KV is here, so there is nothing to reserve.
+            return False
+        if self.max_reserve_queue is not None and \
+                len(self._waiters) - self._n_internal >= self.max_reserve_queue:
+            self.counts["reserve_rejected"] = self.counts.get("reserve_rejected", 0) + 1
+            await self.collector.finish(req.id, "rejected", reason="decode_queue_full", t=self.clock.now())
+            return False
         tokens = final if self.policy == "reserve" else int(kv_tokens)
         w = _Waiter(req, int(kv_tokens), self.pool.blocks_for(tokens), first_token_s)
         self._reserving += 1
@@ -224,10 +243,23 @@ class DecodeEngine:
             self._waiters.append(w)
             self._grant()
             if not w.granted:
+                self.waiting_peak = max(self.waiting_peak, len(self._waiters) - self._n_internal)
                 await self.clock.wait_until(w.event, None)
+        except BaseException:
+            # cancelled while waiting (the caller died): the waiter must not be granted later
+            if not w.granted and not w.lost:
+                try:
+                    self._waiters.remove(w)
+                except ValueError:
+                    pass
+                self._grant()       # it may have blocked the head of the FIFO
+            raise
         finally:
             self._reserving -= 1
             self._waiting_ids.discard(req.id)
+        if w.lost:
+            raise PeerLost(f"DecodeEngine {self.name!r}: the reservation of request {req.id} was "
+                           "dropped (engine restarted or the sender's state was lost)")
         self.counts["reserved"] += 1
         await self.collector.event(req.id, "kv_reserved", self.clock.now())
         return True
@@ -244,8 +276,9 @@ class DecodeEngine:
         self._start()
         w = self._reservations.get(req.id)
         if w is None:
-            raise RuntimeError(f"DecodeEngine {self.name!r}: receive_kv for request {req.id} "
-                               "without a reservation (call reserve_kv first)")
+            # PeerLost (a RuntimeError): after a restart the sender's reservation is gone
+            raise PeerLost(f"DecodeEngine {self.name!r}: receive_kv for request {req.id} "
+                           "without a reservation (call reserve_kv first; lost if this engine restarted)")
         bad = _count_bad_frames(req.id, w.kv_tokens, self.n_layers, frames)
         if bad:
             self.counts["bad_frames"] += bad
@@ -274,8 +307,8 @@ class DecodeEngine:
         """Drop `req`'s reservation (its KV never arrived intact) and end it as failed."""
         w = self._reservations.pop(req.id, None)
         if w is None:
-            raise RuntimeError(f"DecodeEngine {self.name!r}: abort_kv for request {req.id} "
-                               "without a reservation")
+            raise PeerLost(f"DecodeEngine {self.name!r}: abort_kv for request {req.id} "
+                           "without a reservation (lost if this engine restarted)")
         self.ledger.free("reserved", w.blocks * self.pool.block_bytes)
         self.counts["failed"] += 1
         await self.collector.finish(req.id, "failed", reason=reason, t=self.clock.now())
@@ -316,6 +349,7 @@ class DecodeEngine:
             "running": len(self._batch),
             "ready": len(self._ready),
             "waiting_reservations": len(self._waiters),
+            "waiting_peak": self.waiting_peak,
             "wakeups": self.wakeups,
             "steps": len(self._t_end),
             **self.counts,
@@ -323,6 +357,55 @@ class DecodeEngine:
         out.update(self.util.as_dict(self.cost.peak_flops, self.cost.memory_bandwidth, now))
         out.update(self.lateness.as_dict())
         return out
+
+    # ------------------------------------------------------------------ recovery
+    async def holding(self, ids, drop_reserved: bool = False) -> list[int]:
+        """Which of request `ids` this engine holds: KV received (ready, running,
+        preempted, completing) or, unless `drop_reserved`, a reservation. With
+        `drop_reserved` the reservations of `ids` (waiting or granted) are dropped
+        instead (their sender lost its state and the router re-dispatches them): memory
+        freed, a waiting `reserve_kv` raises PeerLost. For the router's recovery."""
+        want = set(int(i) for i in ids)
+        held = [i for i in self._decoding_ids() if i in want]
+        if drop_reserved:
+            dropped = 0
+            for rid in [r for r in self._reservations if r in want]:
+                w = self._reservations.pop(rid)
+                self.ledger.free("reserved", w.blocks * self.pool.block_bytes)
+                dropped += 1
+            for w in [w for w in self._waiters if w.seq is None and w.req.id in want]:
+                self._waiters.remove(w)
+                w.lost = True
+                w.event.set()
+                dropped += 1
+            if dropped:
+                self.counts["reservations_dropped"] = self.counts.get("reservations_dropped", 0) + dropped
+                self._grant()
+                self._note_idle()
+        else:
+            held += [r for r in self._reservations if r in want]
+            held += [w.req.id for w in self._waiters if w.seq is None and w.req.id in want]
+        return held
+
+    def _decoding_ids(self) -> set[int]:
+        """Ids whose KV is here: ready, in the batch, preempted (waiting), completing."""
+        out = {s.req.id for s in self._ready}
+        out.update(s.req.id for s in self._batch)
+        out.update(w.req.id for w in self._waiters if w.seq is not None)
+        out.update(self._finishing)
+        return out
+
+    def halt(self) -> None:
+        """Stop as if the process died (virtual-time fault injection; a Ray actor is
+        killed instead): the loop stops and every `reserve_kv` waiting here raises
+        PeerLost in its caller. The object must not be used afterwards."""
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+        for w in self._waiters:
+            if w.seq is None:
+                w.lost = True
+                w.event.set()
+        self._waiters.clear()
 
     # ------------------------------------------------------------------ memory
     def _grant(self) -> None:
@@ -564,11 +647,20 @@ class DecodeEngine:
                             for s in batch), np.int64, len(batch))
 
     async def _finish(self, finished: list) -> None:
-        await self._flush_events()
-        for s, t, itl in finished:
-            await self.collector.finish(s.req.id, "completed", itl_s=itl, t=t)
-        if finished:
-            self._grant()
+        if not finished:
+            await self._flush_events()
+            return
+        # Held (for `holding`) until the collector has the outcome: a recovery that
+        # asks between the two must not take a finished request for a lost one.
+        ids = [s.req.id for s, _, _ in finished]
+        self._finishing.update(ids)
+        try:
+            await self._flush_events()
+            for s, t, itl in finished:
+                await self.collector.finish(s.req.id, "completed", itl_s=itl, t=t)
+        finally:
+            self._finishing.difference_update(ids)
+        self._grant()
 
     def _commit(self, batch: list[_Seq], t0: float, ends: np.ndarray, steps: int) -> list:
         """Record `steps` finished steps of `batch` (step i ends at ends[i], the first

@@ -42,6 +42,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from devices.engines.common import (
+    enqueue_batch,
     Lateness,
     TimeSeries,
     Utilisation,
@@ -52,6 +53,7 @@ from devices.engines.common import (
 )
 from devices.memory import KVBlockPool, PrefixCache
 from interconnect.codec import make_kv_frames
+from interconnect.component import PeerLost
 
 
 class _Job:
@@ -95,6 +97,9 @@ class PrefillEngine:
         max_resends: times a payload with bad frames is rebuilt and sent again before
             the request fails with reason "kv_checksum", >= 0.
         kv_seed: varies the (deterministic) payload bytes.
+        max_peer_retries: times a handoff is tried again after the decode engine lost
+            the request (PeerLost: it died or restarted) before the request fails with
+            reason "decode_unavailable", >= 0.
     Raises ValueError on out-of-range arguments; `planner.ModelDoesNotFit` if the
     weights do not fit the instance.
     """
@@ -104,7 +109,7 @@ class PrefillEngine:
                  kv_block_tokens: int = 16, prefix_cache: bool = True,
                  payload_scale: float = 1e-3, layer_group: int = 8,
                  memory_reserve_fraction: float | None = None, memory_plan: Any = None,
-                 max_resends: int = 1, kv_seed: int = 0) -> None:
+                 max_resends: int = 1, kv_seed: int = 0, max_peer_retries: int = 8) -> None:
         if int(chunk_tokens) < 1:
             raise ValueError(f"PrefillEngine {name!r}: chunk_tokens must be >= 1, got {chunk_tokens}")
         if int(max_queue) < 0:
@@ -145,18 +150,27 @@ class PrefillEngine:
         self._loop_task: asyncio.Future | None = None
         self._errors: list[BaseException] = []
         self._tasks: set[asyncio.Future] = set()
+        self._in_handoff: set[int] = set()     # ids whose KV is held here until handed off
+        self.max_peer_retries = max(0, int(max_peer_retries))
 
         self.util = Utilisation()
         self.lateness = Lateness()
         self.memory = TimeSeries()
         self.counts = {"submitted": 0, "rejected": 0, "failed": 0, "prefilled": 0,
                        "completed_at_first_token": 0, "handoffs_done": 0,
-                       "handoffs_refused": 0, "transfer_failed": 0, "resends": 0}
+                       "handoffs_refused": 0, "transfer_failed": 0, "resends": 0,
+                       "peer_lost": 0, "kv_resent_after_restart": 0}
         self.tokens_computed = 0
         self.tokens_cached = 0
         self.queue_peak = 0
 
     # ------------------------------------------------------------------ peer API
+    @staticmethod
+    def warm_up() -> None:
+        """Build the codec's cached payload block now (tens of ms the first time), so
+        that the first transfer of a wall-clock run does not stall the engine's loop."""
+        make_kv_frames(0, 1, 64, 1, 1, 1.0)
+
     async def submit(self, req, decode_target: str) -> None:
         """Queue `req` for prefill; its KV will go to decode engine `decode_target`.
 
@@ -164,30 +178,41 @@ class PrefillEngine:
         can never fit (prompt KV above the instance's KV capacity). Raises KeyError for
         an unknown `decode_target` when the request needs decode.
         """
-        self._start()
-        now = self.clock.now()
-        self.counts["submitted"] += 1
-        if req.output_tokens > 1 and decode_target not in self.decode:
-            raise KeyError(f"PrefillEngine {self.name!r}: unknown decode target {decode_target!r}; "
-                           f"known: {sorted(self.decode)}")
+        await self.submit_many([(req, decode_target)])
+
+    async def submit_many(self, items) -> None:
+        """`submit` for a list of (request, decode_target) pairs arriving together."""
+        for req, target in items:
+            if req.output_tokens > 1 and target not in self.decode:
+                raise KeyError(f"PrefillEngine {self.name!r}: unknown decode target {target!r}; "
+                               f"known: {sorted(self.decode)}")
+        await enqueue_batch(self, items, self._refusal, _Job, self._wake)
+
+    def _refusal(self, req, target):
         if self.pool.bytes_for(req.prompt_tokens) > self.kv_capacity_bytes:
-            self.counts["failed"] += 1
-            await self.collector.finish(req.id, "failed", reason="prompt_exceeds_kv_capacity", t=now)
-            return
-        if len(self._queue) >= self.max_queue:
-            self.counts["rejected"] += 1
-            await self.collector.finish(req.id, "rejected", reason="prefill_queue_full", t=now)
-            return
-        self._queue.append(_Job(req, decode_target))
-        self.queue_peak = max(self.queue_peak, len(self._queue))
-        self._idle.clear()
-        self._wake.set()
-        await self.collector.event(req.id, "prefill_queued", now)
+            return ("failed", "prompt_exceeds_kv_capacity")
+        return None
 
     async def outstanding_tokens(self) -> int:
         """Prompt tokens still to compute (queued + running; queued ones counted whole,
         before any prefix-cache hit). For the router's least-loaded policy."""
         return sum(j.remaining for j in self._running) + sum(j.req.prompt_tokens for j in self._queue)
+
+    async def holding(self, ids, drop_reserved: bool = False) -> list[int]:
+        """Which of request `ids` are here: queued, being prefilled, or holding their KV
+        until it is handed off (`drop_reserved` is for decode engines: ignored). For the
+        router's recovery after a peer restarted."""
+        want = set(int(i) for i in ids)
+        held = [j.req.id for j in (*self._queue, *self._running) if j.req.id in want]
+        return held + [i for i in self._in_handoff if i in want]
+
+    def halt(self) -> None:
+        """Stop as if the process died (virtual-time fault injection; a Ray actor is
+        killed instead): the loop and every handoff stop where they are (a handoff
+        waiting on a peer is cancelled there). The object must not be used afterwards."""
+        for task in [self._loop_task, *self._tasks]:
+            if task is not None:
+                task.cancel()
 
     async def drain(self) -> None:
         """Return when nothing is queued, running or being handed off; re-raise a
@@ -290,14 +315,18 @@ class PrefillEngine:
 
     async def _loop(self) -> None:
         clock = self.clock
+        t_free = None       # end of the previous iteration when running back to back
         while True:
             self._wake.clear()
             plan = self._schedule()
             if not plan:
                 self._note_idle()
                 await clock.wait_until(self._wake, None)
+                t_free = None
                 continue
-            t0 = clock.now()
+            # Back-to-back iterations start when the previous one ended, not after the
+            # collector round trips in between (which take wall time on the Ray runtime).
+            t0 = clock.now() if t_free is None else t_free
             new = np.fromiter((take for _, take in plan), dtype=np.int64, count=len(plan))
             cached = np.fromiter((j.cached + j.computed for j, _ in plan), dtype=np.int64,
                                  count=len(plan))
@@ -311,6 +340,7 @@ class PrefillEngine:
                 await self.collector.events(starts)
             await clock.sleep_until(t1)
             self.lateness.note(t1, clock.now())
+            t_free = t1
             self.util.add(c.time_s, c.flops, c.bytes)
             self.tokens_computed += int(new.sum())
             done: list[_Job] = []
@@ -330,43 +360,74 @@ class PrefillEngine:
                     task.add_done_callback(self._tasks.discard)
 
     async def _handoff(self, job: _Job, t_first: float) -> None:
-        """Pull protocol: decode reserves, the interconnect ships, then free the KV."""
+        """Pull protocol: decode reserves, the interconnect ships, then free the KV.
+
+        If the decode engine dies or restarts meanwhile (PeerLost), the KV is still
+        here: it is sent again (after a back-off, as a restarting engine may not be up
+        yet) up to `max_peer_retries` times, unless the request has ended meanwhile;
+        then the request fails with reason "decode_unavailable"."""
         req = job.req
+        self._in_handoff.add(req.id)
         try:
             if req.output_tokens == 1:
                 # Done at its first token: nothing to decode, nothing to ship.
                 self.counts["completed_at_first_token"] += 1
                 await self.collector.finish(req.id, "completed", itl_s=np.empty(0), t=t_first)
                 return
-            target = self.decode[job.target]
-            ok = await target.reserve_kv(req, req.prompt_tokens, first_token_s=t_first)
-            if ok is False:
-                # The decode engine ended the request (it can never fit there).
-                self.counts["handoffs_refused"] += 1
-                return
-            logical = req.prompt_tokens * self.kv_bytes_per_token
-            for attempt in range(self.max_resends + 1):
-                frames = make_kv_frames(req.id, req.prompt_tokens, self.kv_bytes_per_token,
-                                        self.n_layers, self.layer_group, self.payload_scale,
-                                        kv_dtype=self.cost.kv_dtype, seed=self.kv_seed + attempt)
-                await self.collector.event(req.id, "transfer_start", self.clock.now())
-                result = await self.interconnect.transfer(req, frames, logical, src=self.name,
-                                                          dst=job.target, first_token_s=t_first)
-                t_end = getattr(result, "end_s", None)
-                await self.collector.event(req.id, "transfer_end",
-                                           self.clock.now() if t_end is None else float(t_end))
-                if not _transfer_failed(result):
-                    self.counts["handoffs_done"] += 1
-                    break
-                if attempt < self.max_resends:
-                    self.counts["resends"] += 1
-            else:
-                # Still bad after the re-sends: the receiver drops its reservation and
-                # ends the request (a bad frame is never used).
-                self.counts["transfer_failed"] += 1
-                await target.abort_kv(req, "kv_checksum")
+            for lost in range(self.max_peer_retries + 1):
+                try:
+                    await self._ship(job, t_first)
+                    return
+                except PeerLost:
+                    self.counts["peer_lost"] += 1
+                    if lost == self.max_peer_retries:
+                        break
+                    if lost:
+                        await self.clock.sleep_until(self.clock.now() + min(0.5, 1e-3 * 2 ** (lost - 1)))
+                    if not await self.collector.open_among([req.id]):
+                        return          # it ended meanwhile (e.g. its KV did arrive before the loss)
+                    self.counts["kv_resent_after_restart"] += 1
+            self.counts["failed"] += 1
+            await self.collector.finish(req.id, "failed", reason="decode_unavailable", t=self.clock.now())
         finally:
+            self._in_handoff.discard(req.id)
             self._release(job)
+
+    async def _ship(self, job: _Job, t_first: float) -> None:
+        """One handoff attempt: reserve, transfer (re-sending bad payloads), or abort.
+        Raises PeerLost if the decode engine lost the request's reservation."""
+        req = job.req
+        target = self.decode[job.target]
+        ok = await target.reserve_kv(req, req.prompt_tokens, first_token_s=t_first)
+        if ok is False:
+            # The decode engine ended the request (it can never fit there, or its
+            # reservation queue is full) or already holds its KV.
+            self.counts["handoffs_refused"] += 1
+            return
+        logical = req.prompt_tokens * self.kv_bytes_per_token
+        for attempt in range(self.max_resends + 1):
+            frames = make_kv_frames(req.id, req.prompt_tokens, self.kv_bytes_per_token,
+                                    self.n_layers, self.layer_group, self.payload_scale,
+                                    kv_dtype=self.cost.kv_dtype, seed=self.kv_seed + attempt)
+            await self.collector.event(req.id, "transfer_start", self.clock.now())
+            result = await self.interconnect.transfer(req, frames, logical, src=self.name,
+                                                      dst=job.target, first_token_s=t_first)
+            t_end = getattr(result, "end_s", None)
+            await self.collector.event(req.id, "transfer_end",
+                                       self.clock.now() if t_end is None else float(t_end))
+            if not _transfer_failed(result):
+                self.counts["handoffs_done"] += 1
+                break
+            if attempt < self.max_resends:
+                self.counts["resends"] += 1
+        else:
+            # Still bad after the re-sends: the receiver drops its reservation and
+            # ends the request (a bad frame is never used).
+            self.counts["transfer_failed"] += 1
+            try:
+                await target.abort_kv(req, "kv_checksum")
+            except PeerLost:        # the receiver restarted meanwhile: end it here
+                await self.collector.finish(req.id, "failed", reason="kv_checksum", t=self.clock.now())
 
     def _release(self, job: _Job) -> None:
         """Free a handed-off request's KV; its full prompt blocks join the prefix cache."""

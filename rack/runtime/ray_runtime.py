@@ -1,31 +1,65 @@
 """Ray runtime: each component is an async Ray actor (uvloop) on a dilated wall clock.
 
-Emulated time t = (wall - epoch) / dilation, with `epoch` a wall-clock instant chosen
-by the driver a little in the future and shared by every actor (on several machines
-this relies on their clocks being synchronised, e.g. by NTP: an offset between two
-hosts shows up directly as lateness). Each actor's clock records how late each of
-its timers fires (emulated seconds); the results report it per actor.
+Emulated time t = (wall - epoch) / dilation. The driver picks `epoch`, a wall-clock
+instant a little after every actor is built, and sends it to every actor. Actors on
+the driver's own host use it as is (one clock). For an actor on another host the
+driver first measures that host's clock offset (best of a few `time.time()` round
+trips to one actor there, NTP-style: offset = remote - midpoint, error <= RTT/2) and
+hands it `epoch + offset`, so every actor starts emulated time 0 at the same instant
+of the driver's clock; what remains is the RTT/2 error and the clocks' drift during
+the run (docs/multinode.md gives the figures). Each actor records how late each of its
+timers fires (emulated seconds); the results report it per actor.
+
+Placement: a component's actor asks for its `ComponentSpec.resources` (pool
+`resources`, scenario `[placement]`). A pool of several instances gets a placement
+group (one bundle per instance, strategy SPREAD: over as many nodes as offer the
+resources, packed when they are fewer) when it asks for custom resources, and Ray's
+SPREAD scheduling otherwise. A resource that no node offers (or too little of it in
+the whole cluster) is refused by `check_resources` before any actor exists; every
+later wait (placement groups, actor start, the replay, the final gathering) has a
+timeout and its error names what is missing.
 
 Handles between components are `ActorProxy` objects: `await proxy.method(*args)`
 becomes one actor call, so component code is the same as on the virtual runtime.
-Every wait on Ray has a timeout; an actor whose resources no node offers is refused
-before it is created.
+Each proxy also counts the calls and the payload bytes (numpy arrays, bytes) it sends,
+which gives the messages per actor and the KV bytes that crossed nodes.
+
+`map_ray_tasks` runs independent functions (virtual-time runs of a sweep) as Ray
+tasks spread over the cluster; `rack.runtime.parallel.map_virtual_runs` is its
+public front.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import os
+import socket
 import time
-from typing import Any, Sequence
+import uuid
+from typing import Any, Callable, Sequence
 
+import numpy as np
+
+from interconnect.component import PeerLost
 from rack.topology import ComponentSpec
 
+from .parallel import RunFailed
 from .placement import construct
+
+# Methods whose array arguments are KV frames (docs/interfaces.md: the prefill engine
+# calls `interconnect.transfer(req, frames, ...)`, the interconnect calls
+# `decode.receive_kv(req, frames, ...)`).
+KV_METHODS = frozenset({"transfer", "receive_kv"})
+# Ray's predefined resources: not the custom ones a scenario pins components with.
+_PREDEFINED = ("CPU", "GPU", "memory", "object_store_memory")
+# Round trips used to measure another host's clock offset (the fastest one wins).
+_CLOCK_PROBES = 5
 
 
 class RayRunError(RuntimeError):
-    """The Ray run could not start or did not finish in time."""
+    """The Ray run could not start (missing resources, actors not placed in time) or
+    did not finish in time."""
 
 
 def _ray():
@@ -36,40 +70,80 @@ def _ray():
     return ray
 
 
-def ensure_ray(address: str | None = None, num_cpus: int | None = None) -> None:
-    """Connect to Ray at `address`, or start a local one-node Ray when None.
+def ensure_ray(address: str | None = None, num_cpus: int | None = None) -> bool:
+    """Connect to Ray at `address`, or start a local one-node Ray when None or "local".
 
     A local start uses `address="local"` (never a stale cluster file), no dashboard,
-    and a short temp dir (socket paths are length-limited).
+    a 512 MiB object store and a short temp dir ($RACK_RAY_TMP or /tmp/rack-ray; socket
+    paths are length-limited). `address` may be "auto" (the cluster `ray start` made
+    on this machine) or "HOST:PORT" of a head node. Returns True when this call
+    initialised Ray (so the caller owns the session and shuts it down), False when Ray
+    was already initialised in this process.
     """
     ray = _ray()
     if ray.is_initialized():
-        return
-    if address:
+        return False
+    if address and address != "local":
         ray.init(address=address, log_to_driver=False, logging_level="ERROR")
-        return
+        return True
     ray.init(address="local", num_cpus=num_cpus or max(2, os.cpu_count() or 2), include_dashboard=False,
              log_to_driver=False, logging_level="ERROR", object_store_memory=512 * 1024 * 1024,
              _temp_dir=os.environ.get("RACK_RAY_TMP", "/tmp/rack-ray"))
+    return True
+
+
+def _payload_bytes(values: Sequence[Any]) -> int:
+    """Bytes of the numpy arrays / bytes among `values` (and one list level down: a
+    list of KV frames)."""
+    n = 0
+    for v in values:
+        if isinstance(v, np.ndarray):
+            n += v.nbytes
+        elif isinstance(v, (bytes, bytearray)):
+            n += len(v)
+        elif isinstance(v, memoryview):
+            n += v.nbytes
+        elif isinstance(v, (list, tuple)) and v and isinstance(v[0], (np.ndarray, bytes, bytearray)):
+            n += _payload_bytes(v)
+    return n
 
 
 class ActorProxy:
     """A peer handle for component code: `await proxy.method(*args, **kwargs)` calls
-    `method` on the component living in actor `actor` and returns its result."""
+    `method` on the component living in actor `actor` and returns its result.
 
-    __slots__ = ("_actor", "_name")
+    Inside a component actor the host attaches a counter dict (`_sent`): every call
+    adds to `_sent[peer] = [calls, payload bytes, KV bytes]`."""
+
+    __slots__ = ("_actor", "_name", "_sent")
 
     def __init__(self, actor: Any, name: str) -> None:
         self._actor = actor
         self._name = name
+        self._sent: dict[str, list[int]] | None = None
 
     def __getattr__(self, method: str):
         if method.startswith("__"):
             raise AttributeError(method)
-        actor = self._actor
+        actor, peer = self._actor, self._name
 
         async def call(*args: Any, **kwargs: Any) -> Any:
-            return await actor.call.remote(method, args, kwargs)
+            sent = self._sent
+            if sent is not None:
+                nbytes = _payload_bytes(args) + (_payload_bytes(list(kwargs.values())) if kwargs else 0)
+                c = sent.get(peer)
+                if c is None:
+                    c = sent[peer] = [0, 0, 0]
+                c[0] += 1
+                c[1] += nbytes
+                if method in KV_METHODS:
+                    c[2] += nbytes
+            try:
+                return await actor.call.remote(method, args, kwargs)
+            except _ray().exceptions.RayActorError as exc:
+                # the peer's actor died or is being restarted: a component-level error
+                # the components recover from (rack.faults, docs/robustness.md)
+                raise PeerLost(f"{peer}.{method}: {type(exc).__name__}") from None
 
         return call
 
@@ -77,88 +151,318 @@ class ActorProxy:
         return (ActorProxy, (self._actor, self._name))
 
 
-class ComponentHost:
-    """The body of every component actor: builds one component and forwards calls."""
+def _warm_payload() -> tuple:
+    """One of each kind of object components send each other: a Request, a numpy array,
+    a list of uint8 frames (docs/interfaces.md)."""
+    from workloads.request import Request
 
-    def __init__(self, name: str) -> None:
+    return (Request(id=0, arrival_s=0.0, prompt_tokens=1, output_tokens=1),
+            np.zeros(4, np.float64), [np.zeros(16, np.uint8)])
+
+
+class ComponentHost:
+    """The body of every component actor: builds one component, forwards calls to it,
+    and reports where it runs, its timer lateness and its message counts."""
+
+    def __init__(self, name: str, registry: str | None = None) -> None:
         self.name = name
         self.obj: Any = None
         self.clock: Any = None
+        self.calls_in = 0
+        self.sent: dict[str, list[int]] = {}
+        # Restart support (rack.faults): an engine's host keeps its build arguments in the
+        # `registry` actor (named); when Ray restarts this actor (it re-runs __init__ with
+        # the same arguments) the first call rebuilds the component from them.
+        self._registry = registry
+        self._kept: dict[str, tuple] = {}
+        self._rebuilding: asyncio.Future | None = None
+        self._restarted = False
+        if registry is not None:
+            import ray
 
-    async def warm(self, factory: str) -> None:
-        """Import the component's module (slow the first time in a fresh process)."""
+            self._restarted = ray.get_runtime_context().was_current_actor_reconstructed
+
+    async def warm(self, factory: str) -> dict:
+        """Import the component's module (slow the first time in a fresh process) and
+        say where this actor runs: {"node_id", "node_ip", "hostname", "pid"}."""
         from .placement import load_factory
 
-        load_factory(factory)
+        warm_up = getattr(load_factory(factory), "warm_up", None)
+        if warm_up is not None:
+            warm_up()
+        import ray
+
+        ctx = ray.get_runtime_context()
+        return {"node_id": ctx.get_node_id(), "node_ip": ray.util.get_node_ip_address(),
+                "hostname": socket.gethostname(), "pid": os.getpid()}
+
+    async def wall_time(self) -> float:
+        """This host's wall clock (s since the Unix epoch), for clock-offset probes."""
+        return time.time()
 
     async def build(self, spec: ComponentSpec, peers: dict[str, Any], epoch_wall: float,
                     dilation: float) -> dict:
+        """Construct the component on a wall clock whose time 0 is `epoch_wall` (this
+        host's clock). Returns {"node_id", "loop_type", "pid"} read inside the actor."""
         from .virtual import LoopClock
 
+        for proxy in peers.values():
+            if isinstance(proxy, ActorProxy):
+                proxy._sent = self.sent
         loop = asyncio.get_running_loop()
         self.clock = LoopClock(loop, origin=epoch_wall, dilation=dilation, record_lateness=True,
                                wall_time=time.time)
         self.obj = construct(spec, self.clock, peers.__getitem__)
+        # The first call from one actor to another sets up the connection, and the first
+        # Request or array it carries makes the receiver import its module (~60-100 ms of
+        # wall time, measured): do both now, before time 0, not in the replay.
+        sample = _warm_payload()
+        await asyncio.gather(*(peers[n]._actor.ping.remote(*sample) for n in sorted(spec.refs())))
         import ray
+
+        if self._registry is not None:      # for a rebuild after Ray restarts this actor
+            await ray.get_actor(self._registry).keep.remote(self.name, (spec, peers, epoch_wall, dilation))
 
         return {"node_id": ray.get_runtime_context().get_node_id(),
                 "loop_type": type(loop).__module__ + "." + type(loop).__name__, "pid": os.getpid()}
 
     async def call(self, method: str, args: tuple, kwargs: dict) -> Any:
+        self.calls_in += 1
+        if self._restarted and self.obj is None:
+            if self._rebuilding is None:
+                self._rebuilding = asyncio.ensure_future(self._rebuild())
+            await asyncio.shield(self._rebuilding)
+        if method == "crash" and self._registry is not None:
+            # fault injection: die for real; Ray restarts the actor (max_restarts)
+            import ray
+
+            ray.kill(ray.get_runtime_context().current_actor, no_restart=False)
+            await asyncio.sleep(3600)
         result = getattr(self.obj, method)(*args, **kwargs)
         if asyncio.iscoroutine(result) or isinstance(result, asyncio.Future):
             result = await result
         return result
 
+    async def ping(self, *sample: Any) -> None:
+        """A no-op call, to open the connection from a peer (and unpickle a sample of
+        what peers send: a Request, KV frames) before the replay starts."""
+
+    async def keep(self, name: str, build_args: tuple) -> None:
+        """Registry role: keep `name`'s build arguments (spec, peers, epoch, dilation)."""
+        self._kept[name] = build_args
+
+    async def recall(self, name: str) -> tuple | None:
+        """Registry role: the build arguments kept for `name` (None if none)."""
+        return self._kept.get(name)
+
+    async def _rebuild(self) -> None:
+        import ray
+
+        args = await ray.get_actor(self._registry).recall.remote(self.name)
+        if args is None:
+            raise RayRunError(f"component {self.name!r} restarted but its build arguments were not kept")
+        await self.build(*args)
+
     async def lateness(self) -> list[float]:
         return list(self.clock.lateness) if self.clock is not None else []
 
+    async def report(self) -> dict:
+        """{"lateness": [emulated s], "calls_in": n, "sent": {peer: {"calls", "bytes", "kv_bytes"}}}."""
+        return {"lateness": await self.lateness(), "calls_in": self.calls_in,
+                "sent": {p: {"calls": c[0], "bytes": c[1], "kv_bytes": c[2]} for p, c in self.sent.items()}}
 
-def check_resources(specs: Sequence[ComponentSpec]) -> None:
-    """Refuse, before creating any actor, a component whose custom resources no node
-    of the cluster offers (an actor asking for them would stay pending forever)."""
-    ray = _ray()
-    nodes = [n for n in ray.nodes() if n.get("Alive")]
+
+def _custom(resources: dict) -> dict:
+    return {k: v for k, v in resources.items() if k not in _PREDEFINED and not k.startswith("node:")}
+
+
+def _fmt_amount(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else f"{x:g}"
+
+
+def check_resources(specs: Sequence[ComponentSpec], nodes: Sequence[dict] | None = None) -> None:
+    """Refuse, before creating any actor, components whose Ray resources the cluster
+    cannot give (an actor asking for them would stay pending forever).
+
+    nodes: `ray.nodes()`-style dicts ("Alive", "Resources", "NodeID"); default: the
+    live nodes of the connected cluster. Checks, in order: every amount is positive and
+    finite; some node offers every resource of each component at once; the cluster's
+    total of each resource covers the sum asked for by all components (pools of several
+    instances). Raises RayRunError naming the component, its pool, the resource and
+    what the nodes offer.
+    """
+    if nodes is None:
+        nodes = _ray().nodes()
+    live = [n for n in nodes if n.get("Alive", True)]
+    offered = [n.get("Resources", {}) for n in live]
+    custom_offered = sorted({k for r in offered for k in _custom(r)})
+
+    def where() -> str:
+        return f"custom resources offered by the {len(live)} live node(s): {custom_offered or 'none'}"
+
+    need: dict[str, float] = {}
+    users: dict[str, list[str]] = {}
     for spec in specs:
         for res, amount in spec.resources.items():
-            if not any(n.get("Resources", {}).get(res, 0) >= amount for n in nodes):
-                offered = sorted({k for n in nodes for k in n.get("Resources", {})
-                                  if not k.startswith("node:") and k not in ("CPU", "GPU", "memory", "object_store_memory")})
-                raise RayRunError(
-                    f"component {spec.name!r} (pool {spec.pool!r}) needs Ray resource {res!r} x {amount}, "
-                    f"but no node of the cluster offers it (custom resources offered: {offered or 'none'}); "
-                    f"start a node with --resources='{{\"{res}\": {int(amount) if amount == int(amount) else amount}}}'")
+            if not isinstance(amount, (int, float)) or not amount > 0 or math.isinf(amount):
+                raise RayRunError(f"component {spec.name!r} (pool {spec.pool!r}): Ray resource {res!r} "
+                                  f"must be a positive finite amount, got {amount!r}")
+            need[res] = need.get(res, 0.0) + float(amount)
+            users.setdefault(res, []).append(spec.name)
+        if not spec.resources:
+            continue
+        if any(all(o.get(r, 0) >= a for r, a in spec.resources.items()) for o in offered):
+            continue
+        missing = [r for r, a in spec.resources.items() if not any(o.get(r, 0) >= a for o in offered)]
+        if missing:
+            res = missing[0]
+            amount = spec.resources[res]
+            raise RayRunError(
+                f"component {spec.name!r} (pool {spec.pool!r}) needs Ray resource {res!r} x "
+                f"{_fmt_amount(amount)}, but no node of the cluster offers it ({where()}); start a node with "
+                f"--resources='{{\"{res}\": {_fmt_amount(amount)}}}'")
+        raise RayRunError(
+            f"component {spec.name!r} (pool {spec.pool!r}) needs Ray resources {dict(spec.resources)} on one "
+            f"node, but no single node offers all of them together ({where()})")
+    for res, total in need.items():
+        have = sum(o.get(res, 0) for o in offered)
+        if total > have + 1e-9:
+            names = users[res]
+            raise RayRunError(
+                f"the components need Ray resource {res!r} x {_fmt_amount(total)} in total "
+                f"({len(names)} actor(s): {', '.join(names[:6])}{', ...' if len(names) > 6 else ''}), but the "
+                f"cluster offers only {_fmt_amount(have)}; add nodes or raise the node's --resources")
+
+
+def _place_pools(ray, specs: Sequence[ComponentSpec], timeout_s: float) -> tuple[dict[str, dict], list, dict]:
+    """Scheduling options per component for pools of several instances, the placement
+    groups created (the caller removes them) and a description {pool: strategy}."""
+    from ray.util.placement_group import placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    by_pool: dict[str, list[ComponentSpec]] = {}
+    for s in specs:
+        if s.pool is not None:
+            by_pool.setdefault(s.pool, []).append(s)
+    options: dict[str, dict] = {}
+    groups: list = []
+    described: dict[str, str] = {}
+    pending: dict[str, Any] = {}
+    for pool, members in by_pool.items():
+        if len(members) < 2:
+            continue
+        if members[0].resources:
+            pg = placement_group([dict(m.resources) for m in members], strategy="SPREAD",
+                                 name=f"rack-{pool}-{uuid.uuid4().hex[:8]}")
+            groups.append(pg)
+            pending[pool] = pg
+            for i, m in enumerate(members):
+                options[m.name] = {"scheduling_strategy": PlacementGroupSchedulingStrategy(
+                    pg, placement_group_bundle_index=i)}
+            described[pool] = f"placement group SPREAD x {len(members)}"
+        else:
+            for m in members:
+                options[m.name] = {"scheduling_strategy": "SPREAD"}
+            described[pool] = f"SPREAD x {len(members)}"
+    if pending:
+        refs = {pool: pg.ready() for pool, pg in pending.items()}
+        _, not_ready = ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout_s)
+        if not_ready:
+            late = [p for p, r in refs.items() if r in not_ready]
+            raise RayRunError(
+                f"placement group(s) of pool(s) {late} not placed within {timeout_s:.0f} s: the cluster has "
+                f"the resources in total but not free now (available: {_custom(ray.available_resources())}); "
+                "another job may hold them")
+    return options, groups, described
+
+
+def _wait_started(ray, actors: dict[str, Any], specs: Sequence[ComponentSpec], timeout_s: float) -> dict[str, dict]:
+    refs = {s.name: actors[s.name].warm.remote(s.factory) for s in specs}
+    _, pending = ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout_s)
+    if pending:
+        late = [(s.name, dict(s.resources)) for s in specs if refs[s.name] in pending]
+        raise RayRunError(
+            f"{len(late)} actor(s) did not start within {timeout_s:.0f} s: {late[:6]}; resources "
+            f"available now: {_custom(ray.available_resources())} (are they held by another job?)")
+    return dict(zip(refs, ray.get(list(refs.values()), timeout=30)))
+
+
+def _clock_offsets(ray, actors: dict[str, Any], infos: dict[str, dict]) -> dict[str, dict]:
+    """{host ip: {"offset_s", "rtt_s", "corrected"}}: each host's clock minus the
+    driver's, from the fastest of `_CLOCK_PROBES` round trips to one actor there.
+    Only hosts other than the driver's are corrected (one host has one clock)."""
+    driver_ip = ray.util.get_node_ip_address()
+    out: dict[str, dict] = {}
+    for name, info in infos.items():
+        ip = info["node_ip"]
+        if ip in out:
+            continue
+        best = None
+        for _ in range(_CLOCK_PROBES):
+            t0 = time.time()
+            remote = ray.get(actors[name].wall_time.remote(), timeout=30)
+            t1 = time.time()
+            if best is None or t1 - t0 < best[1]:
+                best = (remote - 0.5 * (t0 + t1), t1 - t0)
+        out[ip] = {"offset_s": best[0], "rtt_s": best[1], "corrected": ip != driver_ip}
+    return out
 
 
 def run_topology_ray(specs: Sequence[ComponentSpec], requests: Sequence[Any], *, dilation: float,
                      address: str | None = None, progress: bool = False,
-                     timeout_s: float | None = None, startup_timeout_s: float = 120.0) -> dict:
+                     timeout_s: float | None = None, startup_timeout_s: float = 120.0,
+                     placement_timeout_s: float = 60.0) -> dict:
     """Place one actor per component, replay `requests`, and gather the records.
 
     Returns the same dict as `run_topology_virtual` plus "loop_type", "nodes"
-    (component -> node id). Raises RayRunError on a missing resource or a timeout.
-    Actors are killed at the end; Ray itself keeps running (the caller owns it).
+    (component -> Ray node id, read inside each actor) and "ray": {"actors": {name:
+    {"node_id", "node_ip", "pid", "calls_in", "calls_in_per_s", "calls_out",
+    "calls_out_per_s", "sent": {peer: {"calls", "bytes", "kv_bytes"}}}}, "cross_node":
+    {"kv_bytes", "kv_bytes_all_hops", "payload_bytes", "calls", "calls_all"},
+    "replay_wall_s", "clock": {"epoch_wall", "hosts": {ip: {"offset_s", "rtt_s",
+    "corrected"}}}, "pools": {pool: placement}}. Bytes are the bytes handed to Ray (KV
+    frames at `payload_scale`), summed over the hops prefill -> interconnect -> decode.
+    Raises RayRunError on a missing resource or a timeout (startup_timeout_s: actors
+    started; placement_timeout_s: placement groups; timeout_s: the replay, default
+    600 s + 4 x the arrival span x dilation). Actors and placement groups are removed
+    at the end; Ray itself keeps running (the caller owns it).
     """
     ray = _ray()
     ensure_ray(address)
     check_resources(specs)
     Host = ray.remote(ComponentHost)
+    registry_name = f"rack-registry-{uuid.uuid4().hex[:12]}"
     actors: dict[str, Any] = {}
+    groups: list = []
     try:
+        sched, groups, pools = _place_pools(ray, specs, placement_timeout_s)
         for spec in specs:
             opts: dict[str, Any] = {"num_cpus": 0, "max_concurrency": 1000, "name": None}
             if spec.resources:
                 opts["resources"] = dict(spec.resources)
-            actors[spec.name] = Host.options(**opts).remote(spec.name)
+            opts.update(sched.get(spec.name, {}))
+            registry = None
+            if spec.kind == "collector":
+                opts["name"] = registry_name    # keeps the engines' build arguments
+            elif spec.kind in ("prefill", "decode", "both"):
+                opts["max_restarts"] = 4        # an engine that dies is restarted (rack.faults)
+                registry = registry_name
+            actors[spec.name] = Host.options(**opts).remote(spec.name, registry)
         proxies = {name: ActorProxy(a, name) for name, a in actors.items()}
         span = max((r.arrival_s for r in requests), default=0.0)
-        ray.get([actors[s.name].warm.remote(s.factory) for s in specs], timeout=startup_timeout_s)
+        infos = _wait_started(ray, actors, specs, startup_timeout_s)
+        hosts = _clock_offsets(ray, actors, infos)
         # The epoch lies after every actor is built, so time 0 is not already late.
         epoch = time.time() + 1.0 + 0.1 * len(specs)
-        infos = ray.get([actors[s.name].build.remote(s, proxies, epoch, dilation) for s in specs],
+
+        def local_epoch(name: str) -> float:
+            h = hosts[infos[name]["node_ip"]]
+            return epoch + (h["offset_s"] if h["corrected"] else 0.0)
+
+        built = ray.get([actors[s.name].build.remote(s, proxies, local_epoch(s.name), dilation) for s in specs],
                         timeout=startup_timeout_s)
-        nodes = {s.name: info["node_id"] for s, info in zip(specs, infos)}
-        loop_types = {info["loop_type"] for info in infos}
+        nodes = {s.name: b["node_id"] for s, b in zip(specs, built)}
+        loop_types = {b["loop_type"] for b in built}
         if time.time() > epoch:
             raise RayRunError("actors took longer to start than the epoch allowed; retry")
         limit = timeout_s if timeout_s is not None else 600.0 + 4.0 * span * dilation
@@ -166,17 +470,20 @@ def run_topology_ray(specs: Sequence[ComponentSpec], requests: Sequence[Any], *,
         router_ref = actors["router"].call.remote("run", (list(requests),), {})
         done_ref = actors["collector"].call.remote("wait_all", (), {})
         _wait_with_progress(ray, actors["collector"], done_ref, len(requests), deadline, progress)
+        replay_wall = time.time() - epoch
         router_counts = ray.get(router_ref, timeout=max(1.0, deadline - time.time()))
         engine_names = [s.name for s in specs if s.kind in ("prefill", "decode", "both", "interconnect")]
         ray.get([actors[n].call.remote("drain", (), {}) for n in engine_names], timeout=60)
         stats = dict(zip(engine_names, ray.get(
             [actors[n].call.remote("stats", (), {}) for n in engine_names], timeout=60)))
         snapshot = ray.get(actors["collector"].call.remote("snapshot", (), {}), timeout=60)
-        lateness = dict(zip([s.name for s in specs],
-                            ray.get([actors[s.name].lateness.remote() for s in specs], timeout=60)))
+        reports = dict(zip([s.name for s in specs],
+                           ray.get([actors[s.name].report.remote() for s in specs], timeout=60)))
         now = (time.time() - epoch) / dilation
-        return {"snapshot": snapshot, "stats": stats, "router": router_counts, "lateness": lateness,
-                "now": now, "loop_type": ",".join(sorted(loop_types)), "nodes": nodes}
+        return {"snapshot": snapshot, "stats": stats, "router": router_counts,
+                "lateness": {n: r["lateness"] for n, r in reports.items()},
+                "now": now, "loop_type": ",".join(sorted(loop_types)), "nodes": nodes,
+                "ray": _ray_section(specs, infos, nodes, reports, replay_wall, epoch, hosts, pools)}
     except ray.exceptions.GetTimeoutError as exc:
         raise RayRunError(f"Ray run timed out: {exc}") from None
     finally:
@@ -185,6 +492,33 @@ def run_topology_ray(specs: Sequence[ComponentSpec], requests: Sequence[Any], *,
                 ray.kill(a)
             except Exception:
                 pass
+        for pg in groups:
+            try:
+                ray.util.remove_placement_group(pg)
+            except Exception:
+                pass
+
+
+def _ray_section(specs, infos, nodes, reports, replay_wall, epoch, hosts, pools) -> dict:
+    actors: dict[str, dict] = {}
+    cross = {"kv_bytes": 0, "kv_bytes_all_hops": 0, "payload_bytes": 0, "calls": 0, "calls_all": 0}
+    per_s = (lambda n: n / replay_wall if replay_wall > 0 else 0.0)
+    for s in specs:
+        r = reports[s.name]
+        calls_out = sum(v["calls"] for v in r["sent"].values())
+        actors[s.name] = {"node_id": nodes[s.name], "node_ip": infos[s.name]["node_ip"],
+                          "pid": infos[s.name]["pid"], "calls_in": r["calls_in"],
+                          "calls_in_per_s": per_s(r["calls_in"]), "calls_out": calls_out,
+                          "calls_out_per_s": per_s(calls_out), "sent": r["sent"]}
+        for peer, v in r["sent"].items():
+            cross["kv_bytes_all_hops"] += v["kv_bytes"]
+            cross["calls_all"] += v["calls"]
+            if nodes.get(peer) != nodes[s.name]:
+                cross["kv_bytes"] += v["kv_bytes"]
+                cross["payload_bytes"] += v["bytes"]
+                cross["calls"] += v["calls"]
+    return {"actors": actors, "cross_node": cross, "replay_wall_s": replay_wall,
+            "clock": {"epoch_wall": epoch, "hosts": hosts}, "pools": pools}
 
 
 def _wait_with_progress(ray, collector, done_ref, total: int, deadline: float, progress: bool) -> None:
@@ -213,3 +547,70 @@ def _wait_with_progress(ray, collector, done_ref, total: int, deadline: float, p
     finally:
         if bar is not None:
             bar.stop()
+
+
+# ---------------------------------------------------------------------------------------
+# Independent runs as Ray tasks (sweeps, comparisons)
+
+
+def _apply(fn: Callable[[Any], Any], item: Any) -> Any:
+    return fn(item)
+
+
+def map_ray_tasks(fn: Callable[[Any], Any], items: Sequence[Any], *, address: str | None = None,
+                  num_cpus: float = 1.0, on_done: Callable[[int, int], None] | None = None,
+                  timeout_s: float | None = None, return_exceptions: bool = False) -> list:
+    """`[fn(item) for item in items]`, each call a Ray task (`num_cpus` CPUs, no retry,
+    SPREAD over the cluster's nodes), results in the order of `items`.
+
+    address: as in `ensure_ray` (None or "local": a local Ray started for this call).
+    A session this call opens is closed at the end; one already open is reused.
+    on_done(done, total) is called as tasks finish. timeout_s: wall-clock limit for
+    the whole map (None: none; every single wait is still bounded). `fn` and the items
+    must be picklable, and `fn`'s module importable on every node (the same package
+    installed there).
+    Raises RayRunError when no node has `num_cpus` CPUs (a task would never start) or
+    on the timeout; a failing call raises `RunFailed(index, cause)` (the remaining tasks
+    are cancelled) unless `return_exceptions`, in which case its exception is returned
+    in its place.
+    """
+    ray = _ray()
+    opened = ensure_ray(None if address in (None, "local") else address)
+    pending: list = []
+    try:
+        cpus = [n.get("Resources", {}).get("CPU", 0) for n in ray.nodes() if n.get("Alive")]
+        if not any(c >= num_cpus for c in cpus):
+            raise RayRunError(f"no node of the cluster has {num_cpus:g} CPU(s) for a task "
+                              f"(CPUs per live node: {cpus})")
+        remote = ray.remote(num_cpus=num_cpus, max_retries=0, scheduling_strategy="SPREAD")(_apply)
+        refs = [remote.remote(fn, item) for item in items]
+        index = {ref: i for i, ref in enumerate(refs)}
+        results: list = [None] * len(refs)
+        pending = list(refs)
+        deadline = None if timeout_s is None else time.time() + timeout_s
+        done = 0
+        while pending:
+            if deadline is not None and time.time() > deadline:
+                raise RayRunError(f"{len(pending)} of {len(refs)} task(s) not finished within {timeout_s:.0f} s")
+            ready, pending = ray.wait(pending, num_returns=len(pending), timeout=0.5)
+            for ref in ready:
+                i = index[ref]
+                try:
+                    results[i] = ray.get(ref, timeout=60)
+                except ray.exceptions.RayTaskError as exc:
+                    cause = exc.as_instanceof_cause()
+                    if not return_exceptions:
+                        raise RunFailed(i, cause) from None
+                    results[i] = cause
+                done += 1
+            if ready and on_done is not None:
+                on_done(done, len(refs))
+        return results
+    finally:
+        for ref in pending:
+            try:
+                ray.cancel(ref, force=True)
+            except Exception:
+                pass
+        if opened:
+            ray.shutdown()

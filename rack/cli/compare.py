@@ -1,0 +1,80 @@
+"""`rack compare`: several deployments on the same trace, side by side, with energy,
+cost, a stage breakdown, plots and a one-page report."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from rack.cli.app import app
+from rack.cli.run import DEFAULT_TRACE, fail
+
+
+@app.command()
+def compare(
+    scenarios: Optional[List[str]] = typer.Argument(None, help="scenario names or TOML files [default: gpu-only, wafer-only, split, conditional split (Kimi-K2)]"),
+    trace: str = typer.Option(DEFAULT_TRACE, "--trace", "-t", help="trace name or path"),
+    runtime: str = typer.Option("virtual", "--runtime", help="virtual (in-process, virtual time) or ray"),
+    iso: str = typer.Option("none", "--iso", help="rescale instance counts to the reference's: none, cost, power or count"),
+    reference: Optional[str] = typer.Option(None, "--reference", help="scenario the others are scaled to [default: the first split one]"),
+    window: Optional[str] = typer.Option(None, "--window", help="START:END seconds of the trace [default: all]"),
+    rate_scale: float = typer.Option(1.0, "--rate-scale", help="arrival rate multiplier"),
+    max_requests: Optional[int] = typer.Option(None, "--max-requests", min=1),
+    stage: Optional[List[str]] = typer.Option(None, "--stage", help="fixed stage NAME=MS[:before|after] for every scenario (repeatable), e.g. gateway=2"),
+    address: Optional[str] = typer.Option(None, "--address", help="Ray cluster address (ray runtime)"),
+    out: Path = typer.Option(Path("rack-results/compare"), "--out", help="results folder"),
+    no_plots: bool = typer.Option(False, "--no-plots", help="skip the PNG plots"),
+    as_json: bool = typer.Option(False, "--json", help="print the JSON of all scenarios instead of the table"),
+) -> None:
+    """Run deployments on the same requests and compare TTFT/TPOT/ITL/E2E, goodput, tokens/J, $/Mtok."""
+    from rack.breakdown import parse_stage
+    from rack.cli.run import load_inputs
+    from rack.compare import (CompareError, compare_document, compare_rich_table, run_compare,
+                              write_compare)
+    from rack.results import to_json
+    from rack.runner import trace_info
+
+    if runtime not in ("ray", "virtual"):
+        fail(f"--runtime: expected 'ray' or 'virtual', got {runtime!r}")
+    try:
+        stages = [parse_stage(s) for s in (stage or [])]
+    except ValueError as exc:
+        fail(str(exc))
+    # The scenario argument of load_inputs only serves the trace here; scenarios load below.
+    _, reqs, path = load_inputs(None, trace, window, rate_scale, max_requests, 1.0, False)
+    info = trace_info(path, reqs.summary(), window=window, rate_scale=rate_scale, max_requests=max_requests)
+    from rich.console import Console
+
+    err = Console(stderr=True)
+
+    def on_start(name: str, i: int, n: int) -> None:
+        if not as_json:
+            err.print(f"[{i + 1}/{n}] {name}: {len(reqs)} requests on the {runtime} runtime")
+
+    try:
+        result = run_compare(list(scenarios or []), reqs, runtime=runtime, iso=iso, reference=reference,
+                             address=address, trace_info=info, fixed_stages=stages, on_start=on_start)
+    except CompareError as exc:
+        fail(str(exc))
+    finally:
+        if runtime == "ray" and address is None:
+            try:
+                import ray
+
+                if ray.is_initialized():
+                    ray.shutdown()
+            except ImportError:  # pragma: no cover
+                pass
+    paths = write_compare(result, out, plots=not no_plots)
+    if as_json:
+        typer.echo(to_json(compare_document(result)))
+        return
+    Console(width=max(160, Console().width)).print(compare_rich_table(result))
+    vc = compare_document(result)["vendor_claim"]
+    if vc.get("ratio") is not None:
+        typer.echo(f"tokens/J, {vc['split']} vs {vc['wafer_only']}: {vc['ratio']:.2f}x measured "
+                   f"(vendor claim: up to 5x)")
+    typer.echo(f"report: {paths['report_md']} (and .html); JSON: {paths['json']}; "
+               f"timelines: {paths['timelines']}" + ("" if no_plots else f"; plots: {out}/plots/"))

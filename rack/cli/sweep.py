@@ -1,0 +1,172 @@
+"""`rack sweep rate|bandwidth|prompt`: goodput, SLO attainment, tokens per joule and
+cost of deployments against request rate, KV link bandwidth or prompt length."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from rack.cli.app import app
+from rack.cli.run import DEFAULT_TRACE, fail
+
+sweep_app = typer.Typer(help="Sweep request rate, KV link bandwidth or prompt length across deployments.",
+                        no_args_is_help=True)
+app.add_typer(sweep_app, name="sweep")
+
+DEFAULT_SPLIT = "helios-cs3-kimi-k2"
+DEFAULT_COLOCATED = ("gpu-only-kimi-k2", "wafer-only-kimi-k2")
+
+
+def _floats(text: str, option: str) -> list[float]:
+    try:
+        vals = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        fail(f"{option}: expected comma-separated numbers, e.g. 1,2,4, got {text!r}")
+    if not vals or any(v <= 0 for v in vals):
+        fail(f"{option}: expected positive numbers, got {text!r}")
+    return vals
+
+
+def _scenarios(names: list[str]):
+    from rack.compare import CompareError, check_scenario, load_scenarios
+
+    try:
+        scs = load_scenarios(names)
+        for s in scs:
+            check_scenario(s)
+    except CompareError as exc:
+        fail(str(exc))
+    return scs
+
+
+def _workload(trace: Optional[str], window: Optional[str], max_requests: Optional[int],
+              prompt_tokens: Optional[int], output_tokens: int, rate: float, n: int, seed: int):
+    """A synthetic workload when --prompt-tokens is given, else the trace."""
+    from rack.sweep import Workload
+    from workloads import TraceError, parse_window
+
+    if prompt_tokens is not None:
+        return Workload(kind="synthetic", rate_per_s=rate, prompt_tokens=prompt_tokens,
+                        output_tokens=output_tokens, n=n, seed=seed)
+    try:
+        win = parse_window(window) if window else None
+        wl = Workload(kind="trace", trace=trace or DEFAULT_TRACE, window=win, max_requests=max_requests)
+        wl.requests()            # fail fast on a bad trace, with the reader's message
+    except (TraceError, ValueError) as exc:
+        fail(str(exc))
+    return wl
+
+
+def _finish(result, out: Path, as_json: bool, no_plots: bool) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from rack.results import to_json
+    from rack.sweep import points_table, summary_lines, write_sweep
+
+    paths = write_sweep(result, out, plots=not no_plots)
+    if as_json:
+        typer.echo(to_json(result.as_dict()))
+        return
+    heads, rows = points_table(result)
+    t = Table(title=f"rack sweep {result.kind}: {result.workload}")
+    for i, h in enumerate(heads):
+        t.add_column(h, justify="left" if i == 0 else "right")
+    for r in rows:
+        t.add_row(*r)
+    Console(width=max(140, Console().width)).print(t)
+    for line in summary_lines(result):
+        typer.echo(line)
+    typer.echo(f"report: {paths['report_md']} (and .html); JSON: {paths['json']}")
+
+
+_WORKERS = typer.Option(2, "--workers", min=1, help="parallel processes when no --address is given")
+_ADDRESS = typer.Option(None, "--address", help="Ray cluster address: run the points as Ray tasks there")
+
+
+@sweep_app.command("rate")
+def sweep_rate(
+    scenarios: Optional[List[str]] = typer.Argument(None, help="scenario names or TOML files [default: the four Kimi-K2 deployments]"),
+    rates: str = typer.Option("0.5,1,2,4,8", "--rates", help="rate scales (x the trace's arrival rate)"),
+    trace: str = typer.Option(DEFAULT_TRACE, "--trace", "-t"),
+    window: Optional[str] = typer.Option(None, "--window", help="START:END seconds of the trace"),
+    max_requests: Optional[int] = typer.Option(None, "--max-requests", min=1),
+    target: float = typer.Option(0.9, "--target", min=0.0, max=1.0, help="SLO attainment defining the max sustainable rate"),
+    workers: int = _WORKERS, address: Optional[str] = _ADDRESS,
+    out: Path = typer.Option(Path("rack-results/sweep-rate"), "--out"),
+    no_plots: bool = typer.Option(False, "--no-plots"),
+    as_json: bool = typer.Option(False, "--json", help="print sweep.json"),
+) -> None:
+    """Goodput and tokens/J against request rate; the max rate each deployment sustains (DistServe)."""
+    from rack.sweep import rate_sweep
+
+    scs = _scenarios(list(scenarios or []))
+    wl = _workload(trace, window, max_requests, None, 1, 1.0, 1, 0)
+    reqs = wl.requests()
+    span = max(r.arrival_s for r in reqs) - min(r.arrival_s for r in reqs)
+    base = len(reqs) / span if span > 0 else None
+    result = rate_sweep(scs, wl, _floats(rates, "--rates"), target=target, base_rate=base,
+                        workers=workers, address=address, progress=not as_json)
+    _finish(result, out, as_json, no_plots)
+
+
+@sweep_app.command("bandwidth")
+def sweep_bandwidth(
+    split: str = typer.Option(DEFAULT_SPLIT, "--split", help="the split deployment (has a KV link)"),
+    colocated: Optional[List[str]] = typer.Option(None, "--colocated", help="colocated deployments to cross (repeatable) [default: gpu-only and wafer-only Kimi-K2]"),
+    bandwidths: str = typer.Option("1,4,16,64,256,1024", "--bandwidths", help="KV link bandwidths (GB/s)"),
+    link: Optional[str] = typer.Option(None, "--link", help="only this link of the split scenario [default: all]"),
+    metric: str = typer.Option("goodput_rps", "--metric", help="goodput_rps or slo_attainment"),
+    trace: str = typer.Option(DEFAULT_TRACE, "--trace", "-t"),
+    window: Optional[str] = typer.Option(None, "--window"),
+    max_requests: Optional[int] = typer.Option(None, "--max-requests", min=1),
+    prompt_tokens: Optional[int] = typer.Option(None, "--prompt-tokens", min=1, help="synthetic workload: prompt length (replaces the trace)"),
+    output_tokens: int = typer.Option(128, "--output-tokens", min=1, help="synthetic workload: output length"),
+    rate: float = typer.Option(2.0, "--rate", min=1e-9, help="synthetic workload: Poisson rate (req/s)"),
+    n: int = typer.Option(200, "--n", min=1, help="synthetic workload: requests"),
+    seed: int = typer.Option(0, "--seed"),
+    workers: int = _WORKERS, address: Optional[str] = _ADDRESS,
+    out: Path = typer.Option(Path("rack-results/sweep-bandwidth"), "--out"),
+    no_plots: bool = typer.Option(False, "--no-plots"),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """The split deployment at each KV link bandwidth against colocated ones; prints the crossover."""
+    from rack.sweep import bandwidth_sweep, with_link_bandwidth
+
+    if metric not in ("goodput_rps", "slo_attainment"):
+        fail(f"--metric: expected goodput_rps or slo_attainment, got {metric!r}")
+    sp = _scenarios([split])[0]
+    try:
+        with_link_bandwidth(sp, 1.0, link)
+    except ValueError as exc:
+        fail(str(exc))
+    cos = _scenarios(list(colocated or DEFAULT_COLOCATED))
+    wl = _workload(trace, window, max_requests, prompt_tokens, output_tokens, rate, n, seed)
+    result = bandwidth_sweep(sp, cos, wl, _floats(bandwidths, "--bandwidths"), link=link, metric=metric,
+                             workers=workers, address=address, progress=not as_json)
+    _finish(result, out, as_json, no_plots)
+
+
+@sweep_app.command("prompt")
+def sweep_prompt(
+    scenarios: Optional[List[str]] = typer.Argument(None, help="scenario names or TOML files [default: the four Kimi-K2 deployments]"),
+    lengths: str = typer.Option("512,2048,8192,32768", "--lengths", help="prompt lengths (tokens)"),
+    output_tokens: int = typer.Option(256, "--output-tokens", min=1),
+    rate: float = typer.Option(2.0, "--rate", min=1e-9, help="Poisson arrival rate (req/s)"),
+    n: int = typer.Option(200, "--n", min=1, help="requests per point"),
+    seed: int = typer.Option(0, "--seed"),
+    workers: int = _WORKERS, address: Optional[str] = _ADDRESS,
+    out: Path = typer.Option(Path("rack-results/sweep-prompt"), "--out"),
+    no_plots: bool = typer.Option(False, "--no-plots"),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Goodput and tokens/J against prompt length on synthetic Poisson traffic."""
+    from rack.sweep import prompt_sweep
+
+    scs = _scenarios(list(scenarios or []))
+    Ls = [int(x) for x in _floats(lengths, "--lengths")]
+    result = prompt_sweep(scs, Ls, rate_per_s=rate, output_tokens=output_tokens, n=n, seed=seed,
+                          workers=workers, address=address, progress=not as_json)
+    _finish(result, out, as_json, no_plots)

@@ -1,0 +1,366 @@
+"""Energy and cost of a run: per-device power integrated over the run, tokens per joule,
+joules per output token, and dollars per million tokens.
+
+Power model (per device; every device of a pool counts, busy or not, because a
+provisioned rack burns idle power):
+
+    P(t) = idle_w + (peak_w - idle_w) * u(t),      u(t) in [0, 1]
+
+the linear utilisation-to-power model of Fan, Weber and Barroso ("Power provisioning
+for a warehouse-sized computer", ISCA 2007), used for accelerators by the ML.ENERGY
+and Splitwise power studies. Integrated over the run's window [0, T] an instance of
+n devices uses
+
+    E = n * (idle_w * T + (peak_w - idle_w) * A),   A = integral of u(t) dt (s)
+
+where A, the instance's *activity*, comes from the engine's own counters
+(`devices.engines.common.Utilisation`: busy_s, flops, bytes):
+
+- "busy" (default): u(t) = 1 while the instance runs an iteration, 0 otherwise, so
+  A = busy_s. This is the meaning of nvidia-smi's "GPU utilisation" (the share of time
+  a kernel runs) and an upper estimate: Splitwise (Patel et al., ISCA 2024, Fig. 9)
+  measured prompt phases near TDP but token phases below it.
+- "roofline": u(t) = achieved share of the *achievable* roofline during busy time,
+  A = min(busy_s, max(flops / (peak_flops * eff_c), bytes / (bandwidth * eff_m))),
+  with the device's sourced efficiency factors (`HardwareSpec.efficiency`; prefill
+  factors for the compute side of prefill/both pools, decode factors for the memory
+  side of decode/both pools). A lower estimate: a latency-bound wafer moves few bytes
+  per second, so it sits near idle power.
+Both are computed; `energy.activity` picks the reported one and `energy.sensitivity`
+gives the other, so a reader sees the range.
+
+Devices of one instance share its activity (a TP/PP group works in lock step).
+Hosts, NICs, switches and cooling are not counted in joules (vendors' per-device
+figures exclude them); the facility overhead (PUE) enters the electricity cost only.
+
+Cost model (`CostSettings`, the scenario's `[cost]` table):
+- basis "tco" (default, as operators compute it): per device-hour, capex / (amortisation
+  years x 8760 h x utilisation), plus the measured energy x PUE x electricity price;
+- basis "rental": the device's hourly price (catalog `price_per_hour_usd`, or the
+  scenario's override), which includes power.
+Dollars per million output tokens = the run's cost over [0, T] / output tokens x 1e6.
+Every default below names its source; a device with no price and no capex gives a
+null cost and says which field to set.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal, Mapping, Optional, Sequence
+
+from pydantic import BaseModel, ConfigDict, Field
+
+if TYPE_CHECKING:  # pragma: no cover
+    from rack.scenario import Scenario
+    from rack.topology import ComponentSpec
+
+SECONDS_PER_HOUR = 3600.0
+HOURS_PER_YEAR = 8760.0
+JOULES_PER_KWH = 3.6e6
+
+#: Purchase price per device, USD, all-in share of the system it sits in
+#: (catalog key -> (usd, source)). Estimates [E]: no vendor publishes these.
+DEFAULT_CAPEX_USD: dict[str, tuple[float, str]] = {
+    "cs3": (2.5e6, "[E] ~$2.5M 'retail' per CS-3 system (Cerebras S-1 era reports; the S-1 implies "
+                   "~$1.4M average to its largest customer); a CS-1 was 'a couple million dollars' "
+                   "(AnandTech, 2020)"),
+    "mi455x": (45e3, "[E] Helios pricing is not published; a GB200 NVL72 rack is reported at ~$3M "
+                     "(~$42k per GPU slot incl. CPUs, switches, rack), rounded up for HBM4"),
+    "mi355x": (30e3, "[E] no list price; ~2x an MI300X (~$15k) for 1.5x HBM and ~2x FP8 (press estimates)"),
+    "mi300x": (15e3, "[E] ~$10-15k per MI300X reported by analysts (2024)"),
+    "h100": (30e3, "[E] $25-40k per H100 (NVIDIA CEO, 2024, CNBC)"),
+    "h200": (35e3, "[E] ~$30-40k per H200 (press estimates, 2024)"),
+    "b200": (40e3, "[E] $30-40k per Blackwell GPU (NVIDIA CEO, March 2024, CNBC)"),
+    "b300": (45e3, "[E] Blackwell Ultra, above B200 (press estimates)"),
+    "a100": (10e3, "[E] ~$10k per A100 80GB (secondary market, 2024)"),
+}
+#: Server depreciation: Amazon moved servers to 5 years in 2025; Microsoft and Google
+#: use 6 years (10-K filings). 5 years is the middle ground [E].
+DEFAULT_AMORTISATION_YEARS = 5.0
+#: US average industrial electricity price, ~$0.08/kWh (EIA Electric Power Monthly, 2024) [M].
+DEFAULT_ELECTRICITY_USD_PER_KWH = 0.08
+#: Power usage effectiveness of a liquid-cooled AI data centre, 1.2-1.3 [E]
+#: (Uptime Institute 2024 survey average is 1.56; hyperscalers report ~1.1).
+DEFAULT_PUE = 1.3
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class EnergySettings(_Strict):
+    """The scenario's `[energy]` table: which activity measure sets the dynamic power
+    ("busy" or "roofline", see the module docstring)."""
+
+    activity: Literal["busy", "roofline"] = "busy"
+
+
+class CostSettings(_Strict):
+    """The scenario's `[cost]` table (units in the names; defaults and sources in the
+    module constants). `price_per_hour_usd` and `capex_usd` map a device's catalog key
+    (e.g. "mi455x", "cs3") to a per-device figure that overrides the defaults."""
+
+    basis: Literal["tco", "rental"] = "tco"
+    price_per_hour_usd: dict[str, float] = Field(default_factory=dict)
+    capex_usd: dict[str, float] = Field(default_factory=dict)
+    amortisation_years: float = Field(default=DEFAULT_AMORTISATION_YEARS, gt=0)
+    utilisation: float = Field(default=1.0, gt=0, le=1,
+                               description="share of the device's life that is billed/used")
+    electricity_usd_per_kwh: float = Field(default=DEFAULT_ELECTRICITY_USD_PER_KWH, ge=0)
+    pue: float = Field(default=DEFAULT_PUE, ge=1.0)
+
+
+@dataclass(frozen=True)
+class DevicePrice:
+    """How one device is priced: `usd_per_hour` of ownership or rental (None when
+    unknown), whether electricity is added on top (`plus_energy`), and the source."""
+
+    key: str
+    usd_per_hour: Optional[float]
+    plus_energy: bool
+    basis: str
+    source: str
+
+
+@dataclass(frozen=True)
+class PoolRates:
+    """Provisioned figures of one instance of a pool (for iso-cost/power/count scaling):
+    devices, peak and idle watts, and dollars per hour at peak power (None if unpriced)."""
+
+    pool: str
+    device: str
+    devices_per_instance: int
+    instances: int
+    peak_w: float
+    idle_w: float
+    usd_per_hour_at_peak: Optional[float]
+
+
+def _capex_for(key: str, settings: CostSettings) -> tuple[Optional[float], str]:
+    if key in settings.capex_usd:
+        return settings.capex_usd[key], "scenario [cost].capex_usd"
+    for k, (usd, src) in DEFAULT_CAPEX_USD.items():
+        if key == k or key.startswith(k + "-"):
+            return usd, src
+    return None, ""
+
+
+def device_price(device: Any, settings: CostSettings) -> DevicePrice:
+    """The price of one device (`HardwareSpec`) under `settings`.
+
+    basis "tco": capex / (amortisation_years x 8760 x utilisation) per hour, energy added
+    separately; without a capex figure, the rental price if known. basis "rental": the
+    scenario's or the catalog's price_per_hour_usd; without one, the TCO rate if a capex
+    is known. Neither: usd_per_hour None, with the source saying what to set.
+    """
+    key = device.key
+    rental = settings.price_per_hour_usd.get(key)
+    rental_src = "scenario [cost].price_per_hour_usd"
+    if rental is None and device.price_per_hour_usd is not None:
+        rental, rental_src = float(device.price_per_hour_usd), "device catalog price_per_hour_usd"
+    capex, capex_src = _capex_for(key, settings)
+    hours = settings.amortisation_years * HOURS_PER_YEAR * settings.utilisation
+    if settings.basis == "rental" and rental is not None:
+        return DevicePrice(key, rental, False, "rental", rental_src)
+    if capex is not None:
+        note = "" if settings.basis == "tco" else " (no rental price known: TCO instead)"
+        return DevicePrice(key, capex / hours, True, "tco",
+                           f"capex ${capex:,.0f} / ({settings.amortisation_years:g} y x 8760 h x "
+                           f"{settings.utilisation:g}); {capex_src}{note}")
+    if rental is not None:
+        return DevicePrice(key, rental, False, "rental", f"{rental_src} (no capex known: rental instead)")
+    return DevicePrice(key, None, False, "none",
+                       f"no price for {key!r}: set [cost].capex_usd.{key} or "
+                       f"[cost].price_per_hour_usd.{key} in the scenario")
+
+
+def pool_rates(scenario: "Scenario") -> list[PoolRates]:
+    """Per-instance devices, peak/idle watts and $/h at peak power for every pool.
+
+    $/h at peak = devices x (device $/h + peak_w x PUE x electricity price, the latter
+    only for TCO-priced devices). Raises ScenarioError for an unknown device.
+    """
+    from devices.catalog import resolve_device
+    from rack.scenario import ScenarioError
+
+    settings = scenario.cost
+    out = []
+    for p in scenario.pools:
+        try:
+            dev = resolve_device(p.device)
+        except (ValueError, KeyError) as exc:
+            raise ScenarioError(f"pool {p.name!r}: {exc}") from None
+        n = p.devices_per_instance
+        price = device_price(dev, settings)
+        usd = None
+        if price.usd_per_hour is not None:
+            energy_h = (dev.peak_w / 1000.0 * settings.pue * settings.electricity_usd_per_kwh
+                        if price.plus_energy else 0.0)
+            usd = n * (price.usd_per_hour + energy_h)
+        out.append(PoolRates(p.name, dev.key, n, p.instances, n * dev.peak_w, n * dev.idle_w, usd))
+    return out
+
+
+def _activity(st: Mapping[str, Any], device: Any, role: str, window_s: float) -> dict:
+    """Both activity measures (s) of one instance from its stats, clipped to [0, window]."""
+    busy = min(max(float(st.get("busy_s", 0.0)), 0.0), window_s)
+    eff = device.efficiency
+    eff_c = eff.decode_compute if role == "decode" else eff.prefill_compute
+    eff_m = eff.prefill_memory if role == "prefill" else eff.decode_memory
+    pf, bw = float(st.get("peak_flops", 0.0)), float(st.get("memory_bandwidth", 0.0))
+    c = float(st.get("flops", 0.0)) / (pf * eff_c) if pf > 0 else 0.0
+    m = float(st.get("bytes", 0.0)) / (bw * eff_m) if bw > 0 else 0.0
+    return {"busy": busy, "roofline": min(busy, max(c, m))}
+
+
+def energy_section(scenario: "Scenario", specs: Sequence["ComponentSpec"], stats: Mapping[str, dict],
+                   window_s: float, output_tokens: int, input_tokens: int = 0) -> dict:
+    """The `energy` section of results.json.
+
+    specs/stats: the run's topology and component stats (engines: busy_s, flops, bytes,
+    peak_flops, memory_bandwidth; an engine missing from `stats` counts as idle).
+    window_s: the integration window [0, window_s] (s, >= 0), the run's emulated end.
+    output_tokens / input_tokens: completed requests' tokens.
+
+    Returns {"joules", "tokens_per_joule" (output tokens / J), "joules_per_output_token",
+    "total_tokens_per_joule" ((input + output) / J), "window_s", "mean_power_w",
+    "idle_power_w", "peak_power_w", "activity", "pools": {pool: {...}}, "instances":
+    {name: {"pool", "device", "devices", "idle_w", "peak_w" (per device), "activity_s",
+    "joules", "joules_per_device"}}, "sensitivity": {"busy"|"roofline": {"joules",
+    "tokens_per_joule"}}, "assumptions": [str]}. Sums: instances -> pools -> total.
+    Raises ValueError for a negative window.
+    """
+    if not (window_s >= 0 and math.isfinite(window_s)):
+        raise ValueError(f"energy window must be a finite number of seconds >= 0, got {window_s!r}")
+    mode = scenario.energy.activity
+    pools: dict[str, dict] = {}
+    instances: dict[str, dict] = {}
+    totals = {"busy": 0.0, "roofline": 0.0}
+    for spec in specs:
+        if spec.kind not in ("prefill", "decode", "both"):
+            continue
+        cost = spec.kwargs["cost"]
+        dev = cost.device
+        n = int(cost.parallelism.n_devices)
+        st = stats.get(spec.name, {})
+        act = _activity(st, dev, spec.kind, window_s)
+        joules = {k: n * (dev.idle_w * window_s + (dev.peak_w - dev.idle_w) * a) for k, a in act.items()}
+        for k in totals:
+            totals[k] += joules[k]
+        instances[spec.name] = {
+            "pool": spec.pool, "device": dev.key, "devices": n, "idle_w": dev.idle_w,
+            "peak_w": dev.peak_w, "activity_s": act[mode], "busy_s": act["busy"],
+            "joules": joules[mode], "joules_per_device": joules[mode] / n,
+            "idle_joules": n * dev.idle_w * window_s,
+        }
+        p = pools.setdefault(spec.pool, {"device": dev.key, "devices": 0, "instances": 0, "joules": 0.0,
+                                         "idle_joules": 0.0, "dynamic_joules": 0.0,
+                                         "idle_power_w": 0.0, "peak_power_w": 0.0})
+        p["devices"] += n
+        p["instances"] += 1
+        p["joules"] += joules[mode]
+        p["idle_joules"] += n * dev.idle_w * window_s
+        p["dynamic_joules"] += joules[mode] - n * dev.idle_w * window_s
+        p["idle_power_w"] += n * dev.idle_w
+        p["peak_power_w"] += n * dev.peak_w
+    for p in pools.values():
+        p["mean_power_w"] = p["joules"] / window_s if window_s > 0 else p["idle_power_w"]
+    total = totals[mode]
+
+    def per_j(tokens: float, j: float) -> Optional[float]:
+        return tokens / j if j > 0 else None
+
+    idle_w = sum(p["idle_power_w"] for p in pools.values())
+    return {
+        "joules": total,
+        "tokens_per_joule": per_j(output_tokens, total),
+        "joules_per_output_token": total / output_tokens if output_tokens else None,
+        "total_tokens_per_joule": per_j(output_tokens + input_tokens, total),
+        "window_s": window_s,
+        "mean_power_w": total / window_s if window_s > 0 else idle_w,
+        "idle_power_w": idle_w,
+        "peak_power_w": sum(p["peak_power_w"] for p in pools.values()),
+        "activity": mode,
+        "pools": pools,
+        "instances": instances,
+        "sensitivity": {k: {"joules": v, "tokens_per_joule": per_j(output_tokens, v)} for k, v in totals.items()},
+        "assumptions": [
+            "P = idle_w + (peak_w - idle_w) x u per device (linear model, Fan et al. 2007); "
+            f"u = {'busy fraction' if mode == 'busy' else 'share of the achievable roofline'} of the instance",
+            f"integrated over [0, {window_s:.1f} s] (the run's emulated end) for every provisioned device, idle or not",
+            "devices only: hosts, NICs, switches and cooling excluded (PUE enters the electricity cost only)",
+            "idle_w/peak_w from the device catalog (devices/catalog/devices/*.toml, with sources)",
+        ],
+    }
+
+
+def cost_section(scenario: "Scenario", specs: Sequence["ComponentSpec"], energy: Mapping[str, Any],
+                 output_tokens: int, input_tokens: int = 0) -> dict:
+    """The `cost` section of results.json, from the `energy` section of the same run.
+
+    Returns {"usd" (the run's cost over the energy window), "usd_per_mtok" (per million
+    output tokens), "usd_per_mtok_total" (per million input + output tokens),
+    "usd_per_hour" (provisioned devices + electricity at the run's mean power),
+    "capex_usd_per_hour", "electricity_usd", "basis", "pools": {pool: {"device",
+    "devices", "usd_per_device_hour", "price_source", "usd"}}, "assumptions": [str]};
+    usd figures are None when a device has no price (the pool's price_source says what
+    to set).
+    """
+    settings = scenario.cost
+    window = float(energy["window_s"])
+    pools: dict[str, dict] = {}
+    priced = True
+    device_usd_h = 0.0
+    electricity_j = 0.0
+    for spec in specs:
+        if spec.kind not in ("prefill", "decode", "both"):
+            continue
+        cost = spec.kwargs["cost"]
+        dev = cost.device
+        n = int(cost.parallelism.n_devices)
+        price = device_price(dev, settings)
+        p = pools.setdefault(spec.pool, {"device": dev.key, "devices": 0,
+                                         "usd_per_device_hour": price.usd_per_hour,
+                                         "basis": price.basis, "price_source": price.source, "usd": 0.0})
+        p["devices"] += n
+        inst_j = float(energy["instances"][spec.name]["joules"])
+        if price.usd_per_hour is None:
+            priced = False
+            p["usd"] = None
+            continue
+        device_usd_h += n * price.usd_per_hour
+        inst_usd = n * price.usd_per_hour * window / SECONDS_PER_HOUR
+        if price.plus_energy:
+            electricity_j += inst_j
+            inst_usd += inst_j / JOULES_PER_KWH * settings.pue * settings.electricity_usd_per_kwh
+        if p["usd"] is not None:
+            p["usd"] += inst_usd
+    electricity_usd = electricity_j / JOULES_PER_KWH * settings.pue * settings.electricity_usd_per_kwh
+    usd = device_usd_h * window / SECONDS_PER_HOUR + electricity_usd if priced else None
+    mean_elec_h = electricity_usd / window * SECONDS_PER_HOUR if window > 0 else 0.0
+
+    def per_mtok(tokens: int) -> Optional[float]:
+        return usd / tokens * 1e6 if usd is not None and tokens > 0 else None
+
+    return {
+        "usd": usd,
+        "usd_per_mtok": per_mtok(output_tokens),
+        "usd_per_mtok_total": per_mtok(output_tokens + input_tokens),
+        "usd_per_hour": device_usd_h + mean_elec_h if priced else None,
+        "capex_usd_per_hour": device_usd_h if priced else None,
+        "electricity_usd": electricity_usd if priced else None,
+        "basis": settings.basis,
+        "pools": pools,
+        "assumptions": [
+            f"basis {settings.basis}: capex amortised over {settings.amortisation_years:g} years at "
+            f"{settings.utilisation:.0%} utilisation, plus measured device energy x PUE {settings.pue:g} x "
+            f"${settings.electricity_usd_per_kwh:g}/kWh" if settings.basis == "tco" else
+            "basis rental: hourly device prices (power included)",
+            f"the run's cost over [0, {window:.1f} s] divided by its completed output tokens",
+        ],
+    }
+
+
+__all__ = ["CostSettings", "DEFAULT_CAPEX_USD", "DevicePrice", "EnergySettings", "PoolRates",
+           "cost_section", "device_price", "energy_section", "pool_rates"]

@@ -1,0 +1,381 @@
+"""Fault injection: what can go wrong in a run, when, and what the rack did about it.
+
+A scenario's `faults` list (or `rack run --fault ...`) names faults, each at an
+emulated time with a seed:
+
+- `decode_crash` / `prefill_crash`: an engine instance dies and restarts empty. On the
+  Ray runtime its actor is killed for real (`ray.kill(actor, no_restart=False)`) and Ray
+  restarts it; the restarted actor rebuilds its component from its `ComponentSpec`. On
+  the virtual runtime the instance is wrapped in `Restartable`, which stops the old
+  object (`halt()`: its loop ends, calls waiting inside it raise `PeerLost` in their
+  callers, as calls to a dead actor do on Ray) and constructs a fresh one from the same
+  arguments, as Ray re-runs the constructor. Recovery is the components' own code, the
+  same on both runtimes: a prefill instance that still holds a request's KV sends it
+  again (`PrefillEngine._handoff` on PeerLost); the injector, acting as the health
+  monitor that sees the instance come back, calls `Router.recover(instance)`, which
+  re-dispatches every open request that no live component holds (re-prefilled on
+  another prefill instance; the decode engines first drop the KV reservations of a lost
+  prefill instance's requests).
+- `link_degrade` (bandwidth x `factor` for `duration_s`) and `link_flap` (link down for
+  `duration_s`): `Interconnect.degrade` / `flap`; transfers slow down or stop, and
+  resume when the interval ends.
+- `frame_corrupt`: one byte of one frame is flipped in `count` payloads
+  (`Interconnect.corrupt`); the receiver's checksum catches each, the sender re-sends
+  (`PrefillEngine.max_resends`), and the counts are reported.
+
+Every request still ends exactly once (completed, rejected or failed with a reason).
+`faults_section` builds results.json's `faults` block. docs/robustness.md has the
+protocol and its limits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+from typing import Any, Literal, Optional, Sequence
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+FAULT_KINDS = ("decode_crash", "prefill_crash", "link_degrade", "link_flap", "frame_corrupt")
+CRASH_KINDS = ("decode_crash", "prefill_crash")
+LINK_KINDS = ("link_degrade", "link_flap", "frame_corrupt")
+#: Failure reasons only fault handling produces (a request's KV stayed bad after its
+#: re-sends; the decode engine kept losing it).
+FAULT_REASONS = ("kv_checksum", "decode_unavailable")
+_ROLE_OF = {"decode_crash": "decode", "prefill_crash": "prefill"}
+
+
+class FaultConfig(BaseModel):
+    """One injected fault (TOML `[[faults]]`, or `rack run --fault`).
+
+    kind: decode_crash | prefill_crash | link_degrade | link_flap | frame_corrupt.
+    at_s: emulated time of the fault (s from the trace start), >= 0.
+    target: crashes: an instance (`decode-0`) or a pool (`decode`: the instance is drawn
+        from `seed`) of the matching role; link faults: a link name; frame_corrupt: a
+        link name or "*" (any link).
+    duration_s: link_degrade / link_flap: length of the interval (required, > 0);
+        frame_corrupt: window in which payloads are corrupted (default: until `count`).
+    factor: link_degrade: bandwidth multiplier in (0, 1) (required).
+    count: frame_corrupt: payloads to corrupt (each of a different request), >= 1.
+    seed: picks the crashed instance of a pool, the corrupted frame and byte.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    kind: Literal["decode_crash", "prefill_crash", "link_degrade", "link_flap", "frame_corrupt"]
+    at_s: float = Field(ge=0, description="emulated time of the fault, s")
+    target: str = Field(min_length=1, description="instance, pool or link name")
+    duration_s: Optional[float] = Field(default=None, gt=0, description="interval length, s")
+    factor: Optional[float] = Field(default=None, gt=0, lt=1, description="link_degrade: bandwidth multiplier")
+    count: int = Field(default=1, ge=1, description="frame_corrupt: payloads to corrupt")
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _fields_fit_kind(self) -> "FaultConfig":
+        k = self.kind
+        if k in ("link_degrade", "link_flap") and self.duration_s is None:
+            raise ValueError(f"duration_s: required for {k} (seconds the link is "
+                             f"{'degraded' if k == 'link_degrade' else 'down'})")
+        if k == "link_degrade" and self.factor is None:
+            raise ValueError("factor: required for link_degrade (bandwidth multiplier in (0, 1), e.g. 0.25)")
+        if k != "link_degrade" and self.factor is not None:
+            raise ValueError(f"factor: only link_degrade takes a factor, not {k}")
+        if k in CRASH_KINDS and self.duration_s is not None:
+            raise ValueError(f"duration_s: {k} takes none (the instance restarts at once; "
+                             "on Ray it is down while Ray restarts its actor)")
+        if k != "frame_corrupt" and self.count != 1:
+            raise ValueError(f"count: only frame_corrupt takes a count, not {k}")
+        return self
+
+
+# ----------------------------------------------------------------------------- config
+
+_OPTION_RE = re.compile(r"^(?P<kind>[a-z_]+):(?P<target>[^@]+)@(?P<at>[^,+]+)"
+                        r"(?:\+(?P<dur>[^,]+))?(?P<rest>(?:,[a-z_]+=[^,]+)*)$")
+OPTION_FORMAT = "KIND:TARGET@AT_S[+DURATION_S][,factor=F][,count=N][,seed=S]"
+
+
+def parse_fault_option(text: str) -> dict:
+    """A `--fault` value as a FaultConfig dict, e.g. "decode_crash:decode-0@5",
+    "link_degrade:gpu-to-wafer@10+5,factor=0.25", "frame_corrupt:*@1,count=3,seed=7".
+    Values are validated later with the scenario. Raises ValueError naming the format."""
+    m = _OPTION_RE.match(text.strip())
+    if not m:
+        raise ValueError(f"--fault {text!r}: expected {OPTION_FORMAT} with KIND one of {', '.join(FAULT_KINDS)}")
+    out: dict[str, Any] = {"kind": m["kind"], "target": m["target"], "at_s": m["at"]}
+    if m["dur"] is not None:
+        out["duration_s"] = m["dur"]
+    for item in filter(None, m["rest"].split(",")):
+        key, _, value = item.partition("=")
+        if key not in ("factor", "count", "seed", "duration_s"):
+            raise ValueError(f"--fault {text!r}: unknown key {key!r}; expected factor, count, seed or duration_s")
+        out[key] = value
+    return out
+
+
+def _instances(pool) -> list[str]:
+    return [f"{pool.name}-{i}" for i in range(pool.instances)]
+
+
+def check_faults(scenario) -> None:
+    """Check every fault's target against the scenario's pools and links; raises
+    ValueError "faults[i].target: ..." naming what exists. Called by Scenario's validation."""
+    links = [l.name for l in scenario.links]
+    for i, f in enumerate(scenario.faults):
+        where = f"faults[{i}].target"
+        if f.kind in CRASH_KINDS:
+            role = _ROLE_OF[f.kind]
+            pools = [p for p in scenario.pools if p.role == role]
+            names = {p.name for p in pools} | {n for p in pools for n in _instances(p)}
+            if f.target not in names:
+                have = ", ".join(n for p in pools for n in [p.name, *_instances(p)]) or "none"
+                raise ValueError(f"{where}: {f.kind} needs a {role} instance or pool, got {f.target!r} "
+                                 f"({role} pools and instances: {have})")
+        else:
+            if not links:
+                raise ValueError(f"{where}: {f.kind} needs a KV link, but the scenario has none")
+            ok = f.target in links or (f.kind == "frame_corrupt" and f.target == "*")
+            if not ok:
+                extra = " or '*'" if f.kind == "frame_corrupt" else ""
+                raise ValueError(f"{where}: no link named {f.target!r}; expected one of {links}{extra}")
+
+
+def resolve_target(scenario, fault: FaultConfig) -> str:
+    """The instance or link a fault hits: a crash on a pool picks an instance from
+    `fault.seed` (uniformly); otherwise the target as written."""
+    if fault.kind in CRASH_KINDS:
+        for p in scenario.pools:
+            if p.name == fault.target:
+                return _instances(p)[int(np.random.default_rng(fault.seed).integers(p.instances))]
+    return fault.target
+
+
+def apply_faults(scenario, specs: list) -> list:
+    """The topology with the scenario's faults wired in: crash targets wrapped in
+    `Restartable`, and a `FaultInjector` component (kind "faults") after the router.
+    Returns `specs` unchanged when there is no fault."""
+    if not scenario.faults:
+        return specs
+    from rack.topology import ComponentSpec, Ref
+
+    faults = []
+    for i, f in enumerate(scenario.faults):
+        d = f.model_dump()
+        d.update(index=i, instance=resolve_target(scenario, f))
+        faults.append(d)
+    crashed = {d["instance"] for d in faults if d["kind"] in CRASH_KINDS}
+    out = []
+    for s in specs:
+        if s.name in crashed:
+            # the component's own kwargs stay as they are (others read e.g. kwargs["cost"])
+            s = ComponentSpec(s.name, "rack.faults:Restartable", {**s.kwargs, "restart_factory": s.factory},
+                              s.kind, s.pool, dict(s.resources))
+        out.append(s)
+    names = {s.name for s in out}
+    out.append(ComponentSpec("faults", "rack.faults:FaultInjector", {
+        "faults": faults, "collector": Ref("collector"), "router": Ref("router"),
+        "interconnect": Ref("interconnect") if "interconnect" in names else None,
+        "targets": {n: Ref(n) for n in sorted(crashed)},
+    }, "faults"))
+    return out
+
+
+# ----------------------------------------------------------------------------- components
+
+class Restartable:
+    """A component that the fault injector can crash on the virtual runtime.
+
+    Keyword args: clock; restart_factory ("module:Class" of the component); the rest
+    are the component's own keyword arguments (peers already resolved), as
+    `rack.runtime.placement.construct` would pass them. Attribute access goes to the
+    current component (`inner`). `crash()` stops it (`halt()`, if it has one) and builds
+    a fresh one from the same arguments: an empty instance, as a restarted process. (On
+    Ray the host kills the actor instead and rebuilds this wrapper after the restart.)
+    """
+
+    def __init__(self, *, clock: Any, restart_factory: str, **kwargs: Any) -> None:
+        self._clock = clock
+        self._factory = restart_factory
+        self._kwargs = kwargs
+        self.restarts = 0
+        self.inner = self._build()
+
+    def _build(self) -> Any:
+        from rack.runtime.placement import load_factory
+
+        return load_factory(self._factory)(clock=self._clock, **self._kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "inner":
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    async def crash(self) -> dict:
+        """Die and restart empty; returns {"restarts": n}."""
+        halt = getattr(self.inner, "halt", None)
+        if halt is not None:
+            halt()
+        self.inner = self._build()
+        self.restarts += 1
+        return {"restarts": self.restarts}
+
+    async def alive(self) -> dict:
+        """Who answers: {"pid", "incarnation"} (a restart changes one of them)."""
+        return {"pid": os.getpid(), "incarnation": self.restarts}
+
+    async def stats(self) -> dict:
+        out = await self.inner.stats()
+        out["restarts"] = self.restarts
+        return out
+
+
+async def retry_on_peer_lost(clock: Any, call, attempts: int = 12):
+    """`await call()`, retried after PeerLost (a peer still restarting: on Ray a call to
+    it fails for as long as its actor is down) with an exponential back-off from 1 ms of
+    emulated time, capped at 0.5 s. Re-raises the last PeerLost."""
+    from interconnect.component import PeerLost
+
+    for k in range(attempts):
+        try:
+            return await call()
+        except PeerLost:
+            if k == attempts - 1:
+                raise
+            await clock.sleep_until(clock.now() + min(0.5, 1e-3 * 2 ** k))
+
+
+class FaultInjector:
+    """Applies the scenario's faults at their emulated times (one task per fault,
+    started at construction, so neither runtime needs to know about it) and reports
+    each one to the collector (`note_fault`), which returns the records in its snapshot.
+
+    Keyword args: clock; collector; router (`recover`); interconnect (`degrade`, `flap`,
+    `corrupt`; None without links); targets: crash targets by instance name (handles
+    with `crash`, `alive`); faults: FaultConfig dicts plus "index" and "instance" (the
+    resolved target), as `apply_faults` builds them.
+    """
+
+    def __init__(self, *, clock: Any, collector: Any, router: Any, faults: Sequence[dict],
+                 interconnect: Any = None, targets: dict | None = None) -> None:
+        self.clock = clock
+        self.collector = collector
+        self.router = router
+        self.interconnect = interconnect
+        self.targets = dict(targets or {})
+        self.faults = [dict(f) for f in faults]
+        self.errors: list[BaseException] = []
+        self._tasks = [asyncio.ensure_future(self._one(f)) for f in self.faults]
+        for t in self._tasks:
+            t.add_done_callback(self._note_error)
+
+    def _note_error(self, task: asyncio.Future) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            self.errors.append(task.exception())
+
+    async def stats(self) -> dict:
+        """{"errors": [str]} of fault tasks that failed (a fault that could not be applied)."""
+        return {"errors": [repr(e) for e in self.errors]}
+
+    async def _one(self, f: dict) -> None:
+        i, kind, target = f["index"], f["kind"], f["instance"]
+        rec = {k: f[k] for k in ("kind", "target", "at_s", "duration_s", "factor", "count", "seed")}
+        rec.update(index=i, instance=target, applied=False, applied_at_s=None, recovered=False,
+                   recovered_at_s=None)
+        await self.collector.note_fault(i, rec)
+        await self.clock.sleep_until(f["at_s"])
+        t = self.clock.now()
+        try:
+            if kind in CRASH_KINDS:
+                await self._crash(rec, target)
+            elif kind in ("link_degrade", "link_flap"):
+                end = f["at_s"] + f["duration_s"]
+                if kind == "link_degrade":
+                    await self.interconnect.degrade(target, f["factor"], t, end)
+                else:
+                    await self.interconnect.flap(target, t, end)
+                rec.update(applied=True, applied_at_s=t)
+                await self.collector.note_fault(i, rec)
+                await self.clock.sleep_until(end)       # the link model restores it at `end`
+                rec.update(recovered=True, recovered_at_s=self.clock.now())
+            else:  # frame_corrupt: the interconnect counts the catches and the intact re-sends
+                end = f["at_s"] + f["duration_s"] if f["duration_s"] is not None else float("inf")
+                await self.interconnect.corrupt(f["count"], seed=f["seed"], start=t, end=end,
+                                                link=None if target == "*" else target, tag=i)
+                rec.update(applied=True, applied_at_s=t)
+        finally:
+            await self.collector.note_fault(i, rec)
+
+    async def _crash(self, rec: dict, name: str) -> None:
+        from interconnect.component import PeerLost
+
+        handle = self.targets[name]
+        before = await handle.alive()
+        t = self.clock.now()
+        try:
+            await handle.crash()
+        except PeerLost:
+            pass            # Ray: the call dies with the actor
+        rec.update(applied=True, applied_at_s=t)
+        await self.collector.note_fault(rec["index"], rec)
+        after = await retry_on_peer_lost(self.clock, handle.alive)
+        rec["restarted"] = after != before
+        rec["back_at_s"] = self.clock.now()
+        report = await self.router.recover(name)
+        rec.update(recovered=True, recovered_at_s=self.clock.now(),
+                   requests_held_elsewhere=report["held"], requests_redispatched=len(report["redispatched"]),
+                   redispatched_ids=list(report["redispatched"]))
+
+
+# ----------------------------------------------------------------------------- results
+
+def faults_section(snapshot: dict, stats: dict, columns: dict) -> dict:
+    """results.json's `faults`: {"injected", "recovered" (faults the rack recovered
+    from), "requests_failed" (requests a fault made fail: re-dispatched ones that did not
+    complete, plus failures with a fault-only reason, FAULT_REASONS),
+    "requests_redispatched", "requests_recovered" (re-dispatched and completed),
+    "kv_resent_after_restart", "payloads_resent" (after a checksum failure),
+    "frames_corrupted", "checksum_failures", "transfers_lost" (receiver restarted
+    mid-transfer), "list": per-fault records}."""
+    records = [dict(r) for r in snapshot.get("faults", [])]
+    ic = stats.get("interconnect") or {}
+    corr = {c["tag"]: c for c in ic.get("corruption", [])}
+    outcome = dict(zip(columns["id"].tolist(), columns["outcome"].tolist())) if len(columns.get("id", ())) else {}
+    reason = dict(zip(columns["id"].tolist(), columns["reason"].tolist())) if outcome else {}
+    redispatched: set[int] = set()
+    for r in records:
+        ids = r.pop("redispatched_ids", None) or []
+        redispatched.update(int(x) for x in ids)
+        if r["kind"] == "frame_corrupt":
+            c = corr.get(r["index"], {"corrupted": 0, "recovered": 0})
+            r["frames_corrupted"] = int(c["corrupted"])
+            r["payloads_recovered"] = int(c["recovered"])
+            r["recovered"] = bool(r["applied"] and c["corrupted"] and c["recovered"] == c["corrupted"])
+        if r.get("kind") in CRASH_KINDS:
+            ok = [x for x in ids if outcome.get(int(x)) == "completed"]
+            r["requests_recovered"] = len(ok)
+            r["requests_failed"] = len(ids) - len(ok)
+    failed = {i for i in redispatched if outcome.get(i) != "completed"}
+    failed |= {i for i, o in outcome.items() if o == "failed" and reason.get(i) in FAULT_REASONS}
+    pre = [s for s in stats.values() if s.get("role") == "prefill"]
+    return {
+        "injected": sum(1 for r in records if r["applied"]),
+        "recovered": sum(1 for r in records if r["recovered"]),
+        "requests_failed": len(failed),
+        "requests_redispatched": len(redispatched),
+        "requests_recovered": sum(1 for i in redispatched if outcome.get(i) == "completed"),
+        "kv_resent_after_restart": int(sum(s.get("kv_resent_after_restart", 0) for s in pre)),
+        "payloads_resent": int(sum(s.get("resends", 0) for s in pre)),
+        "frames_corrupted": int(ic.get("frames_corrupted", 0)),
+        "checksum_failures": int(ic.get("checksum_failures", 0)),
+        "transfers_lost": int(ic.get("lost_transfers", 0)),
+        "list": records,
+    }
+
+
+__all__ = [
+    "CRASH_KINDS", "FAULT_KINDS", "FAULT_REASONS", "LINK_KINDS", "OPTION_FORMAT", "FaultConfig",
+    "FaultInjector", "Restartable", "apply_faults", "check_faults", "faults_section",
+    "parse_fault_option", "resolve_target", "retry_on_peer_lost",
+]

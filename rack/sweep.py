@@ -1,0 +1,482 @@
+"""Sweeps: goodput, tokens per joule and cost of deployments against request rate, KV
+link bandwidth and prompt length, run in parallel.
+
+- Rate (`rate_sweep`): the trace's arrival times divided by each rate scale. For each
+  deployment the maximum sustainable rate is the largest rate whose SLO attainment is
+  at least the target (90 % by default), interpolated linearly between the last rate
+  that meets it and the first that does not: DistServe's definition of goodput as
+  "the maximum request rate that can be served adhering to the SLO attainment goal"
+  (Zhong et al., OSDI 2024).
+- Link bandwidth (`bandwidth_sweep`): the split deployment's KV links set to each
+  bandwidth; colocated deployments (no link) run once. The crossover is the bandwidth
+  at which the split deployment's goodput first catches up with a colocated one's
+  (`find_crossover`); below it, colocation wins.
+- Prompt length (`prompt_sweep`): synthetic requests (Poisson arrivals, fixed lengths)
+  at each prompt length.
+
+Execution: every point is an independent virtual-time run. Points run in a process
+pool (`concurrent.futures.ProcessPoolExecutor`, 2 workers by default) or, when a Ray
+address is given, as Ray tasks on that cluster; a rich progress bar counts finished
+points. A worker rebuilds the requests from a small recipe (`Workload`), so tasks stay
+small to pickle.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Optional, Sequence
+
+from rack.scenario import Scenario
+
+#: DistServe evaluates goodput at 90 % SLO attainment.
+DEFAULT_ATTAINMENT_TARGET = 0.9
+#: Two goodputs within 1 % of each other are a tie (run durations differ slightly).
+TIE_TOLERANCE = 0.01
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A recipe for the requests of a sweep point (picklable, rebuilt in the worker).
+
+    kind "trace": `trace` (name or path) with optional `window` (start_s, end_s),
+    `max_requests`, `output_scale`. kind "synthetic": Poisson arrivals at `rate_per_s`,
+    every request `prompt_tokens` in and `output_tokens` out, `n` requests, `seed`.
+    """
+
+    kind: str = "trace"
+    trace: Optional[str] = None
+    window: Optional[tuple] = None
+    max_requests: Optional[int] = None
+    output_scale: float = 1.0
+    rate_per_s: Optional[float] = None
+    prompt_tokens: Optional[int] = None
+    output_tokens: Optional[int] = None
+    n: Optional[int] = None
+    seed: int = 0
+
+    def requests(self, rate_scale: float = 1.0, prompt_tokens: Optional[int] = None) -> list:
+        """The requests, arrivals divided by `rate_scale`; `prompt_tokens` overrides the
+        synthetic prompt length. Raises ValueError / TraceError on bad parameters."""
+        if self.kind == "trace":
+            from workloads import load_requests
+
+            return list(load_requests(self.trace, window=self.window, rate_scale=rate_scale,
+                                      max_requests=self.max_requests, output_scale=self.output_scale))
+        if self.kind == "synthetic":
+            from workloads import FixedLengths, PoissonArrivals, synthesize
+
+            if not (self.rate_per_s and self.n and self.output_tokens and (prompt_tokens or self.prompt_tokens)):
+                raise ValueError("synthetic workload: needs rate_per_s, n, prompt_tokens and output_tokens")
+            return synthesize(PoissonArrivals(self.rate_per_s * rate_scale),
+                              FixedLengths(int(prompt_tokens or self.prompt_tokens), int(self.output_tokens)),
+                              n=int(self.n), seed=self.seed)
+        raise ValueError(f"workload kind: expected 'trace' or 'synthetic', got {self.kind!r}")
+
+    def describe(self) -> str:
+        if self.kind == "trace":
+            return f"trace {self.trace}" + (f" window {self.window}" if self.window else "")
+        return (f"synthetic: {self.n} requests, Poisson {self.rate_per_s:g} req/s, "
+                f"{self.prompt_tokens} prompt / {self.output_tokens} output tokens")
+
+
+@dataclass(frozen=True)
+class Task:
+    """One sweep point: a scenario (as a dict, to pickle), its workload and knobs, and
+    the labels copied into the result (scenario name, swept parameter and value)."""
+
+    scenario: dict
+    workload: Workload
+    rate_scale: float = 1.0
+    prompt_tokens: Optional[int] = None
+    labels: dict = field(default_factory=dict)
+
+
+def point_summary(results: dict) -> dict:
+    """The figures a sweep keeps from one run's results.json (flat dict)."""
+    lat, g, th = results["latency"], results["goodput"], results["throughput"]
+    links = results["kv_transfer"]["links"]
+    return {
+        "submitted": results["requests"]["submitted"],
+        "completed": results["requests"]["completed"],
+        "rejected": results["requests"]["rejected"],
+        "failed": results["requests"]["failed"],
+        "ttft_p50_s": lat["ttft_s"]["p50"], "ttft_p99_s": lat["ttft_s"]["p99"],
+        "tpot_p50_s": lat["tpot_s"]["p50"], "tpot_p99_s": lat["tpot_s"]["p99"],
+        "e2e_p99_s": lat["e2e_s"]["p99"],
+        "requests_per_s": th["requests_per_s"], "output_tokens_per_s": th["output_tokens_per_s"],
+        "duration_s": th["duration_s"],
+        "goodput_rps": g["requests_per_s"], "slo_attainment": g["slo_attainment"],
+        "tokens_per_joule": results["energy"]["tokens_per_joule"],
+        "tokens_per_joule_roofline": results["energy"]["sensitivity"]["roofline"]["tokens_per_joule"],
+        "mean_power_w": results["energy"]["mean_power_w"],
+        "usd_per_mtok": results["cost"]["usd_per_mtok"],
+        "kv_bytes_logical": results["kv_transfer"]["bytes_logical"],
+        "link_utilization": max((l["utilization"] for l in links.values()), default=None),
+    }
+
+
+def run_task(task: Task) -> dict:
+    """Run one point on the virtual runtime; returns labels + `point_summary`, or labels
+    + {"error": message} when the scenario is refused or the rack stalls."""
+    from rack.runner import run_scenario
+
+    out = dict(task.labels)
+    try:
+        sc = Scenario.model_validate(task.scenario)
+        reqs = task.workload.requests(task.rate_scale, task.prompt_tokens)
+        res = run_scenario(sc, reqs, runtime="virtual")
+        out.update(point_summary(res.results))
+    except Exception as exc:  # one bad point must not sink the sweep; it is reported
+        out["error"] = f"{type(exc).__name__}: {exc}"
+    return out
+
+
+def run_tasks(tasks: Sequence[Task], *, workers: int = 2, address: Optional[str] = None,
+              progress: bool = True, description: str = "sweep") -> list[dict]:
+    """Run `tasks` in parallel; results in task order.
+
+    address: a Ray cluster address ("auto" or host:port): run as Ray tasks there.
+    Otherwise a process pool of `workers` (1: in this process). `progress`: rich
+    progress bar on stderr.
+    """
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    results: list[Optional[dict]] = [None] * len(tasks)
+    bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                   transient=True, disable=not progress)
+    with bar:
+        tid = bar.add_task(description, total=len(tasks))
+        if address:
+            for i, r in _ray_map(tasks, address):
+                results[i] = r
+                bar.advance(tid)
+        elif workers <= 1 or len(tasks) <= 1:
+            for i, t in enumerate(tasks):
+                results[i] = run_task(t)
+                bar.advance(tid)
+        else:
+            with ProcessPoolExecutor(max_workers=min(workers, len(tasks))) as pool:
+                futs = {pool.submit(run_task, t): i for i, t in enumerate(tasks)}
+                for f in as_completed(futs):
+                    results[futs[f]] = f.result()
+                    bar.advance(tid)
+    return [r for r in results if r is not None]
+
+
+def _ray_map(tasks: Sequence[Task], address: str):
+    """Yield (index, result) as Ray tasks finish. Ray is imported here only, lazily
+    (the runtime package owns the connection: `ensure_ray`)."""
+    from rack.runtime.ray_runtime import ensure_ray
+
+    ensure_ray(address)
+    import ray  # noqa: PLC0415 - only on this path, after ensure_ray connected
+
+    remote = ray.remote(num_cpus=1)(run_task)
+    refs = {remote.remote(t): i for i, t in enumerate(tasks)}
+    pending = list(refs)
+    while pending:
+        done, pending = ray.wait(pending, num_returns=1)
+        for ref in done:
+            yield refs[ref], ray.get(ref)
+
+
+@dataclass
+class SweepResult:
+    """Points (one dict per run), the sweep's kind and parameter, and its summary
+    (max sustainable rates, crossovers, ...)."""
+
+    kind: str
+    param: str
+    points: list[dict]
+    summary: dict = field(default_factory=dict)
+    workload: str = ""
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+# ---------------------------------------------------------------------------- analysis
+def max_sustainable_rate(rates: Sequence[float], attainment: Sequence[float],
+                         target: float = DEFAULT_ATTAINMENT_TARGET) -> Optional[float]:
+    """The largest rate meeting `target` SLO attainment (DistServe goodput).
+
+    Points are sorted by rate; the answer is interpolated linearly between the last
+    rate that meets the target (scanning up from the lowest) and the next one. None if
+    the lowest rate already misses it; the highest rate if every point meets it.
+    """
+    pts = sorted((float(r), float(a)) for r, a in zip(rates, attainment) if a is not None)
+    if not pts or pts[0][1] < target:
+        return None
+    for (r0, a0), (r1, a1) in zip(pts, pts[1:]):
+        if a1 < target:
+            return r0 + (a0 - target) / (a0 - a1) * (r1 - r0) if a0 != a1 else r0
+    return pts[-1][0]
+
+
+def find_crossover(xs: Sequence[float], split: Sequence[float], colocated: Sequence[float],
+                   tol: float = TIE_TOLERANCE) -> dict:
+    """Where the split deployment's metric catches up with a colocated one's along x.
+
+    Returns {"x": crossover or None, "below": winner below it, "above": winner above it,
+    "status": "crossover" | "split_always" | "colocated_always" | "tie"}. Differences
+    within `tol` (relative to the larger value) are ties. The crossover lies between
+    the last x where colocated wins and the next x where split does not lose,
+    interpolated linearly in log x (bandwidths span decades).
+    """
+    pts = sorted(zip(xs, split, colocated))
+    if not pts:
+        return {"x": None, "below": None, "above": None, "status": "tie"}
+
+    def sign(s: float, c: float) -> int:
+        scale = max(abs(s), abs(c), 1e-12)
+        d = (s - c) / scale
+        return 0 if abs(d) <= tol else (1 if d > 0 else -1)
+
+    signs = [sign(s, c) for _, s, c in pts]
+    for i in range(1, len(pts)):
+        if signs[i - 1] < 0 <= signs[i]:
+            (x0, s0, c0), (x1, s1, c1) = pts[i - 1], pts[i]
+            d0, d1 = s0 - c0, s1 - c1
+            f = d0 / (d0 - d1) if d0 != d1 else 1.0
+            if x0 > 0 and x1 > 0:
+                x = math.exp(math.log(x0) + f * (math.log(x1) - math.log(x0)))
+            else:
+                x = x0 + f * (x1 - x0)
+            return {"x": x, "below": "colocated", "above": "split" if signs[-1] > 0 else "tie",
+                    "status": "crossover"}
+    if all(s < 0 for s in signs):
+        return {"x": None, "below": "colocated", "above": "colocated", "status": "colocated_always"}
+    if all(s >= 0 for s in signs):
+        status = "tie" if all(s == 0 for s in signs) else "split_always"
+        return {"x": None, "below": "split", "above": "split", "status": status}
+    return {"x": None, "below": None, "above": None, "status": "mixed"}
+
+
+# ---------------------------------------------------------------------------- sweeps
+Runner = Callable[..., list]
+
+
+def rate_sweep(scenarios: Sequence[Scenario], workload: Workload, rate_scales: Sequence[float], *,
+               target: float = DEFAULT_ATTAINMENT_TARGET, base_rate: Optional[float] = None,
+               workers: int = 2, address: Optional[str] = None, progress: bool = True) -> SweepResult:
+    """Goodput, attainment, tokens/J and $/Mtok of each scenario at each rate scale.
+
+    base_rate: the unscaled workload's rate (req/s) so points also carry `rate_per_s`
+    (None: rate_scale only). Summary: {"max_rate_scale": {scenario: x or None},
+    "max_rate_per_s": {...}, "tokens_per_joule_at_max": {scenario: value at the highest
+    rate scale meeting the target}, "target": target}.
+    """
+    tasks = [Task(s.model_dump(mode="json"), workload, rate_scale=float(r),
+                  labels={"scenario": s.name, "rate_scale": float(r),
+                          "rate_per_s": float(r) * base_rate if base_rate else None})
+             for s in scenarios for r in rate_scales]
+    points = run_tasks(tasks, workers=workers, address=address, progress=progress, description="rate sweep")
+    summary: dict = {"target": target, "max_rate_scale": {}, "max_rate_per_s": {}, "tokens_per_joule_at_max": {}}
+    for s in scenarios:
+        mine = [p for p in points if p["scenario"] == s.name and "error" not in p]
+        m = max_sustainable_rate([p["rate_scale"] for p in mine], [p["slo_attainment"] for p in mine], target)
+        summary["max_rate_scale"][s.name] = m
+        summary["max_rate_per_s"][s.name] = m * base_rate if (m is not None and base_rate) else None
+        ok = [p for p in mine if p["slo_attainment"] >= target]
+        best = max(ok, key=lambda p: p["rate_scale"]) if ok else None
+        summary["tokens_per_joule_at_max"][s.name] = best["tokens_per_joule"] if best else None
+    summary["vendor_ratio"] = _vendor_ratio(scenarios, summary["tokens_per_joule_at_max"])
+    return SweepResult("rate", "rate_scale", points, summary, workload.describe())
+
+
+def _vendor_ratio(scenarios: Sequence[Scenario], tpj: dict) -> Optional[dict]:
+    """Tokens/J of GPU prefill + wafer decode over wafer alone, each at its highest
+    rate meeting the target (the vendor claim's setting), or None without both."""
+    from rack.compare import is_gpu_prefill_wafer_decode, is_wafer_only
+
+    split = next((s.name for s in scenarios if is_gpu_prefill_wafer_decode(s)), None)
+    wafer = next((s.name for s in scenarios if is_wafer_only(s)), None)
+    if split is None or wafer is None:
+        return None
+    a, b = tpj.get(split), tpj.get(wafer)
+    return {"split": split, "wafer_only": wafer, "ratio": a / b if a and b else None}
+
+
+def with_link_bandwidth(scenario: Scenario, bandwidth_gbps: float, link: Optional[str] = None) -> Scenario:
+    """`scenario` with its KV links (or only `link`) at `bandwidth_gbps` GB/s.
+    Raises ValueError if it has no such link."""
+    data = scenario.model_dump()
+    hit = False
+    for l in data["links"]:
+        if link is None or l["name"] == link:
+            l["bandwidth_GBps"] = float(bandwidth_gbps)
+            hit = True
+    if not hit:
+        raise ValueError(f"scenario {scenario.name!r} has no KV link" + (f" named {link!r}" if link else "")
+                         + ": the bandwidth sweep needs a split deployment")
+    return Scenario.model_validate(data)
+
+
+def bandwidth_sweep(split: Scenario, colocated: Sequence[Scenario], workload: Workload,
+                    bandwidths_gbps: Sequence[float], *, link: Optional[str] = None, metric: str = "goodput_rps",
+                    workers: int = 2, address: Optional[str] = None, progress: bool = True) -> SweepResult:
+    """The split deployment at each KV link bandwidth (GB/s) against colocated ones.
+
+    Colocated scenarios run once (no link) and are repeated at every bandwidth in the
+    points. Summary: {"crossover": {colocated name: find_crossover(...)}, "metric"}.
+    """
+    bws = sorted(float(b) for b in bandwidths_gbps)
+    tasks = [Task(with_link_bandwidth(split, b, link).model_dump(mode="json"), workload,
+                  labels={"scenario": split.name, "bandwidth_gbps": b, "role": "split"}) for b in bws]
+    tasks += [Task(c.model_dump(mode="json"), workload, labels={"scenario": c.name, "role": "colocated"})
+              for c in colocated]
+    raw = run_tasks(tasks, workers=workers, address=address, progress=progress, description="bandwidth sweep")
+    points = [p for p in raw if p.get("role") == "split"]
+    flat = [p for p in raw if p.get("role") == "colocated"]
+    for p in flat:
+        for b in bws:
+            points.append({**p, "bandwidth_gbps": b})
+    split_pts = sorted((p for p in points if p["role"] == "split" and "error" not in p),
+                       key=lambda p: p["bandwidth_gbps"])
+    summary: dict = {"metric": metric, "crossover": {}}
+    for c in colocated:
+        cp = next((p for p in flat if p["scenario"] == c.name and "error" not in p), None)
+        if cp is None or not split_pts:
+            summary["crossover"][c.name] = {"x": None, "status": "error"}
+            continue
+        summary["crossover"][c.name] = find_crossover([p["bandwidth_gbps"] for p in split_pts],
+                                                      [p[metric] for p in split_pts],
+                                                      [cp[metric]] * len(split_pts))
+    return SweepResult("bandwidth", "bandwidth_gbps", points, summary, workload.describe())
+
+
+def prompt_sweep(scenarios: Sequence[Scenario], prompt_lengths: Sequence[int], *, rate_per_s: float,
+                 output_tokens: int, n: int, seed: int = 0, workers: int = 2,
+                 address: Optional[str] = None, progress: bool = True) -> SweepResult:
+    """Each scenario on synthetic Poisson traffic at each fixed prompt length.
+
+    Summary: {"best": {prompt length: scenario with the highest goodput}}.
+    """
+    wl = Workload(kind="synthetic", rate_per_s=rate_per_s, prompt_tokens=int(prompt_lengths[0]),
+                  output_tokens=output_tokens, n=n, seed=seed)
+    tasks = [Task(s.model_dump(mode="json"), wl, prompt_tokens=int(L),
+                  labels={"scenario": s.name, "prompt_tokens": int(L)})
+             for s in scenarios for L in prompt_lengths]
+    points = run_tasks(tasks, workers=workers, address=address, progress=progress, description="prompt sweep")
+    best = {}
+    for L in prompt_lengths:
+        here = [p for p in points if p["prompt_tokens"] == int(L) and "error" not in p]
+        if here:
+            best[int(L)] = max(here, key=lambda p: p["goodput_rps"])["scenario"]
+    desc = f"synthetic: {n} requests, Poisson {rate_per_s:g} req/s, {output_tokens} output tokens"
+    return SweepResult("prompt", "prompt_tokens", points, {"best": best}, desc)
+
+
+def summary_lines(result: SweepResult) -> list[str]:
+    """Human sentences for the sweep's summary (printed by the CLI, used in the report)."""
+    s, out = result.summary, []
+    if result.kind == "rate":
+        for name, m in s["max_rate_scale"].items():
+            rps = s["max_rate_per_s"].get(name)
+            tpj = s["tokens_per_joule_at_max"].get(name)
+            out.append(f"{name}: " + ("misses the target already at the lowest rate" if m is None else
+                                      f"sustains {m:.3g}x the trace rate" + (f" ({rps:.3g} req/s)" if rps else "")
+                                      + f" at >= {s['target']:.0%} SLO attainment"
+                                      + (f"; {tpj:.4g} output tokens/J at the highest such rate" if tpj else "")))
+        ratio = s.get("vendor_ratio")
+        if ratio:
+            out.append(f"tokens/J at each one's highest sustained rate, {ratio['split']} vs {ratio['wafer_only']}: "
+                       + (f"{ratio['ratio']:.2f}x" if ratio["ratio"] is not None else "n/a"))
+    elif result.kind == "bandwidth":
+        for name, c in s["crossover"].items():
+            st = c.get("status")
+            if st == "crossover":
+                out.append(f"crossover with {name}: {c['x']:.3g} GB/s (below it {name} wins on {s['metric']}, "
+                           f"above it the split {'wins' if c['above'] == 'split' else 'ties'})")
+            elif st == "split_always":
+                out.append(f"no crossover with {name}: the split deployment wins or ties at every bandwidth swept")
+            elif st == "colocated_always":
+                out.append(f"no crossover with {name}: {name} wins at every bandwidth swept")
+            elif st == "tie":
+                out.append(f"no crossover with {name}: a tie at every bandwidth swept")
+            else:
+                out.append(f"crossover with {name}: undetermined ({st})")
+    elif result.kind == "prompt":
+        for L, name in s["best"].items():
+            out.append(f"{L} prompt tokens: best goodput {name}")
+    errors = [p for p in result.points if "error" in p]
+    for p in errors:
+        out.append(f"point {p.get('scenario')} {result.param}={p.get(result.param)} failed: {p['error']}")
+    return out
+
+
+_COLS = (("goodput_rps", "goodput (req/s)", "{:.3g}"), ("slo_attainment", "SLO att.", "{:.1%}"),
+         ("tokens_per_joule", "tok/J", "{:.4g}"), ("usd_per_mtok", "$/Mtok out", "{:,.2f}"),
+         ("ttft_p99_s", "TTFT p99 (s)", "{:.3g}"), ("tpot_p99_s", "TPOT p99 (s)", "{:.3g}"),
+         ("link_utilization", "link util.", "{:.1%}"))
+
+
+def points_table(result: SweepResult) -> tuple[list[str], list[list[str]]]:
+    """(headers, rows) of the sweep's points, sorted by scenario then parameter."""
+    heads = ["scenario", result.param] + [c[1] for c in _COLS]
+    rows = []
+    for p in sorted(result.points, key=lambda p: (p["scenario"], p.get(result.param) or 0)):
+        if "error" in p:
+            rows.append([p["scenario"], f"{p.get(result.param)}", "error: " + p["error"][:60]] + [""] * (len(_COLS) - 1))
+            continue
+        rows.append([p["scenario"], f"{p.get(result.param):g}"] +
+                    ["-" if p.get(k) is None else f.format(p[k]) for k, _, f in _COLS])
+    return heads, rows
+
+
+def write_sweep(result: SweepResult, out_dir: Any, *, plots: bool = True) -> dict:
+    """Write sweep.json, sweep.csv, plots/*.png and report.md/.html into `out_dir`;
+    returns {what: path}."""
+    import csv
+    from pathlib import Path
+
+    from rack import plots as P
+    from rack import report
+    from rack.results import to_json
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "sweep.json").write_text(to_json(result.as_dict()))
+    keys = sorted({k for p in result.points for k in p})
+    with open(out / "sweep.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=keys)
+        w.writeheader()
+        for p in result.points:
+            w.writerow(p)
+    pngs: dict[str, str] = {}
+    ok = [p for p in result.points if "error" not in p]
+    if plots and ok:
+        pd = out / "plots"
+        x, logx = result.param, result.kind in ("bandwidth", "prompt", "rate")
+        xlabel = {"rate": "rate scale (x trace rate)", "bandwidth": "KV link bandwidth (GB/s)",
+                  "prompt": "prompt tokens"}[result.kind]
+        vlines = None
+        if result.kind == "bandwidth":
+            vlines = {f"crossover vs {k}": v.get("x") for k, v in result.summary["crossover"].items()}
+        elif result.kind == "rate":
+            vlines = {f"max {k}": v for k, v in result.summary["max_rate_scale"].items()}
+        for key, label, fname in (("goodput_rps", "goodput (req/s meeting the SLO)", "goodput"),
+                                  ("tokens_per_joule", "output tokens per joule", "tokens_per_joule"),
+                                  ("slo_attainment", "SLO attainment", "slo_attainment")):
+            title = f"{label} vs {xlabel}"
+            P.sweep_metric(ok, x, key, pd / f"{fname}_vs_{result.kind}.png", xlabel=xlabel, ylabel=label,
+                           title=title, logx=logx, vlines=vlines if key != "tokens_per_joule" else None)
+            pngs[title] = f"plots/{fname}_vs_{result.kind}.png"
+    heads, rows = points_table(result)
+    md = report.sweep_markdown_report(result.as_dict(), report.md_table(heads, rows), pngs, summary_lines(result))
+    md_path, html_path = report.write_report(out, md, f"rack sweep {result.kind}")
+    return {"json": out / "sweep.json", "csv": out / "sweep.csv", "report_md": md_path,
+            "report_html": html_path, **{k: out / v for k, v in pngs.items()}}
+
+
+def default_workers() -> int:
+    """2, or 1 on a one-core machine (the sweep's process pool size)."""
+    return 1 if (os.cpu_count() or 1) < 2 else 2
+
+
+__all__ = ["DEFAULT_ATTAINMENT_TARGET", "SweepResult", "Task", "Workload", "bandwidth_sweep",
+           "default_workers", "find_crossover", "max_sustainable_rate", "point_summary",
+           "prompt_sweep", "rate_sweep", "run_task", "run_tasks", "with_link_bandwidth"]

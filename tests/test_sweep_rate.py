@@ -1,0 +1,60 @@
+"""Rate and prompt-length sweeps: more load lowers SLO attainment, the maximum
+sustainable rate lies between the rates that bracket the target, and the CLI writes the
+sweep's folder."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from rack.scenario import parse_scenario
+from rack.sweep import Workload, prompt_sweep, rate_sweep
+
+COLOC = dict(name="toy-coloc", model="llama-3.1-8b", weight_dtype="bf16", kv_dtype="bf16",
+             pools=[dict(name="gpu", device="h100", role="both", instances=1)],
+             slo=dict(ttft_ms=300, tpot_ms=20))
+
+
+def test_rate_sweep_attainment_falls_with_load():
+    sc = parse_scenario(COLOC)
+    wl = Workload(kind="synthetic", rate_per_s=2.0, prompt_tokens=4096, output_tokens=64, n=60, seed=1)
+    res = rate_sweep([sc], wl, [0.5, 8.0], base_rate=2.0, workers=1, progress=False)
+    pts = sorted(res.points, key=lambda p: p["rate_scale"])
+    assert [p["rate_per_s"] for p in pts] == [1.0, 16.0]
+    assert pts[0]["slo_attainment"] >= 0.9 > pts[1]["slo_attainment"]
+    m = res.summary["max_rate_scale"]["toy-coloc"]
+    assert 0.5 <= m < 8.0
+    assert res.summary["max_rate_per_s"]["toy-coloc"] == pytest.approx(2.0 * m)
+    assert res.summary["tokens_per_joule_at_max"]["toy-coloc"] == pts[0]["tokens_per_joule"]
+    assert res.summary["vendor_ratio"] is None          # no split/wafer pair here
+    # More load on the same GPU: more tokens per joule (idle power is amortised).
+    assert pts[1]["tokens_per_joule"] > pts[0]["tokens_per_joule"]
+
+
+def test_prompt_sweep_longer_prompts_cost_more():
+    sc = parse_scenario(COLOC)
+    res = prompt_sweep([sc], [256, 8192], rate_per_s=2.0, output_tokens=32, n=30, workers=1, progress=False)
+    by = {p["prompt_tokens"]: p for p in res.points}
+    assert by[8192]["ttft_p99_s"] > by[256]["ttft_p99_s"]
+    assert set(res.summary["best"]) == {256, 8192}
+
+
+def test_sweep_rate_cli(tmp_path):
+    from rack.cli import _register_commands
+    from rack.cli.app import app
+
+    _register_commands()
+    out = tmp_path / "rate"
+    r = CliRunner().invoke(app, ["sweep", "rate", "helios-cs3-kimi-k2", "wafer-only-kimi-k2", "--window", "0:4",
+                                 "--rates", "1,4", "--workers", "2", "--out", str(out), "--json", "--no-plots"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)
+    assert doc["kind"] == "rate" and len(doc["points"]) == 4
+    assert all("error" not in p and p["tokens_per_joule"] > 0 for p in doc["points"])
+    vr = doc["summary"]["vendor_ratio"]
+    assert vr["split"] == "helios-cs3-kimi-k2" and vr["wafer_only"] == "wafer-only-kimi-k2"
+    assert (out / "sweep.csv").read_text().count("\n") == 5
+    r = CliRunner().invoke(app, ["sweep", "rate", "--rates", "1,-2", "--out", str(tmp_path / "x")])
+    assert r.exit_code == 2 and "--rates" in r.output
