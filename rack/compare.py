@@ -216,10 +216,14 @@ def run_compare(scenarios: Sequence[Scenario | str], requests: Sequence[Any], *,
     """
     from rack.runner import run_scenario
 
-    loaded = [s for s in scenarios if isinstance(s, Scenario)]
-    names = [s for s in scenarios if not isinstance(s, Scenario)]
-    if names or not scenarios:
-        loaded += load_scenarios(names)
+    if not scenarios:
+        loaded = load_scenarios([])
+    else:   # keep the caller's order, loading names and paths in place
+        loaded = [s if isinstance(s, Scenario) else load_scenarios([s])[0] for s in scenarios]
+        seen = [s.name for s in loaded]
+        dup = sorted({n for n in seen if seen.count(n) > 1})
+        if dup:
+            raise CompareError(f"scenario names must differ to be compared side by side; repeated: {dup}")
     plan, ref = prepare(loaded, iso, reference, fixed_stages)
     entries = []
     for i, (sc, note) in enumerate(plan):
@@ -317,14 +321,20 @@ def _pct(v: Optional[float]) -> str:
     return "-" if v is None else f"{v:.1%}"
 
 
+def _ms(v: Optional[float]) -> str:
+    """Seconds as milliseconds with 3 significant digits ("-" for no sample)."""
+    if v is None:
+        return "-"
+    ms = v * 1e3
+    return f"{ms:,.0f}" if ms >= 100 else f"{ms:.3g}"
+
+
 def _num(v: Optional[float], fmt: str = "{:.3g}") -> str:
     return "-" if v is None else fmt.format(v)
 
 
 def table_rows(result: CompareResult) -> tuple[list[str], list[tuple[str, list[str]]]]:
     """(column headers, [(metric label, [cell per scenario])]) of the side-by-side table."""
-    from rack.results import fmt_s
-
     heads = [e.name for e in result.entries]
     R = [e.output.results for e in result.entries]
     rows: list[tuple[str, list[str]]] = []
@@ -338,8 +348,8 @@ def table_rows(result: CompareResult) -> tuple[list[str], list[tuple[str, list[s
     add("completed / rejected / failed", lambda r, e: f"{r['requests']['completed']} / {r['requests']['rejected']}"
                                                          f" / {r['requests']['failed']}")
     for key, label in (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("itl_s", "ITL"), ("e2e_s", "E2E")):
-        add(f"{label} p50 / p90 / p99", lambda r, e, key=key: " / ".join(
-            fmt_s(r["latency"][key][p]) for p in ("p50", "p90", "p99")))
+        add(f"{label} p50 / p90 / p99 (ms)", lambda r, e, key=key: " / ".join(
+            _ms(r["latency"][key][p]) for p in ("p50", "p90", "p99")))
     add("throughput (req/s, out tok/s)", lambda r, e: f"{r['throughput']['requests_per_s']:.2f}, "
                                                       f"{r['throughput']['output_tokens_per_s']:,.0f}")
     add("goodput (req/s)", lambda r, e: f"{r['goodput']['requests_per_s']:.2f}")

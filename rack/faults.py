@@ -321,6 +321,7 @@ class FaultInjector:
         await self.collector.note_fault(rec["index"], rec)
         after = await retry_on_peer_lost(self.clock, handle.alive)
         rec["restarted"] = after != before
+        rec["incarnations"] = [before, after]
         rec["back_at_s"] = self.clock.now()
         report = await self.router.recover(name)
         rec.update(recovered=True, recovered_at_s=self.clock.now(),

@@ -62,7 +62,8 @@ def breakdown_table(breakdowns: Mapping[str, Mapping[str, Any]]) -> str:
         cells = [st]
         for l in labels:
             r = next((x for x in breakdowns[l]["stages"] if x["stage"] == st), None)
-            cells.append("-" if r is None else f"{fmt_s(r['mean_s'])} / {fmt_s(r['p99_s'])}")
+            cells.append("-" if r is None else "0" if r["mean_s"] == 0 and r["p99_s"] == 0 else
+                         f"{fmt_s(r['mean_s'])} / {fmt_s(r['p99_s'])}")
         rows.append(cells)
     rows.append(["**E2E (mean)**"] + [f"**{fmt_s(breakdowns[l]['e2e_mean_s'])}**" for l in labels])
     return md_table(["stage (mean / p99)"] + labels, rows)

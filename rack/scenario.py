@@ -264,8 +264,19 @@ _UNIT_WORDS = {"ms": "milliseconds", "s": "seconds", "us": "microseconds", "gb":
 def _format_validation(path: str, exc: ValidationError) -> str:
     """One line per error, each naming the file, the field and what was expected."""
     lines = []
-    for err in exc.errors():
+    errors = exc.errors()
+    # a required field reported missing because it was misspelled: the "unknown field"
+    # line (with its "did you mean") says it all
+    typos = set()
+    for err in errors:
+        if err["type"] == "extra_forbidden":
+            loc = tuple(err["loc"])
+            for c in difflib.get_close_matches(str(loc[-1]), _fields_at(loc), n=1, cutoff=0.5):
+                typos.add(loc[:-1] + (c,))
+    for err in errors:
         loc = tuple(err["loc"])
+        if err["type"] == "missing" and loc in typos:
+            continue
         field = ".".join(str(x) for x in loc)
         msg = err["msg"]
         got = err.get("input")

@@ -15,19 +15,18 @@ link bandwidth and prompt length, run in parallel.
   at each prompt length.
 
 Execution: every point is an independent virtual-time run. Points run in a process
-pool (`concurrent.futures.ProcessPoolExecutor`, 2 workers by default) or, when a Ray
-address is given, as Ray tasks on that cluster; a rich progress bar counts finished
-points. A worker rebuilds the requests from a small recipe (`Workload`), so tasks stay
-small to pickle.
+pool (2 workers by default) or, when a Ray address is given, as Ray tasks on that
+cluster, through `rack.runtime.parallel.map_virtual_runs`; a rich progress bar counts
+finished points. A worker rebuilds the requests from a small recipe (`Workload`), so
+tasks stay small to pickle.
 """
 
 from __future__ import annotations
 
 import math
 import os
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 from rack.scenario import Scenario
 
@@ -136,51 +135,25 @@ def run_task(task: Task) -> dict:
 
 def run_tasks(tasks: Sequence[Task], *, workers: int = 2, address: Optional[str] = None,
               progress: bool = True, description: str = "sweep") -> list[dict]:
-    """Run `tasks` in parallel; results in task order.
+    """Run `tasks` in parallel (`rack.runtime.parallel.map_virtual_runs`); results in
+    task order.
 
-    address: a Ray cluster address ("auto" or host:port): run as Ray tasks there.
-    Otherwise a process pool of `workers` (1: in this process). `progress`: rich
-    progress bar on stderr.
+    address: a Ray cluster address ("auto", host:port or "local"): one Ray task per
+    point on that cluster. Otherwise a process pool of `workers` (1: in this process).
+    `progress`: a rich progress bar on stderr. A point that fails is returned as its
+    labels plus "error" (see `run_task`); the others still run.
     """
+    from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    results: list[Optional[dict]] = [None] * len(tasks)
-    bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                   transient=True, disable=not progress)
+    from rack.runtime.parallel import map_virtual_runs
+
+    bar = Progress(TextColumn(description), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                   console=Console(stderr=True), transient=True, disable=not progress)
     with bar:
         tid = bar.add_task(description, total=len(tasks))
-        if address:
-            for i, r in _ray_map(tasks, address):
-                results[i] = r
-                bar.advance(tid)
-        elif workers <= 1 or len(tasks) <= 1:
-            for i, t in enumerate(tasks):
-                results[i] = run_task(t)
-                bar.advance(tid)
-        else:
-            with ProcessPoolExecutor(max_workers=min(workers, len(tasks))) as pool:
-                futs = {pool.submit(run_task, t): i for i, t in enumerate(tasks)}
-                for f in as_completed(futs):
-                    results[futs[f]] = f.result()
-                    bar.advance(tid)
-    return [r for r in results if r is not None]
-
-
-def _ray_map(tasks: Sequence[Task], address: str):
-    """Yield (index, result) as Ray tasks finish. Ray is imported here only, lazily
-    (the runtime package owns the connection: `ensure_ray`)."""
-    from rack.runtime.ray_runtime import ensure_ray
-
-    ensure_ray(address)
-    import ray  # noqa: PLC0415 - only on this path, after ensure_ray connected
-
-    remote = ray.remote(num_cpus=1)(run_task)
-    refs = {remote.remote(t): i for i, t in enumerate(tasks)}
-    pending = list(refs)
-    while pending:
-        done, pending = ray.wait(pending, num_returns=1)
-        for ref in done:
-            yield refs[ref], ray.get(ref)
+        return map_virtual_runs(run_task, list(tasks), address=address, max_workers=max(1, workers),
+                                progress=lambda done, total: bar.update(tid, completed=done))
 
 
 @dataclass
@@ -256,9 +229,6 @@ def find_crossover(xs: Sequence[float], split: Sequence[float], colocated: Seque
 
 
 # ---------------------------------------------------------------------------- sweeps
-Runner = Callable[..., list]
-
-
 def rate_sweep(scenarios: Sequence[Scenario], workload: Workload, rate_scales: Sequence[float], *,
                target: float = DEFAULT_ATTAINMENT_TARGET, base_rate: Optional[float] = None,
                workers: int = 2, address: Optional[str] = None, progress: bool = True) -> SweepResult:

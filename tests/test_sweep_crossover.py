@@ -142,7 +142,7 @@ def test_run_tasks_keeps_order_and_reports_errors():
     tasks = [Task(_coloc(1000, 50).model_dump(mode="json"), wl, labels={"scenario": "a", "i": 0}),
              Task(bad, wl, labels={"scenario": "b", "i": 1}),
              Task(_split(1, 1000, 50).model_dump(mode="json"), wl, labels={"scenario": "c", "i": 2})]
-    out = run_tasks(tasks, workers=2, progress=False)
+    out = run_tasks(tasks, workers=1, progress=False)
     assert [p["i"] for p in out] == [0, 1, 2]
     assert "error" in out[1] and "no-such-gpu" in out[1]["error"]
     assert out[0]["completed"] == 5 and out[2]["completed"] == 5

@@ -30,7 +30,6 @@ def compare(
 ) -> None:
     """Run deployments on the same requests and compare TTFT/TPOT/ITL/E2E, goodput, tokens/J, $/Mtok."""
     from rack.breakdown import parse_stage
-    from rack.cli.run import load_inputs
     from rack.compare import (CompareError, compare_document, compare_rich_table, run_compare,
                               write_compare)
     from rack.results import to_json
@@ -42,8 +41,16 @@ def compare(
         stages = [parse_stage(s) for s in (stage or [])]
     except ValueError as exc:
         fail(str(exc))
-    # The scenario argument of load_inputs only serves the trace here; scenarios load below.
-    _, reqs, path = load_inputs(None, trace, window, rate_scale, max_requests, 1.0, False)
+    from workloads import TraceError, load_requests, parse_window, resolve_trace
+
+    try:
+        path = resolve_trace(trace)
+        reqs = load_requests(trace, window=parse_window(window) if window else None, rate_scale=rate_scale,
+                             max_requests=max_requests)
+    except (TraceError, ValueError) as exc:
+        fail(str(exc))
+    if len(reqs) == 0:
+        fail(f"trace {trace!r} with window {window!r} has no requests")
     info = trace_info(path, reqs.summary(), window=window, rate_scale=rate_scale, max_requests=max_requests)
     from rich.console import Console
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 import typer
 
@@ -61,6 +61,10 @@ def run(
     skip_bad_rows: bool = typer.Option(False, "--skip-bad-rows", help="skip and count bad trace rows"),
     timeout: Optional[float] = typer.Option(None, "--timeout", help="ray runtime: wall-clock limit (s)"),
     as_json: bool = typer.Option(False, "--json", help="print results.json instead of the summary"),
+    fault: Optional[List[str]] = typer.Option(None, "--fault", help="inject a fault (repeatable): "
+                                              "KIND:TARGET@AT_S[+DURATION_S][,factor=F][,count=N][,seed=S], KIND one of "
+                                              "decode_crash, prefill_crash, link_degrade, link_flap, frame_corrupt "
+                                              "(docs/robustness.md)"),
 ) -> None:
     """Replay a trace through the emulated rack and report TTFT, TPOT, ITL, goodput, KV traffic."""
     from rack.results import summary_text, to_json, write_results
@@ -72,6 +76,14 @@ def run(
         window = DEFAULT_RAY_WINDOW
     sc, reqs, path = load_inputs(scenario, trace, window, rate_scale, max_requests, output_scale,
                                  skip_bad_rows, dilation=dilation, payload_scale=payload_scale)
+    if fault:
+        from rack.faults import parse_fault_option
+        from rack.scenario import ScenarioError
+
+        try:
+            sc = sc.with_overrides(faults=[*sc.model_dump()["faults"], *(parse_fault_option(f) for f in fault)])
+        except (ScenarioError, ValueError) as exc:
+            fail(str(exc))
     info = trace_info(path, reqs.summary(), window=window, rate_scale=rate_scale,
                       max_requests=max_requests, output_scale=output_scale)
     if not as_json:
@@ -83,7 +95,10 @@ def run(
                               progress=not as_json and sys.stderr.isatty(), timeout_s=timeout)
     except Exception as exc:  # a stalled or refused run: say what happened, keep the traceback out
         from rack.runtime.virtual import VirtualTimeDeadlock
+        from rack.scenario import ScenarioError
 
+        if isinstance(exc, ScenarioError):     # refused before any component started
+            fail(str(exc))
         known = (VirtualTimeDeadlock,)
         try:
             from rack.runtime.ray_runtime import RayRunError
