@@ -227,11 +227,41 @@ class _Terms:
         return E * -np.expm1(tokens * math.log1p(-k / E))
 
     def weight_bytes_per_pass(self, tokens: np.ndarray) -> np.ndarray:
+        if isinstance(tokens, float):
+            # scalar fast path (one pass of a prefill, a mixed or a decode iteration):
+            # the same arithmetic as the array path, with math.expm1 for np.expm1
+            if tokens <= 0:
+                return 0.0
+            E, k = self.n_experts, self.top_k
+            if not self.n_moe:
+                distinct = 0.0
+            elif k >= E:
+                distinct = float(E)
+            else:
+                distinct = E * -math.expm1(tokens * math.log1p(-k / E))
+            return (self.resident_params + self.n_moe * distinct * self.expert_params) * self.wb
         experts = self.n_moe * self.distinct_experts(tokens) * self.expert_params
         return np.where(tokens > 0, (self.resident_params + experts) * self.wb, 0.0)
 
 
+def _maximum(a, b):
+    """np.maximum, without the ufunc call when both are scalars (the hot path)."""
+    if isinstance(a, float) and isinstance(b, float):
+        return a if a >= b else b
+    return np.maximum(a, b)
+
+
+def _at(x, i: int = 0):
+    """Element i of a scalar or (flattened) array."""
+    return x if isinstance(x, float) else np.ravel(x)[i]
+
+
 def _as_counts(x, name: str) -> np.ndarray:
+    if type(x) is np.ndarray and x.ndim == 1 and x.dtype.kind in "iu":
+        # the engines' token-count arrays: ints are finite, one check for negatives
+        if x.size and x.min() < 0:
+            raise ValueError(f"{name} must be finite token counts >= 0")
+        return x.astype(float)
     a = np.asarray(x, dtype=float)
     if a.ndim > 1:
         a = a.ravel()
@@ -330,10 +360,13 @@ class CostModel:
               steady: bool) -> dict:
         """Time one forward pass (arrays broadcast over steps); see the module docstring."""
         dev, eff, tp, ep = self.device, self.device.efficiency, self.parallelism.tp, self.parallelism.ep
-        tokens = np.asarray(tokens, dtype=float)
+        # Scalars stay Python floats (a pass's token count is one number even when
+        # its FLOPs vary over decode steps): same arithmetic, far fewer ufunc calls.
+        if not isinstance(tokens, float):
+            tokens = np.asarray(tokens, dtype=float)
         tok_mb = tokens / m
         w_mb = t.weight_bytes_per_pass(tok_mb)
-        decode_part = np.any(np.asarray(flops_d) > 0)
+        decode_part = flops_d > 0 if isinstance(flops_d, float) else np.any(np.asarray(flops_d) > 0)
         e_w = eff.decode_memory if decode_part else eff.prefill_memory
         peak, bw = tp * self._peak_dev, tp * dev.memory_bandwidth_Bps
         compute_s = (flops_p / eff.prefill_compute + flops_d / eff.decode_compute) / (m * pp * peak)
@@ -341,7 +374,7 @@ class CostModel:
         comm_bw, comm_lat = self._stage_comm(t, tok_mb, pp, tp, ep)
         comm_s = comm_bw + comm_lat
         lat_s = t.n_layers / pp * dev.layer_latency_s
-        stage = np.maximum(compute_s, memory_s) + comm_s + lat_s
+        stage = _maximum(compute_s, memory_s) + comm_s + lat_s
         if pp > 1:
             link_bw, link_lat = dev.link(self.parallelism.n_devices)
             hop_xfer = tok_mb * t.hidden * ACTIVATION_BYTES / (link_bw * eff.communication)
@@ -350,7 +383,7 @@ class CostModel:
             hop_xfer = hop_lat = 0.0
         hop = hop_xfer + hop_lat
         if steady:
-            time = np.maximum(pp * stage + (pp - 1) * hop, m * stage)
+            time = _maximum(pp * stage + (pp - 1) * hop, m * stage)
             passes = pp
         else:
             time = (m + pp - 1) * stage + (pp - 1) * hop
@@ -359,7 +392,8 @@ class CostModel:
         z = 0 * time
         return {
             "time": time,
-            "flops": np.asarray(flops_p + flops_d, dtype=float) + z,
+            "flops": (flops_p + flops_d if isinstance(flops_p + flops_d, float)
+                      else np.asarray(flops_p + flops_d, dtype=float)) + z,
             "bytes": m * w_mb + kv_p + kv_d + z,
             # all time spent communicating (collectives and pipeline hops, both terms)
             "comm": passes * comm_s + (pp - 1) * hop + z,
@@ -401,13 +435,14 @@ class CostModel:
 
     @staticmethod
     def _bound(d: dict, i: int = 0) -> str:
-        roof = "compute" if np.ravel(d["compute"])[i] >= np.ravel(d["memory"])[i] else "memory"
-        vals = {roof: max(np.ravel(d["compute"])[i], np.ravel(d["memory"])[i]),
-                "communication": np.ravel(d["comm_bw"])[i], "latency": np.ravel(d["latency"])[i]}
+        compute, memory = _at(d["compute"], i), _at(d["memory"], i)
+        roof = "compute" if compute >= memory else "memory"
+        vals = {roof: max(compute, memory),
+                "communication": _at(d["comm_bw"], i), "latency": _at(d["latency"], i)}
         return max(vals, key=vals.get)
 
     def _cost(self, d: dict, tokens: float) -> IterationCost:
-        f = lambda k: float(np.ravel(d[k])[0])  # noqa: E731
+        f = lambda k: float(_at(d[k]))  # noqa: E731
         return IterationCost(time_s=f("time"), flops=f("flops"), bytes=f("bytes"), comm_s=f("comm"),
                              bound=self._bound(d), compute_s=f("compute"), memory_s=f("memory"),
                              latency_s=f("latency"), comm_bw_s=f("comm_bw"), tokens=float(tokens))
@@ -468,7 +503,8 @@ class CostModel:
         """
         n = _as_counts(new_tokens, "new_tokens")
         c = _as_counts(cached_tokens, "cached_tokens")
-        n, c = np.broadcast_arrays(n, c)
+        if n.shape != c.shape:
+            n, c = np.broadcast_arrays(n, c)
         tokens, flops, kv = self._prefill_work(self._t, n, c)
         if tokens <= 0:
             raise ValueError("prefill: no new tokens in the iteration")
@@ -510,7 +546,8 @@ class CostModel:
         q = 1 if self.speculative is None else int(self.speculative.draft_tokens) + 1
         tok, fl, kv = self._decode_work(self._t, c, shift, q)
         pp = self.parallelism.pp
-        d = self._pass(self._t, tokens=np.full(shift.size, tok), flops_p=0.0, flops_d=fl, kv_p=0.0, kv_d=kv,
+        # tokens is the same at every step: a scalar (the pass broadcasts it)
+        d = self._pass(self._t, tokens=float(tok), flops_p=0.0, flops_d=fl, kv_p=0.0, kv_d=kv,
                        m=int(min(pp, c.size)), pp=pp, steady=True)
         draft = self._draft_passes(c, shift)
         return d if draft is None else self._combine([d, draft])

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 import struct
+from collections import OrderedDict
 from dataclasses import dataclass
 import msgpack
 import numpy as np
@@ -131,6 +132,26 @@ class FrameHeader:
     version: int = FORMAT_VERSION
 
     def __post_init__(self) -> None:
+        # Fast path (every frame of a run goes through here three times: built, peeked
+        # by the interconnect, decoded by the receiver): plain in-range ints, a known
+        # dtype, a tuple shape. Anything else takes the detailed checks below, which
+        # accept numpy integers too and name the bad field.
+        p, c = self.payload_bytes, self.checksum
+        if (type(self.request_id) is int and type(self.layer_start) is int
+                and type(self.layer_end) is int and type(self.token_start) is int
+                and type(self.token_end) is int and type(self.logical_bytes) is int
+                and type(self.version) is int and type(self.shape) is tuple
+                and 0 <= self.request_id <= _U64_MAX and 0 <= self.layer_start < self.layer_end
+                and 0 <= self.token_start <= self.token_end and self.logical_bytes >= 0
+                and self.version >= 0 and type(self.dtype) is str and self.dtype in KV_DTYPE_BITS
+                and (p is None or (type(p) is int and 0 <= p <= MAX_BODY_BYTES))
+                and (c is None or (type(c) is int and 0 <= c <= _U64_MAX))
+                and all(type(d) is int and d >= 0 for d in self.shape)):
+            return
+        self._check_fields()
+
+    def _check_fields(self) -> None:
+        """The detailed checks of `__post_init__`; raise FrameError naming the field."""
         def need_int(name: str, lo: int, hi: int | None = None) -> None:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
@@ -205,6 +226,12 @@ def _header_prefix(header: FrameHeader, n_body: int) -> bytearray:
         "payload": n_body,
         "xxh3": _U64_MAX,
     }
+    return _pack_prefix(hmap, n_body)
+
+
+def _pack_prefix(hmap: dict, n_body: int) -> bytearray:
+    """Frame marker, packed header map (its "xxh3" entry last, as _U64_MAX), bin32 marker
+    and body length."""
     prefix = bytearray(b"\x92")
     prefix += msgpack.packb(hmap)
     prefix += struct.pack(">BI", _BIN32, n_body)
@@ -264,7 +291,32 @@ def _write_frame(
         if out.nbytes < total:
             raise FrameError(f"out buffer holds {out.nbytes} bytes; this frame needs {total}")
         frame = out[:total]
+    _fill_frame(frame, prefix, n_body, src, cyclic_start)
+    return frame
+
+
+def _fill_frame(frame: np.ndarray, prefix: bytearray, n_body: int, src: np.ndarray,
+                cyclic_start: int | None) -> int:
+    """Write `prefix` (its checksum slot filled in here) and the body into `frame`
+    (exactly len(prefix) + n_body bytes); returns the body's xxh3_64.
+
+    The body is copied and hashed chunk by chunk (see `_CHUNK`): `src[:n_body]`, or
+    with `cyclic_start` the cyclic random stream (`_random_block()`) from there.
+    """
+    p = len(prefix)
     body_dst = frame[p:]
+    if n_body <= _CHUNK:
+        # one chunk: copy, hash, no streaming hasher (the common KV frame at small
+        # payload_scale)
+        if cyclic_start is None:
+            np.copyto(body_dst, src[:n_body])
+        else:
+            s = cyclic_start % _RANDOM_BLOCK
+            np.copyto(body_dst, src[s : s + n_body])
+        digest = xxhash.xxh3_64_intdigest(body_dst)
+        prefix[p - 13 : p - 5] = digest.to_bytes(8, "big")
+        memoryview(frame)[:p] = prefix
+        return digest
     h = xxhash.xxh3_64()
     update = h.update
     copyto = np.copyto
@@ -277,9 +329,10 @@ def _write_frame(
             s = (cyclic_start + off) % _RANDOM_BLOCK
             copyto(chunk, src[s : s + end - off])
         update(chunk)
-    prefix[_checksum_slot(p)] = h.intdigest().to_bytes(8, "big")
+    digest = h.intdigest()
+    prefix[_checksum_slot(p)] = digest.to_bytes(8, "big")
     frame[:p] = np.frombuffer(prefix, dtype=np.uint8)
-    return frame
+    return digest
 
 
 def encode_frame(
@@ -340,11 +393,79 @@ def _pair(hmap: dict, key: str) -> tuple[int, int]:
     return int(v[0]), int(v[1])
 
 
+_XXH3_ENTRY = b"\xa4xxh3\xcf"  # the header's last entry: fixstr "xxh3", uint64 marker
+
+
+def _parse_fast(frame: np.ndarray) -> tuple[FrameHeader, int, int] | None:
+    """`_parse` for a frame laid out as `encode_frame` writes it (the header map ends
+    with the xxh3 entry, then a bin32 body fills the rest of the frame); None for any
+    other frame, which `_parse` then checks field by field.
+
+    One msgpack call on the exact header bytes instead of a streaming Unpacker: it
+    succeeds only if the map ends exactly at the end of the xxh3 entry, so a frame
+    accepted here parses to the same header as on the general path.
+    """
+    head = frame[:_FIRST_PEEK].tobytes()
+    pos = head.find(_XXH3_ENTRY)
+    hend = pos + len(_XXH3_ENTRY) + 8
+    if pos < 0 or head[0] != _FIXARRAY2 or hend + 5 > len(head) or head[hend] != _BIN32:
+        return None
+    key = head[1:hend]
+    header = _HEADERS.get(key)
+    if header is None:
+        header = _header_of(key)
+        if header is None:
+            return None
+        _remember_header(key, header)
+    body_off = hend + 5
+    body_len = int.from_bytes(head[hend + 1:body_off], "big")
+    if body_len != header.payload_bytes or body_off + body_len != frame.shape[0]:
+        return None
+    return header, body_off, body_len
+
+
+# Parsed headers by their exact packed bytes. Parsing is a pure function of those bytes,
+# so a hit returns what parsing would; it spares the second parse of a frame (the
+# interconnect peeks, the receiver decodes) and the first of the frames this process
+# built (`make_kv_frames` records them). Bodies are always hashed afresh.
+_HEADERS: OrderedDict[bytes, FrameHeader] = OrderedDict()
+_HEADERS_MAX = 4096
+
+
+def _remember_header(key: bytes, header: FrameHeader) -> None:
+    if len(_HEADERS) >= _HEADERS_MAX:
+        _HEADERS.popitem(last=False)            # the oldest (O(1), unlike a dict's first key)
+    _HEADERS[key] = header
+
+
+def _header_of(packed: bytes) -> FrameHeader | None:
+    """The FrameHeader of exactly one packed header map, or None if it is not one."""
+    try:
+        hmap = msgpack.unpackb(packed)
+        layers, tokens, shape = hmap["layers"], hmap["tokens"], hmap["shape"]
+        if (type(layers) is not list or len(layers) != 2 or type(tokens) is not list
+                or len(tokens) != 2 or type(shape) is not list
+                or type(hmap["v"]) is not int or hmap["v"] != FORMAT_VERSION):
+            return None
+        header = FrameHeader(
+            request_id=hmap["rid"], layer_start=layers[0], layer_end=layers[1],
+            token_start=tokens[0], token_end=tokens[1], dtype=hmap["dtype"], shape=tuple(shape),
+            logical_bytes=hmap["logical"], payload_bytes=hmap["payload"], checksum=hmap["xxh3"],
+            version=FORMAT_VERSION)
+    except (ValueError, TypeError, KeyError, msgpack.UnpackException):
+        # FrameError is a ValueError; msgpack's ExtraData too
+        return None
+    return header
+
+
 def _parse(frame: np.ndarray) -> tuple[FrameHeader, int, int]:
     """Parse marker, header and bin prefix. Returns (header, body_offset, body_len)."""
     n = frame.shape[0]
     if n < 2:
         raise FrameError(f"frame is {n} bytes long: too short to hold a header")
+    fast = _parse_fast(frame)
+    if fast is not None:
+        return fast
     if frame[0] != _FIXARRAY2:
         raise FrameError(
             f"not a KV frame: byte 0 is {int(frame[0]):#04x}, expected {_FIXARRAY2:#04x} "
@@ -542,23 +663,37 @@ def make_kv_frames(
     bits = KV_DTYPE_BITS[kv_dtype]
     total = n_tokens * kv_bytes_per_token
     block = _random_block()
-    frames: list[np.ndarray] = []
+    # Every frame is a view of one buffer (one allocation per request, not per group).
+    # Headers are packed straight from the validated ints (the same map, in the same
+    # key order, as `_header_prefix`); each frame's FrameHeader, with its checksum, is
+    # built once after its body is hashed and remembered for the parses that follow.
+    groups = []
+    size = 0
     for a in range(0, n_layers, layer_group):
         b = min(n_layers, a + layer_group)
         logical = group_logical_bytes(total, n_layers, a, b)
         n_body = payload_size(logical, payload_scale)
-        header = FrameHeader(
-            request_id=request_id,
-            layer_start=a,
-            layer_end=b,
-            token_start=0,
-            token_end=n_tokens,
-            dtype=kv_dtype,
-            shape=_logical_shape(b - a, n_tokens, kv_bytes_per_token, n_layers, logical, bits),
-            logical_bytes=logical,
-        )
+        if n_body > MAX_BODY_BYTES:
+            raise FrameError(
+                f"frame body of request {request_id} is {n_body} bytes; a msgpack bin32 "
+                f"holds at most {MAX_BODY_BYTES}: use smaller layer groups")
+        shape = _logical_shape(b - a, n_tokens, kv_bytes_per_token, n_layers, logical, bits)
+        prefix = _pack_prefix({"v": FORMAT_VERSION, "rid": request_id, "layers": [a, b],
+                               "tokens": [0, n_tokens], "dtype": kv_dtype, "shape": list(shape),
+                               "logical": logical, "payload": n_body, "xxh3": _U64_MAX}, n_body)
+        groups.append((a, b, logical, n_body, shape, prefix, size))
+        size += len(prefix) + n_body
+    buf = np.empty(size, dtype=np.uint8)
+    frames: list[np.ndarray] = []
+    for a, b, logical, n_body, shape, prefix, off in groups:
+        frame = buf[off : off + len(prefix) + n_body]
         start = xxhash.xxh3_64_intdigest(struct.pack("<QQQ", seed, request_id, a)) % _RANDOM_BLOCK
-        frames.append(_write_frame(header, n_body, block, None, cyclic_start=start))
+        digest = _fill_frame(frame, prefix, n_body, block, start)
+        header = FrameHeader(request_id=request_id, layer_start=a, layer_end=b, token_start=0,
+                             token_end=n_tokens, dtype=kv_dtype, shape=shape, logical_bytes=logical,
+                             payload_bytes=n_body, checksum=digest)
+        _remember_header(bytes(prefix[1 : len(prefix) - 5]), header)
+        frames.append(frame)
     return frames
 
 

@@ -161,6 +161,7 @@ class Interconnect:
         self._link_transfers = {name: 0 for name in by_name}
         self._link_logical = {name: 0 for name in by_name}
         self._link_shipped = {name: 0 for name in by_name}
+        self._link_lost = {name: 0 for name in by_name}     # delivered to a restarted receiver
         self._durations: list[float] = []
         self._n_transfers = 0
         self._total_logical = 0
@@ -234,7 +235,10 @@ class Interconnect:
             try:
                 bad = await receiver.receive_kv(req, frames, t0 if first_token_s is None else first_token_s)
             except PeerLost:
-                self._lost_transfers += 1   # the receiver restarted: the sender re-sends
+                # the receiver restarted: the bytes crossed for nothing; the sender re-sends
+                self._lost_transfers += 1
+                for name in path:
+                    self._link_lost[name] += logical_bytes
                 raise
         finally:
             self._in_flight -= 1
@@ -330,8 +334,8 @@ class Interconnect:
         "corruption" (list of {"tag", "corrupted", "recovered", "left"}, see `corrupt`),
         "transfer_time_s" (list of per-transfer durations, s), "links": {name: {
         "bandwidth_Bps", "latency_s", "per_message_s", "transfers", "bytes_logical"
-        (completed transfers), "bytes_shipped", "bytes_carried" (incl. partial
-        progress), "busy_s", "utilisation" (bytes_carried / (bandwidth x elapsed)),
+        (completed transfers), "bytes_shipped", "bytes_lost" (transfers whose receiver
+        had restarted), "bytes_carried" (incl. partial progress), "busy_s", "utilisation" (bytes_carried / (bandwidth x elapsed)),
         "peak_flows", "series" (list of [t, utilisation] at flow events)}}}.
         """
         self._sync()
@@ -346,6 +350,7 @@ class Interconnect:
                 "transfers": self._link_transfers[name],
                 "bytes_logical": self._link_logical[name],
                 "bytes_shipped": self._link_shipped[name],
+                "bytes_lost": self._link_lost[name],
                 "bytes_carried": u.bytes,
                 "busy_s": u.busy_s,
                 "utilisation": u.utilisation,

@@ -45,6 +45,7 @@ class Collector:
         self.unknown_events = Counter()
         self._open = n
         self.faults: dict[int, dict] = {}        # fault injector records, by fault index
+        self.recoveries: list[dict] = []         # router: requests re-dispatched per recovery
         self._all_done = asyncio.Event()
         if n == 0:
             self._all_done.set()
@@ -116,6 +117,11 @@ class Collector:
         it is returned under "faults" by `snapshot` (see rack.faults)."""
         self.faults[int(index)] = dict(record)
 
+    async def note_recovery(self, record: dict) -> None:
+        """Keep the router's record of one recovery ({"instance", "t", "ids"}: requests
+        re-dispatched); returned under "recoveries" by `snapshot`."""
+        self.recoveries.append(dict(record))
+
     async def snapshot(self) -> dict:
         """All records, as plain arrays and dicts (picklable) for the metrics step."""
         order = sorted(self.itl)
@@ -128,6 +134,7 @@ class Collector:
             "itl_lengths": lengths, "itl_flat": flat, "violations": list(self.violations),
             "unknown_events": dict(self.unknown_events),
             "faults": [self.faults[i] for i in sorted(self.faults)],
+            "recoveries": list(self.recoveries),
         }
 
     # ----------------------------------------------------------------- internals

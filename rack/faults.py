@@ -304,6 +304,9 @@ class FaultInjector:
                 await self.interconnect.corrupt(f["count"], seed=f["seed"], start=t, end=end,
                                                 link=None if target == "*" else target, tag=i)
                 rec.update(applied=True, applied_at_s=t)
+        except Exception as exc:          # reported, never silently lost
+            rec["error"] = repr(exc)
+            raise
         finally:
             await self.collector.note_fault(i, rec)
 
@@ -332,7 +335,8 @@ class FaultInjector:
 # ----------------------------------------------------------------------------- results
 
 def faults_section(snapshot: dict, stats: dict, columns: dict) -> dict:
-    """results.json's `faults`: {"injected", "recovered" (faults the rack recovered
+    """results.json's `faults`: {"errors" (faults that could not be applied or
+    recovered from: a bug, with its exception), "injected", "recovered" (faults the rack recovered
     from), "requests_failed" (requests a fault made fail: re-dispatched ones that did not
     complete, plus failures with a fault-only reason, FAULT_REASONS),
     "requests_redispatched", "requests_recovered" (re-dispatched and completed),
@@ -357,10 +361,13 @@ def faults_section(snapshot: dict, stats: dict, columns: dict) -> dict:
             ok = [x for x in ids if outcome.get(int(x)) == "completed"]
             r["requests_recovered"] = len(ok)
             r["requests_failed"] = len(ids) - len(ok)
+    for rec in snapshot.get("recoveries", []):     # every re-dispatch, also nested ones
+        redispatched.update(int(x) for x in rec["ids"])
     failed = {i for i in redispatched if outcome.get(i) != "completed"}
     failed |= {i for i, o in outcome.items() if o == "failed" and reason.get(i) in FAULT_REASONS}
     pre = [s for s in stats.values() if s.get("role") == "prefill"]
     return {
+        "errors": [f"fault {r['index']} ({r['kind']}): {r['error']}" for r in records if r.get("error")],
         "injected": sum(1 for r in records if r["applied"]),
         "recovered": sum(1 for r in records if r["recovered"]),
         "requests_failed": len(failed),

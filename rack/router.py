@@ -75,6 +75,7 @@ class Router:
         self._dec_of = np.zeros(0, np.int32)     # per request position: decode target index
         self._pos: dict[int, int] | None = None  # request id -> position (built on first recovery)
         self._dispatching: set[int] = set()      # submits in flight
+        self._recoveries: dict[str, int] = {}     # recover() calls per instance
         self.recovered = 0
 
     async def run(self, requests: Sequence[Any]) -> dict:
@@ -147,6 +148,7 @@ class Router:
         A submit to an instance that is down (PeerLost) leaves its requests routed there:
         the recovery of that instance re-dispatches them."""
         ids = [req.id for items in per_instance.values() for req, _ in items]
+        epochs = {nm: self._recoveries.get(nm, 0) for nm in per_instance}
         self._dispatching.update(ids)
         try:
             results = await asyncio.gather(*((self.prefill.get(nm) or self.local[nm]).submit_many(items)
@@ -154,6 +156,12 @@ class Router:
         finally:
             self._dispatching.difference_update(ids)
         _raise_other(results)
+        # An instance that died while these were in flight (PeerLost, or recovered in the
+        # meantime without them, as they were in flight) may have lost them: recover it
+        # again now that they are not in flight (recover is idempotent).
+        for nm, res in zip(per_instance, results):
+            if nm in self.prefill and (isinstance(res, PeerLost) or self._recoveries.get(nm, 0) != epochs[nm]):
+                await self.recover(nm)
 
     async def recover(self, instance: str) -> dict:
         """Re-dispatch the requests instance `instance` lost when it died (fault recovery,
@@ -176,6 +184,7 @@ class Router:
         else:
             raise KeyError(f"router.recover: {instance!r} is not a prefill or decode instance; "
                            f"known: {sorted(self.prefill)} / {self.decode_targets}")
+        self._recoveries[instance] = self._recoveries.get(instance, 0) + 1
         ids = [self._requests[p].id for p in np.flatnonzero(col == idx).tolist()]
         cand = [i for i in await self.collector.open_among(ids) if i not in self._dispatching]
         held: set[int] = set()
@@ -209,6 +218,7 @@ class Router:
             self._note_route(pos, name, target if d >= 0 else None)
         if per_instance:
             self.recovered += len(lost)
+            await self.collector.note_recovery({"instance": instance, "t": self.clock.now(), "ids": list(lost)})
             await self._submit(per_instance)
         return {"instance": instance, "role": role, "candidates": len(cand), "held": len(held),
                 "redispatched": lost}

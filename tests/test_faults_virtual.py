@@ -257,3 +257,17 @@ def test_cli_fault_option(tmp_path):
                                    "--fault", "decode_crash:decode-9@4"])
     assert bad.exit_code == 2
     assert "faults[0].target" in bad.output and "Traceback" not in bad.output
+
+
+def test_simultaneous_prefill_and_decode_crash():
+    # Regression: the decode recovery re-dispatches a request to the prefill instance
+    # that dies at the same instant; the router recovers that instance again.
+    reqs = [Request(id=0, arrival_s=0.0, prompt_tokens=1, output_tokens=1),
+            Request(id=1, arrival_s=0.01, prompt_tokens=1, output_tokens=7)]
+    out = run_scenario(scenario([{"kind": "prefill_crash", "at_s": 0.03, "target": "prefill"},
+                                 {"kind": "decode_crash", "at_s": 0.03, "target": "decode"}],
+                                prefill_instances=1), reqs, runtime="virtual")
+    check_accounting(out, reqs)
+    f = out.results["faults"]
+    assert out.results["requests"]["completed"] == 2
+    assert f["injected"] == f["recovered"] == 2 and f["requests_redispatched"] == 1

@@ -355,6 +355,7 @@ class PrefillEngine:
                 self._handoffs += len(done)
                 await self.collector.events([(j.req.id, "first_token", t1) for j in done])
                 for j in done:
+                    self._in_handoff.add(j.req.id)      # held from now on (see `holding`)
                     task = spawn(self._handoff(j, t1), self._errors)
                     self._tasks.add(task)
                     task.add_done_callback(self._tasks.discard)
@@ -367,7 +368,6 @@ class PrefillEngine:
         yet) up to `max_peer_retries` times, unless the request has ended meanwhile;
         then the request fails with reason "decode_unavailable"."""
         req = job.req
-        self._in_handoff.add(req.id)
         try:
             if req.output_tokens == 1:
                 # Done at its first token: nothing to decode, nothing to ship.

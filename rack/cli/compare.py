@@ -23,7 +23,7 @@ def compare(
     rate_scale: float = typer.Option(1.0, "--rate-scale", help="arrival rate multiplier"),
     max_requests: Optional[int] = typer.Option(None, "--max-requests", min=1),
     stage: Optional[List[str]] = typer.Option(None, "--stage", help="fixed stage NAME=MS[:before|after] for every scenario (repeatable), e.g. gateway=2"),
-    address: Optional[str] = typer.Option(None, "--address", help="Ray cluster address (ray runtime)"),
+    address: Optional[str] = typer.Option(None, "--address", help="Ray cluster address: virtual runs go out as Ray tasks over it; ray runtime runs there"),
     out: Path = typer.Option(Path("rack-results/compare"), "--out", help="results folder"),
     no_plots: bool = typer.Option(False, "--no-plots", help="skip the PNG plots"),
     as_json: bool = typer.Option(False, "--json", help="print the JSON of all scenarios instead of the table"),

@@ -177,7 +177,7 @@ class LocalCluster:
                     self._cluster.shutdown()
                 finally:
                     self._cluster = None
-        survivors = _wait_gone(procs, timeout_s)
+        survivors = wait_gone(procs, timeout_s)
         killed = []
         for p in survivors:
             try:
@@ -243,7 +243,9 @@ def cluster_processes(temp_root: str) -> list:
     return list(seen.values())
 
 
-def _wait_gone(procs: list, timeout_s: float) -> list:
+def wait_gone(procs: list, timeout_s: float) -> list:
+    """Wait up to `timeout_s` for the psutil processes `procs` to exit; returns those
+    still running (zombies count as gone)."""
     import psutil
 
     deadline = time.monotonic() + timeout_s

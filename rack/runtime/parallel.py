@@ -155,3 +155,12 @@ def virtual_results(item: tuple) -> dict:
 
     scenario, requests, *rest = item
     return run_scenario(scenario, requests, runtime="virtual", trace_info=rest[0] if rest else None).results
+
+
+def virtual_run_output(item: tuple):
+    """Like `virtual_results` but returns the whole `RunOutput` (results, per-request
+    columns, component stats, topology), for callers that need more than results.json."""
+    from rack.runner import run_scenario
+
+    scenario, requests, *rest = item
+    return run_scenario(scenario, requests, runtime="virtual", trace_info=rest[0] if rest else None)

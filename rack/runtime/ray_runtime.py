@@ -4,10 +4,11 @@ Emulated time t = (wall - epoch) / dilation. The driver picks `epoch`, a wall-cl
 instant a little after every actor is built, and sends it to every actor. Actors on
 the driver's own host use it as is (one clock). For an actor on another host the
 driver first measures that host's clock offset (best of a few `time.time()` round
-trips to one actor there, NTP-style: offset = remote - midpoint, error <= RTT/2) and
-hands it `epoch + offset`, so every actor starts emulated time 0 at the same instant
-of the driver's clock; what remains is the RTT/2 error and the clocks' drift during
-the run (docs/multinode.md gives the figures). Each actor records how late each of its
+trips to one actor there, NTP-style: offset = remote - midpoint, error <= RTT/2) and,
+when the offset is larger than that error bound, hands it `epoch + offset`, so every
+actor starts emulated time 0 at the same instant of the driver's clock; what remains
+is the smaller of the hosts' NTP error and RTT/2, plus the clocks' drift during the
+run (docs/multinode.md gives the figures). Each actor records how late each of its
 timers fires (emulated seconds); the results report it per actor.
 
 Placement: a component's actor asks for its `ComponentSpec.resources` (pool
@@ -390,7 +391,8 @@ def _wait_started(ray, actors: dict[str, Any], specs: Sequence[ComponentSpec], t
 def _clock_offsets(ray, actors: dict[str, Any], infos: dict[str, dict]) -> dict[str, dict]:
     """{host ip: {"offset_s", "rtt_s", "corrected"}}: each host's clock minus the
     driver's, from the fastest of `_CLOCK_PROBES` round trips to one actor there.
-    Only hosts other than the driver's are corrected (one host has one clock)."""
+    Only hosts other than the driver's are corrected (one host has one clock), and
+    only when the offset exceeds the probe's error bound RTT/2."""
     driver_ip = ray.util.get_node_ip_address()
     out: dict[str, dict] = {}
     for name, info in infos.items():
@@ -404,7 +406,11 @@ def _clock_offsets(ray, actors: dict[str, Any], infos: dict[str, dict]) -> dict[
             t1 = time.time()
             if best is None or t1 - t0 < best[1]:
                 best = (remote - 0.5 * (t0 + t1), t1 - t0)
-        out[ip] = {"offset_s": best[0], "rtt_s": best[1], "corrected": ip != driver_ip}
+        # Corrected only when the probe proves the clocks differ (|offset| > RTT/2, its
+        # error bound): NTP on a LAN keeps hosts within tens of microseconds (chrony's
+        # documentation), better than a ~1 ms Ray round trip can measure.
+        out[ip] = {"offset_s": best[0], "rtt_s": best[1],
+                   "corrected": ip != driver_ip and abs(best[0]) > 0.5 * best[1]}
     return out
 
 
