@@ -113,6 +113,11 @@ def summary_text(results: dict) -> str:
         if tpot50 and ls["p99"] and ls["p99"] > 0.01 * tpot50:
             lines.append(f"WARNING: p99 lateness {fmt_s(ls['p99'])} is more than 1% of the median TPOT "
                          f"{fmt_s(tpot50)}: the host could not keep pace; raise --dilation")
+    f = results.get("faults")
+    if f and (f["injected"] or f["checksum_failures"] or f["requests_failed"]):
+        lines.append(f"faults: {f['injected']} injected, {f['recovered']} recovered, "
+                     f"{f['requests_failed']} requests failed, {f['checksum_failures']} checksum "
+                     f"failures caught, {f['payloads_resent']} KV payloads re-sent")
     if e["violations"]:
         lines.append(f"WARNING: {len(e['violations'])} accounting violation(s): {e['violations'][:3]}")
     return "\n".join(lines)

@@ -197,6 +197,15 @@ class ComponentHost:
         return {"node_id": ctx.get_node_id(), "node_ip": ray.util.get_node_ip_address(),
                 "hostname": socket.gethostname(), "pid": os.getpid()}
 
+    async def connect(self, peers: Sequence[Any]) -> None:
+        """Call every peer actor in `peers` once, with a sample of what components send.
+
+        The first call from one actor to another sets up the connection, and the first
+        Request or array it carries makes the receiver import its module (~60-100 ms of
+        wall time, measured): both happen here, before time 0, not in the replay."""
+        sample = _warm_payload()
+        await asyncio.gather(*(a.ping.remote(*sample) for a in peers))
+
     async def wall_time(self) -> float:
         """This host's wall clock (s since the Unix epoch), for clock-offset probes."""
         return time.time()
@@ -214,11 +223,6 @@ class ComponentHost:
         self.clock = LoopClock(loop, origin=epoch_wall, dilation=dilation, record_lateness=True,
                                wall_time=time.time)
         self.obj = construct(spec, self.clock, peers.__getitem__)
-        # The first call from one actor to another sets up the connection, and the first
-        # Request or array it carries makes the receiver import its module (~60-100 ms of
-        # wall time, measured): do both now, before time 0, not in the replay.
-        sample = _warm_payload()
-        await asyncio.gather(*(peers[n]._actor.ping.remote(*sample) for n in sorted(spec.refs())))
         import ray
 
         if self._registry is not None:      # for a rebuild after Ray restarts this actor
@@ -457,9 +461,14 @@ def run_topology_ray(specs: Sequence[ComponentSpec], requests: Sequence[Any], *,
         proxies = {name: ActorProxy(a, name) for name, a in actors.items()}
         span = max((r.arrival_s for r in requests), default=0.0)
         infos = _wait_started(ray, actors, specs, startup_timeout_s)
+        ray.get([actors[s.name].connect.remote([actors[n] for n in sorted(s.refs())]) for s in specs],
+                timeout=startup_timeout_s)
         hosts = _clock_offsets(ray, actors, infos)
-        # The epoch lies after every actor is built, so time 0 is not already late.
-        epoch = time.time() + 1.0 + 0.1 * len(specs)
+        # The epoch lies after every actor is built, so time 0 is not already late: a
+        # build is a constructor call (ms), but a loaded 2-core host was seen to take
+        # over 1.6 s for six of them; 2 s + 0.2 s per actor leaves room.
+        slack = 2.0 + 0.2 * len(specs)
+        epoch = time.time() + slack
 
         def local_epoch(name: str) -> float:
             h = hosts[infos[name]["node_ip"]]
@@ -470,7 +479,8 @@ def run_topology_ray(specs: Sequence[ComponentSpec], requests: Sequence[Any], *,
         nodes = {s.name: b["node_id"] for s, b in zip(specs, built)}
         loop_types = {b["loop_type"] for b in built}
         if time.time() > epoch:
-            raise RayRunError("actors took longer to start than the epoch allowed; retry")
+            raise RayRunError(f"building the {len(specs)} components took {time.time() - epoch + slack:.1f} s, "
+                              f"past time 0 set {slack:.1f} s ahead (an overloaded host?); retry")
         limit = timeout_s if timeout_s is not None else 600.0 + 4.0 * span * dilation
         deadline = time.time() + limit
         router_ref = actors["router"].call.remote("run", (list(requests),), {})

@@ -14,6 +14,7 @@ components run unchanged on the Ray runtime's uvloop.
 from __future__ import annotations
 
 import asyncio
+import heapq
 import math
 import selectors
 from typing import Any, Awaitable, Callable, TypeVar
@@ -78,6 +79,53 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
     @_clock_resolution.setter
     def _clock_resolution(self, value: float) -> None:
         pass
+
+    def _run_once(self) -> None:
+        """One loop iteration, as `BaseEventLoop._run_once` without the I/O poll.
+
+        Same order as the stock loop (drop cancelled timers at the heap's head, jump
+        the clock to the earliest timer when nothing is ready, move every timer due at
+        `time()` to the ready queue, run the callbacks that were ready at the start),
+        minus the selector call and timeout arithmetic: a replay runs this ~10^6 times
+        and the stock version spent about half of its time there. `when <= _vt` is the
+        stock `when < time() + ulp(time())`.
+        """
+        if self._debug:  # pragma: no cover - debug mode keeps the stock checks
+            return super()._run_once()
+        scheduled = self._scheduled
+        n = len(scheduled)
+        if n > 100 and self._timer_cancelled_count / n > 0.5:
+            # many cancelled timers (wait_until deadlines beaten by their event): rebuild
+            live = []
+            for handle in scheduled:
+                if handle._cancelled:
+                    handle._scheduled = False
+                else:
+                    live.append(handle)
+            heapq.heapify(live)
+            self._scheduled = scheduled = live
+            self._timer_cancelled_count = 0
+        else:
+            while scheduled and scheduled[0]._cancelled:
+                self._timer_cancelled_count -= 1
+                heapq.heappop(scheduled)._scheduled = False
+        ready = self._ready
+        if not ready and not self._stopping:
+            if not scheduled:
+                self._selector.select(None)   # raises VirtualTimeDeadlock
+            when = scheduled[0]._when
+            if when > self._vt:
+                self._vt = when
+        now = self._vt
+        while scheduled and scheduled[0]._when <= now:
+            handle = heapq.heappop(scheduled)
+            handle._scheduled = False
+            ready.append(handle)
+        popleft = ready.popleft
+        for _ in range(len(ready)):
+            handle = popleft()
+            if not handle._cancelled:
+                handle._run()
 
 
 def _resolve(fut: asyncio.Future, value: Any) -> None:
