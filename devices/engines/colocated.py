@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from devices.engines.common import enqueue_batch
+from devices.engines.common import enqueue_batch, plan_chunk
 from devices.engines.decode import AdmissionPolicy, DecodeEngine, _Seq
 from devices.memory import PrefixCache
 
@@ -189,23 +189,7 @@ class ColocatedEngine(DecodeEngine):
         return True
 
     def _schedule(self, budget: int) -> list[tuple[_Job, int]]:
-        plan: list[tuple[_Job, int]] = []
-        for job in self._prefilling:
-            if budget == 0:
-                break
-            take = min(job.remaining, budget)
-            plan.append((job, take))
-            budget -= take
-        while budget > 0 and self._queue:
-            job = self._queue[0]
-            if not self._try_admit(job):
-                break
-            self._queue.popleft()
-            self._prefilling.append(job)
-            take = min(job.remaining, budget)
-            plan.append((job, take))
-            budget -= take
-        return plan
+        return plan_chunk(self._prefilling, self._queue, budget, self._try_admit)
 
     async def _extra_work(self) -> bool:
         """One mixed iteration (decode step + prefill chunk) if a prompt can progress."""

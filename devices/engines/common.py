@@ -254,6 +254,32 @@ async def enqueue_batch(engine: Any, items, refuse, make_job, wake: asyncio.Even
         await engine.collector.finish(rid, outcome, reason=reason, t=now)
 
 
+def plan_chunk(active: list, queue, budget: int, try_admit) -> list:
+    """One chunked-prefill iteration's (job, new tokens) list, vLLM-style: the jobs
+    already prefilling (`active`, in admission order) first, then FCFS admissions from
+    the head of `queue` while `budget` tokens and memory last (`try_admit(job)` books
+    the job's KV and returns False when it does not fit: head-of-line blocking).
+    Admitted jobs move from `queue` to `active`. Jobs have a `remaining` token count.
+    """
+    plan: list = []
+    for job in active:
+        if budget == 0:
+            break
+        take = min(job.remaining, budget)
+        plan.append((job, take))
+        budget -= take
+    while budget > 0 and queue:
+        job = queue[0]
+        if not try_admit(job):
+            break
+        queue.popleft()
+        active.append(job)
+        take = min(job.remaining, budget)
+        plan.append((job, take))
+        budget -= take
+    return plan
+
+
 def ceil_div(a: int, b: int) -> int:
     """ceil(a / b) for non-negative ints."""
     return -(-a // b)

@@ -42,6 +42,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from devices.engines.common import (
+    plan_chunk,
     enqueue_batch,
     Lateness,
     TimeSeries,
@@ -294,24 +295,7 @@ class PrefillEngine:
     def _schedule(self) -> list[tuple[_Job, int]]:
         """The next iteration's (job, new tokens) list: continuing requests first, then
         FCFS admissions while budget and memory last."""
-        budget = self.chunk_tokens
-        plan: list[tuple[_Job, int]] = []
-        for job in self._running:
-            if budget == 0:
-                break
-            take = min(job.remaining, budget)
-            plan.append((job, take))
-            budget -= take
-        while budget > 0 and self._queue:
-            job = self._queue[0]
-            if not self._try_admit(job):
-                break
-            self._queue.popleft()
-            self._running.append(job)
-            take = min(job.remaining, budget)
-            plan.append((job, take))
-            budget -= take
-        return plan
+        return plan_chunk(self._running, self._queue, self.chunk_tokens, self._try_admit)
 
     async def _loop(self) -> None:
         clock = self.clock
