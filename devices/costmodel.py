@@ -357,8 +357,13 @@ class CostModel:
 
     # ---- core -------------------------------------------------------------------
     def _pass(self, t: _Terms, *, tokens, flops_p, flops_d, kv_p, kv_d, m: int, pp: int,
-              steady: bool) -> dict:
-        """Time one forward pass (arrays broadcast over steps); see the module docstring."""
+              steady: bool, lean: bool = False) -> dict:
+        """Time one forward pass (arrays broadcast over steps); see the module docstring.
+
+        lean: for `decode_steps` (one pass, no parts to combine): "time", "flops",
+        "bytes", "comm" as computed here, and "compute", "memory", "comm_bw", "latency"
+        only at the first step (what `_bound` reads), as scalars.
+        """
         dev, eff, tp, ep = self.device, self.device.efficiency, self.parallelism.tp, self.parallelism.ep
         # Scalars stay Python floats (a pass's token count is one number even when
         # its FLOPs vary over decode steps): same arithmetic, far fewer ufunc calls.
@@ -389,6 +394,18 @@ class CostModel:
             time = (m + pp - 1) * stage + (pp - 1) * hop
             passes = m + pp - 1
         time = time + dev.iteration_overhead_s
+        if lean:
+            # the same values without the broadcasting "+ 0" of the full dict
+            return {
+                "time": time,
+                "flops": flops_p + flops_d,
+                "bytes": m * w_mb + kv_p + kv_d,
+                "comm": np.full(np.shape(time), passes * comm_s + (pp - 1) * hop),
+                "compute": passes * _at(compute_s),
+                "memory": passes * _at(memory_s),
+                "comm_bw": passes * comm_bw + (pp - 1) * hop_xfer,
+                "latency": passes * (lat_s + comm_lat) + (pp - 1) * hop_lat + dev.iteration_overhead_s,
+            }
         z = 0 * time
         return {
             "time": time,
@@ -451,6 +468,16 @@ class CostModel:
     @staticmethod
     def _prefill_work(t: _Terms, n: np.ndarray, c: np.ndarray) -> tuple[float, float, float]:
         """(tokens, FLOPs, KV bytes) of prefill chunks n over cached c."""
+        if n.size < 8 and not t.n_slide:
+            # An iteration's few requests: Python floats, the same operations in the
+            # same order (numpy sums fewer than 8 items sequentially), no ufunc calls.
+            pairs = [(x, y) for x, y in zip(n.tolist(), c.tolist()) if x > 0]
+            tokens = float(sum(x for x, _ in pairs))
+            pos = t.n_full * float(sum(x * y + x * (x + 1) / 2 for x, y in pairs))
+            kv_read = t.n_full * float(sum(y for _, y in pairs))
+            flops = 2 * tokens * t.active_linear + 2 * len(pairs) * t.lm_head + t.attn_coef * pos
+            kv = t.kv_token_layer_bytes * (kv_read + t.n_layers * tokens)
+            return tokens, flops, kv
         live = n > 0
         n, c = n[live], c[live]
         tokens = float(n.sum())
@@ -538,17 +565,18 @@ class CostModel:
         if n_steps == 0:
             z = np.zeros(0)
             return StepCosts(z, z, z, z, "memory", self.tokens_per_step)
-        d = self._decode_dict(c, shift)
+        d = self._decode_dict(c, shift, lean=True)
         return StepCosts(time_s=d["time"], flops=d["flops"], bytes=d["bytes"], comm_s=d["comm"],
                          bound=self._bound(d), tokens_per_step=self.tokens_per_step)
 
-    def _decode_dict(self, c: np.ndarray, shift: np.ndarray) -> dict:
+    def _decode_dict(self, c: np.ndarray, shift: np.ndarray, lean: bool = False) -> dict:
         q = 1 if self.speculative is None else int(self.speculative.draft_tokens) + 1
         tok, fl, kv = self._decode_work(self._t, c, shift, q)
         pp = self.parallelism.pp
         # tokens is the same at every step: a scalar (the pass broadcasts it)
         d = self._pass(self._t, tokens=float(tok), flops_p=0.0, flops_d=fl, kv_p=0.0, kv_d=kv,
-                       m=int(min(pp, c.size)), pp=pp, steady=True)
+                       m=int(min(pp, c.size)), pp=pp, steady=True,
+                       lean=lean and self.speculative is None)
         draft = self._draft_passes(c, shift)
         return d if draft is None else self._combine([d, draft])
 
@@ -561,12 +589,18 @@ class CostModel:
         """
         n = _as_counts(new_tokens, "new_tokens")
         c = _as_counts(cached_tokens, "cached_tokens")
-        n, c = np.broadcast_arrays(n, c)
+        if n.shape != c.shape:
+            n, c = np.broadcast_arrays(n, c)
         ctx = _as_counts(context_lens, "context_lens") if np.size(context_lens) else np.zeros(0)
         tok_p, fl_p, kv_p = self._prefill_work(self._t, n, c)
         q = 1 if self.speculative is None else int(self.speculative.draft_tokens) + 1
         zero = np.zeros(1)
-        tok_d, fl_d, kv_d = self._decode_work(self._t, ctx, zero, q) if ctx.size else (0.0, zero, zero)
+        if ctx.size:
+            # one step: shift 0 as a scalar, so the work and the pass stay scalars
+            tok_d, fl_d, kv_d = self._decode_work(self._t, ctx, 0.0, q)
+            fl_d, kv_d = float(fl_d), float(kv_d)
+        else:
+            tok_d, fl_d, kv_d = 0.0, 0.0, 0.0
         if tok_p + tok_d <= 0:
             raise ValueError("mixed: no prefill tokens and no decode requests")
         pp = self.parallelism.pp

@@ -37,6 +37,7 @@ __all__ = [
     "ChecksumError",
     "FrameError",
     "FrameHeader",
+    "KVFrames",
     "corrupt_frame",
     "decode_frame",
     "encode_frame",
@@ -149,6 +150,27 @@ class FrameHeader:
                 and all(type(d) is int and d >= 0 for d in self.shape)):
             return
         self._check_fields()
+
+    @classmethod
+    def _trusted(cls, request_id: int, layer_start: int, layer_end: int, token_start: int,
+                 token_end: int, dtype: str, shape: tuple, logical_bytes: int,
+                 payload_bytes: int, checksum: int) -> "FrameHeader":
+        """A header from values its maker has already checked (`make_kv_frames`):
+        the frozen fields are set without `__post_init__` (a third of the cost)."""
+        h = object.__new__(cls)
+        set_ = object.__setattr__
+        set_(h, "request_id", request_id)
+        set_(h, "layer_start", layer_start)
+        set_(h, "layer_end", layer_end)
+        set_(h, "token_start", token_start)
+        set_(h, "token_end", token_end)
+        set_(h, "dtype", dtype)
+        set_(h, "shape", shape)
+        set_(h, "logical_bytes", logical_bytes)
+        set_(h, "payload_bytes", payload_bytes)
+        set_(h, "checksum", checksum)
+        set_(h, "version", FORMAT_VERSION)
+        return h
 
     def _check_fields(self) -> None:
         """The detailed checks of `__post_init__`; raise FrameError naming the field."""
@@ -304,7 +326,14 @@ def _fill_frame(frame: np.ndarray, prefix: bytearray, n_body: int, src: np.ndarr
     with `cyclic_start` the cyclic random stream (`_random_block()`) from there.
     """
     p = len(prefix)
-    body_dst = frame[p:]
+    digest = _copy_body(frame[p:], n_body, src, cyclic_start)
+    prefix[_checksum_slot(p)] = digest.to_bytes(8, "big")
+    memoryview(frame)[:p] = prefix
+    return digest
+
+
+def _copy_body(body_dst: np.ndarray, n_body: int, src: np.ndarray, cyclic_start: int | None) -> int:
+    """Copy the body into `body_dst` (n_body bytes) and return its xxh3_64; see `_fill_frame`."""
     if n_body <= _CHUNK:
         # one chunk: copy, hash, no streaming hasher (the common KV frame at small
         # payload_scale)
@@ -313,10 +342,7 @@ def _fill_frame(frame: np.ndarray, prefix: bytearray, n_body: int, src: np.ndarr
         else:
             s = cyclic_start % _RANDOM_BLOCK
             np.copyto(body_dst, src[s : s + n_body])
-        digest = xxhash.xxh3_64_intdigest(body_dst)
-        prefix[p - 13 : p - 5] = digest.to_bytes(8, "big")
-        memoryview(frame)[:p] = prefix
-        return digest
+        return xxhash.xxh3_64_intdigest(body_dst)
     h = xxhash.xxh3_64()
     update = h.update
     copyto = np.copyto
@@ -329,10 +355,7 @@ def _fill_frame(frame: np.ndarray, prefix: bytearray, n_body: int, src: np.ndarr
             s = (cyclic_start + off) % _RANDOM_BLOCK
             copyto(chunk, src[s : s + end - off])
         update(chunk)
-    digest = h.intdigest()
-    prefix[_checksum_slot(p)] = digest.to_bytes(8, "big")
-    frame[:p] = np.frombuffer(prefix, dtype=np.uint8)
-    return digest
+    return h.intdigest()
 
 
 def encode_frame(
@@ -662,6 +685,8 @@ def make_kv_frames(
         raise ValueError(f"make_kv_frames: kv_dtype must be one of {sorted(KV_DTYPE_BITS)}, got {kv_dtype!r}")
     bits = KV_DTYPE_BITS[kv_dtype]
     total = n_tokens * kv_bytes_per_token
+    if request_id > _U64_MAX:
+        raise ValueError(f"make_kv_frames: request_id must be < 2**64, got {request_id}")
     block = _random_block()
     # Every frame is a view of one buffer (one allocation per request, not per group).
     # Headers are packed straight from the validated ints (the same map, in the same
@@ -669,6 +694,7 @@ def make_kv_frames(
     # built once after its body is hashed and remembered for the parses that follow.
     groups = []
     size = 0
+    packb = msgpack.packb
     for a in range(0, n_layers, layer_group):
         b = min(n_layers, a + layer_group)
         logical = group_logical_bytes(total, n_layers, a, b)
@@ -678,23 +704,69 @@ def make_kv_frames(
                 f"frame body of request {request_id} is {n_body} bytes; a msgpack bin32 "
                 f"holds at most {MAX_BODY_BYTES}: use smaller layer groups")
         shape = _logical_shape(b - a, n_tokens, kv_bytes_per_token, n_layers, logical, bits)
-        prefix = _pack_prefix({"v": FORMAT_VERSION, "rid": request_id, "layers": [a, b],
-                               "tokens": [0, n_tokens], "dtype": kv_dtype, "shape": list(shape),
-                               "logical": logical, "payload": n_body, "xxh3": _U64_MAX}, n_body)
-        groups.append((a, b, logical, n_body, shape, prefix, size))
-        size += len(prefix) + n_body
+        packed = packb({"v": FORMAT_VERSION, "rid": request_id, "layers": [a, b],
+                        "tokens": [0, n_tokens], "dtype": kv_dtype, "shape": list(shape),
+                        "logical": logical, "payload": n_body, "xxh3": _U64_MAX})
+        head = b"\x92" + packed[:-8]          # up to the checksum's uint64 marker
+        groups.append((a, b, logical, n_body, shape, head, size))
+        size += len(head) + 13 + n_body       # + checksum (8) + bin32 marker and length (5)
     buf = np.empty(size, dtype=np.uint8)
+    mv = memoryview(buf)
     frames: list[np.ndarray] = []
-    for a, b, logical, n_body, shape, prefix, off in groups:
-        frame = buf[off : off + len(prefix) + n_body]
+    bounds = []
+    for a, b, logical, n_body, shape, head, off in groups:
+        h = off + len(head)
+        body = h + 13
         start = xxhash.xxh3_64_intdigest(struct.pack("<QQQ", seed, request_id, a)) % _RANDOM_BLOCK
-        digest = _fill_frame(frame, prefix, n_body, block, start)
-        header = FrameHeader(request_id=request_id, layer_start=a, layer_end=b, token_start=0,
-                             token_end=n_tokens, dtype=kv_dtype, shape=shape, logical_bytes=logical,
-                             payload_bytes=n_body, checksum=digest)
-        _remember_header(bytes(prefix[1 : len(prefix) - 5]), header)
-        frames.append(frame)
-    return frames
+        digest = _copy_body(buf[body : body + n_body], n_body, block, start)
+        checksum = digest.to_bytes(8, "big")
+        mv[off:h] = head
+        mv[h : h + 8] = checksum
+        mv[h + 8 : body] = struct.pack(">BI", _BIN32, n_body)
+        _remember_header(head[1:] + checksum, FrameHeader._trusted(
+            request_id, a, b, 0, n_tokens, kv_dtype, shape, logical, n_body, digest))
+        frames.append(buf[off : body + n_body])
+        bounds.append((off, body + n_body))
+    return KVFrames(frames, buf, tuple(bounds))
+
+
+class KVFrames(list):
+    """The frames of one KV payload: a list of 1-D uint8 frames that `make_kv_frames`
+    cut from one buffer. It is a plain list to every reader; it differs only in how it
+    pickles: as that one buffer and the frames' bounds, so Ray ships one zero-copy
+    buffer per transfer instead of one per frame (measured ~2x faster for 16 MB
+    payloads between two actors, `rack bench`), and the receiver gets views again.
+    If the list no longer holds exactly those views (a frame replaced, e.g. by fault
+    injection, or the list changed), it pickles as a plain list of its frames.
+    """
+
+    __slots__ = ("_base", "_bounds")
+
+    def __init__(self, frames=(), base: np.ndarray | None = None, bounds: tuple = ()) -> None:
+        super().__init__(frames)
+        self._base = base
+        self._bounds = bounds
+
+    def _intact(self) -> bool:
+        base, bounds = self._base, self._bounds
+        if base is None or len(self) != len(bounds):
+            return False
+        addr = base.__array_interface__["data"][0]
+        for f, (start, stop) in zip(self, bounds):
+            if (type(f) is not np.ndarray or f.base is not base or f.nbytes != stop - start
+                    or f.__array_interface__["data"][0] != addr + start):
+                return False
+        return True
+
+    def __reduce__(self):
+        if self._intact():
+            return (_kv_frames_from, (self._base, self._bounds))
+        return (list, (list(self),))
+
+
+def _kv_frames_from(base: np.ndarray, bounds: tuple) -> KVFrames:
+    """Unpickle a `KVFrames`: views of `base` at `bounds`."""
+    return KVFrames([base[a:b] for a, b in bounds], base, bounds)
 
 
 def verify_kv_frames(frames: list[np.ndarray]) -> tuple[int, int, int, int]:

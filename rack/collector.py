@@ -152,7 +152,8 @@ class Collector:
             return
         # Keep the first occurrence: a re-sent transfer or a recomputed request keeps
         # the time its stage first happened, as a client would observe it...
-        if np.isnan(self.times[row, col]):
+        old = self.times[row, col]
+        if old != old:                     # NaN: not recorded yet (no ufunc call per event)
             self.times[row, col] = t
         elif name in ("transfer_end", "decode_admit"):
             # ...except the end of a stage that was redone, whose latest time counts.

@@ -102,9 +102,9 @@ class Router:
         now = self.clock.now()
         names = sorted(self.prefill)
         # The arrival events and the load queries travel together: one round trip, not two.
-        _, *values = await asyncio.gather(
+        _, *values = await _all([
             self.collector.events([(r.id, "arrival", now) for r in batch]),
-            *(self.prefill[nm].outstanding_tokens() for nm in names), return_exceptions=True)
+            *(self.prefill[nm].outstanding_tokens() for nm in names)])
         # an instance that is down (PeerLost, Ray) counts as full until it is back
         load = dict(zip(names, (self.max_outstanding_tokens + 1 if isinstance(v, PeerLost) else int(v)
                                 for v in _raise_other(values))))
@@ -151,8 +151,8 @@ class Router:
         epochs = {nm: self._recoveries.get(nm, 0) for nm in per_instance}
         self._dispatching.update(ids)
         try:
-            results = await asyncio.gather(*((self.prefill.get(nm) or self.local[nm]).submit_many(items)
-                                             for nm, items in per_instance.items()), return_exceptions=True)
+            results = await _all([(self.prefill.get(nm) or self.local[nm]).submit_many(items)
+                                  for nm, items in per_instance.items()])
         finally:
             self._dispatching.difference_update(ids)
         _raise_other(results)
@@ -222,6 +222,29 @@ class Router:
             await self._submit(per_instance)
         return {"instance": instance, "role": role, "candidates": len(cand), "held": len(held),
                 "redispatched": lost}
+
+
+async def _all(calls: list) -> list:
+    """Await peer calls made together, in order; each result or its exception (as
+    `asyncio.gather(*calls, return_exceptions=True)`, without a Task per call).
+
+    Why not gather: on the virtual runtime a peer call is a coroutine of a local object
+    that finishes without suspending, and a gather of two costs ~20 us against ~0.2 us
+    for awaiting them in turn (a tick makes two); on Ray an `ActorProxy` sends a call
+    when it is made, so calls made before the first await still travel concurrently.
+    """
+    out: list = []
+    try:
+        for call in calls:
+            try:
+                out.append(await call)
+            except Exception as exc:  # noqa: BLE001 - handed back, as gather does
+                out.append(exc)
+    finally:
+        for call in calls[len(out) + 1:]:     # cancelled midway: no never-awaited warnings
+            if asyncio.iscoroutine(call):
+                call.close()
+    return out
 
 
 def _raise_other(results: Sequence[Any]) -> Sequence[Any]:

@@ -184,3 +184,57 @@ def test_clock_offset_corrects_only_hosts_whose_offset_is_measurable():
     assert hosts["10.0.0.2"]["corrected"] and hosts["10.0.0.2"]["offset_s"] == pytest.approx(5.0, abs=0.01)
     assert not hosts["10.0.0.1"]["corrected"]                 # the driver's own clock
     assert not hosts["10.0.0.3"]["corrected"]                 # offset within RTT/2: trust NTP
+
+
+# -- the scale test's layout and the CLI's argument checks (no cluster started) ----------
+
+def test_scale_nodes_split_roles_over_workers():
+    from rack.cli.scale_test import scale_nodes
+
+    one = scale_nodes(1, 2, 1)
+    assert [n.resources for n in one] == [{"prefill": 2.0, "decode": 1.0}]
+    three = scale_nodes(3, 4, 2)
+    assert [n.name for n in three] == ["prefill-0", "prefill-1", "decode-0"]
+    assert three[0].resources == {"prefill": 4.0} and three[2].resources == {"decode": 2.0}
+    with pytest.raises(ValueError):
+        scale_nodes(0, 1, 1)
+
+
+def test_scale_scenario_pins_pools_and_components():
+    from rack.cli.scale_test import scale_scenario
+
+    sc = scale_scenario(load_scenario(), 3, 2, 15.0)
+    pools = {p.role: p for p in sc.pools}
+    assert pools["prefill"].instances == 3 and pools["prefill"].resources == {"prefill": 1.0}
+    assert pools["decode"].instances == 2 and pools["decode"].resources == {"decode": 1.0}
+    assert sc.placement.router == {"head": 1.0} and sc.dilation == 15.0
+    specs = build_topology(sc, [1])
+    assert sorted(s.name for s in specs if s.kind == "prefill") == ["prefill-0", "prefill-1", "prefill-2"]
+
+
+def _cli(args):
+    from typer.testing import CliRunner
+
+    import rack.cli
+    from rack.cli.app import app
+
+    rack.cli._register_commands()
+    return CliRunner().invoke(app, args)
+
+
+def test_cluster_cli_without_a_cluster(tmp_path):
+    res = _cli(["cluster", "status", "--state", str(tmp_path / "none.json")])
+    assert res.exit_code == 1 and "no local cluster" in res.output
+    res = _cli(["cluster", "down", "--state", str(tmp_path / "none.json")])
+    assert res.exit_code == 1
+
+
+def test_cluster_cli_refuses_a_bad_node(tmp_path):
+    res = _cli(["cluster", "up", "--node", "prefill=x", "--state", str(tmp_path / "s.json")])
+    assert res.exit_code == 2 and "worker-0" in res.output and "prefill=x" in res.output
+    assert not (tmp_path / "s.json").exists()
+
+
+def test_scale_test_cli_refuses_bad_rates():
+    res = _cli(["scale-test", "--rate-scales", "1,x"])
+    assert res.exit_code == 2 and "--rate-scales" in res.output

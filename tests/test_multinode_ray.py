@@ -135,6 +135,19 @@ def test_sweep_runs_as_ray_tasks_and_matches_local(cluster):
     assert ray.is_initialized()                      # the test's connection is left alone
 
 
+def test_compare_runs_as_ray_tasks_and_matches_local(cluster):
+    from rack.compare import run_compare
+
+    reqs = load_requests("mooncake-excerpt", window=(0, 1), output_scale=0.1)
+    names = ["helios-cs3-kimi-k2", "gpu-only-kimi-k2"]
+    remote = run_compare(names, reqs, address=cluster.address)
+    local = run_compare(names, reqs)
+    assert [e.name for e in remote.entries] == names
+    for a, b in zip(remote.entries, local.entries):
+        assert a.output.results["latency"] == b.output.results["latency"]
+        assert a.output.results["requests"] == b.output.results["requests"]
+
+
 def test_zz_teardown_leaves_no_ray_process(cluster):
     procs = cluster.processes()
     assert any(p.name() == "raylet" for p in procs) and any(p.name() == "gcs_server" for p in procs)

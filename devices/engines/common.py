@@ -7,6 +7,7 @@ Nothing here touches time or peers; the engines own their loops.
 from __future__ import annotations
 
 import asyncio
+import math
 from typing import Any
 
 import numpy as np
@@ -48,6 +49,16 @@ class GrowingArray:
         self._buf[self._n : need] = values
         self._n = need
 
+    def append(self, value: float) -> None:
+        """Append one value (the per-event path: no temporary array)."""
+        n = self._n
+        if n == self._buf.shape[0]:
+            new = np.empty(2 * n, dtype=np.float64)
+            new[:n] = self._buf
+            self._buf = new
+        self._buf[n] = value
+        self._n = n + 1
+
     def slice(self, start: int, stop: int) -> np.ndarray:
         """Copy of global entries [start, stop); raises IndexError below `base`."""
         if start < self.base or stop > len(self) or stop < start:
@@ -71,6 +82,11 @@ def emitted_after(steps, remaining, tokens_per_step: float):
     expected value `tokens_per_step` (from the cost model) deterministically, so step j
     emits floor(j*tps) - floor((j-1)*tps) >= 1 tokens (tps >= 1).
     """
+    if type(steps) is int and type(remaining) is int:
+        # one request (the engines' per-request bookkeeping): plain ints, same formula
+        if tokens_per_step == 1.0:
+            return min(remaining, steps)
+        return min(remaining, math.floor(steps * tokens_per_step + _EPS))
     if tokens_per_step == 1.0:
         return np.minimum(remaining, steps)
     return np.minimum(remaining, np.floor(np.asarray(steps) * tokens_per_step + _EPS).astype(np.int64))
@@ -142,7 +158,7 @@ class Lateness:
         self.samples = GrowingArray(256)
 
     def note(self, deadline: float, now: float) -> None:
-        self.samples.extend(np.array([max(0.0, now - deadline)]))
+        self.samples.append(max(0.0, now - deadline))
 
     def as_dict(self) -> dict:
         s = self.samples.slice(self.samples.base, len(self.samples))
@@ -165,8 +181,8 @@ class TimeSeries:
         self.v = GrowingArray(256)
 
     def add(self, t: float, value: float) -> None:
-        self.t.extend(np.array([t]))
-        self.v.extend(np.array([float(value)]))
+        self.t.append(t)
+        self.v.append(float(value))
 
     def as_arrays(self) -> tuple[np.ndarray, np.ndarray]:
         return self.t.slice(self.t.base, len(self.t)), self.v.slice(self.v.base, len(self.v))

@@ -79,10 +79,16 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None) -> bool:
     paths are length-limited). `address` may be "auto" (the cluster `ray start` made
     on this machine) or "HOST:PORT" of a head node. Returns True when this call
     initialised Ray (so the caller owns the session and shuts it down), False when Ray
-    was already initialised in this process.
+    was already initialised in this process. Raises RayRunError when this process is
+    already connected to another cluster than an explicit "HOST:PORT" `address`.
     """
     ray = _ray()
     if ray.is_initialized():
+        if address not in (None, "auto", "local"):
+            current = ray.get_runtime_context().gcs_address
+            if current != address:
+                raise RayRunError(f"this process is already connected to the Ray cluster at {current}, "
+                                  f"not {address}: one process has one Ray session (ray.shutdown() first)")
         return False
     if address and address != "local":
         ray.init(address=address, log_to_driver=False, logging_level="ERROR")
@@ -128,7 +134,9 @@ class ActorProxy:
             raise AttributeError(method)
         actor, peer = self._actor, self._name
 
-        async def call(*args: Any, **kwargs: Any) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            # The call is sent now and the returned coroutine awaits its reply, so calls
+            # made together and then awaited in turn travel concurrently (rack.router._all).
             sent = self._sent
             if sent is not None:
                 nbytes = _payload_bytes(args) + (_payload_bytes(list(kwargs.values())) if kwargs else 0)
@@ -140,16 +148,27 @@ class ActorProxy:
                 if method in KV_METHODS:
                     c[2] += nbytes
             try:
-                return await actor.call.remote(method, args, kwargs)
+                ref = actor.call.remote(method, args, kwargs)
             except _ray().exceptions.RayActorError as exc:
-                # the peer's actor died or is being restarted: a component-level error
-                # the components recover from (rack.faults, docs/robustness.md)
-                raise PeerLost(f"{peer}.{method}: {type(exc).__name__}") from None
+                ref = exc
+            return _reply(ref, peer, method)
 
         return call
 
     def __reduce__(self):
         return (ActorProxy, (self._actor, self._name))
+
+
+async def _reply(ref: Any, peer: str, method: str) -> Any:
+    """The result of an actor call already sent (`ref`, or the error sending it raised)."""
+    try:
+        if isinstance(ref, BaseException):
+            raise ref
+        return await ref
+    except _ray().exceptions.RayActorError as exc:
+        # the peer's actor died or is being restarted: a component-level error
+        # the components recover from (rack.faults, docs/robustness.md)
+        raise PeerLost(f"{peer}.{method}: {type(exc).__name__}") from None
 
 
 def _warm_payload() -> tuple:

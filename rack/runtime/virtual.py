@@ -14,9 +14,11 @@ components run unchanged on the Ray runtime's uvloop.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import heapq
 import math
 import selectors
+from asyncio import format_helpers
 from typing import Any, Awaitable, Callable, TypeVar
 
 T = TypeVar("T")
@@ -66,6 +68,11 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         selector.loop = self
         self._vt = 0.0
         self.deadlock_hint: Callable[[], str] | None = None
+        # work done, for `rack bench` (events per request): loop iterations, callbacks
+        # run (each a component wake-up: a task step or a timer firing), timers fired
+        self.iterations = 0
+        self.callbacks = 0
+        self.timers = 0
 
     def time(self) -> float:  # noqa: D401 - asyncio API
         return self._vt
@@ -80,52 +87,127 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
     def _clock_resolution(self, value: float) -> None:
         pass
 
+    def call_soon(self, callback, *args, context=None):  # noqa: D401 - asyncio API
+        """`BaseEventLoop.call_soon` minus the debug-mode checks (every future that
+        completes and every task step comes through here)."""
+        if self._debug:  # pragma: no cover
+            return super().call_soon(callback, *args, context=context)
+        if self._closed:
+            raise RuntimeError("Event loop is closed")
+        handle = _Handle(callback, args, self, context)
+        self._ready.append(handle)
+        return handle
+
+    def call_at(self, when, callback, *args, context=None):  # noqa: D401 - asyncio API
+        """`BaseEventLoop.call_at` minus the debug-mode checks (every timer)."""
+        if self._debug:  # pragma: no cover
+            return super().call_at(when, callback, *args, context=context)
+        if self._closed:
+            raise RuntimeError("Event loop is closed")
+        timer = _TimerHandle(when, callback, args, self, context)
+        heapq.heappush(self._scheduled, timer)
+        timer._scheduled = True
+        return timer
+
     def _run_once(self) -> None:
-        """One loop iteration, as `BaseEventLoop._run_once` without the I/O poll.
+        """Loop iterations, each as `BaseEventLoop._run_once` without the I/O poll,
+        until the loop is stopping (`run_forever` checks that after each call).
 
         Same order as the stock loop (drop cancelled timers at the heap's head, jump
         the clock to the earliest timer when nothing is ready, move every timer due at
-        `time()` to the ready queue, run the callbacks that were ready at the start),
-        minus the selector call and timeout arithmetic: a replay runs this ~10^6 times
-        and the stock version spent about half of its time there. `when <= _vt` is the
-        stock `when < time() + ulp(time())`.
+        `time()` to the ready queue, run the callbacks that were ready at the start of
+        the iteration), minus the selector call, the timeout arithmetic and a Python
+        frame per callback: a replay runs ~10^6 iterations and the stock version spent
+        about half of its time outside the callbacks. `when <= _vt` is the stock
+        `when < time() + ulp(time())`.
         """
         if self._debug:  # pragma: no cover - debug mode keeps the stock checks
             return super()._run_once()
-        scheduled = self._scheduled
-        n = len(scheduled)
-        if n > 100 and self._timer_cancelled_count / n > 0.5:
-            # many cancelled timers (wait_until deadlines beaten by their event): rebuild
-            live = []
-            for handle in scheduled:
-                if handle._cancelled:
-                    handle._scheduled = False
-                else:
-                    live.append(handle)
-            heapq.heapify(live)
-            self._scheduled = scheduled = live
-            self._timer_cancelled_count = 0
-        else:
-            while scheduled and scheduled[0]._cancelled:
-                self._timer_cancelled_count -= 1
-                heapq.heappop(scheduled)._scheduled = False
         ready = self._ready
-        if not ready and not self._stopping:
-            if not scheduled:
-                self._selector.select(None)   # raises VirtualTimeDeadlock
-            when = scheduled[0]._when
-            if when > self._vt:
-                self._vt = when
-        now = self._vt
-        while scheduled and scheduled[0]._when <= now:
-            handle = heapq.heappop(scheduled)
-            handle._scheduled = False
-            ready.append(handle)
         popleft = ready.popleft
-        for _ in range(len(ready)):
-            handle = popleft()
-            if not handle._cancelled:
-                handle._run()
+        heappop = heapq.heappop
+        while True:
+            scheduled = self._scheduled
+            n = len(scheduled)
+            if n > 100 and self._timer_cancelled_count / n > 0.5:
+                # many cancelled timers (wait_until deadlines beaten by their event): rebuild
+                live = []
+                for handle in scheduled:
+                    if handle._cancelled:
+                        handle._scheduled = False
+                    else:
+                        live.append(handle)
+                heapq.heapify(live)
+                self._scheduled = scheduled = live
+                self._timer_cancelled_count = 0
+            else:
+                while scheduled and scheduled[0]._cancelled:
+                    self._timer_cancelled_count -= 1
+                    heappop(scheduled)._scheduled = False
+            if not ready and not self._stopping:
+                if not scheduled:
+                    self._selector.select(None)   # raises VirtualTimeDeadlock
+                when = scheduled[0]._when
+                if when > self._vt:
+                    self._vt = when
+            now = self._vt
+            before = len(ready)
+            while scheduled and scheduled[0]._when <= now:
+                handle = heappop(scheduled)
+                handle._scheduled = False
+                ready.append(handle)
+            todo = len(ready)
+            self.timers += todo - before
+            self.callbacks += todo
+            self.iterations += 1
+            for _ in range(todo):
+                handle = popleft()
+                if handle._cancelled:
+                    continue
+                try:   # Handle._run, inlined
+                    handle._context.run(handle._callback, *handle._args)
+                except (SystemExit, KeyboardInterrupt):
+                    raise
+                except BaseException as exc:
+                    cb = format_helpers._format_callback_source(handle._callback, handle._args)
+                    self.call_exception_handler({"message": f"Exception in callback {cb}",
+                                                 "exception": exc, "handle": handle})
+            handle = None  # break cycles when an exception occurs, as the stock loop
+            if self._stopping:
+                return
+
+
+class _Handle(asyncio.Handle):
+    """asyncio.Handle built without the per-handle debug-mode query (the virtual loop
+    falls back to the stock classes in debug mode)."""
+
+    __slots__ = ()
+
+    def __init__(self, callback, args, loop, context=None) -> None:
+        self._context = contextvars.copy_context() if context is None else context
+        self._loop = loop
+        self._callback = callback
+        self._args = args
+        self._cancelled = False
+        self._repr = None
+        self._source_traceback = None
+
+
+class _TimerHandle(asyncio.TimerHandle):
+    """asyncio.TimerHandle built as `_Handle` is."""
+
+    __slots__ = ()
+
+    def __init__(self, when, callback, args, loop, context=None) -> None:
+        self._context = contextvars.copy_context() if context is None else context
+        self._loop = loop
+        self._callback = callback
+        self._args = args
+        self._cancelled = False
+        self._repr = None
+        self._source_traceback = None
+        self._when = when
+        self._scheduled = False
 
 
 def _resolve(fut: asyncio.Future, value: Any) -> None:
@@ -181,6 +263,19 @@ class LoopClock:
 
     async def sleep_until(self, t: float) -> None:
         loop = self._loop
+        if self._wall is None:
+            # Virtual time: one exact timer, never early. A handle that fired needs no
+            # cancel (this is the hot path of every component), only an abandoned one.
+            fut = loop.create_future()
+            handle = loop.call_at(self._origin + t * self._dilation, _resolve, fut, None)
+            try:
+                await fut
+            except BaseException:
+                handle.cancel()
+                raise
+            if self.record_lateness:
+                self.lateness.append(max(0.0, self.now() - t))
+            return
         while True:
             fut = loop.create_future()
             handle = self._arm(t, fut, None)
@@ -234,9 +329,23 @@ def run_virtual(main: Callable[[LoopClock], Awaitable[T]],
     try:
         return loop.run_until_complete(main(clock))
     finally:
+        _LAST_COUNTERS.clear()
+        _LAST_COUNTERS.update(iterations=loop.iterations, callbacks=loop.callbacks,
+                              timers=loop.timers, virtual_s=loop.time())
         pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
         for task in pending:
             task.cancel()
         if pending:
             loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
         loop.close()
+
+
+_LAST_COUNTERS: dict = {}
+
+
+def last_loop_counters() -> dict:
+    """Work done by the last `run_virtual` of this process (until its main returned):
+    {"iterations", "callbacks" (component wake-ups: task steps and timer firings),
+    "timers" (timers that fired), "virtual_s" (the loop's clock at the end)}; empty
+    before the first run. For `rack bench`'s events per request."""
+    return dict(_LAST_COUNTERS)

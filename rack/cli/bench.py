@@ -1,0 +1,56 @@
+"""`rack bench`: speed of the emulator itself (replay speed, event cost, Ray pacing,
+KV codec and KV link throughput); see rack.bench and docs/bench.md."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from rack.cli.app import app
+
+
+@app.command()
+def bench(
+    as_json: bool = typer.Option(False, "--json", help="print the results as JSON instead of tables"),
+    repeat: int = typer.Option(3, "--repeat", "-r", min=1, help="runs per figure (the median is reported)"),
+    quick: bool = typer.Option(False, "--quick", help="smoke test: 600 s of each trace, one run, short Ray ladder"),
+    skip_ray: bool = typer.Option(False, "--skip-ray", help="skip the Ray pacing and actor-link measurements"),
+    skip_codec: bool = typer.Option(False, "--skip-codec", help="skip the codec-vs-memcpy measurement"),
+    trace: Optional[List[str]] = typer.Option(None, "--trace", "-t", help="trace(s) to replay [default: azure_conv mooncake_conv]"),
+    scenario: Optional[List[str]] = typer.Option(None, "--scenario", "-s", help="scenario(s) [default: helios-cs3-kimi-k2 a100-llama2-70b]"),
+    window: Optional[str] = typer.Option(None, "--window", help="START:END seconds of each trace [default: all]"),
+    codec_mb: Optional[List[float]] = typer.Option(None, "--codec-mb", help="codec frame sizes in MiB [default: 1 16 128]"),
+    rate_scale: Optional[List[float]] = typer.Option(None, "--rate-scale", help="Ray pacing rate-scale ladder [default: 1 2 4 8]"),
+    address: Optional[str] = typer.Option(None, "--address", help="Ray cluster address (default: start Ray locally)"),
+    out: Optional[Path] = typer.Option(None, "--out", help="also write the JSON to this file"),
+) -> None:
+    """Measure how fast the emulator runs: virtual replay of whole traces, cost of doubled
+    outputs, Ray pacing lateness, KV codec and KV link throughput."""
+    import sys
+
+    from rack import bench as B
+    from workloads import parse_window
+
+    try:
+        win = parse_window(window) if window else None
+    except ValueError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2)
+    progress = (lambda msg: typer.echo(f"[bench] {msg}", err=True))
+    result = B.run_bench(repeat=repeat, quick=quick, skip_ray=skip_ray, skip_codec=skip_codec,
+                         traces=tuple(trace) if trace else B.DEFAULT_TRACES,
+                         scenarios=tuple(scenario) if scenario else B.DEFAULT_SCENARIOS,
+                         window=win, codec_sizes_mb=tuple(codec_mb) if codec_mb else B.CODEC_SIZES_MB,
+                         rate_scales=tuple(rate_scale) if rate_scale else None, address=address,
+                         progress=progress)
+    result["settings"]["argv"] = list(sys.argv)
+    text = B.to_json(result)
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text + "\n")
+    if as_json:
+        typer.echo(text)
+    else:
+        B.render(result)

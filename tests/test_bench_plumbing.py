@@ -1,0 +1,104 @@
+"""`rack bench` plumbing: the figures exist, have the right shape and units, and the
+CLI writes the JSON the issue asks for. No wall-time assertions (the machine is shared);
+every test runs on a few seconds of the shipped excerpt."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from rack import bench as B
+from rack.runtime.virtual import last_loop_counters, run_virtual
+
+WINDOW = (0.0, 10.0)
+
+
+def test_loop_counters_count_wakeups():
+    async def main(clock):
+        for t in (1.0, 2.0, 3.0):
+            await clock.sleep_until(t)
+
+    run_virtual(main)
+    c = last_loop_counters()
+    assert c["timers"] == 3 and c["virtual_s"] == 3.0
+    assert c["callbacks"] >= c["timers"] and c["iterations"] >= 1
+
+
+def test_replay_speed_row():
+    r = B.replay_speed("mooncake-excerpt", None, repeat=2, window=WINDOW)
+    assert r["requests"] > 0 and r["completed"] + r["rejected"] + r["failed"] == r["requests"]
+    assert len(r["wall_s_runs"]) == 2 and r["wall_s"] > 0
+    assert r["requests_per_wall_s"] == pytest.approx(r["requests"] / r["wall_s"])
+    assert r["emulated_s"] > 0 and r["emulated_s_per_wall_s"] > 0
+    # an event is a component wake-up: at least the router's one per arrival tick
+    assert r["events"] >= r["requests"] and r["events_per_request"] == pytest.approx(r["events"] / r["requests"])
+
+
+def test_event_cost_doubles_the_tokens_not_the_events():
+    base = B.replay_speed("mooncake-excerpt", None, repeat=1, window=WINDOW)
+    ec = B.event_cost("mooncake-excerpt", None, repeat=1, window=WINDOW, base=base)
+    assert ec["output_tokens_ratio"] > 1.9
+    assert ec["doubled_output_ratio"] == pytest.approx(ec["wall_s_doubled"] / ec["wall_s"])
+    # the engines skip between batch changes: events grow far less than tokens
+    assert ec["events_ratio"] < 1.5
+
+
+def test_codec_speed_has_ratio_to_memcpy():
+    c = B.codec_speed((0.25,), repeat=1, sample_s=0.001)
+    row = c["0.25MB"]
+    assert row["bytes"] == 2**18
+    for k in ("memcpy_GBps", "encode_GBps", "decode_GBps", "encode_decode_GBps", "ratio_to_memcpy"):
+        assert row[k] > 0
+    assert row["ratio_to_memcpy"] == pytest.approx(row["encode_decode_GBps"] / row["memcpy_GBps"], rel=1e-9)
+
+
+def test_checks_evaluate_targets():
+    fake = {"replay": {"azure_conv": {"wall_s": 4.0}, "mooncake_conv": {"wall_s": 6.0}},
+            "event_cost": {"doubled_output_ratio": 1.05},
+            "codec": {"16MB": {"ratio_to_memcpy": 0.49}},
+            "pacing": {"default": {"p99_over_tpot": 0.004}, "sustainable_rate_scale": 4.0}}
+    c = B.checks(fake)
+    assert c["replay.azure_conv.wall_s"]["ok"] and not c["replay.mooncake_conv.wall_s"]["ok"]
+    assert c["event_cost.doubled_output_ratio"]["ok"]
+    assert not c["codec.16MB.ratio_to_memcpy"]["ok"]
+    assert c["pacing.default.p99_over_tpot"]["ok"] and c["pacing.sustainable_rate_scale"]["value"] == 4.0
+
+
+def test_lateness_rows_in_microseconds():
+    res = {"emulation": {"lateness_by_actor": {
+        "router": {"p50": 1e-6, "p99": 2e-6, "max": 3e-6, "n": 5, "mean": 1e-6, "p90": 2e-6},
+        "idle": {"p50": None, "p99": None, "max": None, "n": 0, "mean": None, "p90": None}}}}
+    rows = B._lateness_rows(res)
+    assert list(rows) == ["router"]
+    assert rows["router"]["p99_us"] == pytest.approx(2.0) and rows["router"]["n"] == 5
+
+
+def test_cli_json_has_the_issue_keys(tmp_path):
+    from rack.cli import _register_commands
+    from rack.cli.app import app
+
+    _register_commands()
+    out = tmp_path / "bench.json"
+    res = CliRunner().invoke(app, ["bench", "--json", "--skip-ray", "--repeat", "1", "--window", "0:8",
+                                   "--trace", "mooncake-excerpt", "--trace", "azure-conv-excerpt",
+                                   "--scenario", "helios-cs3-kimi-k2", "--codec-mb", "16",
+                                   "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    data = json.loads(out.read_text())
+    assert data["replay"]["mooncake-excerpt"]["wall_s"] > 0
+    assert data["replay"]["azure-conv-excerpt"]["wall_s"] > 0
+    assert data["event_cost"]["doubled_output_ratio"] > 0
+    assert data["codec"]["16MB"]["ratio_to_memcpy"] > 0
+    assert data["pacing"] == {"skipped": "--skip-ray"}
+    assert "replay.mooncake-excerpt.wall_s" in data["checks"]
+
+
+def test_cli_rejects_a_bad_window():
+    from rack.cli import _register_commands
+    from rack.cli.app import app
+
+    _register_commands()
+    res = CliRunner().invoke(app, ["bench", "--skip-ray", "--window", "nonsense"])
+    assert res.exit_code == 2
