@@ -36,6 +36,7 @@ def main() -> None:
     data = base.model_dump()
     for pool in data["pools"]:
         pool["resources"] = {"prefill" if pool["role"] == "prefill" else "decode": 1}
+    data["placement"] = {"router": {"head": 1}, "collector": {"head": 1}, "interconnect": {"head": 1}}
     data["dilation"] = args.dilation
     scenario = type(base).model_validate(data)
     requests = load_requests(args.trace, window=parse_window(args.window), output_scale=args.output_scale)

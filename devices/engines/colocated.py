@@ -220,6 +220,7 @@ class ColocatedEngine(DecodeEngine):
         self.lateness.note(t1, clock.now())
         self.wakeups += 1
         self.counts["mixed_iterations"] += 1
+        self._t_free = t1           # a decode-only run that follows starts here
         self.util.add(c.time_s, c.flops, c.bytes)
         self.tokens_computed += int(new.sum())
         finished = self._commit(batch, t0, np.array([t1]), 1) if batch else []

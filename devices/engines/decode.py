@@ -185,6 +185,7 @@ class DecodeEngine:
         self._waiting_ids: set[int] = set()
         self._order = 0
         self._pending_events: list[tuple] = []
+        self._t_free: float | None = None     # end of the last step while busy
         self._admit_event = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
@@ -578,6 +579,7 @@ class DecodeEngine:
             t1 = now + c.time_s
             await self.clock.sleep_until(t1)
             self.lateness.note(t1, self.clock.now())
+            self._t_free = t1
             self.util.add(c.time_s, c.flops, c.bytes)
             self.counts["recompute_tokens"] += int(new.sum())
             for s in recompute:
@@ -608,6 +610,7 @@ class DecodeEngine:
             self.batch_series.add(t0, len(self._batch))
             if k == 0:
                 self._note_idle()
+                self._t_free = None
                 await clock.wait_until(self._admit_event, None)
                 self.wakeups += 1
                 continue
@@ -619,7 +622,9 @@ class DecodeEngine:
         clock = self.clock
         batch = list(self._batch)
         sc = self.cost.decode_steps(self._contexts(batch), k)
-        t0 = clock.now()
+        # While busy, the next step starts where the last one ended, not after the
+        # collector round trips in between (wall time on the Ray runtime).
+        t0 = clock.now() if self._t_free is None else self._t_free
         ends = t0 + np.cumsum(sc.time_s)
         fired = await clock.wait_until(self._admit_event, float(ends[-1]))
         self.wakeups += 1
@@ -636,6 +641,7 @@ class DecodeEngine:
         else:
             self.lateness.note(float(ends[-1]), now)
         if steps:
+            self._t_free = float(ends[steps - 1])
             self.util.add(float(ends[steps - 1]) - t0, float(np.sum(sc.flops[:steps])),
                           float(np.sum(sc.bytes[:steps])), iterations=steps)
         await self._finish(self._commit(batch, t0, ends, steps))

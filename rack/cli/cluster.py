@@ -46,16 +46,22 @@ def _fail(message: str, code: int = 2) -> None:
 
 def _read_state(path: Path) -> dict:
     try:
-        return json.loads(path.read_text())
+        info = json.loads(path.read_text())
     except FileNotFoundError:
         _fail(f"no local cluster: {path} does not exist (start one with `rack cluster up`)", code=1)
     except json.JSONDecodeError as exc:
         _fail(f"{path}: not a cluster state file ({exc})")
+    missing = [k for k in ("pid", "address", "temp_root", "nodes") if not isinstance(info, dict) or k not in info]
+    if missing:
+        _fail(f"{path}: not a cluster state file (no {', '.join(missing)}); pass --state or remove it")
+    return info
 
 
 def _alive(pid: int) -> bool:
     import psutil
 
+    if not isinstance(pid, int) or pid <= 0:
+        return False
     try:
         p = psutil.Process(pid)
         return p.is_running() and p.status() != psutil.STATUS_ZOMBIE

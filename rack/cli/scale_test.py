@@ -220,12 +220,10 @@ def scale_test(
         cluster = None
         try:
             if address:
-                from rack.runtime.ray_runtime import ensure_ray
-
-                import ray
+                from rack.runtime.ray_runtime import ensure_ray, live_nodes
 
                 ensure_ray(address)
-                k = sum(1 for n in ray.nodes() if n.get("Alive")) - 1
+                k = len(live_nodes()) - 1
                 addr, names = address, {}
             else:
                 from rack.runtime.cluster import LocalCluster

@@ -33,6 +33,7 @@ public front.
 from __future__ import annotations
 
 import asyncio
+import gc
 import math
 import os
 import socket
@@ -97,6 +98,12 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None) -> bool:
              log_to_driver=False, logging_level="ERROR", object_store_memory=512 * 1024 * 1024,
              _temp_dir=os.environ.get("RACK_RAY_TMP", "/tmp/rack-ray"))
     return True
+
+
+def live_nodes() -> list[dict]:
+    """The connected cluster's live nodes, as `ray.nodes()` dicts ("NodeID",
+    "NodeManagerAddress", "Resources", ...)."""
+    return [n for n in _ray().nodes() if n.get("Alive")]
 
 
 def _payload_bytes(values: Sequence[Any]) -> int:
@@ -174,10 +181,14 @@ async def _reply(ref: Any, peer: str, method: str) -> Any:
 def _warm_payload() -> tuple:
     """One of each kind of object components send each other: a Request, a numpy array,
     a list of uint8 frames (docs/interfaces.md)."""
+    from interconnect.codec import make_kv_frames
     from workloads.request import Request
 
+    # The KV payload is over Ray's 100 KiB inline limit, so the first trip through the
+    # shared-memory object store (~5 ms of wall time the first time a process uses it,
+    # measured as one late timer of the interconnect at dilation 10) happens here too.
     return (Request(id=0, arrival_s=0.0, prompt_tokens=1, output_tokens=1),
-            np.zeros(4, np.float64), [np.zeros(16, np.uint8)])
+            np.zeros(4, np.float64), make_kv_frames(0, 8, 35_136, 1, 1, 1.0))
 
 
 class ComponentHost:
@@ -242,6 +253,12 @@ class ComponentHost:
         self.clock = LoopClock(loop, origin=epoch_wall, dilation=dilation, record_lateness=True,
                                wall_time=time.time)
         self.obj = construct(spec, self.clock, peers.__getitem__)
+        # A full garbage collection of an actor process (Ray's objects and the
+        # component's) stalls its loop for milliseconds: one now, before time 0, and
+        # the survivors frozen out of later collections, so none lands in the replay
+        # (measured: one ~4 ms-wall late timer per run of the interconnect otherwise).
+        gc.collect()
+        gc.freeze()
         import ray
 
         if self._registry is not None:      # for a rebuild after Ray restarts this actor
