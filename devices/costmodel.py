@@ -259,7 +259,8 @@ def _at(x, i: int = 0):
 def _as_counts(x, name: str) -> np.ndarray:
     if type(x) is np.ndarray and x.ndim == 1 and x.dtype.kind in "iu":
         # the engines' token-count arrays: ints are finite, one check for negatives
-        if x.size and x.min() < 0:
+        # (on a short array, a Python min is cheaper than a ufunc reduction)
+        if x.size and (min(x.tolist()) if x.size <= 64 else x.min()) < 0:
             raise ValueError(f"{name} must be finite token counts >= 0")
         return x.astype(float)
     a = np.asarray(x, dtype=float)

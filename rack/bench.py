@@ -262,19 +262,31 @@ def ray_pacing_run(trace: str, scenario: str | None, *, dilation: float | None =
 
 def pacing_section(trace: str = "mooncake-excerpt", scenario: str | None = None, *,
                    window: tuple[float, float] = (0.0, 3.0), output_scale: float = 0.25,
-                   rate_scales: Sequence[float] = (1, 2, 4, 8), address: str | None = None,
+                   rate_scales: Sequence[float] = (1, 2, 4, 8),
+                   extra_dilations: Sequence[float] = (2.0, 5.0), address: str | None = None,
                    progress: Progress = _quiet) -> dict:
     """Pacing fidelity of the Ray runtime on a slice of `trace` (default: the shipped
-    Mooncake excerpt): lateness at dilation 1 and at the scenario's dilation, then the
-    rate-scale ladder at the scenario's dilation, stopping at the first rate whose p99
-    lateness reaches 1% of that run's median TPOT.
+    Mooncake excerpt, outputs scaled by `output_scale` to keep the drain short).
+
+    Runs it at dilation 1 and at the scenario's dilation d. If d misses the target
+    (p99 lateness < 1% of the run's median TPOT), it tries d x each of
+    `extra_dilations` in turn until one meets it. Then the rate-scale ladder runs at
+    the first dilation that met the target (d itself when it does), stopping at the
+    first rate that misses it.
 
     Returns {"trace", "window", "output_scale", "default_dilation", "dilation_1",
-    "default" (ray_pacing_run rows), "ladder": [rows], "sustainable_rate_scale" (the
-    largest passing rate, None if even the first fails), "target"}.
+    "default" (the run at d), "dilations" (every run at rate 1), "dilation_needed" (the
+    smallest probed dilation meeting the target, None if none), "ladder_dilation",
+    "ladder": [rows], "sustainable_rate_scale" (largest passing rate on the ladder;
+    None if none passed or no dilation met the target), "target"}.
     """
     from rack.runtime.ray_runtime import _ray, ensure_ray
     from rack.scenario import load_scenario
+
+    limit = TARGETS["lateness_p99_over_tpot"]
+
+    def passes(row: dict) -> bool:
+        return row["p99_over_tpot"] is not None and row["p99_over_tpot"] < limit
 
     default_d = load_scenario(scenario).dilation
     ray = _ray()
@@ -283,22 +295,37 @@ def pacing_section(trace: str = "mooncake-excerpt", scenario: str | None = None,
         progress(f"Ray pacing: {trace} {window}, dilation 1")
         d1 = ray_pacing_run(trace, scenario, dilation=1.0, window=window, output_scale=output_scale,
                             address=address)
+        runs = []
+        needed = None
+        for factor in (1.0, *extra_dilations):
+            d = default_d * factor
+            progress(f"Ray pacing: dilation {d:g}, rate-scale 1")
+            row = ray_pacing_run(trace, scenario, dilation=d, window=window, output_scale=output_scale,
+                                 address=address)
+            row["passes"] = passes(row)
+            runs.append(row)
+            if row["passes"]:
+                needed = d
+                break
         ladder = []
         sustainable = None
-        for r in rate_scales:
-            progress(f"Ray pacing: dilation {default_d:g}, rate-scale {r:g}")
-            row = ray_pacing_run(trace, scenario, dilation=None, window=window, rate_scale=float(r),
-                                 output_scale=output_scale, address=address)
-            row["passes"] = row["p99_over_tpot"] is not None and row["p99_over_tpot"] < TARGETS["lateness_p99_over_tpot"]
-            ladder.append(row)
-            if not row["passes"]:
-                break
-            sustainable = float(r)
+        if needed is not None:
+            ladder.append(runs[-1])
+            sustainable = 1.0
+            for r in [x for x in rate_scales if x > 1]:
+                progress(f"Ray pacing: dilation {needed:g}, rate-scale {r:g}")
+                row = ray_pacing_run(trace, scenario, dilation=needed, window=window, rate_scale=float(r),
+                                     output_scale=output_scale, address=address)
+                row["passes"] = passes(row)
+                ladder.append(row)
+                if not row["passes"]:
+                    break
+                sustainable = float(r)
         return {"trace": trace, "window": list(window), "output_scale": output_scale,
-                "default_dilation": default_d, "dilation_1": d1,
-                "default": ladder[0] if ladder else None, "ladder": ladder,
+                "default_dilation": default_d, "dilation_1": d1, "default": runs[0], "dilations": runs,
+                "dilation_needed": needed, "ladder_dilation": needed, "ladder": ladder,
                 "sustainable_rate_scale": sustainable,
-                "target": f"p99 lateness < {TARGETS['lateness_p99_over_tpot']:.0%} of the run's median TPOT"}
+                "target": f"p99 lateness < {limit:.0%} of the run's median TPOT"}
     finally:
         if opened:
             ray.shutdown()
@@ -362,8 +389,18 @@ def run_bench(*, repeat: int = 3, quick: bool = False, skip_ray: bool = False,
         out["link"] = {"skipped": "--skip-ray"}
     else:
         ladder = rate_scales if rate_scales is not None else ((1, 2) if quick else (1, 2, 4, 8))
-        out["pacing"] = pacing_section(pacing_trace, scenarios[0], rate_scales=ladder, address=address,
-                                       progress=progress)
+        # the default scenario on the shipped Mooncake excerpt; the plain GPU deployment
+        # (when benchmarked) on the shipped Azure excerpt, the trace Vidur replays
+        # (its first seconds are sparse: the slice starts at 4 s and spans 6 s, ~14 requests)
+        targets = [(scenarios[0], pacing_trace, (0.0, 3.0))]
+        if "a100-llama2-70b" in scenarios[1:]:
+            targets.append(("a100-llama2-70b", "azure-conv-excerpt", (4.0, 10.0)))
+        out["pacing_by_scenario"] = {}
+        for sc_name, tr, win in targets:
+            sec = pacing_section(tr, sc_name, window=win, rate_scales=ladder, address=address,
+                                 progress=progress)
+            out["pacing_by_scenario"][sec["default"]["scenario"]] = sec
+        out["pacing"] = next(iter(out["pacing_by_scenario"].values()))
         progress("KV link between two Ray actors")
         from rack.runtime.ray_bench import actor_link_throughput
 
@@ -388,13 +425,21 @@ def checks(result: dict) -> dict:
     if c16:
         out["codec.16MB.ratio_to_memcpy"] = {"value": c16["ratio_to_memcpy"], "target": ">= 0.5",
                                              "ok": c16["ratio_to_memcpy"] >= TARGETS["codec_16MB_ratio"]}
+    for name, pace in result.get("pacing_by_scenario", {}).items():
+        v = pace["default"]["p99_over_tpot"]
+        out[f"pacing[{name}].p99_over_tpot_at_dilation_{pace['default_dilation']:g}"] = {
+            "value": v, "target": "< 0.01", "ok": v is not None and v < TARGETS["lateness_p99_over_tpot"]}
     pace = result.get("pacing", {})
     if pace.get("default"):
         v = pace["default"]["p99_over_tpot"]
         out["pacing.default.p99_over_tpot"] = {"value": v, "target": "< 0.01",
                                                "ok": v is not None and v < TARGETS["lateness_p99_over_tpot"]}
+        out["pacing.dilation_needed"] = {"value": pace.get("dilation_needed"),
+                                         "target": f"reported (default {pace.get('default_dilation')})",
+                                         "ok": pace.get("dilation_needed") is not None}
         out["pacing.sustainable_rate_scale"] = {"value": pace.get("sustainable_rate_scale"),
-                                                "target": "reported", "ok": True}
+                                                "target": f"reported (at dilation {pace.get('ladder_dilation')})",
+                                                "ok": pace.get("sustainable_rate_scale") is not None}
     return out
 
 
@@ -442,13 +487,16 @@ def render(result: dict, console: Any = None) -> None:
             t.add_row(size, _fmt(r["memcpy_GBps"]), _fmt(r["encode_GBps"]), _fmt(r["decode_GBps"]),
                       _fmt(r["encode_decode_GBps"]), _fmt(r["ratio_to_memcpy"]))
         con.print(t)
-    pace = result.get("pacing", {})
-    if pace and "skipped" not in pace:
-        t = Table(title=f"Ray pacing on {pace['trace']} {pace['window']} s (outputs x{pace['output_scale']}); "
-                        "lateness in emulated us")
+    paces = result.get("pacing_by_scenario") or {"": result.get("pacing", {})}
+    for pace in paces.values():
+        if not pace or "skipped" in pace:
+            continue
+        t = Table(title=f"Ray pacing: {pace['default']['scenario']} on {pace['trace']} {pace['window']} s "
+                        f"(outputs x{pace['output_scale']}); lateness in emulated us")
         for col in ("dilation", "rate", "actor", "p50", "p99", "max", "n"):
             t.add_column(col, justify="right" if col != "actor" else "left")
-        for row in [pace["dilation_1"], *pace["ladder"]]:
+        rows = [pace["dilation_1"], *pace["dilations"], *pace["ladder"][1:]]
+        for row in rows:
             for actor, a in row["by_actor"].items():
                 t.add_row(_fmt(row["dilation"], 0), _fmt(row["rate_scale"], 0), actor, _fmt(a["p50_us"], 0),
                           _fmt(a["p99_us"], 0), _fmt(a["max_us"], 0), _fmt(a["n"]))
@@ -456,11 +504,12 @@ def render(result: dict, console: Any = None) -> None:
                       _fmt(row["lateness_p50_us"], 0), _fmt(row["lateness_p99_us"], 0),
                       _fmt(row["lateness_max_us"], 0), _fmt(row["lateness_n"]))
         con.print(t)
-        for row in [pace["dilation_1"], *pace["ladder"]]:
+        for row in rows:
             con.print(f"dilation {row['dilation']:g}, rate x{row['rate_scale']:g}: median TPOT "
                       f"{_fmt((row['tpot_p50_s'] or 0) * 1e3)} ms, p99 lateness / TPOT = "
                       f"{_fmt(row['p99_over_tpot'], 4)}")
-        con.print(f"sustainable rate-scale at dilation {pace['default_dilation']:g}: "
+        con.print(f"default dilation {pace['default_dilation']:g}; smallest probed dilation meeting the "
+                  f"target: {_fmt(pace['dilation_needed'], 0)}; sustainable rate-scale there: "
                   f"{_fmt(pace['sustainable_rate_scale'], 0)} ({pace['target']})")
     link = result.get("link", {})
     if link and "skipped" not in link:

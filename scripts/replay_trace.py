@@ -32,9 +32,12 @@ def main() -> None:
     ap.add_argument("--out", default="rack-results/replay")
     args = ap.parse_args()
 
-    scenario = load_scenario(args.scenario)
-    window = parse_window(args.window) if args.window else None
-    requests = load_requests(args.trace, window=window, rate_scale=args.rate_scale)
+    try:
+        scenario = load_scenario(args.scenario)
+        window = parse_window(args.window) if args.window else None
+        requests = load_requests(args.trace, window=window, rate_scale=args.rate_scale)
+    except ValueError as exc:  # ScenarioError, TraceError, CatalogError, a bad window: say what, no traceback
+        raise SystemExit(f"error: {exc}")
     info = trace_info(resolve_trace(args.trace), requests.summary(), window=args.window,
                       rate_scale=args.rate_scale)
     out = run_scenario(scenario, requests, runtime=args.runtime, address=args.address, trace_info=info)

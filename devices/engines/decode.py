@@ -661,9 +661,23 @@ class DecodeEngine:
         ids = [s.req.id for s, _, _ in finished]
         self._finishing.update(ids)
         try:
-            await self._flush_events()
-            for s, t, itl in finished:
-                await self.collector.finish(s.req.id, "completed", itl_s=itl, t=t)
+            # Made together, awaited in turn: on Ray an actor call is sent when it is
+            # made, so the events and every outcome travel in one round trip rather
+            # than one per request (the loop waits for them before its next run).
+            calls = []
+            if self._pending_events:
+                ev, self._pending_events = self._pending_events, []
+                calls.append(self.collector.events(ev))
+            calls += [self.collector.finish(s.req.id, "completed", itl_s=itl, t=t)
+                      for s, t, itl in finished]
+            for i, call in enumerate(calls):
+                try:
+                    await call
+                except BaseException:
+                    for rest in calls[i + 1:]:      # not sent on the virtual runtime
+                        if asyncio.iscoroutine(rest):
+                            rest.close()
+                    raise
         finally:
             self._finishing.difference_update(ids)
         self._grant()
@@ -676,11 +690,15 @@ class DecodeEngine:
             self._shrink(batch)
             return []
         t_last = float(ends[steps - 1])
-        starts = np.empty(steps)
-        starts[0] = t0
-        starts[1:] = ends[: steps - 1]
-        self._t_start.extend(starts)
-        self._t_end.extend(ends[:steps])
+        if steps == 1:               # a mixed iteration or a step finished after an admission
+            self._t_start.append(t0)
+            self._t_end.append(t_last)
+        else:
+            starts = np.empty(steps)
+            starts[0] = t0
+            starts[1:] = ends[: steps - 1]
+            self._t_start.extend(starts)
+            self._t_end.extend(ends[:steps])
         self._batch_seconds += len(batch) * (t_last - t0)
         self._step_seconds += t_last - t0
         finished = []

@@ -33,7 +33,6 @@ public front.
 from __future__ import annotations
 
 import asyncio
-import gc
 import math
 import os
 import socket
@@ -253,12 +252,6 @@ class ComponentHost:
         self.clock = LoopClock(loop, origin=epoch_wall, dilation=dilation, record_lateness=True,
                                wall_time=time.time)
         self.obj = construct(spec, self.clock, peers.__getitem__)
-        # A full garbage collection of an actor process (Ray's objects and the
-        # component's) stalls its loop for milliseconds: one now, before time 0, and
-        # the survivors frozen out of later collections, so none lands in the replay
-        # (measured: one ~4 ms-wall late timer per run of the interconnect otherwise).
-        gc.collect()
-        gc.freeze()
         import ray
 
         if self._registry is not None:      # for a rebuild after Ray restarts this actor

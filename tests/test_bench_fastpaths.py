@@ -1,0 +1,128 @@
+"""The speed-ups behind `rack bench` change no result: every fast path gives, bit for
+bit, what the general path gives (cost model scalar paths, codec header cache and
+single-buffer frames, the virtual loop's order of callbacks)."""
+
+from __future__ import annotations
+
+import asyncio
+import pickle
+
+import numpy as np
+import pytest
+
+from devices.costmodel import CostModel, Parallelism, SpeculativeConfig
+from interconnect.codec import (FrameHeader, KVFrames, _HEADERS, corrupt_frame, decode_frame, encode_frame,
+                                make_kv_frames, peek_header, verify_kv_frames)
+from rack.runtime.virtual import LoopClock, VirtualTimeLoop
+
+MODELS = [("llama-2-70b", "a100", Parallelism(tp=2)), ("kimi-k2", "mi455x", Parallelism(tp=8, ep=8)),
+          ("kimi-k2", "cs3", Parallelism(pp=28)), ("gpt-oss-120b", "h100", Parallelism(tp=2)),
+          ("llama-3.1-8b", "h100", Parallelism())]
+
+
+@pytest.mark.parametrize("model,device,par", MODELS)
+def test_cost_model_scalar_paths_equal_array_paths(model, device, par):
+    rng = np.random.default_rng(1)
+    for spec in (None, SpeculativeConfig(2, 0.7)):
+        cm = CostModel(model, device, par, "fp8", "fp8", speculative=spec)
+        for _ in range(20):
+            n = rng.integers(1, 4000, int(rng.integers(1, 5)))
+            c = rng.integers(0, 20_000, n.size)
+            small = cm.prefill(n, c)                       # < 8 requests: Python floats
+            pad = np.zeros(8, np.int64)
+            big = cm.prefill(np.concatenate([n, pad]), np.concatenate([c, pad]))   # numpy path
+            assert small == big
+            ctx = rng.integers(1, 30_000, int(rng.integers(1, 40)))
+            if spec is None:
+                # a mixed iteration with no prefill tokens is one decode step (scalar
+                # pass vs the array pass of decode_step)
+                m, d = cm.mixed(np.zeros(1, np.int64), np.zeros(1, np.int64), ctx), cm.decode_step(ctx)
+                assert (m.time_s, m.flops, m.bytes, m.comm_s, m.bound) == (d.time_s, d.flops, d.bytes, d.comm_s,
+                                                                           d.bound)
+            shift = np.arange(int(rng.integers(1, 300)), dtype=float) * cm.tokens_per_step
+            lean = cm._decode_dict(ctx.astype(float), shift, lean=True)
+            full = cm._decode_dict(ctx.astype(float), shift)
+            for key in ("time", "flops", "bytes", "comm"):
+                np.testing.assert_array_equal(np.broadcast_to(lean[key], shift.shape),
+                                              np.broadcast_to(full[key], shift.shape))
+            assert cm._bound(lean) == cm._bound(full)
+
+
+def test_frame_header_cache_returns_what_parsing_returns():
+    frames = make_kv_frames(77, 3000, 35_136, 61, 8, 1e-3, seed=3)
+    seeded = [peek_header(f) for f in frames]              # from make_kv_frames' cache entries
+    _HEADERS.clear()
+    parsed = [peek_header(f) for f in frames]              # parsed afresh
+    assert seeded == parsed
+    assert [decode_frame(f)[0] for f in frames] == parsed
+    # a frame built by encode_frame (no cache seeding) parses to its header
+    h = FrameHeader(request_id=5, layer_start=0, layer_end=8, token_start=0, token_end=10, dtype="bf16",
+                    shape=(8, 10, 4), logical_bytes=640)
+    got, body = decode_frame(encode_frame(h, np.arange(64, dtype=np.uint8)))
+    assert (got.request_id, got.layer_range, got.payload_bytes) == (5, (0, 8), 64) and body.nbytes == 64
+
+
+def test_corrupted_frames_are_still_caught():
+    frames = make_kv_frames(9, 2000, 35_136, 61, 8, 1e-3)
+    bad = list(frames)
+    bad[3] = corrupt_frame(bad[3])
+    assert verify_kv_frames(bad)[:2] == (7, 1)
+    hdr = frames[5].copy()
+    hdr[3] ^= 0xFF                                          # header bytes: no stale cache hit
+    with pytest.raises(Exception):
+        decode_frame(hdr)
+
+
+def test_kv_frames_pickle_as_one_buffer_and_fall_back_when_changed():
+    frames = make_kv_frames(1, 4000, 35_136, 61, 8, 0.01)
+    assert isinstance(frames, KVFrames) and isinstance(frames, list)
+    bufs: list = []
+    data = pickle.dumps(frames, protocol=5, buffer_callback=bufs.append)
+    assert len(bufs) == 1 and memoryview(bufs[0]).nbytes == sum(f.nbytes for f in frames)
+    back = pickle.loads(data, buffers=bufs)
+    assert all(np.array_equal(a, b) for a, b in zip(frames, back)) and verify_kv_frames(back)[1] == 0
+    frames[2] = corrupt_frame(frames[2])                    # no longer the views of one buffer
+    again = pickle.loads(pickle.dumps(frames))
+    assert type(again) is list and verify_kv_frames(again)[:2] == (7, 1)
+
+
+class _StockLoop(VirtualTimeLoop):
+    """The virtual loop with asyncio's own iteration and handle creation."""
+
+    _run_once = asyncio.base_events.BaseEventLoop._run_once
+    call_soon = asyncio.base_events.BaseEventLoop.call_soon
+    call_at = asyncio.base_events.BaseEventLoop.call_at
+
+
+def _trace(loop_cls) -> list:
+    """Wake-up order of a program with simultaneous timers, events, deadlines, tasks."""
+    order = []
+
+    async def main(clock):
+        async def sleeper(i, t):
+            await clock.sleep_until(t)
+            order.append((i, clock.now()))
+
+        tasks = [asyncio.ensure_future(sleeper(i, float(i % 3))) for i in range(12)]
+        ev = asyncio.Event()
+
+        async def waiter(k):
+            fired = await clock.wait_until(ev, 1.5 + 0.25 * (k % 2))
+            order.append((f"w{k}", fired, clock.now()))
+
+        ws = [asyncio.ensure_future(waiter(k)) for k in range(4)]
+        await clock.sleep_until(1.5)
+        ev.set()
+        await asyncio.gather(*tasks, *ws)
+        order.append(("end", clock.now()))
+
+    loop = loop_cls()
+    try:
+        loop.run_until_complete(main(LoopClock(loop)))
+    finally:
+        loop.close()
+    return order
+
+
+def test_virtual_loop_runs_callbacks_in_the_stock_order():
+    assert _trace(VirtualTimeLoop) == _trace(_StockLoop)
