@@ -10,7 +10,7 @@ import pytest
 @pytest.fixture(scope="session")
 def ray_session():
     """A local Ray instance shared by the whole test session; shut down at the end
-    (never `ray stop`, which would kill other people's Ray processes)."""
+    (never the Ray CLI's stop command, which kills every Ray process on the machine)."""
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     ray = pytest.importorskip("ray")

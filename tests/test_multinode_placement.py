@@ -64,7 +64,7 @@ def test_check_passes_when_every_resource_fits():
     nodes = [_node(head=64), _node(prefill=2), _node(decode=1)]
     specs = [_spec("router", head=1), _spec("prefill-0", "prefill", prefill=1),
              _spec("prefill-1", "prefill", prefill=1), _spec("decode-0", "decode", decode=1)]
-    ray_runtime.check_resources(specs, nodes)
+    assert ray_runtime.check_resources(specs, nodes) is None    # raises RayRunError otherwise
 
 
 def test_check_names_a_resource_no_node_offers():
