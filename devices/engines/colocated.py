@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from devices.engines.common import enqueue_batch, plan_chunk
+from devices.engines.common import admit_with_prefix, enqueue_batch, plan_chunk, prefix_lookup
 from devices.engines.decode import AdmissionPolicy, DecodeEngine, _Seq
 from devices.memory import PrefixCache
 
@@ -167,12 +167,7 @@ class ColocatedEngine(DecodeEngine):
         if len(self._batch) + len(self._ready) + len(self._prefilling) >= self.max_batch:
             return False
         req = job.req
-        hit = 0
-        hashes: tuple = ()
-        if self.prefix is not None and req.block_hashes:
-            hashes = req.block_hashes[: req.prompt_tokens // req.block_size]
-            hit = self.prefix.acquire(req.id, hashes, req.block_size, count=False)
-        cached = min(hit * req.block_size, req.prompt_tokens - 1)
+        hashes, hit, cached = prefix_lookup(self.prefix, req)
         final = req.prompt_tokens + req.output_tokens - 1
         tokens = (final if self.policy == "reserve" else req.prompt_tokens) - cached
         blocks = self.pool.blocks_for(tokens)
@@ -182,10 +177,7 @@ class ColocatedEngine(DecodeEngine):
             if self.prefix is not None:
                 self.prefix.release(req.id)
             return False
-        if self.prefix is not None and hashes:
-            self.prefix.count_lookup(hit, len(hashes), req.block_size)
-        job.cached = cached
-        self.tokens_cached += cached
+        admit_with_prefix(self, job, hashes, hit, cached)
         return True
 
     def _schedule(self, budget: int) -> list[tuple[_Job, int]]:

@@ -270,6 +270,26 @@ async def enqueue_batch(engine: Any, items, refuse, make_job, wake: asyncio.Even
         await engine.collector.finish(rid, outcome, reason=reason, t=now)
 
 
+def prefix_lookup(prefix: Any, req: Any) -> tuple[tuple, int, int]:
+    """Pin the longest run of `req`'s leading full-block hashes found in `prefix` (a
+    `PrefixCache` or None). Returns (hashes looked up, blocks hit, cached tokens); at
+    least one prompt token is always left to compute (the first output token needs
+    the last position's logits, as in vLLM). Undo with `prefix.release(req.id)`."""
+    if prefix is None or not req.block_hashes:
+        return (), 0, 0
+    hashes = req.block_hashes[: req.prompt_tokens // req.block_size]   # full blocks only
+    hit = prefix.acquire(req.id, hashes, req.block_size, count=False)
+    return hashes, hit, min(hit * req.block_size, req.prompt_tokens - 1)
+
+
+def admit_with_prefix(engine: Any, job: Any, hashes: tuple, hit: int, cached: int) -> None:
+    """Book an admitted job's prefix-cache hit (counters and `job.cached`)."""
+    if engine.prefix is not None and hashes:
+        engine.prefix.count_lookup(hit, len(hashes), job.req.block_size)
+    job.cached = cached
+    engine.tokens_cached += cached
+
+
 def plan_chunk(active: list, queue, budget: int, try_admit) -> list:
     """One chunked-prefill iteration's (job, new tokens) list, vLLM-style: the jobs
     already prefilling (`active`, in admission order) first, then FCFS admissions from

@@ -42,6 +42,8 @@ from typing import Any, Mapping
 import numpy as np
 
 from devices.engines.common import (
+    admit_with_prefix,
+    prefix_lookup,
     plan_chunk,
     enqueue_batch,
     Lateness,
@@ -272,12 +274,7 @@ class PrefillEngine:
         """Allocate the KV of `job`'s uncached prompt (after a prefix-cache lookup),
         evicting LRU prefix entries if needed. False (nothing held) if it cannot fit."""
         req = job.req
-        hit = 0
-        hashes: tuple = ()
-        if self.prefix is not None and req.block_hashes:
-            hashes = req.block_hashes[: req.prompt_tokens // req.block_size]  # full blocks only
-            hit = self.prefix.acquire(req.id, hashes, req.block_size, count=False)
-        cached = min(hit * req.block_size, req.prompt_tokens - 1)
+        hashes, hit, cached = prefix_lookup(self.prefix, req)
         need_blocks = self.pool.blocks_for(req.prompt_tokens - cached)
         need_bytes = need_blocks * self.pool.block_bytes
         if self.ledger.free_bytes < need_bytes and self.prefix is not None:
@@ -286,10 +283,7 @@ class PrefillEngine:
             if self.prefix is not None:
                 self.prefix.release(req.id)
             return False
-        if self.prefix is not None and hashes:
-            self.prefix.count_lookup(hit, len(hashes), req.block_size)
-        job.cached = cached
-        self.tokens_cached += cached
+        admit_with_prefix(self, job, hashes, hit, cached)
         return True
 
     def _schedule(self) -> list[tuple[_Job, int]]:
