@@ -137,6 +137,14 @@ class PoolRates:
     usd_per_hour_at_peak: Optional[float]
 
 
+
+def engine_instances(specs):
+    """(spec, device spec, devices per instance) for every engine instance of a topology."""
+    for spec in specs:
+        if spec.kind in ("prefill", "decode", "both"):
+            cost = spec.kwargs["cost"]
+            yield spec, cost.device, int(cost.parallelism.n_devices)
+
 def _capex_for(key: str, settings: CostSettings) -> tuple[Optional[float], str]:
     if key in settings.capex_usd:
         return settings.capex_usd[key], "scenario [cost].capex_usd"
@@ -237,12 +245,7 @@ def energy_section(scenario: "Scenario", specs: Sequence["ComponentSpec"], stats
     pools: dict[str, dict] = {}
     instances: dict[str, dict] = {}
     totals = {"busy": 0.0, "roofline": 0.0}
-    for spec in specs:
-        if spec.kind not in ("prefill", "decode", "both"):
-            continue
-        cost = spec.kwargs["cost"]
-        dev = cost.device
-        n = int(cost.parallelism.n_devices)
+    for spec, dev, n in engine_instances(specs):
         st = stats.get(spec.name, {})
         act = _activity(st, dev, spec.kind, window_s)
         joules = {k: n * (dev.idle_w * window_s + (dev.peak_w - dev.idle_w) * a) for k, a in act.items()}
@@ -313,12 +316,7 @@ def cost_section(scenario: "Scenario", specs: Sequence["ComponentSpec"], energy:
     priced = True
     device_usd_h = 0.0
     electricity_j = 0.0
-    for spec in specs:
-        if spec.kind not in ("prefill", "decode", "both"):
-            continue
-        cost = spec.kwargs["cost"]
-        dev = cost.device
-        n = int(cost.parallelism.n_devices)
+    for spec, dev, n in engine_instances(specs):
         price = device_price(dev, settings)
         p = pools.setdefault(spec.pool, {"device": dev.key, "devices": 0,
                                          "usd_per_device_hour": price.usd_per_hour,
