@@ -328,6 +328,7 @@ class CostModel:
         self.peak_flops: float = par.n_devices * self._peak_dev
         self.memory_bandwidth: float = par.n_devices * dev.memory_bandwidth_Bps
         self._t = _Terms.of(self.model, weight_dtype, kv_dtype)
+        self._lines: dict[int, tuple] = {}     # batch size -> `_decode_line`
 
         self.draft: ModelSpec | None = None
         extra_w = extra_kv = 0
@@ -460,6 +461,11 @@ class CostModel:
         return max(vals, key=vals.get)
 
     def _cost(self, d: dict, tokens: float) -> IterationCost:
+        if type(d["time"]) is float and type(d["compute"]) is float:
+            # a scalar pass (every prefill and mixed iteration): no per-field unwrapping
+            return IterationCost(d["time"], float(d["flops"]), float(d["bytes"]), float(d["comm"]),
+                                 self._bound(d), d["compute"], float(d["memory"]), float(d["latency"]),
+                                 float(d["comm_bw"]), float(tokens))
         f = lambda k: float(_at(d[k]))  # noqa: E731
         return IterationCost(time_s=f("time"), flops=f("flops"), bytes=f("bytes"), comm_s=f("comm"),
                              bound=self._bound(d), compute_s=f("compute"), memory_s=f("memory"),
@@ -562,13 +568,63 @@ class CostModel:
         n_steps = int(n_steps)
         if n_steps < 0:
             raise ValueError(f"decode_steps: n_steps must be >= 0, got {n_steps}")
-        shift = np.arange(n_steps, dtype=float) * self.tokens_per_step
         if n_steps == 0:
             z = np.zeros(0)
             return StepCosts(z, z, z, z, "memory", self.tokens_per_step)
+        if self.speculative is None and not self._t.n_slide:
+            return self._decode_steps_affine(c, n_steps)
+        shift = np.arange(n_steps, dtype=float) * self.tokens_per_step
         d = self._decode_dict(c, shift, lean=True)
         return StepCosts(time_s=d["time"], flops=d["flops"], bytes=d["bytes"], comm_s=d["comm"],
                          bound=self._bound(d), tokens_per_step=self.tokens_per_step)
+
+    _LINE_X = float(2 ** 24)
+    # Second point of `_decode_line`: a power of two (exact division), far enough from 0
+    # that the slopes keep ~14 significant digits over the context sums a batch reaches.
+
+    def _decode_line(self, B: int) -> tuple:
+        """A decode step of B requests as affine functions of x, the batch's context sum.
+
+        Without speculative decoding or sliding-window layers, a step's FLOPs and KV
+        bytes are affine in x (`_decode_work`), hence so are its compute and memory
+        times; everything else in `_pass` depends on B only, and the step time is
+        max(compute, memory) + a constant (steady pipeline, m <= pp). The lines come
+        from two scalar evaluations of the general `_pass` (x = 0 and x = `_LINE_X`), so
+        there is one formula; values agree with it to ~1e-14 relative.
+        Returns (compute0, compute1, memory0, memory1, rest, flops0, flops1, bytes0,
+        bytes1, comm, comm_bw, latency): v(x) = v0 + v1 x; time = max(compute, memory) + rest.
+        """
+        line = self._lines.get(B)
+        if line is not None:
+            return line
+        t, pp, X = self._t, self.parallelism.pp, self._LINE_X
+        m = int(min(pp, B))
+        d0, d1 = (self._pass(t, tokens=float(B), flops_p=0.0, flops_d=fl, kv_p=0.0, kv_d=kv,
+                             m=m, pp=pp, steady=True, lean=True)
+                  for _, fl, kv in (self._decode_work(t, np.zeros(B), x, 1) for x in (0.0, X / B)))
+        f = lambda k: (float(_at(d0[k])), (float(_at(d1[k])) - float(_at(d0[k]))) / X)  # noqa: E731
+        (c0, c1), (m0, m1), (fl0, fl1), (b0, b1) = f("compute"), f("memory"), f("flops"), f("bytes")
+        rest = float(_at(d0["time"])) - max(c0, m0)
+        line = (c0, c1, m0, m1, rest, fl0, fl1, b0, b1, float(_at(d0["comm"])),
+                float(_at(d0["comm_bw"])), float(_at(d0["latency"])))
+        self._lines[B] = line
+        return line
+
+    def _decode_steps_affine(self, c: np.ndarray, n_steps: int) -> StepCosts:
+        """`decode_steps` from the batch size's `_decode_line` (the hot path of every
+        decode engine). Step j has context sum x_j = x_0 + B tps j, so each quantity is
+        v0 + v1 x_0 + (v1 B tps) j: one multiply-add over j per array."""
+        B = c.size
+        c0, c1, m0, m1, rest, fl0, fl1, b0, b1, comm, comm_bw, lat = self._decode_line(B)
+        x0 = float(c.sum())
+        dx = B * self.tokens_per_step
+        j = np.arange(n_steps, dtype=float)
+        cx, mx = c0 + c1 * x0, m0 + m1 * x0
+        time = np.maximum((cx + rest) + (c1 * dx) * j, (mx + rest) + (m1 * dx) * j)
+        first = {"compute": cx, "memory": mx, "comm_bw": comm_bw, "latency": lat}
+        return StepCosts(time_s=time, flops=(fl0 + fl1 * x0) + (fl1 * dx) * j,
+                         bytes=(b0 + b1 * x0) + (b1 * dx) * j, comm_s=np.full(n_steps, comm),
+                         bound=self._bound(first), tokens_per_step=self.tokens_per_step)
 
     def _decode_dict(self, c: np.ndarray, shift: np.ndarray, lean: bool = False) -> dict:
         q = 1 if self.speculative is None else int(self.speculative.draft_tokens) + 1
@@ -595,7 +651,6 @@ class CostModel:
         ctx = _as_counts(context_lens, "context_lens") if np.size(context_lens) else np.zeros(0)
         tok_p, fl_p, kv_p = self._prefill_work(self._t, n, c)
         q = 1 if self.speculative is None else int(self.speculative.draft_tokens) + 1
-        zero = np.zeros(1)
         if ctx.size:
             # one step: shift 0 as a scalar, so the work and the pass stay scalars
             tok_d, fl_d, kv_d = self._decode_work(self._t, ctx, 0.0, q)
@@ -610,7 +665,7 @@ class CostModel:
                        m=max(m, 1), pp=pp, steady=True)
         if self.speculative is not None:
             if ctx.size:
-                d = self._combine([d, self._draft_passes(ctx, zero)])
+                d = self._combine([d, self._draft_passes(ctx, np.zeros(1))])
             if tok_p:
                 _, f2, k2 = self._prefill_work(self._td, n, c)
                 d = self._combine([d, self._pass(self._td, tokens=tok_p, flops_p=f2, flops_d=0.0, kv_p=k2,

@@ -378,9 +378,12 @@ class Interconnect:
 
     def _check_frames(self, req: Request, frames: list[np.ndarray], logical_bytes: int) -> int:
         """Cheap header checks (no hashing); returns the bytes shipped."""
+        from interconnect.codec import _peek_entry
         if not isinstance(frames, (list, tuple)):
             raise TransferError(f"request {req.id}: frames must be a list of uint8 arrays, got {type(frames).__name__}")
         shipped = 0
+        # header entries (codec._fast_view): the header cache that make_kv_frames filled
+        # spares a parse per frame on every transfer
         headers = []
         for i, f in enumerate(frames):
             if isinstance(f, np.ndarray):
@@ -389,27 +392,32 @@ class Interconnect:
                 shipped += memoryview(f).nbytes
             else:
                 raise TransferError(f"request {req.id}: frame {i} is a {type(f).__name__}, expected a uint8 array")
-            try:
-                headers.append(peek_header(f))
-            except FrameError:
+            h = _peek_entry(f)
+            if h is None:
                 headers = None  # unreadable: the receiver will count it bad
                 break
+            headers.append(h)
         if headers is not None:
-            for h in headers:
-                if h.request_id != req.id:
-                    raise TransferError(f"request {req.id}: a frame header names request {h.request_id}")
-                expected = payload_size(h.logical_bytes, self.payload_scale)
-                if h.payload_bytes != expected:
+            rid = req.id
+            scale = self.payload_scale
+            total = 0
+            for h_rid, layer_start, layer_end, _, _, _, _, logical, payload in headers:
+                if h_rid != rid:
+                    raise TransferError(f"request {rid}: a frame header names request {h_rid}")
+                expected = round(logical * scale)
+                if expected < 1:
+                    expected = payload_size(logical, scale)   # the at-least-one-byte rule
+                if payload != expected:
                     raise TransferError(
-                        f"request {req.id}, layers [{h.layer_start}, {h.layer_end}): body of "
-                        f"{h.payload_bytes} bytes for {h.logical_bytes} logical bytes; the interconnect's "
-                        f"payload_scale {self.payload_scale} expects {expected} (sender and interconnect "
+                        f"request {rid}, layers [{layer_start}, {layer_end}): body of "
+                        f"{payload} bytes for {logical} logical bytes; the interconnect's "
+                        f"payload_scale {scale} expects {expected} (sender and interconnect "
                         "disagree on payload_scale)"
                     )
-            total = sum(h.logical_bytes for h in headers)
+                total += logical
             if total != logical_bytes:
                 raise TransferError(
-                    f"request {req.id}: frames carry {total} logical bytes but the transfer "
+                    f"request {rid}: frames carry {total} logical bytes but the transfer "
                     f"says {logical_bytes}"
                 )
         return shipped
@@ -465,10 +473,12 @@ class Interconnect:
             self._driver = asyncio.ensure_future(self._drive())
 
     async def _drive(self) -> None:
+        # The driver lives as long as the component: with no flow it waits for the next
+        # `_poke` (starting a task per transfer cost more than the transfer's bookkeeping).
         net = self._net
         try:
-            while net.n_flows:
-                t_next = net.next_event_time()
+            while True:
+                t_next = net.next_event_time() if net.n_flows else math.inf
                 self._wake.clear()
                 fired = await self._clock.wait_until(self._wake, None if math.isinf(t_next) else t_next)
                 t = self._model_now()

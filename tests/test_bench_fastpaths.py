@@ -126,3 +126,22 @@ def _trace(loop_cls) -> list:
 
 def test_virtual_loop_runs_callbacks_in_the_stock_order():
     assert _trace(VirtualTimeLoop) == _trace(_StockLoop)
+
+
+@pytest.mark.parametrize("model,device,par", MODELS)
+def test_decode_steps_affine_path_equals_the_general_pass(model, device, par):
+    """`decode_steps` without speculation prices steps from cached per-batch-size lines;
+    they must give what the general `_pass` gives, step by step, and the same bound."""
+    rng = np.random.default_rng(2)
+    cm = CostModel(model, device, par, "fp8", "fp8")
+    assert cm.speculative is None
+    for _ in range(15):
+        ctx = rng.integers(1, 60_000, int(rng.integers(1, 600)))
+        n = int(rng.integers(1, 400))
+        fast = cm.decode_steps(ctx, n)
+        full = cm._decode_dict(ctx.astype(float), np.arange(n, dtype=float), lean=True)
+        for got, key in ((fast.time_s, "time"), (fast.flops, "flops"), (fast.bytes, "bytes"),
+                         (fast.comm_s, "comm")):
+            np.testing.assert_allclose(got, np.broadcast_to(full[key], (n,)), rtol=1e-12, atol=0)
+        if not cm._t.n_slide:
+            assert fast.bound == cm._bound(full)

@@ -69,6 +69,13 @@ def test_parse_window():
     assert parse_window(":300") == (None, 300.0)
     with pytest.raises(ValueError, match="START:END"):
         parse_window("60")
+    assert parse_window("0:inf") == (0.0, float("inf"))      # open end, spelled out
+    for bad, msg in (("-5:10", "start must be a finite number of seconds >= 0"),
+                     ("nan:10", "start must be"), ("inf:", "start must be"),
+                     ("10:5", "end must be after its start"), ("0:nan", "end must be after"),
+                     (":-1", "end must be after")):
+        with pytest.raises(ValueError, match=msg):
+            parse_window(bad)
 
 
 def test_load_requests_on_the_shipped_excerpt():

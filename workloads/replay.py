@@ -20,15 +20,23 @@ from .request import Request
 def parse_window(text: str) -> tuple[float | None, float | None]:
     """``"60:180"`` -> (60.0, 180.0) seconds; either side may be empty (``":300"``).
 
-    Raises ValueError on anything else.
+    START must be finite and >= 0 (trace time starts at 0: a negative start would shift
+    every arrival later); END may be "inf" (open). Raises ValueError on anything else,
+    and when END is not after START.
     """
     start, sep, end = text.partition(":")
     if not sep:
         raise ValueError(f"window must look like START:END in seconds (e.g. 60:180), got {text!r}")
     try:
-        return (float(start) if start.strip() else None, float(end) if end.strip() else None)
+        lo = float(start) if start.strip() else None
+        hi = float(end) if end.strip() else None
     except ValueError:
         raise ValueError(f"window must look like START:END in seconds (e.g. 60:180), got {text!r}") from None
+    if lo is not None and not (math.isfinite(lo) and lo >= 0):
+        raise ValueError(f"window start must be a finite number of seconds >= 0, got {start.strip()!r} in {text!r}")
+    if hi is not None and (math.isnan(hi) or hi <= (lo or 0.0)):
+        raise ValueError(f"window end must be after its start, got {text!r}")
+    return lo, hi
 
 
 def select_window(requests: Iterable[Request], start_s: float | None = None,

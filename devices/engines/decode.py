@@ -78,6 +78,8 @@ from interconnect.component import PeerLost
 
 AdmissionPolicy = Literal["reserve", "preempt"]
 
+_RUN_HINT_MIN = 32      # fewest steps priced per run (see DecodeEngine._run_hint)
+
 
 class _Waiter:
     """A memory reservation waiting in FIFO order (external request or preempted seq)."""
@@ -167,6 +169,11 @@ class DecodeEngine:
         self.max_batch = int(max_batch)
         self.policy: AdmissionPolicy = admission_policy
         self.max_steps_per_wake = int(max_steps_per_wake)
+        # Steps priced per run: admissions usually cut a run after a few dozen steps,
+        # so pricing thousands (up to the next completion) wastes most of the arrays.
+        # The hint follows the runs: twice the steps a cut run used, doubled after a run
+        # that was not cut (a run that ends at the hint just continues with the next).
+        self._run_hint = _RUN_HINT_MIN
         self.tps = tps
         self.n_layers = model_layers(cost)
 
@@ -496,9 +503,8 @@ class DecodeEngine:
         `limit`; under "preempt" books their KV growth, preempting if even one step
         does not fit."""
         while self._batch:
-            horizon = min(min(s.steps - s.done for s in self._batch), self.max_steps_per_wake)
-            if limit is not None:
-                horizon = min(horizon, limit)
+            horizon = min(min(s.steps - s.done for s in self._batch), self.max_steps_per_wake,
+                          self._run_hint if limit is None else limit)
             if self.policy == "reserve":
                 return horizon
             over = self._overflow_step(horizon)
@@ -640,15 +646,22 @@ class DecodeEngine:
                 self.lateness.note(float(ends[n]), clock.now())
         else:
             self.lateness.note(float(ends[-1]), now)
+        self._run_hint = (max(_RUN_HINT_MIN, 2 * steps) if steps < k
+                          else min(2 * self._run_hint, self.max_steps_per_wake))
         if steps:
             self._t_free = float(ends[steps - 1])
-            self.util.add(float(ends[steps - 1]) - t0, float(np.sum(sc.flops[:steps])),
-                          float(np.sum(sc.bytes[:steps])), iterations=steps)
+            self.util.add(float(ends[steps - 1]) - t0, float(sc.flops[:steps].sum()),
+                          float(sc.bytes[:steps].sum()), iterations=steps)
         await self._finish(self._commit(batch, t0, ends, steps))
 
     def _contexts(self, batch: list[_Seq]) -> np.ndarray:
         """Context of each request at its next step: prompt + tokens so far (the last
         one is the step's input)."""
+        if self.tps == 1.0:
+            # emitted_after(done, rem, 1) = min(done, rem), inlined: this runs at every
+            # batch change and every mixed iteration, over the whole batch
+            return np.array([s.prompt + 1 + s.emitted + (s.done if s.done < s.rem else s.rem)
+                             for s in batch], dtype=np.int64)
         return np.fromiter((s.prompt + 1 + s.emitted + int(emitted_after(s.done, s.rem, self.tps))
                             for s in batch), np.int64, len(batch))
 
@@ -742,18 +755,17 @@ class DecodeEngine:
 def _count_bad_frames(request_id: int, kv_tokens: int, n_layers: int, frames: list) -> int:
     """Bad frames of a KV payload: failing decode (checksum/structure), naming another
     request or token range; plus 1 if the good frames leave layers uncovered."""
+    # one batched decode (codec._verified_entries: header entries, every body hashed)
+    # instead of a FrameHeader per frame
+    from interconnect.codec import _verified_entries
     bad = 0
     covered: list[tuple[int, int]] = []
-    for f in frames:
-        try:
-            h, _ = decode_frame(f)
-        except FrameError:
+    for h in _verified_entries(frames):
+        # h: (request_id, layer_start, layer_end, token_start, token_end, ...) or None
+        if h is None or h[0] != request_id or h[3] != 0 or h[4] != kv_tokens:
             bad += 1
             continue
-        if h.request_id != request_id or h.token_range != (0, kv_tokens):
-            bad += 1
-            continue
-        covered.append(h.layer_range)
+        covered.append((h[1], h[2]))
     if bad == 0:
         covered.sort()
         pos = 0
