@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Hashable, Mapping, Sequence
 
 import numpy as np
 
-from interconnect.codec import FrameError, corrupt_frame, payload_size, peek_header
+from interconnect.codec import FrameError, corrupt_frame, payload_size, scan_kv_frames
 from interconnect.link import FairShareNetwork, LinkSpec, PathCost, path_cost
 
 if TYPE_CHECKING:
@@ -378,13 +378,9 @@ class Interconnect:
 
     def _check_frames(self, req: Request, frames: list[np.ndarray], logical_bytes: int) -> int:
         """Cheap header checks (no hashing); returns the bytes shipped."""
-        from interconnect.codec import _peek_entry
         if not isinstance(frames, (list, tuple)):
             raise TransferError(f"request {req.id}: frames must be a list of uint8 arrays, got {type(frames).__name__}")
         shipped = 0
-        # header entries (codec._fast_view): the header cache that make_kv_frames filled
-        # spares a parse per frame on every transfer
-        headers = []
         for i, f in enumerate(frames):
             if isinstance(f, np.ndarray):
                 shipped += f.nbytes
@@ -392,11 +388,10 @@ class Interconnect:
                 shipped += memoryview(f).nbytes
             else:
                 raise TransferError(f"request {req.id}: frame {i} is a {type(f).__name__}, expected a uint8 array")
-            h = _peek_entry(f)
-            if h is None:
-                headers = None  # unreadable: the receiver will count it bad
-                break
-            headers.append(h)
+        # Header tuples (from the header cache make_kv_frames filled, no FrameHeader per
+        # frame); a payload with an unreadable frame is left for the receiver to count bad.
+        entries = scan_kv_frames(frames, False)
+        headers = entries if len(entries) == len(frames) and None not in entries else None
         if headers is not None:
             rid = req.id
             scale = self.payload_scale

@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 
 from devices.costmodel import CostModel, Parallelism, SpeculativeConfig
-from interconnect.codec import (FrameHeader, KVFrames, _HEADERS, corrupt_frame, decode_frame, encode_frame,
-                                make_kv_frames, peek_header, verify_kv_frames)
+from devices.engines.decode import _count_bad_frames
+from interconnect.codec import (FrameError, FrameHeader, KVFrames, _HEADERS, _LAYOUTS, scan_kv_frames, corrupt_frame,
+                                decode_frame, encode_frame, make_kv_frames, peek_header, verify_kv_frames)
 from rack.runtime.virtual import LoopClock, VirtualTimeLoop
 
 MODELS = [("llama-2-70b", "a100", Parallelism(tp=2)), ("kimi-k2", "mi455x", Parallelism(tp=8, ep=8)),
@@ -145,3 +146,72 @@ def test_decode_steps_affine_path_equals_the_general_pass(model, device, par):
             np.testing.assert_allclose(got, np.broadcast_to(full[key], (n,)), rtol=1e-12, atol=0)
         if not cm._t.n_slide:
             assert fast.bound == cm._bound(full)
+
+
+def _entry(h: FrameHeader) -> tuple:
+    return (h.request_id, h.layer_start, h.layer_end, h.token_start, h.token_end, h.dtype, h.shape,
+            h.logical_bytes, h.payload_bytes)
+
+
+def _one_by_one(frames, verify: bool) -> list:
+    """What `scan_kv_frames` must return, from the per-frame public functions."""
+    out = []
+    for f in frames:
+        try:
+            out.append(_entry(decode_frame(f)[0] if verify else peek_header(f)))
+        except FrameError:
+            out.append(None)
+            if not verify:
+                break
+    return out
+
+
+def test_batched_frame_scan_equals_per_frame_decoding():
+    frames = make_kv_frames(300, 700, 35_136, 61, 8, 1e-3, seed=4)
+    f = frames[2]
+    hend = bytes(f[:200]).find(b"\xa4xxh3\xcf") + 6
+    variants = [f, bytes(f), bytearray(f), memoryview(bytes(f)), corrupt_frame(f, 1), f[:-1].copy(),
+                np.concatenate([f, f[:1]]), f[::2], f.astype(np.int8), f.astype(object), np.stack([f, f]),
+                np.zeros(0, np.uint8), None, "frame"]
+    for pos in range(hend + 13):                        # every header, checksum and bin-length byte
+        g = f.copy()
+        g[pos] ^= 0x41
+        variants.append(g)
+    for cold in (False, True):
+        for v in variants:
+            if cold:
+                _HEADERS.clear()
+            payload = [frames[0], v, frames[3]]
+            assert scan_kv_frames(payload, True) == _one_by_one(payload, True)
+            if cold:
+                _HEADERS.clear()
+            assert scan_kv_frames(payload, False) == _one_by_one(payload, False)
+
+
+def test_every_corrupted_body_byte_is_caught():
+    frames = make_kv_frames(21, 40, 35_136, 61, 8, 1e-3)   # ~180-byte bodies
+    for i, f in enumerate(frames):
+        h, body = decode_frame(f)
+        off = f.nbytes - body.nbytes
+        for pos in range(off, f.nbytes):
+            g = f.copy()
+            g[pos] ^= 0x10
+            payload = list(frames)
+            payload[i] = g
+            assert verify_kv_frames(payload)[:2] == (7, 1)
+            assert _count_bad_frames(21, 40, 61, payload) == 1
+    assert _count_bad_frames(21, 40, 61, frames) == 0 and _count_bad_frames(22, 40, 61, frames) == 8
+    assert _count_bad_frames(21, 41, 61, frames) == 8 and _count_bad_frames(21, 40, 62, frames) == 1
+    assert _count_bad_frames(21, 40, 61, frames[1:]) == 1   # layers [0, 8) missing
+
+
+def test_cached_layouts_give_the_frames_a_fresh_layout_gives():
+    _LAYOUTS.clear()
+    first = [bytes(f) for f in make_kv_frames(5, 1234, 35_136, 61, 8, 1e-3, seed=1)]   # layout built
+    again = [bytes(f) for f in make_kv_frames(5, 1234, 35_136, 61, 8, 1e-3, seed=1)]   # from the cache
+    other = make_kv_frames(2**40, 1234, 35_136, 61, 8, 1e-3, seed=1)                  # longer request id
+    assert first == again
+    assert verify_kv_frames(other)[1] == 0
+    _HEADERS.clear()                                                                  # parsed afresh
+    fields = [_entry(peek_header(f))[1:] for f in first]
+    assert [_entry(peek_header(f)) for f in other] == [(2**40, *rest) for rest in fields]

@@ -9,9 +9,11 @@ import struct
 import msgpack
 import numpy as np
 import pytest
+import xxhash
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from interconnect import codec
 from interconnect.codec import (
     FORMAT_VERSION,
     ChecksumError,
@@ -291,3 +293,67 @@ def test_make_kv_frames_totals_property(n_tokens, kvpt, n_layers, group, scale):
     assert all(h.payload_bytes >= 1 for h in headers if h.logical_bytes > 0)
     good, bad, logical, _ = verify_kv_frames(frames)
     assert (good, bad, logical) == (len(frames), 0, n_tokens * kvpt)
+
+
+# xxh3_128 of the concatenated frames, as make_kv_frames wrote them before its headers were
+# assembled from pre-packed pieces (commit ed6f020): the frames must stay bit-identical.
+_GOLDEN_FRAMES = [
+    ((77, 1000, 35_136, 61, 8, 1e-3, "fp8", 3), 8, 35_928, "04946a582fd9876db5c18b78d1e43bcc"),
+    ((2**64 - 1, 4097, 131_072, 32, 8, 1e-2, "bf16", 2**64 - 1), 4, 5_370_460, "f665f99bb1350d34316c61a45107e986"),
+    ((128, 30, 1_000_003, 80, 7, 0.05, "fp4", 0), 12, 1_501_174, "82bfe88e2327039e3ae766a4e3c2920f"),
+    ((65_536, 70, 131_072, 1, 1, 1.0, "fp8", 11), 1, 9_175_143, "f772ad7df9897869aa9d498d751996ef"),
+]
+
+
+@pytest.mark.parametrize("args, n_frames, n_bytes, digest", _GOLDEN_FRAMES)
+def test_make_kv_frames_bytes_are_pinned(args, n_frames, n_bytes, digest):
+    *pos, dtype, seed = args
+    for _ in range(2):                                  # layout built, then from the cache
+        frames = make_kv_frames(*pos, kv_dtype=dtype, seed=seed)
+        assert (len(frames), sum(f.nbytes for f in frames)) == (n_frames, n_bytes)
+        assert xxhash.xxh3_128_hexdigest(b"".join(bytes(f) for f in frames)) == digest
+
+
+@pytest.mark.parametrize("request_id", [0, 1, 127, 128, 255, 256, 65_535, 65_536, 2**32 - 1, 2**32, 2**64 - 1])
+@pytest.mark.parametrize("n_tokens, kvpt, n_layers, group, scale, dtype", [
+    (1, 35_136, 61, 8, 1e-3, "fp8"), (127, 35_136, 61, 8, 1e-3, "fp8"), (65_536, 35_136, 61, 8, 1e-4, "fp8"),
+    (300, 131_072, 32, 8, 0.01, "bf16"), (10, 1000, 7, 3, 1.0, "fp8"), (9, 1, 5, 2, 1.0, "fp32"),
+    (200, 576, 61, 200, 0.5, "fp4"), (5, 7, 3, 1, 1, "fp16"),
+])
+def test_make_kv_frames_equal_encode_frame_of_their_headers(request_id, n_tokens, kvpt, n_layers, group,
+                                                            scale, dtype):
+    """Every frame is exactly what `encode_frame` (one msgpack.packb of the header map)
+    makes of its header and body, and the body is the random stream at the documented
+    offset; with and without a cached layout."""
+    codec._LAYOUTS.clear()
+    for _ in range(2):
+        frames = make_kv_frames(request_id, n_tokens, kvpt, n_layers, group, scale, kv_dtype=dtype, seed=5)
+        for f in frames:
+            h, body = decode_frame(f)
+            assert bytes(encode_frame(h, body)) == bytes(f)
+            start = xxhash.xxh3_64_intdigest(struct.pack("<QQQ", 5, request_id, h.layer_start)) % (8 << 20)
+            assert bytes(body) == bytes(codec._random_block()[start : start + h.payload_bytes])
+
+
+def test_pack_uint_is_msgpack_encoding():
+    edges = [0, 1, 127, 128, 255, 256, 65_535, 65_536, 2**32 - 1, 2**32, 2**63, 2**64 - 1, -1, -32, -33, -129]
+    for v in edges + list(range(0, 70_000, 7)):
+        assert codec._pack_uint(v) == msgpack.packb(v), v
+    with pytest.raises(OverflowError):
+        codec._pack_uint(2**64)                         # msgpack's own error, as packb raised before
+    for seq in [(), (0, 5), (8, 1000, 576), tuple(range(15)), tuple(range(16)), (2**64 - 1,)]:
+        assert codec._pack_ints(seq) == msgpack.packb(list(seq))
+
+
+def test_make_kv_frames_checks_arguments_also_with_a_cached_layout():
+    make_kv_frames(1, 10, 100, 4, 2, 0.5)               # caches the layout
+    with pytest.raises(ValueError, match="request_id must be < 2"):
+        make_kv_frames(2**64, 10, 100, 4, 2, 0.5)
+    with pytest.raises(ValueError, match="payload_scale"):
+        make_kv_frames(1, 10, 100, 4, 2, [0.5])         # unhashable: still a ValueError
+    with pytest.raises(ValueError, match="n_tokens"):
+        make_kv_frames(1, np.int64(0), 100, 4, 2, 0.5)
+    # numpy integers are accepted and give the same frames as ints
+    a = make_kv_frames(np.int64(1), np.int32(10), np.uint16(100), 4, 2, 0.5, seed=np.uint8(2))
+    b = make_kv_frames(1, 10, 100, 4, 2, 0.5, seed=2)
+    assert [bytes(x) for x in a] == [bytes(y) for y in b]

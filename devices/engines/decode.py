@@ -73,7 +73,7 @@ from devices.engines.common import (
     steps_for,
 )
 from devices.memory import KVBlockPool
-from interconnect.codec import FrameError, decode_frame
+from interconnect.codec import scan_kv_frames
 from interconnect.component import PeerLost
 
 AdmissionPolicy = Literal["reserve", "preempt"]
@@ -171,8 +171,8 @@ class DecodeEngine:
         self.max_steps_per_wake = int(max_steps_per_wake)
         # Steps priced per run: admissions usually cut a run after a few dozen steps,
         # so pricing thousands (up to the next completion) wastes most of the arrays.
-        # The hint follows the runs: twice the steps a cut run used, doubled after a run
-        # that was not cut (a run that ends at the hint just continues with the next).
+        # The hint follows the runs: twice the steps a cut run used; no limit after a run
+        # that was not cut (so a quiet batch costs one extra wake-up, not one per hint).
         self._run_hint = _RUN_HINT_MIN
         self.tps = tps
         self.n_layers = model_layers(cost)
@@ -646,8 +646,7 @@ class DecodeEngine:
                 self.lateness.note(float(ends[n]), clock.now())
         else:
             self.lateness.note(float(ends[-1]), now)
-        self._run_hint = (max(_RUN_HINT_MIN, 2 * steps) if steps < k
-                          else min(2 * self._run_hint, self.max_steps_per_wake))
+        self._run_hint = max(_RUN_HINT_MIN, 2 * steps) if steps < k else self.max_steps_per_wake
         if steps:
             self._t_free = float(ends[steps - 1])
             self.util.add(float(ends[steps - 1]) - t0, float(sc.flops[:steps].sum()),
@@ -755,12 +754,11 @@ class DecodeEngine:
 def _count_bad_frames(request_id: int, kv_tokens: int, n_layers: int, frames: list) -> int:
     """Bad frames of a KV payload: failing decode (checksum/structure), naming another
     request or token range; plus 1 if the good frames leave layers uncovered."""
-    # one batched decode (codec._verified_entries: header entries, every body hashed)
-    # instead of a FrameHeader per frame
-    from interconnect.codec import _verified_entries
+    # One batched decode (header tuples, every body hashed) instead of a FrameHeader
+    # per frame: this runs for every transfer.
     bad = 0
     covered: list[tuple[int, int]] = []
-    for h in _verified_entries(frames):
+    for h in scan_kv_frames(frames, True):
         # h: (request_id, layer_start, layer_end, token_start, token_end, ...) or None
         if h is None or h[0] != request_id or h[3] != 0 or h[4] != kv_tokens:
             bad += 1

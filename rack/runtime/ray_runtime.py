@@ -52,6 +52,9 @@ from .placement import construct
 # calls `interconnect.transfer(req, frames, ...)`, the interconnect calls
 # `decode.receive_kv(req, frames, ...)`).
 KV_METHODS = frozenset({"transfer", "receive_kv"})
+#: KV calls carrying at least this many payload bytes are sent from a helper thread
+#: (`ActorProxy`); Ray inlines arguments under 100 KiB into the call itself.
+OFFLOAD_BYTES = 96 << 10
 # Ray's predefined resources: not the custom ones a scenario pins components with.
 _PREDEFINED = ("CPU", "GPU", "memory", "object_store_memory")
 # Round trips used to measure another host's clock offset (the fastest one wins).
@@ -144,15 +147,19 @@ class ActorProxy:
             # The call is sent now and the returned coroutine awaits its reply, so calls
             # made together and then awaited in turn travel concurrently (rack.router._all).
             sent = self._sent
-            if sent is not None:
+            kv = method in KV_METHODS
+            if sent is not None or kv:
                 nbytes = _payload_bytes(args) + (_payload_bytes(list(kwargs.values())) if kwargs else 0)
-                c = sent.get(peer)
-                if c is None:
-                    c = sent[peer] = [0, 0, 0]
-                c[0] += 1
-                c[1] += nbytes
-                if method in KV_METHODS:
-                    c[2] += nbytes
+            if kv and nbytes >= OFFLOAD_BYTES:
+                # Sending a large payload copies it into the object store on the calling
+                # thread: milliseconds during which this actor's due timers wait (measured
+                # as the interconnect's lateness tail). Submitted from a helper thread, the
+                # copy runs beside the event loop. KV calls are awaited at once by their
+                # callers, so sending a little later reorders nothing.
+                _count_sent(sent, peer, method, nbytes)
+                return _reply_offloaded(actor, method, args, kwargs, peer)
+            if sent is not None:
+                _count_sent(sent, peer, method, nbytes)
             try:
                 ref = actor.call.remote(method, args, kwargs)
             except _ray().exceptions.RayActorError as exc:
@@ -163,6 +170,44 @@ class ActorProxy:
 
     def __reduce__(self):
         return (ActorProxy, (self._actor, self._name))
+
+
+def _count_sent(sent: dict | None, peer: str, method: str, nbytes: int) -> None:
+    if sent is None:
+        return
+    c = sent.get(peer)
+    if c is None:
+        c = sent[peer] = [0, 0, 0]
+    c[0] += 1
+    c[1] += nbytes
+    if method in KV_METHODS:
+        c[2] += nbytes
+
+
+_SUBMITTER: Any = None
+
+
+def _submitter() -> Any:
+    """One thread per process that submits large actor calls (one thread: they leave
+    in the order they were made)."""
+    global _SUBMITTER
+    if _SUBMITTER is None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        _SUBMITTER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rack-kv-submit")
+    return _SUBMITTER
+
+
+async def _reply_offloaded(actor: Any, method: str, args: tuple, kwargs: dict, peer: str) -> Any:
+    """`_reply` of a call sent from the submitter thread."""
+    def send() -> Any:
+        try:
+            return actor.call.remote(method, args, kwargs)
+        except _ray().exceptions.RayActorError as exc:
+            return exc
+
+    ref = await asyncio.get_running_loop().run_in_executor(_submitter(), send)
+    return await _reply(ref, peer, method)
 
 
 async def _reply(ref: Any, peer: str, method: str) -> Any:
