@@ -968,22 +968,36 @@ class KVFrames(list):
     payloads between two actors, `rack bench`), and the receiver gets views again.
     If the list no longer holds exactly those views (a frame replaced, e.g. by fault
     injection, or the list changed), it pickles as a plain list of its frames.
+
+    `store_ref`: where a runtime keeps this payload in a shared object store (the Ray
+    runtime sets it to the ObjectRef the frames were read from, so forwarding them
+    sends that reference again instead of the bytes); None otherwise. It is not
+    pickled, and a runtime must only reuse it while `intact()` holds.
     """
 
-    __slots__ = ("_base", "_bounds")
+    __slots__ = ("_base", "_bounds", "store_ref")
 
     def __init__(self, frames=(), base: np.ndarray | None = None, bounds: tuple = ()) -> None:
         super().__init__(frames)
         self._base = base
         self._bounds = bounds
+        self.store_ref = None
+
+    def intact(self) -> bool:
+        """Whether the list still holds exactly the views it was built with."""
+        return self._intact()
 
     def _intact(self) -> bool:
         base, bounds = self._base, self._bounds
         if base is None or len(self) != len(bounds):
             return False
+        # Views are recognised by address and size: `f.base` is not `base` when `base`
+        # is itself a view (numpy points a view of a view at the owner of the memory),
+        # as it is for a payload read back from Ray's object store. `base` is held
+        # here, so its memory cannot have been reused by another array.
         addr = base.__array_interface__["data"][0]
         for f, (start, stop) in zip(self, bounds):
-            if (type(f) is not np.ndarray or f.base is not base or f.nbytes != stop - start
+            if (type(f) is not np.ndarray or f.dtype != np.uint8 or f.ndim != 1 or f.nbytes != stop - start
                     or f.__array_interface__["data"][0] != addr + start):
                 return False
         return True

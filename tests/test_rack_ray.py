@@ -44,3 +44,24 @@ def test_ray_ledgers_within_capacity(both_runs):
     _, _, out = both_runs
     for pool, m in out.results["memory"].items():
         assert 0 < m["peak_bytes"] <= m["capacity_bytes"], pool
+
+
+def test_kv_payload_by_reference_round_trip(ray_session):
+    """A KV payload sent by reference reads back byte for byte as verified frames; one
+    forwarded unchanged reuses its reference (its bytes are not copied again), one
+    that was altered is stored afresh."""
+    import asyncio
+
+    from interconnect.codec import corrupt_frame, make_kv_frames, verify_kv_frames
+    from rack.runtime.ray_runtime import _resolve_payloads, _store_payloads, _StoredPayload
+
+    frames = make_kv_frames(7, 3000, 35_136, 61, 8, 1e-3)
+    stored = _store_payloads((1, frames, "x"))
+    assert stored[0] == 1 and stored[2] == "x" and isinstance(stored[1], _StoredPayload)
+    _, back, _ = asyncio.run(asyncio.wait_for(_resolve_payloads(stored), 60))
+    assert [bytes(f) for f in back] == [bytes(f) for f in frames]
+    assert verify_kv_frames(back)[:2] == (8, 0)
+    assert back.store_ref is stored[1].ref
+    assert _store_payloads((back,))[0].ref is stored[1].ref          # forwarded: same reference
+    back[3] = corrupt_frame(back[3], seed=1)
+    assert _store_payloads((back,))[0].ref is not stored[1].ref      # changed: stored again

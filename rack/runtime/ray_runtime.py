@@ -33,6 +33,7 @@ public front.
 from __future__ import annotations
 
 import asyncio
+import gc
 import math
 import os
 import socket
@@ -153,9 +154,10 @@ class ActorProxy:
             if kv and nbytes >= OFFLOAD_BYTES:
                 # Sending a large payload copies it into the object store on the calling
                 # thread: milliseconds during which this actor's due timers wait (measured
-                # as the interconnect's lateness tail). Submitted from a helper thread, the
-                # copy runs beside the event loop. KV calls are awaited at once by their
-                # callers, so sending a little later reorders nothing.
+                # as the interconnect's lateness tail). Submitted from a helper thread, by
+                # reference (`_StoredPayload`), the copy runs beside the event loop and
+                # a forwarded payload is not copied again. KV calls are awaited at once
+                # by their callers, so sending a little later reorders nothing.
                 _count_sent(sent, peer, method, nbytes)
                 return _reply_offloaded(actor, method, args, kwargs, peer)
             if sent is not None:
@@ -198,11 +200,57 @@ def _submitter() -> Any:
     return _SUBMITTER
 
 
+class _StoredPayload:
+    """A KV payload passed by reference: the call carries the ObjectRef, the bytes stay
+    in the node's shared-memory object store, and the receiving host reads them back as
+    zero-copy numpy views (`_resolve_payloads`). A payload forwarded unchanged (the
+    interconnect handing the sender's frames to the decode engine) reuses the same
+    reference, so its bytes are copied once per transfer, by the sender."""
+
+    __slots__ = ("ref",)
+
+    def __init__(self, ref: Any) -> None:
+        self.ref = ref
+
+    def __reduce__(self):
+        return (_StoredPayload, (self.ref,))
+
+
+def _store_payloads(args: tuple) -> tuple:
+    """`args` with each `KVFrames` replaced by a `_StoredPayload` (put now, or the
+    reference it was read from if the frames are unchanged). Runs on the submitter thread."""
+    from interconnect.codec import KVFrames
+
+    if not any(isinstance(a, KVFrames) for a in args):
+        return args
+    out = []
+    for a in args:
+        if isinstance(a, KVFrames):
+            ref = a.store_ref if a.store_ref is not None and a.intact() else None
+            a = _StoredPayload(ref if ref is not None else _ray().put(a))
+        out.append(a)
+    return tuple(out)
+
+
+async def _resolve_payloads(args: tuple) -> tuple:
+    """`args` with each `_StoredPayload` read back from the object store (zero-copy)."""
+    if not any(isinstance(a, _StoredPayload) for a in args):
+        return args
+    out = []
+    for a in args:
+        if isinstance(a, _StoredPayload):
+            ref, a = a.ref, await a.ref
+            if hasattr(a, "store_ref"):
+                a.store_ref = ref
+        out.append(a)
+    return tuple(out)
+
+
 async def _reply_offloaded(actor: Any, method: str, args: tuple, kwargs: dict, peer: str) -> Any:
-    """`_reply` of a call sent from the submitter thread."""
+    """`_reply` of a call sent from the submitter thread, its KV payloads by reference."""
     def send() -> Any:
         try:
-            return actor.call.remote(method, args, kwargs)
+            return actor.call.remote(method, _store_payloads(args), kwargs)
         except _ray().exceptions.RayActorError as exc:
             return exc
 
@@ -279,6 +327,11 @@ class ComponentHost:
         wall time, measured): both happen here, before time 0, not in the replay."""
         sample = _warm_payload()
         await asyncio.gather(*(a.ping.remote(*sample) for a in peers))
+        # Once more as KV payloads travel (`ActorProxy`): from the submitter thread, by
+        # reference, read back at the peer: the thread's start and the first put and
+        # fetch of the object store are paid here too.
+        stored = await asyncio.get_running_loop().run_in_executor(_submitter(), _store_payloads, sample)
+        await asyncio.gather(*(a.ping.remote(*stored) for a in peers))
 
     async def wall_time(self) -> float:
         """This host's wall clock (s since the Unix epoch), for clock-offset probes."""
@@ -301,6 +354,11 @@ class ComponentHost:
 
         if self._registry is not None:      # for a rebuild after Ray restarts this actor
             await ray.get_actor(self._registry).keep.remote(self.name, (spec, peers, epoch_wall, dilation))
+        # Everything built so far (Ray, numpy, the component) lives for the whole run:
+        # moved out of the collector's generations, a full collection during the replay
+        # no longer walks it (one took milliseconds, i.e. late timers).
+        gc.collect()
+        gc.freeze()
 
         return {"node_id": ray.get_runtime_context().get_node_id(),
                 "loop_type": type(loop).__module__ + "." + type(loop).__name__, "pid": os.getpid()}
@@ -317,6 +375,8 @@ class ComponentHost:
 
             ray.kill(ray.get_runtime_context().current_actor, no_restart=False)
             await asyncio.sleep(3600)
+        if method in KV_METHODS:
+            args = await _resolve_payloads(args)
         result = getattr(self.obj, method)(*args, **kwargs)
         if asyncio.iscoroutine(result) or isinstance(result, asyncio.Future):
             result = await result
@@ -324,7 +384,8 @@ class ComponentHost:
 
     async def ping(self, *sample: Any) -> None:
         """A no-op call, to open the connection from a peer (and unpickle a sample of
-        what peers send: a Request, KV frames) before the replay starts."""
+        what peers send: a Request, KV frames, also by reference) before the replay starts."""
+        await _resolve_payloads(sample)
 
     async def keep(self, name: str, build_args: tuple) -> None:
         """Registry role: keep `name`'s build arguments (spec, peers, epoch, dilation)."""
