@@ -155,26 +155,66 @@ class IterationCost:
     tokens: float = 0.0
 
 
-@dataclass(frozen=True)
 class StepCosts:
     """The next n_steps decode steps of a fixed batch: arrays of shape (n_steps,).
 
     time_s: duration of each step (s); flops, bytes: work of each step; comm_s:
     communication time within each step; bound: what binds the first step;
     tokens_per_step: expected tokens each request gains per step.
+
+    `CostModel.decode_steps` may give flops, bytes and comm_s as lines over the steps
+    (value at step j = a + b j) instead of arrays: the arrays are then built on first
+    access, and `work(n)` sums the first n steps in closed form (an engine reads only
+    those sums, for utilisation).
     """
 
-    time_s: np.ndarray
-    flops: np.ndarray
-    bytes: np.ndarray
-    comm_s: np.ndarray
-    bound: str
-    tokens_per_step: float = 1.0
+    __slots__ = ("time_s", "bound", "tokens_per_step", "_flops", "_bytes", "_comm", "_lines")
+
+    def __init__(self, time_s: np.ndarray, flops: np.ndarray | None, bytes: np.ndarray | None,
+                 comm_s: np.ndarray | None, bound: str, tokens_per_step: float = 1.0,
+                 lines: tuple[float, float, float, float, float] | None = None) -> None:
+        self.time_s = time_s
+        self.bound = bound
+        self.tokens_per_step = tokens_per_step
+        self._flops, self._bytes, self._comm = flops, bytes, comm_s
+        self._lines = lines          # (flops a, flops b, bytes a, bytes b, comm) or None
+
+    def _line(self, a: float, b: float) -> np.ndarray:
+        return a + b * np.arange(self.time_s.shape[0], dtype=float)
+
+    @property
+    def flops(self) -> np.ndarray:
+        if self._flops is None:
+            self._flops = self._line(self._lines[0], self._lines[1])
+        return self._flops
+
+    @property
+    def bytes(self) -> np.ndarray:
+        if self._bytes is None:
+            self._bytes = self._line(self._lines[2], self._lines[3])
+        return self._bytes
+
+    @property
+    def comm_s(self) -> np.ndarray:
+        if self._comm is None:
+            self._comm = np.full(self.time_s.shape[0], self._lines[4])
+        return self._comm
+
+    def work(self, n: int) -> tuple[float, float]:
+        """(FLOPs, bytes) of the first n steps (0 <= n <= n_steps)."""
+        if self._lines is not None:
+            fa, fb, ba, bb, _ = self._lines
+            tri = n * (n - 1) / 2
+            return n * fa + fb * tri, n * ba + bb * tri
+        return float(self.flops[:n].sum()), float(self.bytes[:n].sum())
 
     @property
     def end_times(self) -> np.ndarray:
         """Cumulative end time of each step from the start of the first (s)."""
         return np.cumsum(self.time_s)
+
+    def __repr__(self) -> str:
+        return f"StepCosts(n_steps={self.time_s.shape[0]}, bound={self.bound!r}, tokens_per_step={self.tokens_per_step})"
 
 
 @dataclass(frozen=True)
@@ -622,9 +662,8 @@ class CostModel:
         cx, mx = c0 + c1 * x0, m0 + m1 * x0
         time = np.maximum((cx + rest) + (c1 * dx) * j, (mx + rest) + (m1 * dx) * j)
         first = {"compute": cx, "memory": mx, "comm_bw": comm_bw, "latency": lat}
-        return StepCosts(time_s=time, flops=(fl0 + fl1 * x0) + (fl1 * dx) * j,
-                         bytes=(b0 + b1 * x0) + (b1 * dx) * j, comm_s=np.full(n_steps, comm),
-                         bound=self._bound(first), tokens_per_step=self.tokens_per_step)
+        return StepCosts(time, None, None, None, self._bound(first), self.tokens_per_step,
+                         lines=(fl0 + fl1 * x0, fl1 * dx, b0 + b1 * x0, b1 * dx, comm))
 
     def _decode_dict(self, c: np.ndarray, shift: np.ndarray, lean: bool = False) -> dict:
         q = 1 if self.speculative is None else int(self.speculative.draft_tokens) + 1

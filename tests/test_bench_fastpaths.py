@@ -146,6 +146,8 @@ def test_decode_steps_affine_path_equals_the_general_pass(model, device, par):
             np.testing.assert_allclose(got, np.broadcast_to(full[key], (n,)), rtol=1e-12, atol=0)
         if not cm._t.n_slide:
             assert fast.bound == cm._bound(full)
+        for m in (0, 1, n // 2, n):
+            np.testing.assert_allclose(fast.work(m), (fast.flops[:m].sum(), fast.bytes[:m].sum()), rtol=1e-12)
 
 
 def _entry(h: FrameHeader) -> tuple:
