@@ -78,8 +78,6 @@ from interconnect.component import PeerLost
 
 AdmissionPolicy = Literal["reserve", "preempt"]
 
-_RUN_HINT_MIN = 32      # fewest steps priced per run (see DecodeEngine._run_hint)
-
 
 class _Waiter:
     """A memory reservation waiting in FIFO order (external request or preempted seq)."""
@@ -169,11 +167,6 @@ class DecodeEngine:
         self.max_batch = int(max_batch)
         self.policy: AdmissionPolicy = admission_policy
         self.max_steps_per_wake = int(max_steps_per_wake)
-        # Steps priced per run: admissions usually cut a run after a few dozen steps,
-        # so pricing thousands (up to the next completion) wastes most of the arrays.
-        # The hint follows the runs: twice the steps a cut run used; no limit after a run
-        # that was not cut (so a quiet batch costs one extra wake-up, not one per hint).
-        self._run_hint = _RUN_HINT_MIN
         self.tps = tps
         self.n_layers = model_layers(cost)
 
@@ -503,8 +496,9 @@ class DecodeEngine:
         `limit`; under "preempt" books their KV growth, preempting if even one step
         does not fit."""
         while self._batch:
-            horizon = min(min(s.steps - s.done for s in self._batch), self.max_steps_per_wake,
-                          self._run_hint if limit is None else limit)
+            horizon = min(min(s.steps - s.done for s in self._batch), self.max_steps_per_wake)
+            if limit is not None:
+                horizon = min(horizon, limit)
             if self.policy == "reserve":
                 return horizon
             over = self._overflow_step(horizon)
@@ -646,7 +640,6 @@ class DecodeEngine:
                 self.lateness.note(float(ends[n]), clock.now())
         else:
             self.lateness.note(float(ends[-1]), now)
-        self._run_hint = max(_RUN_HINT_MIN, 2 * steps) if steps < k else self.max_steps_per_wake
         if steps:
             self._t_free = float(ends[steps - 1])
             work = getattr(sc, "work", None)     # a StepCosts (a test double may have arrays only)

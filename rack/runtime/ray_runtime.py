@@ -23,7 +23,13 @@ timeout and its error names what is missing.
 Handles between components are `ActorProxy` objects: `await proxy.method(*args)`
 becomes one actor call, so component code is the same as on the virtual runtime.
 Each proxy also counts the calls and the payload bytes (numpy arrays, bytes) it sends,
-which gives the messages per actor and the KV bytes that crossed nodes.
+which gives the messages per actor and the KV bytes that crossed nodes. A KV call
+(`transfer`, `receive_kv`) with a large payload is sent from a helper thread and
+carries the payload by object-store reference: the sender's copy into shared memory
+runs beside its event loop, the receiver reads zero-copy views, and the interconnect
+forwards the sender's reference without copying the bytes again. The clocks wait the
+last millisecond before a deadline by yielding to the loop (`virtual.SPIN_S`), since
+uvloop's timers are millisecond-grained.
 
 `map_ray_tasks` runs independent functions (virtual-time runs of a sweep) as Ray
 tasks spread over the cluster; `rack.runtime.parallel.map_virtual_runs` is its
