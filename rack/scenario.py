@@ -227,8 +227,9 @@ class Scenario(_Strict):
     def with_overrides(self, **changes) -> "Scenario":
         """A copy with top-level fields replaced (validated again)."""
         data = self.model_dump()
-        data.update({k: v for k, v in changes.items() if v is not None})
-        return parse_scenario(data, f"scenario {self.name!r} with overrides {sorted(changes)}")
+        given = {k: v for k, v in changes.items() if v is not None}     # None: not overridden
+        data.update(given)
+        return parse_scenario(data, f"scenario {self.name!r} with overrides {sorted(given)}")
 
 
 def scenario_names() -> list[str]:

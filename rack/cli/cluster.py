@@ -36,7 +36,7 @@ def default_state_path() -> Path:
     return Path(os.environ.get("RACK_CLUSTER_STATE") or f"/tmp/rack-cluster-{os.getuid()}.json")
 
 
-_STATE = typer.Option(None, "--state", help="state file [default: $RACK_CLUSTER_STATE or /tmp/rack-cluster-<uid>.json]")
+_STATE = typer.Option(None, "--state", help="state file \\[default: $RACK_CLUSTER_STATE or /tmp/rack-cluster-<uid>.json]")
 
 
 def _fail(message: str, code: int = 2) -> None:
@@ -86,7 +86,7 @@ def _parse_nodes(nodes: List[str], head: str):
 
 @cluster_app.command("up")
 def up(
-    node: Optional[List[str]] = typer.Option(None, "--node", help="a worker node: RES=N[,RES=N...][,cpus=N][,store_mb=N]; repeat for more nodes [default: prefill=8 and decode=8]"),
+    node: Optional[List[str]] = typer.Option(None, "--node", help="a worker node: RES=N[,RES=N...][,cpus=N][,store_mb=N]; repeat for more nodes \\[default: prefill=8 and decode=8]"),
     head: str = typer.Option("head=64", "--head", help="the head node, same syntax"),
     state: Optional[Path] = _STATE,
     foreground: bool = typer.Option(False, "--foreground", help="stay in the terminal; Ctrl-C stops the cluster"),
