@@ -157,3 +157,16 @@ def test_build_topology_refuses_before_anything_starts(monkeypatch, kwargs, patt
         build_topology(sc, [0])
     with pytest.raises(ScenarioError, match=pattern):
         run_scenario(sc, [Request(id=0, arrival_s=0.0, prompt_tokens=10, output_tokens=2)], runtime="virtual")
+
+
+def test_ray_only_options_on_the_virtual_runtime_warn(tmp_path):
+    """--dilation and --timeout do nothing on the virtual runtime: the run says so
+    instead of ignoring them silently; an invalid value still names only that option."""
+    rack.cli._register_commands()
+    res = CliRunner().invoke(app, ["run", "--runtime", "virtual", "--dilation", "5", "--max-requests", "5",
+                                   "--out", str(tmp_path / "out")])
+    assert res.exit_code == 0, res.output
+    assert "warning: --dilation applies to the ray runtime only" in res.output
+    bad = CliRunner().invoke(app, ["run", "--runtime", "virtual", "--dilation", "0", "--max-requests", "5",
+                                   "--out", str(tmp_path / "bad")])
+    assert bad.exit_code == 2 and "overrides ['dilation']" in bad.output, bad.output

@@ -74,6 +74,9 @@ def run(
         fail(f"--runtime: expected 'ray' or 'virtual', got {runtime!r}")
     if runtime == "ray" and window is None and trace == DEFAULT_TRACE:
         window = DEFAULT_RAY_WINDOW
+    for name, value in (("--dilation", dilation), ("--timeout", timeout)):
+        if runtime == "virtual" and value is not None:
+            typer.echo(f"warning: {name} applies to the ray runtime only; the virtual runtime ignores it", err=True)
     sc, reqs, path = load_inputs(scenario, trace, window, rate_scale, max_requests, output_scale,
                                  skip_bad_rows, dilation=dilation, payload_scale=payload_scale)
     if fault:
