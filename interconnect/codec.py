@@ -534,50 +534,27 @@ def scan_kv_frames(frames, verify: bool) -> list[tuple | None]:
     body is hashed); without, the body is not hashed and the list ends after the first
     None (a frame `peek_header` rejects).
 
-    `_fast_view`'s rules in one loop (no call per frame: this runs for every frame of
-    every transfer, twice); frames it would decline take `decode_frame` / `peek_header`.
+    Frames in the layout `make_kv_frames` / `encode_frame` write take `_fast_view`
+    (a header-cache lookup); any other frame takes `decode_frame` / `peek_header`.
     """
     out: list[tuple | None] = []
-    append = out.append
-    get = _HEADERS.get
-    # module constants as locals: ~10% of the loop's time
-    xxh3_entry, n_entry, first_peek, n_tail, bin32 = _XXH3_ENTRY, len(_XXH3_ENTRY), _FIRST_PEEK, _TAIL_BYTES, _BIN32
-    unpack = _TAIL.unpack_from
     digest = xxhash.xxh3_64_intdigest
     for f in frames:
-        entry = None
-        try:
-            mv = memoryview(f)
-        except Exception:   # no buffer, or one numpy cannot export: the general path decides
-            mv = None
-        if mv is not None and mv.format == "B" and mv.ndim == 1 and mv.c_contiguous:
-            head = mv[:first_peek].tobytes()
-            kend = head.find(xxh3_entry) + n_entry
-            if kend >= n_entry and kend + n_tail <= len(head):
-                key = head[:kend]
-                entry = get(key)
-                if entry is None and head[0] == _FIXARRAY2:
-                    entry = _entry_of(head[1 : kend + 8])
-                    if entry is not None:
-                        _remember_header(key, entry)
-                if entry is not None:
-                    checksum, marker, body_len = unpack(head, kend)
-                    body_off = kend + n_tail
-                    if marker != bin32 or body_len != entry[8] or body_off + body_len != len(mv):
-                        entry = None
-                    elif verify and digest(mv[body_off:]) != checksum:
-                        append(None)            # read fine, corrupted: ChecksumError
-                        continue
-        if entry is None:
-            # not in the fast layout: the general parser decides
+        fast = _fast_view(f)
+        if fast is not None:
+            mv, entry, body_off, checksum = fast
+            if verify and digest(mv[body_off:]) != checksum:
+                out.append(None)            # read fine, corrupted: ChecksumError
+                continue
+        else:
             try:
                 entry = _entry_of_header(decode_frame(f)[0] if verify else peek_header(f))
             except FrameError:
-                append(None)
+                out.append(None)
                 if verify:
                     continue
                 break
-        append(entry)
+        out.append(entry)
     return out
 
 
@@ -927,7 +904,6 @@ def make_kv_frames(
     seed_rid = _SEED_RID.pack(seed, request_id)
     digest = xxhash.xxh3_64_intdigest
     pack_tail = _TAIL.pack_into
-    headers = _HEADERS
     # Every frame is a view of one buffer (one allocation per request, not per group).
     # Each header is recorded in `_HEADERS` (its bytes are known before the body is
     # hashed: the checksum is not part of the key) for the parses that follow.
@@ -951,9 +927,7 @@ def make_kv_frames(
         else:
             checksum = _copy_body(buf[body:end], n_body, block, start)
         pack_tail(mv, h, checksum, _BIN32, n_body)
-        if len(headers) >= _HEADERS_MAX:
-            _evict_old_headers()
-        headers[key] = (request_id, *entry)
+        _remember_header(key, (request_id, *entry))
         frames.append(buf[off:end])
         bounds.append((off, end))
         off = end
@@ -985,9 +959,6 @@ class KVFrames(list):
 
     def intact(self) -> bool:
         """Whether the list still holds exactly the views it was built with."""
-        return self._intact()
-
-    def _intact(self) -> bool:
         base, bounds = self._base, self._bounds
         if base is None or len(self) != len(bounds):
             return False
@@ -1003,7 +974,7 @@ class KVFrames(list):
         return True
 
     def __reduce__(self):
-        if self._intact():
+        if self.intact():
             return (_kv_frames_from, (self._base, self._bounds))
         return (list, (list(self),))
 

@@ -399,9 +399,7 @@ class Interconnect:
             for h_rid, layer_start, layer_end, _, _, _, _, logical, payload in headers:
                 if h_rid != rid:
                     raise TransferError(f"request {rid}: a frame header names request {h_rid}")
-                expected = round(logical * scale)
-                if expected < 1:
-                    expected = payload_size(logical, scale)   # the at-least-one-byte rule
+                expected = payload_size(logical, scale)
                 if payload != expected:
                     raise TransferError(
                         f"request {rid}, layers [{layer_start}, {layer_end}): body of "

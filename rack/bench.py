@@ -473,10 +473,15 @@ def render(result: dict, console: Any = None) -> None:
     m = result.get("machine", {})
     con.print(f"rack bench on {m.get('cpu_model', m.get('machine'))}, {m.get('cpus')} CPUs, "
               f"Python {m.get('python')}, numpy {m.get('numpy')}; settings {result.get('settings')}")
-    t = Table(title="Virtual-runtime replay (median wall time of the runs)")
-    for col in ("trace", "scenario", "requests", "wall s", "CPU s", "req / wall s", "emulated s / wall s",
-                "events / req"):
-        t.add_column(col, justify="right" if col not in ("trace", "scenario") else "left")
+    def table(title: str, cols: Sequence[str], left: Sequence[str] = ()) -> Table:
+        t = Table(title=title)
+        for col in cols:
+            t.add_column(col, justify="left" if col in left else "right")
+        return t
+
+    t = table("Virtual-runtime replay (median wall time of the runs)",
+              ("trace", "scenario", "requests", "wall s", "CPU s", "req / wall s", "emulated s / wall s",
+               "events / req"), left=("trace", "scenario"))
     for trace, row in result.get("replay", {}).items():
         for name, r in row["scenarios"].items():
             t.add_row(trace, name, _fmt(r["requests"]), _fmt(r["wall_s"]), _fmt(r["cpu_s"]),
@@ -490,9 +495,8 @@ def render(result: dict, console: Any = None) -> None:
                   f"{ec['wall_s']:.2f} s -> {ec['wall_s_doubled']:.2f} s (ratio {ec['doubled_output_ratio']:.3f})")
     codec = result.get("codec", {})
     if codec and "skipped" not in codec:
-        t = Table(title="KV frame codec vs memory copy (GB/s = 1e9 B/s, median)")
-        for col in ("frame", "memcpy", "encode", "decode", "enc+dec", "enc+dec / memcpy"):
-            t.add_column(col, justify="right")
+        t = table("KV frame codec vs memory copy (GB/s = 1e9 B/s, median)",
+                  ("frame", "memcpy", "encode", "decode", "enc+dec", "enc+dec / memcpy"))
         for size, r in codec.items():
             t.add_row(size, _fmt(r["memcpy_GBps"]), _fmt(r["encode_GBps"]), _fmt(r["decode_GBps"]),
                       _fmt(r["encode_decode_GBps"]), _fmt(r["ratio_to_memcpy"]))
@@ -501,10 +505,9 @@ def render(result: dict, console: Any = None) -> None:
     for pace in paces.values():
         if not pace or "skipped" in pace:
             continue
-        t = Table(title=f"Ray pacing: {pace['default']['scenario']} on {pace['trace']} {pace['window']} s "
-                        f"(outputs x{pace['output_scale']}); lateness in emulated us")
-        for col in ("dilation", "rate", "actor", "p50", "p99", "max", "n"):
-            t.add_column(col, justify="right" if col != "actor" else "left")
+        t = table(f"Ray pacing: {pace['default']['scenario']} on {pace['trace']} {pace['window']} s "
+                  f"(outputs x{pace['output_scale']}); lateness in emulated us",
+                  ("dilation", "rate", "actor", "p50", "p99", "max", "n"), left=("actor",))
         rows = [pace["dilation_1"], *pace["dilations"], *pace["ladder"][1:]]
         for row in rows:
             for actor, a in row["by_actor"].items():
@@ -523,18 +526,16 @@ def render(result: dict, console: Any = None) -> None:
                   f"{_fmt(pace['sustainable_rate_scale'], 0)} ({pace['target']})")
     link = result.get("link", {})
     if link and "skipped" not in link:
-        t = Table(title="KV frames between two Ray actors, one node (delivered, verified)")
-        for col in ("payload", "frames", "GB/s", "memcpy GB/s", "ratio"):
-            t.add_column(col, justify="right")
+        t = table("KV frames between two Ray actors, one node (delivered, verified)",
+                  ("payload", "frames", "GB/s", "memcpy GB/s", "ratio"))
         for size, r in link["sizes"].items():
             t.add_row(size, _fmt(r["frames_per_transfer"]), _fmt(r["delivered_GBps"]), _fmt(r["memcpy_GBps"]),
                       _fmt(r["ratio_to_memcpy"]))
         con.print(t)
     chk = result.get("checks", {})
     if chk:
-        t = Table(title="Targets")
-        for col in ("figure", "value", "target", "ok"):
-            t.add_column(col)
+        cols = ("figure", "value", "target", "ok")
+        t = table("Targets", cols, left=cols)
         from rich.markup import escape
 
         for name, c in chk.items():

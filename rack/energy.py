@@ -137,13 +137,13 @@ class PoolRates:
     usd_per_hour_at_peak: Optional[float]
 
 
-
 def engine_instances(specs):
     """(spec, device spec, devices per instance) for every engine instance of a topology."""
     for spec in specs:
         if spec.kind in ("prefill", "decode", "both"):
             cost = spec.kwargs["cost"]
             yield spec, cost.device, int(cost.parallelism.n_devices)
+
 
 def _capex_for(key: str, settings: CostSettings) -> tuple[Optional[float], str]:
     if key in settings.capex_usd:

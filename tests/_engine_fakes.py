@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from devices.costmodel import StepCosts
 from devices.engines.common import model_layers
 from devices.engines.decode import DecodeEngine
 from interconnect.codec import corrupt_frame, make_kv_frames, verify_kv_frames
@@ -130,8 +131,8 @@ class FakeCost:
         kv_tokens = ctx.sum() + j * len(ctx) * self.tokens_per_step
         nbytes = self.weight_bytes + kv_tokens * self.kv_bytes_per_token
         flops = np.full(n_steps, 2 * self.params * len(ctx) * self.tokens_per_step)
-        return SimpleNamespace(time_s=self.overhead_s + nbytes / self.memory_bandwidth,
-                               flops=flops, bytes=nbytes)
+        return StepCosts(self.overhead_s + nbytes / self.memory_bandwidth, flops, nbytes,
+                         np.zeros(n_steps), "memory", self.tokens_per_step)
 
 
 def plan(capacity_bytes: int, weight_bytes: int, reserve_bytes: int = 0):

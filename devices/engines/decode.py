@@ -642,21 +642,14 @@ class DecodeEngine:
             self.lateness.note(float(ends[-1]), now)
         if steps:
             self._t_free = float(ends[steps - 1])
-            work = getattr(sc, "work", None)     # a StepCosts (a test double may have arrays only)
-            flops, nbytes = (work(steps) if work is not None
-                             else (float(sc.flops[:steps].sum()), float(sc.bytes[:steps].sum())))
+            flops, nbytes = sc.work(steps)
             self.util.add(float(ends[steps - 1]) - t0, flops, nbytes, iterations=steps)
         await self._finish(self._commit(batch, t0, ends, steps))
 
     def _contexts(self, batch: list[_Seq]) -> np.ndarray:
         """Context of each request at its next step: prompt + tokens so far (the last
         one is the step's input)."""
-        if self.tps == 1.0:
-            # emitted_after(done, rem, 1) = min(done, rem), inlined: this runs at every
-            # batch change and every mixed iteration, over the whole batch
-            return np.array([s.prompt + 1 + s.emitted + (s.done if s.done < s.rem else s.rem)
-                             for s in batch], dtype=np.int64)
-        return np.fromiter((s.prompt + 1 + s.emitted + int(emitted_after(s.done, s.rem, self.tps))
+        return np.fromiter((s.prompt + 1 + s.emitted + emitted_after(s.done, s.rem, self.tps)
                             for s in batch), np.int64, len(batch))
 
     async def _finish(self, finished: list) -> None:

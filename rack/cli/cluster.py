@@ -22,10 +22,9 @@ from typing import List, Optional
 
 import typer
 
-from rack.cli.app import app
+from rack.cli.app import app, command_group
 
-cluster_app = typer.Typer(help="A local multi-node Ray cluster on this machine (head + worker nodes).",
-                          no_args_is_help=True)
+cluster_app = command_group(help="A local multi-node Ray cluster on this machine (head + worker nodes).")
 app.add_typer(cluster_app, name="cluster")
 
 DEFAULT_NODES = ["prefill=8", "decode=8"]
@@ -36,7 +35,7 @@ def default_state_path() -> Path:
     return Path(os.environ.get("RACK_CLUSTER_STATE") or f"/tmp/rack-cluster-{os.getuid()}.json")
 
 
-_STATE = typer.Option(None, "--state", help="state file \\[default: $RACK_CLUSTER_STATE or /tmp/rack-cluster-<uid>.json]")
+_STATE = typer.Option(None, "--state", help="state file [default: $RACK_CLUSTER_STATE or /tmp/rack-cluster-<uid>.json]")
 
 
 def _fail(message: str, code: int = 2) -> None:
@@ -86,7 +85,7 @@ def _parse_nodes(nodes: List[str], head: str):
 
 @cluster_app.command("up")
 def up(
-    node: Optional[List[str]] = typer.Option(None, "--node", help="a worker node: RES=N[,RES=N...][,cpus=N][,store_mb=N]; repeat for more nodes \\[default: prefill=8 and decode=8]"),
+    node: Optional[List[str]] = typer.Option(None, "--node", help="a worker node: RES=N[,RES=N...][,cpus=N][,store_mb=N]; repeat for more nodes [default: prefill=8 and decode=8]"),
     head: str = typer.Option("head=64", "--head", help="the head node, same syntax"),
     state: Optional[Path] = _STATE,
     foreground: bool = typer.Option(False, "--foreground", help="stay in the terminal; Ctrl-C stops the cluster"),

@@ -14,12 +14,12 @@ from rack.cli.run import DEFAULT_TRACE, fail
 
 @app.command()
 def compare(
-    scenarios: Optional[List[str]] = typer.Argument(None, help="scenario names or TOML files \\[default: gpu-only, wafer-only, split, conditional split (Kimi-K2)]"),
+    scenarios: Optional[List[str]] = typer.Argument(None, help="scenario names or TOML files [default: gpu-only, wafer-only, split, conditional split (Kimi-K2)]"),
     trace: str = typer.Option(DEFAULT_TRACE, "--trace", "-t", help="trace name or path"),
     runtime: str = typer.Option("virtual", "--runtime", help="virtual (in-process, virtual time) or ray"),
     iso: str = typer.Option("none", "--iso", help="rescale instance counts to the reference's: none, cost, power or count"),
-    reference: Optional[str] = typer.Option(None, "--reference", help="scenario the others are scaled to \\[default: the first split one]"),
-    window: Optional[str] = typer.Option(None, "--window", help="START:END seconds of the trace \\[default: all]"),
+    reference: Optional[str] = typer.Option(None, "--reference", help="scenario the others are scaled to [default: the first split one]"),
+    window: Optional[str] = typer.Option(None, "--window", help="START:END seconds of the trace [default: all]"),
     rate_scale: float = typer.Option(1.0, "--rate-scale", help="arrival rate multiplier"),
     max_requests: Optional[int] = typer.Option(None, "--max-requests", min=1),
     stage: Optional[List[str]] = typer.Option(None, "--stage", help="fixed stage NAME=MS[:before|after] for every scenario (repeatable), e.g. gateway=2"),

@@ -47,12 +47,12 @@ def load_inputs(scenario: Optional[str], trace: str, window: Optional[str], rate
 
 @app.command()
 def run(
-    scenario: Optional[str] = typer.Option(None, "--scenario", "-s", help="scenario name or TOML file \\[default: helios-cs3-kimi-k2]"),
+    scenario: Optional[str] = typer.Option(None, "--scenario", "-s", help="scenario name or TOML file [default: helios-cs3-kimi-k2]"),
     trace: str = typer.Option(DEFAULT_TRACE, "--trace", "-t", help="trace name or path"),
     runtime: str = typer.Option("ray", "--runtime", help="ray (actors, wall clock) or virtual (in-process, virtual time)"),
-    window: Optional[str] = typer.Option(None, "--window", help=f"START:END seconds of the trace \\[default: all; ray runtime: {DEFAULT_RAY_WINDOW}]"),
+    window: Optional[str] = typer.Option(None, "--window", help=f"START:END seconds of the trace [default: all; ray runtime: {DEFAULT_RAY_WINDOW}]"),
     rate_scale: float = typer.Option(1.0, "--rate-scale", help="arrival rate multiplier (2 = twice as fast)"),
-    dilation: Optional[float] = typer.Option(None, "--dilation", help="ray runtime: wall seconds per emulated second \\[default: the scenario's; 20 for helios-cs3-kimi-k2]"),
+    dilation: Optional[float] = typer.Option(None, "--dilation", help="ray runtime: wall seconds per emulated second [default: the scenario's; 20 for helios-cs3-kimi-k2]"),
     payload_scale: Optional[float] = typer.Option(None, "--payload-scale", help="shipped KV bytes / logical KV bytes"),
     address: Optional[str] = typer.Option(None, "--address", help="Ray cluster address (default: start Ray locally)"),
     out: Path = typer.Option(Path("rack-results/run"), "--out", help="results folder"),

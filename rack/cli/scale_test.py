@@ -191,7 +191,7 @@ def scale_test(
     output_scale: float = typer.Option(0.25, "--output-scale", help="multiply every output length"),
     dilation: float = typer.Option(10.0, "--dilation", help="wall seconds per emulated second"),
     lateness_bound: float = typer.Option(0.01, "--lateness-bound", help="bound on the p99 lateness of all timers, as a fraction of the virtual median TPOT"),
-    scenario: Optional[str] = typer.Option(None, "--scenario", "-s", help="scenario name or TOML \\[default: helios-cs3-kimi-k2]"),
+    scenario: Optional[str] = typer.Option(None, "--scenario", "-s", help="scenario name or TOML [default: helios-cs3-kimi-k2]"),
     trace: str = typer.Option(DEFAULT_TRACE, "--trace", "-t", help="trace name or path"),
     address: Optional[str] = typer.Option(None, "--address", help="use this Ray cluster (nodes offering head, prefill, decode) instead of local ones"),
     keep_going: bool = typer.Option(False, "--keep-going", help="run every R even past the bound"),

@@ -8,11 +8,10 @@ from typing import List, Optional
 
 import typer
 
-from rack.cli.app import app
+from rack.cli.app import app, command_group
 from rack.cli.run import DEFAULT_TRACE, fail
 
-sweep_app = typer.Typer(help="Sweep request rate, KV link bandwidth or prompt length across deployments.",
-                        no_args_is_help=True)
+sweep_app = command_group(help="Sweep request rate, KV link bandwidth or prompt length across deployments.")
 app.add_typer(sweep_app, name="sweep")
 
 DEFAULT_SPLIT = "helios-cs3-kimi-k2"
@@ -88,7 +87,7 @@ _ADDRESS = typer.Option(None, "--address", help="Ray cluster address: run the po
 
 @sweep_app.command("rate")
 def sweep_rate(
-    scenarios: Optional[List[str]] = typer.Argument(None, help="scenario names or TOML files \\[default: the four Kimi-K2 deployments]"),
+    scenarios: Optional[List[str]] = typer.Argument(None, help="scenario names or TOML files [default: the four Kimi-K2 deployments]"),
     rates: str = typer.Option("0.5,1,2,4,8", "--rates", help="rate scales (x the trace's arrival rate)"),
     trace: str = typer.Option(DEFAULT_TRACE, "--trace", "-t"),
     window: Optional[str] = typer.Option(None, "--window", help="START:END seconds of the trace"),
@@ -115,9 +114,9 @@ def sweep_rate(
 @sweep_app.command("bandwidth")
 def sweep_bandwidth(
     split: str = typer.Option(DEFAULT_SPLIT, "--split", help="the split deployment (has a KV link)"),
-    colocated: Optional[List[str]] = typer.Option(None, "--colocated", help="colocated deployments to cross (repeatable) \\[default: gpu-only and wafer-only Kimi-K2]"),
+    colocated: Optional[List[str]] = typer.Option(None, "--colocated", help="colocated deployments to cross (repeatable) [default: gpu-only and wafer-only Kimi-K2]"),
     bandwidths: str = typer.Option("1,4,16,64,256,1024", "--bandwidths", help="KV link bandwidths (GB/s)"),
-    link: Optional[str] = typer.Option(None, "--link", help="only this link of the split scenario \\[default: all]"),
+    link: Optional[str] = typer.Option(None, "--link", help="only this link of the split scenario [default: all]"),
     metric: str = typer.Option("goodput_rps", "--metric", help="goodput_rps or slo_attainment"),
     trace: str = typer.Option(DEFAULT_TRACE, "--trace", "-t"),
     window: Optional[str] = typer.Option(None, "--window"),
@@ -151,7 +150,7 @@ def sweep_bandwidth(
 
 @sweep_app.command("prompt")
 def sweep_prompt(
-    scenarios: Optional[List[str]] = typer.Argument(None, help="scenario names or TOML files \\[default: the four Kimi-K2 deployments]"),
+    scenarios: Optional[List[str]] = typer.Argument(None, help="scenario names or TOML files [default: the four Kimi-K2 deployments]"),
     lengths: str = typer.Option("512,2048,8192,32768", "--lengths", help="prompt lengths (tokens)"),
     output_tokens: int = typer.Option(256, "--output-tokens", min=1),
     rate: float = typer.Option(2.0, "--rate", min=1e-9, help="Poisson arrival rate (req/s)"),

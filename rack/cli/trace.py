@@ -7,10 +7,9 @@ from typing import Any, List, Optional
 
 import typer
 
-from rack.cli.app import app
+from rack.cli.app import app, command_group
 
-trace_app = typer.Typer(help="Inspect request traces (Mooncake, Azure, BurstGPT, generic).",
-                        no_args_is_help=True)
+trace_app = command_group(help="Inspect request traces (Mooncake, Azure, BurstGPT, generic).")
 app.add_typer(trace_app, name="trace")
 
 

@@ -155,8 +155,10 @@ class ActorProxy:
             # made together and then awaited in turn travel concurrently (rack.router._all).
             sent = self._sent
             kv = method in KV_METHODS
+            nbytes = 0
             if sent is not None or kv:
                 nbytes = _payload_bytes(args) + (_payload_bytes(list(kwargs.values())) if kwargs else 0)
+            _count_sent(sent, peer, method, nbytes)
             if kv and nbytes >= OFFLOAD_BYTES:
                 # Sending a large payload copies it into the object store on the calling
                 # thread: milliseconds during which this actor's due timers wait (measured
@@ -164,15 +166,8 @@ class ActorProxy:
                 # reference (`_StoredPayload`), the copy runs beside the event loop and
                 # a forwarded payload is not copied again. KV calls are awaited at once
                 # by their callers, so sending a little later reorders nothing.
-                _count_sent(sent, peer, method, nbytes)
                 return _reply_offloaded(actor, method, args, kwargs, peer)
-            if sent is not None:
-                _count_sent(sent, peer, method, nbytes)
-            try:
-                ref = actor.call.remote(method, args, kwargs)
-            except _ray().exceptions.RayActorError as exc:
-                ref = exc
-            return _reply(ref, peer, method)
+            return _reply(_send(actor, method, args, kwargs), peer, method)
 
         return call
 
@@ -181,6 +176,7 @@ class ActorProxy:
 
 
 def _count_sent(sent: dict | None, peer: str, method: str, nbytes: int) -> None:
+    """Count one call to `peer` carrying `nbytes` of payload in `sent` (if counting)."""
     if sent is None:
         return
     c = sent.get(peer)
@@ -218,9 +214,6 @@ class _StoredPayload:
     def __init__(self, ref: Any) -> None:
         self.ref = ref
 
-    def __reduce__(self):
-        return (_StoredPayload, (self.ref,))
-
 
 def _store_payloads(args: tuple) -> tuple:
     """`args` with each `KVFrames` replaced by a `_StoredPayload` (put now, or the
@@ -254,14 +247,18 @@ async def _resolve_payloads(args: tuple) -> tuple:
 
 async def _reply_offloaded(actor: Any, method: str, args: tuple, kwargs: dict, peer: str) -> Any:
     """`_reply` of a call sent from the submitter thread, its KV payloads by reference."""
-    def send() -> Any:
-        try:
-            return actor.call.remote(method, _store_payloads(args), kwargs)
-        except _ray().exceptions.RayActorError as exc:
-            return exc
-
-    ref = await asyncio.get_running_loop().run_in_executor(_submitter(), send)
+    ref = await asyncio.get_running_loop().run_in_executor(
+        _submitter(), lambda: _send(actor, method, _store_payloads(args), kwargs))
     return await _reply(ref, peer, method)
+
+
+def _send(actor: Any, method: str, args: tuple, kwargs: dict) -> Any:
+    """Send one call to the component in `actor`: its ObjectRef, or the RayActorError
+    sending raised (a dead peer; `_reply` turns it into PeerLost)."""
+    try:
+        return actor.call.remote(method, args, kwargs)
+    except _ray().exceptions.RayActorError as exc:
+        return exc
 
 
 async def _reply(ref: Any, peer: str, method: str) -> Any:
