@@ -40,6 +40,8 @@ class LedgerUnderflow(LedgerError, ValueError):
 
 def _as_bytes(nbytes: object, what: str) -> int:
     """Validate a byte count: a non-negative integer (numpy ints accepted)."""
+    if type(nbytes) is int and nbytes >= 0:
+        return nbytes           # the hot path: skips the ABC check below
     if isinstance(nbytes, bool) or not isinstance(nbytes, numbers.Integral):
         raise TypeError(f"{what}: byte count must be an integer, got {nbytes!r} "
                         f"({type(nbytes).__name__})")
@@ -419,26 +421,41 @@ class PrefixCache:
         of new entries. The given order must be the prefix order (head first)."""
         bs = int(block_size)
         nbytes = self.entry_bytes(bs)
+        lru = self._lru
+        keys = [(bs, h) for h in hashes]
+        fresh = list(dict.fromkeys(key for key in keys if key not in lru))
+        need = nbytes * len(fresh)
+        if need <= self.ledger.free_bytes:
+            # Everything fits without evicting (the common case): what the loop below
+            # would do, booked at once instead of block by block.
+            if need:
+                self.ledger.alloc(self.category, need)
+                for key in fresh:
+                    lru[key] = _Entry(nbytes)
+                self._unpinned_bytes += need
+                self.stats.inserted_blocks += len(fresh)
+            for key in reversed(keys):
+                lru.move_to_end(key)
+            return len(fresh)
         added: list[tuple[int, int]] = []
         protected: set[tuple[int, int]] = set()
         new = 0
-        for h in hashes:
-            key = (bs, h)
-            if key in self._lru:
+        for key in keys:
+            if key in lru:
                 added.append(key)
                 protected.add(key)
                 continue
             if not self.make_room(nbytes, protect=protected):
                 break
             self.ledger.alloc(self.category, nbytes)
-            self._lru[key] = _Entry(nbytes)
+            lru[key] = _Entry(nbytes)
             self._unpinned_bytes += nbytes
             new += 1
             added.append(key)
             protected.add(key)
         self.stats.inserted_blocks += new
         for key in reversed(added):
-            self._lru.move_to_end(key)
+            lru.move_to_end(key)
         return new
 
     def make_room(self, nbytes: int, protect: AbstractSet[tuple[int, int]] = frozenset()) -> bool:
