@@ -711,6 +711,55 @@ class CostModel:
                                                  kv_d=0.0, m=1, pp=1, steady=False)])
         return self._cost(d, tok_p + tok_d)
 
+    _MIXED_LINE_I = float(2 ** 20)
+    # Second point of `mixed_steps`' lines, in iterations: a power of two (exact
+    # division), far enough that the slopes keep ~14 significant digits.
+
+    def mixed_steps(self, new_tokens: int, cached_tokens: int, context_lens, n_steps: int) -> StepCosts:
+        """The next n_steps colocated iterations in which one prompt computes
+        `new_tokens` per iteration (iteration j on top of cached_tokens + j x new_tokens)
+        fused with a decode step of a fixed batch (request i has context_lens[i] + j x
+        tokens_per_step at iteration j; the batch may be empty). Each iteration is
+        `mixed([new], [cached + j new], contexts + j tps)`.
+
+        Args: new_tokens >= 1, cached_tokens >= 0 (ints); context_lens: (B,) token
+            counts, B >= 0; n_steps >= 1.
+        Returns: StepCosts with arrays of shape (n_steps,); `bound` is the first
+            iteration's.
+        Raises: ValueError on counts out of range.
+
+        Without speculative decoding or sliding-window layers an iteration's compute
+        and memory times, FLOPs and bytes are affine in j (the prompt's cached tokens
+        and the batch's context sum both grow linearly; token counts and micro-batches
+        are fixed) and the time is max(compute, memory) + a constant (see
+        `_decode_line`): the lines come from `mixed` at j = 0 and j = `_MIXED_LINE_I`.
+        Otherwise each iteration is priced by `mixed`.
+        """
+        new_tokens, cached_tokens, n_steps = int(new_tokens), int(cached_tokens), int(n_steps)
+        if new_tokens < 1 or cached_tokens < 0 or n_steps < 1:
+            raise ValueError(f"mixed_steps: need new_tokens >= 1, cached_tokens >= 0, n_steps >= 1; got "
+                             f"{new_tokens}, {cached_tokens}, {n_steps}")
+        ctx = _as_counts(context_lens, "context_lens") if np.size(context_lens) else np.zeros(0)
+        tps = self.tokens_per_step
+        new = np.array([float(new_tokens)])
+
+        def at(j: float) -> IterationCost:
+            return self.mixed(new, np.array([cached_tokens + j * new_tokens]), ctx + j * tps)
+
+        first = at(0.0)
+        if self.speculative is not None or self._t.n_slide:
+            costs = [first] + [at(float(j)) for j in range(1, n_steps)]
+            arr = lambda k: np.array([getattr(c, k) for c in costs])  # noqa: E731
+            return StepCosts(arr("time_s"), arr("flops"), arr("bytes"), arr("comm_s"), first.bound, tps)
+        far, J = at(self._MIXED_LINE_I), self._MIXED_LINE_I
+        slope = lambda k: (getattr(far, k) - getattr(first, k)) / J  # noqa: E731
+        rest = first.time_s - max(first.compute_s, first.memory_s)
+        j = np.arange(n_steps, dtype=float)
+        time = np.maximum((first.compute_s + rest) + slope("compute_s") * j,
+                          (first.memory_s + rest) + slope("memory_s") * j)
+        return StepCosts(time, None, None, None, first.bound, tps,
+                         lines=(first.flops, slope("flops"), first.bytes, slope("bytes"), first.comm_s))
+
     # ---- conveniences -------------------------------------------------------------------------
     def decode_step(self, context_lens) -> IterationCost:
         """One decode step of the batch as an IterationCost (see `decode_steps`).

@@ -217,3 +217,55 @@ def test_cached_layouts_give_the_frames_a_fresh_layout_gives():
     _HEADERS.clear()                                                                  # parsed afresh
     fields = [_entry(peek_header(f))[1:] for f in first]
     assert [_entry(peek_header(f)) for f in other] == [(2**40, *rest) for rest in fields]
+
+
+@pytest.mark.parametrize("model,device,par", MODELS)
+def test_mixed_steps_equal_one_mixed_iteration_at_a_time(model, device, par):
+    """`mixed_steps` (a long prompt's chunks fused with decode steps of a fixed batch)
+    prices iteration j as `mixed` does with the prompt j chunks further and every
+    context j tokens longer; lines where the model allows them, a loop otherwise."""
+    rng = np.random.default_rng(3)
+    for spec in (None, SpeculativeConfig(2, 0.7)):
+        cm = CostModel(model, device, par, "fp8", "fp8", speculative=spec)
+        tps = cm.tokens_per_step
+        for B in (0, 1, 40):
+            ctx = rng.integers(1, 30_000, B)
+            new, cached, n = int(rng.integers(1, 2048)), int(rng.integers(0, 20_000)), int(rng.integers(2, 60))
+            fast = cm.mixed_steps(new, cached, ctx, n)
+            one = [cm.mixed(np.array([new]), np.array([cached + j * new]), ctx + j * tps) for j in range(n)]
+            for got, key in ((fast.time_s, "time_s"), (fast.flops, "flops"), (fast.bytes, "bytes"),
+                             (fast.comm_s, "comm_s")):
+                np.testing.assert_allclose(got, [getattr(c, key) for c in one], rtol=1e-12, atol=0)
+            assert fast.bound == one[0].bound
+            for m in (1, n // 2, n):
+                np.testing.assert_allclose(fast.work(m), (sum(c.flops for c in one[:m]),
+                                                          sum(c.bytes for c in one[:m])), rtol=1e-12)
+    with pytest.raises(ValueError, match="mixed_steps"):
+        cm.mixed_steps(0, 0, [], 3)
+
+
+def test_fused_mixed_iterations_give_the_one_at_a_time_results(monkeypatch):
+    """A long prompt's chunks over a running batch are priced in runs; per-request
+    timings, counters and memory are those of running one mixed iteration per wake-up,
+    with far fewer wake-ups, also when arrivals and completions cut the runs."""
+    from devices.engines.colocated import ColocatedEngine
+    from test_engines_colocated import _poisson, _run, llama
+
+    cost = llama("h100")
+    reqs = _poisson(40, rate=4.0, seed=9, prompt=(200, 40_000), output=(2, 400))
+    for policy in ("reserve", "preempt"):
+        fused = _run(reqs, cost, chunk_tokens=1024, admission_policy=policy, prefix_cache=False)
+        with monkeypatch.context() as m:
+            m.setattr(ColocatedEngine, "_fusable", lambda self, budget: 1)
+            single = _run(reqs, cost, chunk_tokens=1024, admission_policy=policy, prefix_cache=False)
+        (col_f, _, st_f), (col_s, _, st_s) = fused, single
+        for key in ("mixed_iterations", "tokens_computed", "tokens_generated", "completed", "steps"):
+            assert st_f[key] == st_s[key], key
+        assert st_f["wakeups"] < st_s["wakeups"] / 2
+        for ev in ("prefill_start", "first_token", "decode_admit", "completion"):
+            a, b = col_f.times(ev), col_s.times(ev)
+            assert a.keys() == b.keys()
+            np.testing.assert_allclose([a[i] for i in a], [b[i] for i in a], rtol=1e-12, atol=1e-12)
+        for rid, o in col_s.outcomes.items():
+            np.testing.assert_allclose(col_f.outcomes[rid]["itl_s"], o["itl_s"], rtol=1e-9, atol=1e-12)
+        assert st_f["memory"]["peak_bytes"] == st_s["memory"]["peak_bytes"]

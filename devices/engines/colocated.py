@@ -184,7 +184,9 @@ class ColocatedEngine(DecodeEngine):
         return plan_chunk(self._prefilling, self._queue, budget, self._try_admit)
 
     async def _extra_work(self) -> bool:
-        """One mixed iteration (decode step + prefill chunk) if a prompt can progress."""
+        """Mixed iterations (decode step + prefill chunk) if a prompt can progress: one,
+        or a fused run of them while one prompt takes the whole budget without finishing
+        (see `_fusable`)."""
         if not (self._prefilling or self._queue):
             return False
         budget = self.chunk_tokens - len(self._batch)
@@ -192,15 +194,25 @@ class ColocatedEngine(DecodeEngine):
             return False
         clock = self.clock
         t0 = clock.now()
-        k = self._plan(t0, limit=1) if self._batch else 0   # may preempt (policy "preempt")
+        run = self._fusable(budget)
+        k = self._plan(t0, limit=run) if self._batch else 0   # may preempt (policy "preempt")
         plan = self._schedule(budget)
         if not plan:
             return False
         batch = list(self._batch) if k else []
-        new = np.fromiter((take for _, take in plan), np.int64, len(plan))
-        cached = np.fromiter((j.cached + j.computed for j, _ in plan), np.int64, len(plan))
-        c = self.cost.mixed(new, cached, self._contexts(batch) if batch else np.zeros(0, np.int64))
-        t1 = t0 + c.time_s
+        ctx = self._contexts(batch) if batch else np.zeros(0, np.int64)
+        n = (k if batch else run) if len(plan) == 1 and plan[0] == (self._prefilling[0], budget) else 1
+        if n > 1:
+            job = plan[0][0]
+            sc = self.cost.mixed_steps(budget, job.cached + job.computed, ctx, n)
+            ends = t0 + np.cumsum(sc.time_s)
+            work = sc.work
+        else:
+            new = np.fromiter((take for _, take in plan), np.int64, len(plan))
+            cached = np.fromiter((j.cached + j.computed for j, _ in plan), np.int64, len(plan))
+            c = self.cost.mixed(new, cached, ctx)
+            ends = np.array([t0 + c.time_s])
+            work = lambda _n, c=c: (c.flops, c.bytes)  # noqa: E731
         for j, _ in plan:
             if not j.started:
                 j.started = True
@@ -208,17 +220,26 @@ class ColocatedEngine(DecodeEngine):
         self.memory.add(t0, self.ledger.used)
         self.batch_series.add(t0, len(batch))
         await self._flush_events()
-        await clock.sleep_until(t1)
-        self.lateness.note(t1, clock.now())
-        self.wakeups += 1
-        self.counts["mixed_iterations"] += 1
+        if ends.shape[0] > 1:
+            steps = await self._await_steps(t0, ends)      # an admission cuts the run
+        else:
+            await clock.sleep_until(float(ends[0]))
+            self.lateness.note(float(ends[0]), clock.now())
+            self.wakeups += 1
+            steps = 1
+        finished = self._commit(batch, t0, ends, steps) if batch else []
+        if steps == 0:
+            await self._finish(finished)
+            return True
+        t1 = float(ends[steps - 1])
+        self.counts["mixed_iterations"] += steps
         self._t_free = t1           # a decode-only run that follows starts here
-        self.util.add(c.time_s, c.flops, c.bytes)
-        self.tokens_computed += int(new.sum())
-        finished = self._commit(batch, t0, np.array([t1]), 1) if batch else []
+        flops, nbytes = work(steps)
+        self.util.add(t1 - t0, flops, nbytes, iterations=steps)
         done = []
         for j, take in plan:
-            j.computed += take
+            j.computed += take * steps
+            self.tokens_computed += take * steps
             if j.remaining == 0:
                 done.append(j)
         single = []
@@ -243,3 +264,20 @@ class ColocatedEngine(DecodeEngine):
             self._grant()
         self._note_idle()
         return True
+
+    def _fusable(self, budget: int) -> int:
+        """How many coming iterations the first prompt in progress takes the whole
+        `budget` without finishing (>= 1), else 1.
+
+        Through those, nothing but an admission changes the schedule: prompts in
+        progress are served in order and admissions need budget left, so every
+        iteration is the same chunk of that prompt over a fixed decode batch (until one
+        of its requests finishes, which `_plan`'s limit respects). They are priced in
+        one go (`CostModel.mixed_steps`) and an admission cuts the run at the next
+        iteration boundary, as in a decode-only run: the engine's work grows with
+        batch changes, not with the chunks of a long prompt.
+        """
+        if not self._prefilling:
+            return 1
+        left = self._prefilling[0].remaining
+        return max(1, min((left - 1) // budget, self.max_steps_per_wake)) if left > budget else 1

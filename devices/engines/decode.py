@@ -626,10 +626,22 @@ class DecodeEngine:
         # collector round trips in between (wall time on the Ray runtime).
         t0 = clock.now() if self._t_free is None else self._t_free
         ends = t0 + np.cumsum(sc.time_s)
+        steps = await self._await_steps(t0, ends)
+        if steps:
+            self._t_free = float(ends[steps - 1])
+            flops, nbytes = sc.work(steps)
+            self.util.add(float(ends[steps - 1]) - t0, flops, nbytes, iterations=steps)
+        await self._finish(self._commit(batch, t0, ends, steps))
+
+    async def _await_steps(self, t0: float, ends: np.ndarray) -> int:
+        """Wait for a run of steps (the first starts at t0, step i ends at ends[i]) to
+        end, or for an admission to cut it at the next step boundary; returns the
+        number of steps that ran (0 if cut before the first began)."""
+        clock = self.clock
         fired = await clock.wait_until(self._admit_event, float(ends[-1]))
         self.wakeups += 1
         now = clock.now()
-        steps = k
+        steps = ends.shape[0]
         if fired and now < ends[-1]:
             n = int(np.searchsorted(ends, now, side="right"))
             if now == t0 or (n > 0 and ends[n - 1] == now):
@@ -640,11 +652,7 @@ class DecodeEngine:
                 self.lateness.note(float(ends[n]), clock.now())
         else:
             self.lateness.note(float(ends[-1]), now)
-        if steps:
-            self._t_free = float(ends[steps - 1])
-            flops, nbytes = sc.work(steps)
-            self.util.add(float(ends[steps - 1]) - t0, flops, nbytes, iterations=steps)
-        await self._finish(self._commit(batch, t0, ends, steps))
+        return steps
 
     def _contexts(self, batch: list[_Seq]) -> np.ndarray:
         """Context of each request at its next step: prompt + tokens so far (the last
