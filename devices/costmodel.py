@@ -297,10 +297,15 @@ def _at(x, i: int = 0):
 
 
 def _as_counts(x, name: str) -> np.ndarray:
+    if type(x) is np.ndarray and x.ndim == 1 and x.size <= 64 and x.dtype.kind in "iuf":
+        # the engines' short token-count arrays: Python's min and sum are cheaper than
+        # ufunc reductions (a nan or inf makes the sum fail `< inf`)
+        v = x.tolist()
+        if v and (min(v) < 0 or (x.dtype.kind == "f" and not sum(v) < math.inf)):
+            raise ValueError(f"{name} must be finite token counts >= 0")
+        return x.astype(float)
     if type(x) is np.ndarray and x.ndim == 1 and x.dtype.kind in "iu":
-        # the engines' token-count arrays: ints are finite, one check for negatives
-        # (on a short array, a Python min is cheaper than a ufunc reduction)
-        if x.size and (min(x.tolist()) if x.size <= 64 else x.min()) < 0:
+        if x.size and x.min() < 0:          # ints are finite: one check for negatives
             raise ValueError(f"{name} must be finite token counts >= 0")
         return x.astype(float)
     a = np.asarray(x, dtype=float)
@@ -369,6 +374,7 @@ class CostModel:
         self.memory_bandwidth: float = par.n_devices * dev.memory_bandwidth_Bps
         self._t = _Terms.of(self.model, weight_dtype, kv_dtype)
         self._lines: dict[int, tuple] = {}     # batch size -> `_decode_line`
+        self._mixed_slopes: dict[tuple[int, int], tuple] = {}   # see `mixed_steps`
 
         self.draft: ModelSpec | None = None
         extra_w = extra_kv = 0
@@ -739,26 +745,35 @@ class CostModel:
         if new_tokens < 1 or cached_tokens < 0 or n_steps < 1:
             raise ValueError(f"mixed_steps: need new_tokens >= 1, cached_tokens >= 0, n_steps >= 1; got "
                              f"{new_tokens}, {cached_tokens}, {n_steps}")
-        ctx = _as_counts(context_lens, "context_lens") if np.size(context_lens) else np.zeros(0)
+        ctx = context_lens if type(context_lens) is np.ndarray else np.asarray(context_lens)
         tps = self.tokens_per_step
-        new = np.array([float(new_tokens)])
+        new = np.array([new_tokens])
 
-        def at(j: float) -> IterationCost:
-            return self.mixed(new, np.array([cached_tokens + j * new_tokens]), ctx + j * tps)
+        def at(cached: int, contexts: np.ndarray) -> IterationCost:
+            return self.mixed(new, np.array([cached]), contexts)
 
-        first = at(0.0)
+        first = at(cached_tokens, ctx)
         if self.speculative is not None or self._t.n_slide:
-            costs = [first] + [at(float(j)) for j in range(1, n_steps)]
+            costs = [first] + [at(cached_tokens + j * new_tokens, ctx + j * tps) for j in range(1, n_steps)]
             arr = lambda k: np.array([getattr(c, k) for c in costs])  # noqa: E731
             return StepCosts(arr("time_s"), arr("flops"), arr("bytes"), arr("comm_s"), first.bound, tps)
-        far, J = at(self._MIXED_LINE_I), self._MIXED_LINE_I
-        slope = lambda k: (getattr(far, k) - getattr(first, k)) / J  # noqa: E731
+        # Slopes per iteration do not depend on where the lines start: from two
+        # canonical points (nothing cached, empty contexts; then J iterations on), once
+        # per (chunk, batch size), so they do not depend on which call came first.
+        key = (new_tokens, ctx.size)
+        slopes = self._mixed_slopes.get(key)
+        if slopes is None:
+            J = self._MIXED_LINE_I
+            zero = np.zeros(ctx.size)
+            a, b = at(0, zero), at(int(J) * new_tokens, zero + J * tps)
+            slopes = self._mixed_slopes[key] = tuple((getattr(b, k) - getattr(a, k)) / J
+                                                     for k in ("compute_s", "memory_s", "flops", "bytes"))
+        s_compute, s_memory, s_flops, s_bytes = slopes
         rest = first.time_s - max(first.compute_s, first.memory_s)
         j = np.arange(n_steps, dtype=float)
-        time = np.maximum((first.compute_s + rest) + slope("compute_s") * j,
-                          (first.memory_s + rest) + slope("memory_s") * j)
+        time = np.maximum((first.compute_s + rest) + s_compute * j, (first.memory_s + rest) + s_memory * j)
         return StepCosts(time, None, None, None, first.bound, tps,
-                         lines=(first.flops, slope("flops"), first.bytes, slope("bytes"), first.comm_s))
+                         lines=(first.flops, s_flops, first.bytes, s_bytes, first.comm_s))
 
     # ---- conveniences -------------------------------------------------------------------------
     def decode_step(self, context_lens) -> IterationCost:
