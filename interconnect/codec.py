@@ -423,11 +423,15 @@ _TAIL = struct.Struct(">QBI")  # after the header map's xxh3 marker: checksum, b
 _TAIL_BYTES = _TAIL.size
 
 
-def _fast_view(frame) -> tuple[memoryview, tuple, int, int] | None:
+_U8 = np.dtype(np.uint8)     # numpy's built-in dtypes are singletons: `is` compares them
+
+
+def _fast_view(frame) -> tuple[memoryview | np.ndarray, tuple, int, int] | None:
     """The fast parse of a frame laid out as `encode_frame` / `make_kv_frames` write it
     (the header map ends with the xxh3 entry, then a bin32 body fills the rest of the
-    frame): (view of the frame, header entry, body offset, checksum), or None for any
-    other frame (or a non-buffer), which `_parse` then checks field by field.
+    frame): (the frame as a 1-D byte buffer (a uint8 array or a memoryview), header
+    entry, body offset, checksum), or None for any other frame (or a non-buffer), which
+    `_parse` then checks field by field.
 
     The header entry is `_HEADERS`' tuple (request_id, layer_start, layer_end,
     token_start, token_end, dtype, shape, logical_bytes, payload_bytes). On a cache miss
@@ -435,12 +439,19 @@ def _fast_view(frame) -> tuple[memoryview, tuple, int, int] | None:
     exactly at the end of the xxh3 entry, so a frame accepted here parses to the same
     header as on the general path. The body is not hashed here.
     """
-    try:
-        mv = memoryview(frame)
-    except Exception:       # no buffer (TypeError), or one numpy cannot export (ValueError)
-        return None
-    if mv.format != "B" or mv.ndim != 1 or not mv.c_contiguous:
-        return None
+    if type(frame) is np.ndarray:
+        # the frames `make_kv_frames` cuts: read as they are (a memoryview of each costs
+        # more than the rest of the parse)
+        if frame.dtype is not _U8 or frame.ndim != 1 or not frame.flags.c_contiguous:
+            return None
+        mv = frame
+    else:
+        try:
+            mv = memoryview(frame)
+        except Exception:   # no buffer (TypeError), or one numpy cannot export (ValueError)
+            return None
+        if mv.format != "B" or mv.ndim != 1 or not mv.c_contiguous:
+            return None
     head = mv[:_FIRST_PEEK].tobytes()
     kend = head.find(_XXH3_ENTRY) + len(_XXH3_ENTRY)
     if kend < len(_XXH3_ENTRY) or kend + _TAIL_BYTES > len(head):
