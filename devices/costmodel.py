@@ -667,8 +667,10 @@ class CostModel:
         j = np.arange(n_steps, dtype=float)
         cx, mx = c0 + c1 * x0, m0 + m1 * x0
         time = np.maximum((cx + rest) + (c1 * dx) * j, (mx + rest) + (m1 * dx) * j)
-        first = {"compute": cx, "memory": mx, "comm_bw": comm_bw, "latency": lat}
-        return StepCosts(time, None, None, None, self._bound(first), self.tokens_per_step,
+        # `_bound` of the first step, without its dict
+        roof, top = ("compute", cx) if cx >= mx else ("memory", mx)
+        bound = roof if top >= comm_bw and top >= lat else "communication" if comm_bw >= lat else "latency"
+        return StepCosts(time, None, None, None, bound, self.tokens_per_step,
                          lines=(fl0 + fl1 * x0, fl1 * dx, b0 + b1 * x0, b1 * dx, comm))
 
     def _decode_dict(self, c: np.ndarray, shift: np.ndarray, lean: bool = False) -> dict:

@@ -657,6 +657,11 @@ class DecodeEngine:
     def _contexts(self, batch: list[_Seq]) -> np.ndarray:
         """Context of each request at its next step: prompt + tokens so far (the last
         one is the step's input)."""
+        if self.tps == 1.0:
+            # emitted_after(done, rem, 1.0) = min(done, rem), inline: this runs for every
+            # request of every run
+            return np.fromiter((s.prompt + 1 + s.emitted + (s.done if s.done < s.rem else s.rem)
+                                for s in batch), np.int64, len(batch))
         return np.fromiter((s.prompt + 1 + s.emitted + emitted_after(s.done, s.rem, self.tps)
                             for s in batch), np.int64, len(batch))
 
