@@ -122,6 +122,11 @@ def test_unknown_layout_is_a_clear_error(tmp_path):
         open_trace(p)
     with pytest.raises(ValueError, match="unknown trace format 'parquet'"):
         open_trace(p, format="parquet")
+    # a file named as JSON lines whose first line is not an object is a broken JSONL
+    # file, not a CSV with an unknown header
+    j = write(tmp_path, "x.jsonl", "timestamp,input_length\n")
+    with pytest.raises(TraceError, match=r"x\.jsonl:1: expected a JSON object per line, got 'timestamp,input_length'"):
+        open_trace(j)
 
 
 def test_reader_is_lazy_and_reiterable(tmp_path):

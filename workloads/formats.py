@@ -193,6 +193,11 @@ def detect_schema(path: Path, format: str | None = None,
             f"unknown JSONL layout (keys: {', '.join(sorted(keys))}); expected Mooncake "
             "keys timestamp, input_length, output_length[, hash_ids], or pass a mapping",
         )
+    if Path(path).suffix.lower() in (".jsonl", ".json", ".ndjson"):
+        # named as JSON lines: a first line that is not an object is a broken JSONL
+        # file, not a CSV with an unknown header
+        raise TraceError(str(path), 1, None,
+                         f"expected a JSON object per line, got {first[:200]!r}", "invalid_json")
     cols = set(split_csv_header(first))
     if mapping:
         return Schema.from_mapping(mapping, "csv")
