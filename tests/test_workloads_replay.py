@@ -98,5 +98,9 @@ def test_load_requests_on_the_shipped_excerpt():
 
 
 def test_load_requests_nothing_left_is_an_error():
-    with pytest.raises(TraceError, match="no requests to replay: none passed the replay controls"):
+    # a window past the trace's end says where the trace's arrivals are
+    with pytest.raises(TraceError, match=r"no requests to replay: none arrives in the window "
+                                         r"\[1000, 2000\) s; its arrivals span 0 to 117 s"):
         load_requests("mooncake-excerpt", window=(1000, 2000))
+    with pytest.raises(TraceError, match="no requests to replay: none passed the replay controls"):
+        load_requests("mooncake-excerpt", sample=1e-9)

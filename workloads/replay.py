@@ -213,9 +213,21 @@ def load_requests(name_or_path: str | os.PathLike | TraceReader, *,
                            output_scale=output_scale))
     c = reader.counters()
     if not requests:
-        why = (f"all {c['rows_read']} rows were skipped as bad ({c['skipped_by_reason']})"
-               if c["requests"] == 0 and c["rows_read"] else
-               f"none passed the replay controls {controls}")
+        if c["requests"] == 0 and c["rows_read"]:
+            why = f"all {c['rows_read']} rows were skipped as bad ({c['skipped_by_reason']})"
+        elif window is not None:
+            # the usual cause: a window outside the trace; say where the trace is
+            first = last = None
+            for r in reader:
+                first = r.arrival_s if first is None else first
+                last = r.arrival_s
+            span = ("it has no requests" if first is None else
+                    f"its arrivals span {first:g} to {last:g} s")
+            lo, hi = (0.0 if window[0] is None else window[0]), (math.inf if window[1] is None else window[1])
+            why = (f"none arrives in the window [{lo:g}, {hi:g}) s; {span} "
+                   f"(other replay controls: {({k: v for k, v in controls.items() if k != 'window'})})")
+        else:
+            why = f"none passed the replay controls {controls}"
         raise TraceError(str(reader.path), None, None, f"no requests to replay: {why}")
     return RequestList(
         requests, name=reader.name, path=str(reader.path), format=reader.format,
