@@ -85,7 +85,7 @@ def summary_text(results: dict) -> str:
         lines.append(f"{label:<8}" + "".join(f"{fmt_s(s[p]):>11}" for p in ("mean", "p50", "p90", "p99")))
     t, g, kv = results["throughput"], results["goodput"], results["kv_transfer"]
     lines.append(f"throughput: {t['requests_per_s']:.2f} req/s, {t['output_tokens_per_s']:.0f} output tok/s"
-                 f" over {t['duration_s']:.1f} s emulated")
+                 f" over {t['duration_s']:.1f} s emulated (first arrival to last request event)")
     lines.append(f"goodput: {g['requests_per_s']:.2f} req/s meeting TTFT<={g['slo']['ttft_s']*1e3:.0f} ms and "
                  f"TPOT<={g['slo']['tpot_s']*1e3:.0f} ms (SLO attainment {g['slo_attainment']:.1%})")
     if kv["transfers"]:
@@ -101,7 +101,7 @@ def summary_text(results: dict) -> str:
     if en:
         tpj = en["tokens_per_joule"]
         usd = co.get("usd_per_mtok") if co else None
-        lines.append(f"energy: {en['joules'] / 3.6e6:.2f} kWh over {en['window_s']:.1f} s (mean "
+        lines.append(f"energy: {en['joules'] / 3.6e6:.2f} kWh over {en['window_s']:.1f} s from t=0 (mean "
                      f"{en['mean_power_w'] / 1e3:.1f} kW, idle {en['idle_power_w'] / 1e3:.1f} kW), "
                      + (f"{tpj:.4g} output tokens/J" if tpj else "no output tokens")
                      + (f"; cost ${usd:.2f} per million output tokens ({co['basis']})" if usd is not None else ""))
