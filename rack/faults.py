@@ -315,6 +315,14 @@ class FaultInjector:
 
         handle = self.targets[name]
         before = await handle.alive()
+        # The work the instance did until now dies with it (a restart starts its
+        # counters at 0): keep it, so energy and utilisation still count it.
+        try:
+            st = await handle.stats()
+            rec["work_before_crash"] = {k: float(st.get(k, 0.0)) for k in WORK_KEYS}
+        except Exception as exc:         # e.g. PeerLost: already down; the record says so
+            rec["work_before_crash"] = None
+            rec["work_before_crash_error"] = repr(exc)
         t = self.clock.now()
         try:
             await handle.crash()
@@ -333,6 +341,40 @@ class FaultInjector:
 
 
 # ----------------------------------------------------------------------------- results
+
+#: Work counters of an engine's stats (`devices.engines.common.Utilisation`) that a
+#: crash resets and `with_work_before_crashes` restores.
+WORK_KEYS = ("busy_s", "flops", "bytes", "iterations")
+
+
+def with_work_before_crashes(stats: dict, snapshot: dict) -> dict:
+    """`stats` (component -> stats dict) with each crashed instance's work before its
+    crashes added back: busy_s, flops, bytes and iterations summed over its
+    incarnations, and the utilisation ratios (busy_fraction, MFU, MBU) recomputed from
+    the sums over the instance's elapsed time. Without this a crash would make the run
+    look cheaper: the restarted instance's counters start at 0, so energy (integrated
+    from busy time) and utilisation would miss the work done before the crash.
+    Components without crashes are returned as they are (the same dicts)."""
+    from devices.engines.common import Utilisation
+
+    before: dict[str, list[dict]] = {}
+    for rec in snapshot.get("faults", []):
+        if rec.get("kind") in CRASH_KINDS and rec.get("applied") and rec.get("work_before_crash"):
+            before.setdefault(rec["instance"], []).append(rec["work_before_crash"])
+    out = dict(stats)
+    for name, works in before.items():
+        st = stats.get(name)
+        if st is None:
+            continue
+        u = Utilisation()
+        for w in [st, *works]:
+            u.add(w.get("busy_s", 0.0), w.get("flops", 0.0), w.get("bytes", 0.0), int(w.get("iterations", 0)))
+        st = dict(st)
+        st.update(u.as_dict(float(st.get("peak_flops", 0.0)), float(st.get("memory_bandwidth", 0.0)),
+                            float(st.get("elapsed_s", 0.0))))
+        st["incarnations_counted"] = 1 + len(works)
+        out[name] = st
+    return out
 
 def faults_section(snapshot: dict, stats: dict, columns: dict) -> dict:
     """results.json's `faults`: {"errors" (faults that could not be applied or
@@ -384,6 +426,6 @@ def faults_section(snapshot: dict, stats: dict, columns: dict) -> dict:
 
 __all__ = [
     "CRASH_KINDS", "FAULT_KINDS", "FAULT_REASONS", "LINK_KINDS", "OPTION_FORMAT", "FaultConfig",
-    "FaultInjector", "Restartable", "apply_faults", "check_faults", "faults_section",
-    "parse_fault_option", "resolve_target", "retry_on_peer_lost",
+    "FaultInjector", "Restartable", "WORK_KEYS", "apply_faults", "check_faults", "faults_section",
+    "parse_fault_option", "resolve_target", "retry_on_peer_lost", "with_work_before_crashes",
 ]

@@ -24,7 +24,7 @@ from rack import __version__
 from rack import metrics
 from rack.breakdown import apply_fixed_stages, stage_breakdown
 from rack.energy import cost_section, energy_section
-from rack.faults import faults_section
+from rack.faults import faults_section, with_work_before_crashes
 from rack.scenario import Scenario
 from rack.topology import ComponentSpec, build_topology
 
@@ -146,6 +146,8 @@ def run_scenario(scenario: Scenario, requests: Sequence[Any], *, runtime: str = 
         raise ValueError(f"runtime: expected 'virtual' or 'ray', got {runtime!r}")
     wall = time.perf_counter() - wall0
 
+    # a crashed instance's work before its crash still counts (energy, utilisation)
+    raw["stats"] = with_work_before_crashes(raw["stats"], raw["snapshot"])
     snapshot = apply_fixed_stages(raw["snapshot"], scenario.fixed_stages)
     results, cols = metrics.compute(snapshot, requests, scenario.slo.ttft_ms / 1e3,
                                     scenario.slo.tpot_ms / 1e3)

@@ -86,6 +86,16 @@ def test_decode_crash_resends_held_kv_and_reprefills_the_rest(stream_baseline):
     assert out.stats["decode-0"]["restarts"] == 1
     # The crash costs time: the lost requests decode again from the start.
     assert out.results["latency"]["e2e_s"]["max"] > base.results["latency"]["e2e_s"]["max"]
+    # ...and work: the dead incarnation's work still counts. Up to t the run is the
+    # fault-free one, so that work is at least what was done there, and in all the
+    # decode instance is busier and the run uses more energy than without the crash.
+    work = rec["work_before_crash"]
+    assert work["busy_s"] > 0 and work["iterations"] > 0
+    st, st0 = out.stats["decode-0"], base.stats["decode-0"]
+    assert st["incarnations_counted"] == 2 and st["busy_s"] > work["busy_s"]
+    assert st["busy_s"] > st0["busy_s"] and st["iterations"] > st0["iterations"]
+    assert st["busy_fraction"] == pytest.approx(st["busy_s"] / st["elapsed_s"])
+    assert out.results["energy"]["joules"] > base.results["energy"]["joules"]
 
 
 def burst(n=80):
