@@ -9,8 +9,11 @@ the chunk's token budget is `chunk_tokens` minus the batch's decode tokens (vLLM
 max_num_batched_tokens counts both), continuing prompts first, then FCFS admissions.
 When no prompt is in progress (or the batch alone fills the budget) the engine runs
 decode-only with event skipping, exactly as `DecodeEngine`, and a new submission cuts
-the run at the next step boundary. The engine's work therefore grows with prefill
-chunks and batch changes, not with output tokens.
+the run at the next step boundary. Mixed iterations skip events the same way: while one
+long prompt takes each iteration's whole budget without finishing, its chunks over the
+fixed decode batch are priced in one go (`CostModel.mixed_steps`), and an admission
+cuts that run at the next iteration boundary. The engine's work therefore grows with
+prompts and batch changes, not with output tokens or a long prompt's chunks.
 
 Memory: one ledger. A prompt is admitted when its KV fits ("reserve": the final
 footprint prompt + output - 1 tokens; "preempt": the prompt, then block-by-block
