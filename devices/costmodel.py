@@ -499,12 +499,18 @@ class CostModel:
         return out
 
     @staticmethod
+    def _bound_of(compute: float, memory: float, comm_bw: float, latency: float) -> str:
+        """The largest term of the critical path (`IterationCost.bound`); ties go to the
+        roofline, then to communication."""
+        roof, top = ("compute", compute) if compute >= memory else ("memory", memory)
+        if top >= comm_bw and top >= latency:
+            return roof
+        return "communication" if comm_bw >= latency else "latency"
+
+    @staticmethod
     def _bound(d: dict, i: int = 0) -> str:
-        compute, memory = _at(d["compute"], i), _at(d["memory"], i)
-        roof = "compute" if compute >= memory else "memory"
-        vals = {roof: max(compute, memory),
-                "communication": _at(d["comm_bw"], i), "latency": _at(d["latency"], i)}
-        return max(vals, key=vals.get)
+        return CostModel._bound_of(_at(d["compute"], i), _at(d["memory"], i), _at(d["comm_bw"], i),
+                                   _at(d["latency"], i))
 
     def _cost(self, d: dict, tokens: float) -> IterationCost:
         if type(d["time"]) is float and type(d["compute"]) is float:
@@ -667,10 +673,7 @@ class CostModel:
         j = np.arange(n_steps, dtype=float)
         cx, mx = c0 + c1 * x0, m0 + m1 * x0
         time = np.maximum((cx + rest) + (c1 * dx) * j, (mx + rest) + (m1 * dx) * j)
-        # `_bound` of the first step, without its dict
-        roof, top = ("compute", cx) if cx >= mx else ("memory", mx)
-        bound = roof if top >= comm_bw and top >= lat else "communication" if comm_bw >= lat else "latency"
-        return StepCosts(time, None, None, None, bound, self.tokens_per_step,
+        return StepCosts(time, None, None, None, self._bound_of(cx, mx, comm_bw, lat), self.tokens_per_step,
                          lines=(fl0 + fl1 * x0, fl1 * dx, b0 + b1 * x0, b1 * dx, comm))
 
     def _decode_dict(self, c: np.ndarray, shift: np.ndarray, lean: bool = False) -> dict:

@@ -209,13 +209,11 @@ class ColocatedEngine(DecodeEngine):
             job = plan[0][0]
             sc = self.cost.mixed_steps(budget, job.cached + job.computed, ctx, n)
             ends = t0 + np.cumsum(sc.time_s)
-            work = sc.work
         else:
             new = np.fromiter((take for _, take in plan), np.int64, len(plan))
             cached = np.fromiter((j.cached + j.computed for j, _ in plan), np.int64, len(plan))
             c = self.cost.mixed(new, cached, ctx)
             ends = np.array([t0 + c.time_s])
-            work = lambda _n, c=c: (c.flops, c.bytes)  # noqa: E731
         for j, _ in plan:
             if not j.started:
                 j.started = True
@@ -223,7 +221,7 @@ class ColocatedEngine(DecodeEngine):
         self.memory.add(t0, self.ledger.used)
         self.batch_series.add(t0, len(batch))
         await self._flush_events()
-        if ends.shape[0] > 1:
+        if n > 1:
             steps = await self._await_steps(t0, ends)      # an admission cuts the run
         else:
             await clock.sleep_until(float(ends[0]))
@@ -237,7 +235,7 @@ class ColocatedEngine(DecodeEngine):
         t1 = float(ends[steps - 1])
         self.counts["mixed_iterations"] += steps
         self._t_free = t1           # a decode-only run that follows starts here
-        flops, nbytes = work(steps)
+        flops, nbytes = sc.work(steps) if n > 1 else (c.flops, c.bytes)
         self.util.add(t1 - t0, flops, nbytes, iterations=steps)
         done = []
         for j, take in plan:
