@@ -281,3 +281,19 @@ def test_simultaneous_prefill_and_decode_crash():
     f = out.results["faults"]
     assert out.results["requests"]["completed"] == 2
     assert f["injected"] == f["recovered"] == 2 and f["requests_redispatched"] == 1
+
+
+def test_work_before_a_crash_counts_the_run_in_progress():
+    """A crash usually lands inside a run of decode steps (priced at once, booked when
+    the run ends): the steps that ended before the crash still count. The default
+    scenario's wafer decodes without a gap from its first admission (~35 ms) on, so
+    its work before a crash at 5 s is ~5 s of busy time."""
+    from rack.scenario import load_scenario
+    from workloads import load_requests
+
+    reqs = load_requests("mooncake-excerpt", window=(0, 20), output_scale=0.5)
+    sc = load_scenario().with_overrides(faults=[parse_fault_option("decode_crash:decode-0@5")])
+    out = run_scenario(sc, reqs, runtime="virtual")
+    check_accounting(out, reqs)
+    (rec,) = out.results["faults"]["list"]
+    assert rec["applied"] and 4.9 < rec["work_before_crash"]["busy_s"] <= 5.0

@@ -222,7 +222,7 @@ class ColocatedEngine(DecodeEngine):
         self.batch_series.add(t0, len(batch))
         await self._flush_events()
         if n > 1:
-            steps = await self._await_steps(t0, ends)      # an admission cuts the run
+            steps = await self._await_steps(t0, ends, sc)  # an admission cuts the run
         else:
             await clock.sleep_until(float(ends[0]))
             self.lateness.note(float(ends[0]), clock.now())

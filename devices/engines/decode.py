@@ -56,7 +56,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
@@ -75,6 +75,9 @@ from devices.engines.common import (
 from devices.memory import KVBlockPool
 from interconnect.codec import scan_kv_frames
 from interconnect.component import PeerLost
+
+if TYPE_CHECKING:
+    from devices.costmodel import StepCosts
 
 AdmissionPolicy = Literal["reserve", "preempt"]
 
@@ -195,6 +198,7 @@ class DecodeEngine:
         self._t_start = GrowingArray(4096)     # global step log (emulated s)
         self._t_end = GrowingArray(4096)
         self.util = Utilisation()
+        self._in_run: tuple | None = None       # (t0, ends, StepCosts) while a run of steps is awaited
         self.lateness = Lateness()
         self.memory = TimeSeries()
         self.batch_series = TimeSeries()
@@ -355,9 +359,23 @@ class DecodeEngine:
             "steps": len(self._t_end),
             **self.counts,
         }
-        out.update(self.util.as_dict(self.cost.peak_flops, self.cost.memory_bandwidth, now))
+        out.update(self._util_now(now).as_dict(self.cost.peak_flops, self.cost.memory_bandwidth, now))
         out.update(self.lateness.as_dict())
         return out
+
+    def _util_now(self, now: float) -> Utilisation:
+        """`util` plus the steps of the run in progress that have ended by `now` (they
+        are booked when the run ends; a crash or a stats call can come first)."""
+        if self._in_run is None:
+            return self.util
+        t0, ends, sc = self._in_run
+        n = int(np.searchsorted(ends, now, side="right"))
+        if n == 0:
+            return self.util
+        u = Utilisation()
+        u.add(self.util.busy_s, self.util.flops, self.util.bytes, self.util.iterations)
+        u.add(float(ends[n - 1]) - t0, *sc.work(n), iterations=n)
+        return u
 
     # ------------------------------------------------------------------ recovery
     async def holding(self, ids, drop_reserved: bool = False) -> list[int]:
@@ -626,32 +644,37 @@ class DecodeEngine:
         # collector round trips in between (wall time on the Ray runtime).
         t0 = clock.now() if self._t_free is None else self._t_free
         ends = t0 + np.cumsum(sc.time_s)
-        steps = await self._await_steps(t0, ends)
+        steps = await self._await_steps(t0, ends, sc)
         if steps:
             self._t_free = float(ends[steps - 1])
             flops, nbytes = sc.work(steps)
             self.util.add(float(ends[steps - 1]) - t0, flops, nbytes, iterations=steps)
         await self._finish(self._commit(batch, t0, ends, steps))
 
-    async def _await_steps(self, t0: float, ends: np.ndarray) -> int:
-        """Wait for a run of steps (the first starts at t0, step i ends at ends[i]) to
-        end, or for an admission to cut it at the next step boundary; returns the
-        number of steps that ran (0 if cut before the first began)."""
+    async def _await_steps(self, t0: float, ends: np.ndarray, sc: StepCosts) -> int:
+        """Wait for a run of steps (the first starts at t0, step i ends at ends[i], `sc`
+        their costs) to end, or for an admission to cut it at the next step boundary;
+        returns the number of steps that ran (0 if cut before the first began). The
+        caller books their work; until then `stats` counts the steps already ended."""
         clock = self.clock
-        fired = await clock.wait_until(self._admit_event, float(ends[-1]))
-        self.wakeups += 1
-        now = clock.now()
-        steps = ends.shape[0]
-        if fired and now < ends[-1]:
-            n = int(np.searchsorted(ends, now, side="right"))
-            if now == t0 or (n > 0 and ends[n - 1] == now):
-                steps = n                       # woken exactly at a step boundary
+        self._in_run = (t0, ends, sc)
+        try:
+            fired = await clock.wait_until(self._admit_event, float(ends[-1]))
+            self.wakeups += 1
+            now = clock.now()
+            steps = ends.shape[0]
+            if fired and now < ends[-1]:
+                n = int(np.searchsorted(ends, now, side="right"))
+                if now == t0 or (n > 0 and ends[n - 1] == now):
+                    steps = n                       # woken exactly at a step boundary
+                else:
+                    steps = n + 1                   # finish the step in progress
+                    await clock.sleep_until(float(ends[n]))
+                    self.lateness.note(float(ends[n]), clock.now())
             else:
-                steps = n + 1                   # finish the step in progress
-                await clock.sleep_until(float(ends[n]))
-                self.lateness.note(float(ends[n]), clock.now())
-        else:
-            self.lateness.note(float(ends[-1]), now)
+                self.lateness.note(float(ends[-1]), now)
+        finally:
+            self._in_run = None
         return steps
 
     def _contexts(self, batch: list[_Seq]) -> np.ndarray:
