@@ -118,6 +118,14 @@ def summary_text(results: dict) -> str:
         lines.append(f"faults: {f['injected']} injected, {f['recovered']} recovered, "
                      f"{f['requests_failed']} requests failed, {f['checksum_failures']} checksum "
                      f"failures caught, {f['payloads_resent']} KV payloads re-sent")
+    if f:
+        late = [r for r in f["list"] if not r.get("applied") and not r.get("error")]
+        if late:
+            lines.append(f"faults: {len(late)} of {len(f['list'])} not applied (scheduled after the run ended: "
+                         + ", ".join(f"{r['kind']} at {r['at_s']:g} s" for r in late[:3])
+                         + (", ..." if len(late) > 3 else "") + ")")
+        for err in f["errors"]:
+            lines.append(f"WARNING: {err}")
     if e["violations"]:
         lines.append(f"WARNING: {len(e['violations'])} accounting violation(s): {e['violations'][:3]}")
     return "\n".join(lines)

@@ -216,6 +216,10 @@ def test_fault_after_the_run_is_reported_as_not_applied():
     check_accounting(out, reqs)
     f = out.results["faults"]
     assert f["injected"] == 0 and f["list"][0]["applied"] is False and f["list"][0]["instance"] == "decode-0"
+    from rack.results import summary_text
+
+    assert "faults: 1 of 1 not applied (scheduled after the run ended: decode_crash at 500 s)" \
+        in summary_text(out.results)
 
 
 @pytest.mark.parametrize("fault, field", [

@@ -224,8 +224,11 @@ def load_requests(name_or_path: str | os.PathLike | TraceReader, *,
             span = ("it has no requests" if first is None else
                     f"its arrivals span {first:g} to {last:g} s")
             lo, hi = (0.0 if window[0] is None else window[0]), (math.inf if window[1] is None else window[1])
-            why = (f"none arrives in the window [{lo:g}, {hi:g}) s; {span} "
-                   f"(other replay controls: {({k: v for k, v in controls.items() if k != 'window'})})")
+            others = ", ".join(f"{k}={v}" for k, v in (("rate_scale", rate_scale), ("sample", sample),
+                                                           ("max_requests", max_requests))
+                               if v not in (None, 1, 1.0))
+            why = (f"none arrives in the window [{lo:g}, {hi:g}) s; {span}"
+                   + (f" (with {others})" if others else ""))
         else:
             why = f"none passed the replay controls {controls}"
         raise TraceError(str(reader.path), None, None, f"no requests to replay: {why}")
