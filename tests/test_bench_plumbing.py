@@ -55,7 +55,7 @@ def test_codec_speed_has_ratio_to_memcpy():
 
 def test_checks_evaluate_targets():
     fake = {"replay": {"azure_conv": {"wall_s": 4.0}, "mooncake_conv": {"wall_s": 6.0}},
-            "event_cost": {"doubled_output_ratio": 1.05},
+            "event_cost": {"doubled_output_ratio": 1.05, "wall_s_runs": [1.0] * 3, "wall_s_doubled_runs": [1.05] * 3},
             "codec": {"16MB": {"ratio_to_memcpy": 0.49}},
             "pacing": {"default": {"p99_over_tpot": 0.004}, "sustainable_rate_scale": 4.0}}
     c = B.checks(fake)
@@ -66,6 +66,11 @@ def test_checks_evaluate_targets():
     # a replay of a window is not the whole trace the target is for: not judged
     windowed = {"replay": {"azure_conv": {"wall_s": 2.0, "scenarios": {"s": {"window": [0.0, 600.0]}}}}}
     assert B.checks(windowed)["replay.azure_conv.wall_s"]["ok"] is None
+    assert B.checks(windowed)["replay.azure_conv.wall_s"]["na"] == "window"
+    # a ratio of two single runs (--quick) is noise-bound: reported, not judged
+    single = {"event_cost": {"doubled_output_ratio": 1.22, "wall_s_runs": [2.47], "wall_s_doubled_runs": [3.0]}}
+    c1 = B.checks(single)["event_cost.doubled_output_ratio"]
+    assert c1["ok"] is None and c1["na"] == "fewer than 3 runs" and c1["value"] == 1.22
 
 
 def test_lateness_rows_in_microseconds():
