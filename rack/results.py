@@ -75,7 +75,8 @@ def summary_text(results: dict) -> str:
     """A plain-text summary of one run (what `rack run` prints)."""
     r, lat = results["requests"], results["latency"]
     lines = [f"scenario {results['provenance']['scenario']}  runtime {results['emulation']['runtime']}"
-             f"  dilation {results['emulation']['dilation']}  wall {results['emulation']['wall_s']:.1f} s",
+             + (f"  dilation {results['emulation']['dilation']}" if results['emulation']['dilation'] else "")
+             + f"  wall {results['emulation']['wall_s']:.1f} s",
              f"requests: {r['submitted']} submitted, {r['completed']} completed, {r['rejected']} rejected,"
              f" {r['failed']} failed" + (f" (reasons: {r['rejected_by_reason'] | r['failed_by_reason']})"
                                          if r['rejected'] or r['failed'] else ""),
