@@ -237,6 +237,15 @@ def scenario_names() -> list[str]:
     return sorted(p.stem for p in SCENARIO_DIR.glob("*.toml"))
 
 
+def _loc_str(loc: tuple) -> str:
+    """A pydantic error location as the scenario's own messages write it:
+    ("pools", 1, "device") -> "pools[1].device"."""
+    out = ""
+    for x in loc:
+        out += f"[{x}]" if isinstance(x, int) else (f".{x}" if out else str(x))
+    return out
+
+
 def _fields_at(loc: tuple) -> list[str]:
     """Field names of the model found at `loc` inside Scenario ([] if not a model)."""
     import typing
@@ -278,7 +287,7 @@ def _format_validation(path: str, exc: ValidationError) -> str:
         loc = tuple(err["loc"])
         if err["type"] == "missing" and loc in typos:
             continue
-        field = ".".join(str(x) for x in loc)
+        field = _loc_str(loc)
         msg = err["msg"]
         got = err.get("input")
         got_s = "" if isinstance(got, (dict, list)) else f" (got {got!r})"
@@ -351,8 +360,8 @@ def check_hardware(scenario: Scenario, source: str = "<scenario>") -> None:
         try:
             resolve_device(p.device)
         except (ValueError, KeyError) as exc:
-            raise ScenarioError(f"{source}: field pools.{i}.device (pool {p.name!r}): {exc}") from None
+            raise ScenarioError(f"{source}: field pools[{i}].device (pool {p.name!r}): {exc}") from None
         try:
             check_fit(scenario, p, cost_model(scenario, p))
         except ScenarioError as exc:
-            raise ScenarioError(f"{source}: field pools.{i} (tp, pp): {exc}") from None
+            raise ScenarioError(f"{source}: field pools[{i}] (tp, pp): {exc}") from None

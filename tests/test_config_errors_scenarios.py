@@ -46,23 +46,23 @@ DECODE_POOL = 'name = "decode"\ndevice = "h100"'
 # case: (edit of BASE, fragments the message must contain)
 CASES = {
     "unknown_device": (lambda b: b.replace(DECODE_POOL, 'name = "decode"\ndevice = "h1000"'),
-                       ["pools.1.device", "unknown device 'h1000'", "did you mean 'h100'"]),
+                       ["pools[1].device", "unknown device 'h1000'", "did you mean 'h100'"]),
     "unknown_model": (lambda b: b.replace('model = "llama-3.1-8b"', 'model = "lama-3.1-8b"'),
                       ["field model", "unknown model 'lama-3.1-8b'", "did you mean 'llama-3.1-8b'"]),
     "zero_instances": (lambda b: b.replace('role = "prefill"', 'role = "prefill"\ninstances = 0'),
-                       ["pools.0.instances", "greater than or equal to 1", "got 0"]),
+                       ["pools[0].instances", "greater than or equal to 1", "got 0"]),
     "zero_tp": (lambda b: b.replace('role = "decode"', 'role = "decode"\ntp = 0'),
-                ["pools.1.tp", "greater than or equal to 1"]),
+                ["pools[1].tp", "greater than or equal to 1"]),
     "negative_batch": (lambda b: b.replace("max_batch = 32", "max_batch = -4"),
-                       ["pools.1.max_batch", "greater than or equal to 1", "got -4"]),
+                       ["pools[1].max_batch", "greater than or equal to 1", "got -4"]),
     "zero_queue": (lambda b: b.replace("max_queue = 64", "max_queue = 0"),
-                   ["pools.0.max_queue", "greater than or equal to 1"]),
+                   ["pools[0].max_queue", "greater than or equal to 1"]),
     "zero_bandwidth": (lambda b: b.replace("bandwidth_GBps = 50.0", "bandwidth_GBps = 0.0"),
-                       ["links.0.bandwidth_GBps", "greater than 0", "got 0.0"]),
+                       ["links[0].bandwidth_GBps", "greater than 0", "got 0.0"]),
     "negative_bandwidth": (lambda b: b.replace("bandwidth_GBps = 50.0", "bandwidth_GBps = -5.0"),
-                           ["links.0.bandwidth_GBps", "greater than 0", "got -5.0"]),
+                           ["links[0].bandwidth_GBps", "greater than 0", "got -5.0"]),
     "model_does_not_fit": (lambda b: b.replace('model = "llama-3.1-8b"', 'model = "llama-3.1-405b"'),
-                           ["field pools.0", "pool 'prefill'", "406 GB of weights", "use at least 6 GPUs"]),
+                           ["field pools[0]", "pool 'prefill'", "406 GB of weights", "use at least 6 GPUs"]),
     "link_to_missing_pool": (lambda b: b.replace('dst = "decode"', 'dst = "decoder"'),
                              ["links[0].dst", "no pool named 'decoder'", "did you mean ['decode']"]),
     "ttft_in_seconds": (lambda b: b.replace("ttft_ms = 2000.0", "ttft_ms = 0.002"),
@@ -75,7 +75,7 @@ CASES = {
                              ["unknown field 'slo.ttft_s'", "did you mean 'ttft_ms' (in milliseconds)",
                               "expected one of: ttft_ms, tpot_ms"]),
     "unknown_pool_field": (lambda b: b.replace("max_batch = 32", "max_bach = 32"),
-                           ["unknown field 'pools.1.max_bach'", "did you mean 'max_batch'"]),
+                           ["unknown field 'pools[1].max_bach'", "did you mean 'max_batch'"]),
     "bad_fault_target": (lambda b: b + '\n[[faults]]\nkind = "decode_crash"\nat_s = 1.0\ntarget = "decode-3"\n',
                          ["faults[0].target", "decode-0"]),
     "bad_toml": (lambda b: b.replace("tpot_ms = 100.0", "tpot_ms = = 100.0"),
@@ -128,7 +128,7 @@ def test_custom_device_file_with_zero_capacity(tmp_path):
     with pytest.raises(ScenarioError) as e:
         load_scenario(path)
     msg = str(e.value)
-    for frag in (str(path), "pools.1.device", str(dev), "memory_bytes", "greater than 0"):
+    for frag in (str(path), "pools[1].device", str(dev), "memory_bytes", "greater than 0"):
         assert frag in msg, (frag, msg)
 
 

@@ -226,12 +226,12 @@ def test_fault_after_the_run_is_reported_as_not_applied():
 @pytest.mark.parametrize("fault, field", [
     ({"kind": "decode_crash", "at_s": 1, "target": "decode-5"}, "faults[0].target"),
     ({"kind": "prefill_crash", "at_s": 1, "target": "decode-0"}, "faults[0].target"),
-    ({"kind": "link_flap", "at_s": 1, "target": "kv"}, "faults.0: duration_s"),
-    ({"kind": "link_degrade", "at_s": 1, "target": "kv", "duration_s": 1}, "faults.0: factor"),
-    ({"kind": "link_degrade", "at_s": 1, "target": "kv", "duration_s": 1, "factor": 1.5}, "faults.0.factor"),
+    ({"kind": "link_flap", "at_s": 1, "target": "kv"}, "faults[0]: duration_s"),
+    ({"kind": "link_degrade", "at_s": 1, "target": "kv", "duration_s": 1}, "faults[0]: factor"),
+    ({"kind": "link_degrade", "at_s": 1, "target": "kv", "duration_s": 1, "factor": 1.5}, "faults[0].factor"),
     ({"kind": "link_degrade", "at_s": 1, "target": "nope", "duration_s": 1, "factor": 0.5}, "faults[0].target"),
-    ({"kind": "frame_corrupt", "at_s": -1, "target": "*"}, "faults.0.at_s"),
-    ({"kind": "disk_full", "at_s": 1, "target": "*"}, "faults.0.kind"),
+    ({"kind": "frame_corrupt", "at_s": -1, "target": "*"}, "faults[0].at_s"),
+    ({"kind": "disk_full", "at_s": 1, "target": "*"}, "faults[0].kind"),
 ])
 def test_bad_faults_are_refused_naming_the_field(fault, field):
     with pytest.raises(ScenarioError) as e:
