@@ -477,8 +477,13 @@ def render(result: dict, console: Any = None) -> None:
 
     con = console or Console(width=None if sys.stdout.isatty() else 132)
     m = result.get("machine", {})
+    st = result.get("settings", {})
+    w = st.get("window")
     con.print(f"rack bench on {m.get('cpu_model', m.get('machine'))}, {m.get('cpus')} CPUs, "
-              f"Python {m.get('python')}, numpy {m.get('numpy')}; settings {result.get('settings')}")
+              f"Python {m.get('python')}, numpy {m.get('numpy')}; {st.get('repeat')} run(s) per figure"
+              + (", quick" if st.get("quick") else "")
+              + (f", window {w[0]:g}:{w[1]:g} s" if w else ", whole traces")
+              + (f"; command: {' '.join(st['argv'])}" if st.get("argv") else ""))
     def table(title: str, cols: Sequence[str], left: Sequence[str] = ()) -> Table:
         t = Table(title=title)
         for col in cols:
