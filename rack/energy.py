@@ -228,7 +228,7 @@ def energy_section(scenario: "Scenario", specs: Sequence["ComponentSpec"], stats
 
     specs/stats: the run's topology and component stats (engines: busy_s, flops, bytes,
     peak_flops, memory_bandwidth; an engine missing from `stats` counts as idle).
-    window_s: the integration window [0, window_s] (s, >= 0), the run's emulated end.
+    window_s: the integration window [0, window_s] (s, >= 0): the run's end, its last request event.
     output_tokens / input_tokens: completed requests' tokens.
 
     Returns {"joules", "tokens_per_joule" (output tokens / J), "joules_per_output_token",
@@ -291,7 +291,7 @@ def energy_section(scenario: "Scenario", specs: Sequence["ComponentSpec"], stats
         "assumptions": [
             "P = idle_w + (peak_w - idle_w) x u per device (linear model, Fan et al. 2007); "
             f"u = {'busy fraction' if mode == 'busy' else 'share of the achievable roofline'} of the instance",
-            f"integrated over [0, {window_s:.1f} s] (the run's emulated end) for every provisioned device, idle or not",
+            f"integrated over [0, {window_s:.1f} s] (to the run's last request event) for every provisioned device, idle or not",
             "devices only: hosts, NICs, switches and cooling excluded (PUE enters the electricity cost only)",
             "idle_w/peak_w from the device catalog (devices/catalog/devices/*.toml, with sources)",
         ],

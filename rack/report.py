@@ -113,7 +113,7 @@ def compare_markdown_report(doc: Mapping[str, Any], table_md: str, plots: Mappin
     energy = first["energy"]
     # The window line differs per run; every run's window is in compare.json (energy.window_s).
     model = [a for a in energy["assumptions"] if not a.startswith("integrated over")]
-    lines += ["", "Energy model: " + "; ".join(model) + "; integrated from 0 to each run's emulated end, "
+    lines += ["", "Energy model: " + "; ".join(model) + "; integrated from 0 to each run's last request event, "
               "over every provisioned device, busy or idle.", ""]
     lines.append("Prices: " + "; ".join(sorted({f"{p['device']}: ${p['usd_per_device_hour']:.2f}/h ({p['price_source']})"
                                                 if p["usd_per_device_hour"] is not None else

@@ -40,6 +40,15 @@ def test_ray_and_virtual_agree_on_medians(both_runs):
         assert b == pytest.approx(a, rel=0.05), key
 
 
+def test_ray_and_virtual_agree_on_energy(both_runs):
+    """Energy is integrated up to the run's last request event on both runtimes, not up
+    to when Ray's actors are asked for their stats."""
+    _, v, r = both_runs
+    ev, er = v.results["energy"], r.results["energy"]
+    assert er["window_s"] == pytest.approx(ev["window_s"], rel=0.01)
+    assert er["joules"] == pytest.approx(ev["joules"], rel=0.02)
+
+
 def test_ray_ledgers_within_capacity(both_runs):
     _, _, out = both_runs
     for pool, m in out.results["memory"].items():
