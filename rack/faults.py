@@ -104,15 +104,26 @@ def parse_fault_option(text: str) -> dict:
     m = _OPTION_RE.match(text.strip())
     if not m:
         raise ValueError(f"--fault {text!r}: expected {OPTION_FORMAT} with KIND one of {', '.join(FAULT_KINDS)}")
-    out: dict[str, Any] = {"kind": m["kind"], "target": m["target"], "at_s": m["at"]}
+    out: dict[str, Any] = {"kind": m["kind"], "target": m["target"], "at_s": _number(m["at"])}
     if m["dur"] is not None:
-        out["duration_s"] = m["dur"]
+        out["duration_s"] = _number(m["dur"])
     for item in filter(None, m["rest"].split(",")):
         key, _, value = item.partition("=")
         if key not in ("factor", "count", "seed", "duration_s"):
             raise ValueError(f"--fault {text!r}: unknown key {key!r}; expected factor, count, seed or duration_s")
-        out[key] = value
+        out[key] = _number(value)
     return out
+
+
+def _number(text: str) -> Any:
+    """`text` as an int or float if it reads as one (so a validation error shows the
+    number given, not a string), else unchanged for the validation to name."""
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
 
 
 def _instances(pool) -> list[str]:

@@ -241,9 +241,14 @@ def test_bad_faults_are_refused_naming_the_field(fault, field):
 
 def test_fault_option_syntax():
     assert parse_fault_option("link_degrade:kv@10+5,factor=0.25,seed=3") == {
-        "kind": "link_degrade", "target": "kv", "at_s": "10", "duration_s": "5", "factor": "0.25", "seed": "3"}
+        "kind": "link_degrade", "target": "kv", "at_s": 10, "duration_s": 5, "factor": 0.25, "seed": 3}
     assert parse_fault_option("decode_crash:decode-0@2.5") == {"kind": "decode_crash", "target": "decode-0",
-                                                               "at_s": "2.5"}
+                                                               "at_s": 2.5}
+    # numbers are read as numbers, so a validation error shows the number given
+    assert parse_fault_option("decode_crash:decode-0@-5")["at_s"] == -5
+    with pytest.raises(ScenarioError, match=r"faults\[0\]\.at_s: .*greater than or equal to 0 \(got -5\)"):
+        scenario([parse_fault_option("decode_crash:decode-0@-5")])
+    assert parse_fault_option("decode_crash:decode-0@soon")["at_s"] == "soon"     # left for validation
     for bad in ("decode_crash:decode-0", "decode_crash@3", "link_flap:kv@1+2,color=red"):
         with pytest.raises(ValueError, match="--fault"):
             parse_fault_option(bad)
