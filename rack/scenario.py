@@ -35,7 +35,9 @@ class ScenarioError(ValueError):
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # strict: a count written "8" or 8.0 is an error, not silently an int (an int is
+    # still a valid float, and tables are read into their models)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 class SpeculativeSettings(_Strict):
