@@ -387,6 +387,7 @@ def with_work_before_crashes(stats: dict, snapshot: dict) -> dict:
         out[name] = st
     return out
 
+
 def faults_section(snapshot: dict, stats: dict, columns: dict) -> dict:
     """results.json's `faults`: {"errors" (faults that could not be applied or
     recovered from: a bug, with its exception), "injected", "recovered" (faults the rack recovered

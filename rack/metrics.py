@@ -62,6 +62,14 @@ def per_request(snapshot: dict, requests: Sequence[Any]) -> dict[str, np.ndarray
     return cols
 
 
+def last_event_s(times: np.ndarray) -> float | None:
+    """The latest request event in a collector's (requests x events) time table (emulated
+    s; NaN = not happened), or None if no request has an event: where a run ends."""
+    if not np.size(times) or np.all(np.isnan(times)):
+        return None
+    return float(np.nanmax(times))
+
+
 def compute(snapshot: dict, requests: Sequence[Any], slo_ttft_s: float, slo_tpot_s: float) -> dict:
     """The request, latency, throughput and goodput sections of results.json."""
     cols = per_request(snapshot, requests)
@@ -75,9 +83,9 @@ def compute(snapshot: dict, requests: Sequence[Any], slo_ttft_s: float, slo_tpot
     times = snapshot["times"]
     n = len(cols["id"])
     arrivals = cols["t_arrival"]
-    ends = np.nanmax(times, axis=1) if n else np.zeros(0)
     start = float(np.nanmin(arrivals)) if n and not np.all(np.isnan(arrivals)) else 0.0
-    end = float(np.nanmax(ends)) if n and not np.all(np.isnan(ends)) else start
+    end = last_event_s(times)
+    end = start if end is None else end
     duration = max(end - start, 0.0)
     ttft, tpot = cols["ttft_s"], cols["tpot_s"]
     meets = completed & (ttft <= slo_ttft_s) & (np.isnan(tpot) | (tpot <= slo_tpot_s))

@@ -93,10 +93,8 @@ def _energy_cost_sections(scenario: Scenario, specs: Sequence[ComponentSpec], ra
     clock if no request has an event). Not the engines' clocks when the results are
     collected: on Ray those run on while the stats are gathered (~0.2 s of emulated
     time at dilation 20), which would add idle energy the virtual runtime does not."""
-    times = raw["snapshot"]["times"]
-    if np.size(times) and not np.all(np.isnan(times)):
-        window = float(np.nanmax(times))
-    else:
+    window = metrics.last_event_s(raw["snapshot"]["times"])
+    if window is None:
         window = max([float(raw.get("now") or 0.0)] +
                      [float(s.get("elapsed_s", 0.0)) for s in raw["stats"].values()])
     done = cols["outcome"] == "completed"
