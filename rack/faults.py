@@ -62,7 +62,7 @@ class FaultConfig(BaseModel):
     seed: picks the crashed instance of a pool, the corrupted frame and byte.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, strict=True)
 
     kind: Literal["decode_crash", "prefill_crash", "link_degrade", "link_flap", "frame_corrupt"]
     at_s: float = Field(ge=0, description="emulated time of the fault, s")
@@ -70,7 +70,7 @@ class FaultConfig(BaseModel):
     duration_s: Optional[float] = Field(default=None, gt=0, description="interval length, s")
     factor: Optional[float] = Field(default=None, gt=0, lt=1, description="link_degrade: bandwidth multiplier")
     count: int = Field(default=1, ge=1, description="frame_corrupt: payloads to corrupt")
-    seed: int = 0
+    seed: int = Field(default=0, ge=0, description="numpy seed (>= 0)")
 
     @model_validator(mode="after")
     def _fields_fit_kind(self) -> "FaultConfig":

@@ -11,6 +11,7 @@ Every error names the file and the field and says what was expected.
 from __future__ import annotations
 
 import difflib
+import math
 import sys
 from pathlib import Path
 from typing import Literal, Optional
@@ -38,6 +39,28 @@ class _Strict(BaseModel):
     # strict: a count written "8" or 8.0 is an error, not silently an int (an int is
     # still a valid float, and tables are read into their models)
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+def _positive_resources(v: dict[str, float]) -> dict[str, float]:
+    """Ray custom resources {name: amount}: named, each amount positive and finite."""
+    bad = {k: x for k, x in v.items() if not k or not (x > 0) or x == float("inf")}
+    if bad:
+        raise ValueError(f"Ray resource amounts must be positive and finite, got {bad}")
+    return v
+
+
+def _non_finite(value: object, where: str = ""):
+    """(field path, value) of every float in `value` (nested dicts and lists, as read
+    from TOML) that is NaN or infinite."""
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            yield where, value
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            yield from _non_finite(v, f"{where}.{k}" if where else str(k))
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            yield from _non_finite(v, f"{where}[{i}]")
 
 
 class SpeculativeSettings(_Strict):
@@ -76,6 +99,11 @@ class PoolConfig(_Strict):
                                    "for memory per instance before rejection (decode_queue_full)")
     memory_reserve_fraction: Optional[float] = Field(default=None, ge=0.0, lt=1.0)
     resources: dict[str, float] = Field(default_factory=dict, description="Ray custom resources per instance actor")
+
+    @field_validator("resources")
+    @classmethod
+    def _resources(cls, v: dict[str, float]) -> dict[str, float]:
+        return _positive_resources(v)
 
     @property
     def devices_per_instance(self) -> int:
@@ -146,10 +174,7 @@ class PlacementConfig(_Strict):
     @field_validator("router", "collector", "interconnect")
     @classmethod
     def _positive(cls, v: dict[str, float]) -> dict[str, float]:
-        bad = {k: x for k, x in v.items() if not k or not (x > 0) or x == float("inf")}
-        if bad:
-            raise ValueError(f"Ray resource amounts must be positive and finite, got {bad}")
-        return v
+        return _positive_resources(v)
 
 
 class Scenario(_Strict):
@@ -168,13 +193,24 @@ class Scenario(_Strict):
     payload_scale: float = Field(default=1e-3, gt=0, le=1.0, description="shipped bytes / logical KV bytes")
     layer_group: int = Field(default=8, ge=1, description="layers per KV frame")
     dilation: float = Field(default=20.0, gt=0, description="Ray runtime: wall seconds per emulated second")
-    seed: int = 0
+    seed: int = Field(default=0, ge=0, description="seeds every random choice (numpy needs >= 0)")
     # Energy, cost and fixed latency stages (rack.energy, rack.breakdown document them).
     energy: EnergySettings = EnergySettings()
     cost: CostSettings = CostSettings()
     fixed_stages: list[FixedStage] = Field(default_factory=list)
     # Injected faults (rack.faults; docs/robustness.md).
     faults: list[FaultConfig] = Field(default_factory=list)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _finite_numbers(cls, data: object) -> object:
+        # Once for every table, also those defined in other modules (energy, cost,
+        # fixed stages, links, faults): TOML reads `inf` and `nan`, and no field of a
+        # rack means anything at either (a NaN passes every range check: NaN > 0 is
+        # False, but so is NaN <= 0).
+        for where, value in _non_finite(data):
+            raise ValueError(f"{where}: expected a finite number, got {value!r}")
+        return data
 
     @field_validator("pools")
     @classmethod
