@@ -1,6 +1,10 @@
-"""Write a run's results folder: `results.json`, `requests.csv` and `summary.txt`.
+"""Write a run's results folder: `results.json`, `requests.csv` and `summary.txt`
+(and `error.log` for a run that failed).
 
-`results.json` schema (stable; documented in the README): `requests`, `latency`,
+`results.json` schema (stable; documented in the README): `status` ("complete", or
+"aborted": a component raised or the rack stalled, and the results are what was
+measured until then), `error` (aborted runs only: component, t_s, request_id, type,
+message, components_without_stats; docs/robustness.md), `requests`, `latency`,
 `throughput`, `goodput`, `kv_transfer`, `memory`, `utilization`, `emulation`,
 `provenance`, `energy`, `cost`, `breakdown` (see rack.energy and rack.breakdown).
 `requests.csv` has one row per request: id, prompt/output tokens,
@@ -13,6 +17,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -74,11 +79,19 @@ def fmt_s(v: float | None) -> str:
 def summary_text(results: dict) -> str:
     """A plain-text summary of one run (what `rack run` prints)."""
     r, lat = results["requests"], results["latency"]
-    lines = [f"scenario {results['provenance']['scenario']}  runtime {results['emulation']['runtime']}"
+    lines = []
+    if results.get("status") == "aborted":
+        err = results.get("error", {})
+        missing = err.get("components_without_stats") or []
+        lines.append(f"RUN ABORTED: {err.get('message') if 'component' not in err else _component_error(err)}; "
+                     "the figures below cover what was measured until then"
+                     + (f" (no statistics from {', '.join(missing)})" if missing else ""))
+    lines += [f"scenario {results['provenance']['scenario']}  runtime {results['emulation']['runtime']}"
              + (f"  dilation {results['emulation']['dilation']}" if results['emulation']['dilation'] else "")
              + f"  wall {results['emulation']['wall_s']:.1f} s",
              f"requests: {r['submitted']} submitted, {r['completed']} completed, {r['rejected']} rejected,"
-             f" {r['failed']} failed" + (f" (reasons: {r['rejected_by_reason'] | r['failed_by_reason']})"
+             f" {r['failed']} failed" + (f", {r['open']} never ended" if r.get("open") else "")
+             + (f" (reasons: {r['rejected_by_reason'] | r['failed_by_reason']})"
                                          if r['rejected'] or r['failed'] else ""),
              f"{'metric':<8}{'mean':>11}{'p50':>11}{'p90':>11}{'p99':>11}"]
     for key, label in (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("itl_s", "ITL"), ("e2e_s", "E2E")):
@@ -130,6 +143,19 @@ def summary_text(results: dict) -> str:
     if e["violations"]:
         lines.append(f"WARNING: {len(e['violations'])} accounting violation(s): {e['violations'][:3]}")
     return "\n".join(lines)
+
+
+def _component_error(err: dict) -> str:
+    req = f" (request {err['request_id']})" if err.get("request_id") is not None else ""
+    t = f" at t={err['t_s']:.6f} s" if err.get("t_s") is not None else ""
+    return f"component {err['component']!r} raised{t}{req}: {err['type']}: {err['message']}"
+
+
+def write_error_log(out_dir: str | Path, exc: BaseException) -> Path:
+    """Write `exc`'s traceback (with its causes) to `out_dir`/error.log; returns the path."""
+    path = Path(out_dir) / "error.log"
+    path.write_text("".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
+    return path
 
 
 def write_results(out_dir: str | Path, results: dict, columns: dict[str, np.ndarray]) -> Path:

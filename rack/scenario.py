@@ -359,7 +359,8 @@ def parse_scenario(data: dict, source: str = "<scenario>") -> Scenario:
 def load_scenario(name_or_path: str | Path | None = None) -> Scenario:
     """Load a shipped scenario by name, or a TOML file by path.
 
-    Raises ScenarioError for a missing file, bad TOML (with line) or a bad field.
+    Raises ScenarioError for a missing, unreadable or non-UTF-8 file, a directory, bad
+    TOML (with line) or a bad field.
     """
     name_or_path = name_or_path or DEFAULT_SCENARIO
     path = Path(name_or_path)
@@ -373,8 +374,15 @@ def load_scenario(name_or_path: str | Path | None = None) -> Scenario:
                 f"{scenario_names()}{hint}")
     if not path.exists():
         raise ScenarioError(f"{path}: no such scenario file")
+    if path.is_dir():
+        raise ScenarioError(f"{path}: is a directory; expected a scenario TOML file or one of {scenario_names()}")
     try:
-        data = tomllib.loads(path.read_text())
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ScenarioError(f"{path}: not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset "
+                            f"{exc.start}); expected a scenario TOML file") from None
+    except OSError as exc:
+        raise ScenarioError(f"{path}: cannot read the scenario file ({exc.strerror or exc})") from None
     except tomllib.TOMLDecodeError as exc:
         raise ScenarioError(f"{path}: not valid TOML: {exc}") from None
     scenario = parse_scenario(data, str(path))
@@ -392,14 +400,25 @@ def check_hardware(scenario: Scenario, source: str = "<scenario>") -> None:
 
     try:
         resolve_model(scenario.model)
-    except (ValueError, KeyError) as exc:
-        raise ScenarioError(f"{source}: field model: {exc}") from None
+    except (ValueError, KeyError, OSError) as exc:
+        raise ScenarioError(f"{source}: field model: {_file_problem(scenario.model, exc)}") from None
     for i, p in enumerate(scenario.pools):
         try:
             resolve_device(p.device)
-        except (ValueError, KeyError) as exc:
-            raise ScenarioError(f"{source}: field pools[{i}].device (pool {p.name!r}): {exc}") from None
+        except (ValueError, KeyError, OSError) as exc:
+            raise ScenarioError(f"{source}: field pools[{i}].device (pool {p.name!r}): "
+                                f"{_file_problem(p.device, exc)}") from None
         try:
             check_fit(scenario, p, cost_model(scenario, p))
         except ScenarioError as exc:
             raise ScenarioError(f"{source}: field pools[{i}] (tp, pp): {exc}") from None
+
+
+def _file_problem(name: str, exc: Exception) -> str:
+    """The message of a catalog look-up error, naming the file for the errors of
+    reading one (a directory, unreadable, not UTF-8), whose own messages do not."""
+    if isinstance(exc, UnicodeDecodeError):
+        return f"{name}: not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset {exc.start})"
+    if isinstance(exc, OSError):
+        return f"{name}: cannot read the file ({exc.strerror or exc})"
+    return str(exc)

@@ -8,18 +8,13 @@ from typing import List, Optional
 
 import typer
 
+from rack.cli._checks import check_positive, fail, prepare_out_dir
 from rack.cli.app import app
 
 DEFAULT_TRACE = "mooncake-excerpt"
 # The Ray runtime paces on the wall clock at `dilation` x real time; the first seconds of
 # the excerpt keep the default run near two minutes on a 2-core machine.
 DEFAULT_RAY_WINDOW = "0:6"
-
-
-def fail(message: str, code: int = 2) -> None:
-    """Print `message` as a one-line error and exit with `code` (no traceback)."""
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(code)
 
 
 def load_inputs(scenario: Optional[str], trace: str, window: Optional[str], rate_scale: float,
@@ -40,6 +35,8 @@ def load_inputs(scenario: Optional[str], trace: str, window: Optional[str], rate
                              skip_bad_rows=skip_bad_rows, output_scale=output_scale)
     except (ScenarioError, CatalogError, ModelDoesNotFit, TraceError, ValueError) as exc:
         fail(str(exc))
+    except OSError as exc:        # e.g. a device file that is a directory
+        fail(f"{exc.filename or scenario}: {exc.strerror or exc}")
     if len(reqs) == 0:
         fail(f"trace {trace!r} with window {window!r} has no requests")
     return sc, reqs, path
@@ -69,10 +66,13 @@ def run(
 ) -> None:
     """Replay a trace through the emulated rack and report TTFT, TPOT, ITL, goodput, KV traffic."""
     from rack.results import summary_text, to_json, write_results
-    from rack.runner import run_scenario, trace_info
+    from rack.runner import trace_info
 
     if runtime not in ("ray", "virtual"):
         fail(f"--runtime: expected 'ray' or 'virtual', got {runtime!r}")
+    for name, value in (("--dilation", dilation), ("--payload-scale", payload_scale),
+                        ("--rate-scale", rate_scale), ("--output-scale", output_scale), ("--timeout", timeout)):
+        check_positive(name, value)
     if runtime == "ray" and window is None and trace == DEFAULT_TRACE:
         window = DEFAULT_RAY_WINDOW
     for name, value in (("--dilation", dilation), ("--timeout", timeout)):
@@ -90,37 +90,50 @@ def run(
             fail(str(exc))
     info = trace_info(path, reqs.summary(), window=window, rate_scale=rate_scale,
                       max_requests=max_requests, output_scale=output_scale)
+    folder = prepare_out_dir("--out", out)
     if not as_json:
         typer.echo(f"replaying {len(reqs)} requests of {trace} through {sc.name} on the {runtime} runtime"
                    + (f" (dilation {sc.dilation}, arrivals over about {reqs[-1].arrival_s * sc.dilation:.0f} s of wall time)"
                       if runtime == "ray" else ""), err=True)
+    output = execute(folder, sc, reqs, runtime=runtime, address=address, trace_info=info,
+                     progress=not as_json and sys.stderr.isatty(), timeout_s=timeout)
     try:
-        output = run_scenario(sc, reqs, runtime=runtime, address=address, trace_info=info,
-                              progress=not as_json and sys.stderr.isatty(), timeout_s=timeout)
-    except Exception as exc:  # a stalled or refused run: say what happened, keep the traceback out
-        from rack.runtime.virtual import VirtualTimeDeadlock
-        from rack.scenario import ScenarioError
+        write_results(folder, output.results, output.columns)
+    except OSError as exc:
+        fail(f"--out {folder}: could not write the results ({exc.strerror or exc})", code=1)
+    if as_json:
+        typer.echo(to_json(output.results))
+    else:
+        typer.echo(summary_text(output.results))
+        typer.echo(f"results: {folder}/results.json, {folder}/requests.csv")
 
-        if isinstance(exc, ScenarioError):     # refused before any component started
-            fail(str(exc))
-        known = (VirtualTimeDeadlock,)
-        try:
-            from rack.runtime.ray_runtime import RayRunError
-            known = known + (RayRunError,)
-        except ImportError:  # pragma: no cover
-            pass
-        if isinstance(exc, known):
-            fail(str(exc), code=1)
-        raise
+
+def execute(folder: Path, sc, reqs, *, runtime: str, address: Optional[str], **kwargs):
+    """`run_scenario`, failing with one line for a run that cannot start, stopped or
+    broke: an aborted run (a component raised, or the rack stalled) still writes what
+    was measured into `folder` (results.json with status "aborted"); the traceback of
+    anything but a refused input goes to `folder`/error.log, never to the terminal.
+    Exit codes: 2 for input refused before the run, 1 for a run that failed."""
+    from rack.results import write_error_log, write_results
+    from rack.runner import RunAborted, run_scenario
+    from rack.scenario import ScenarioError
+    from workloads.clock import TimeSpanError
+
+    try:
+        return run_scenario(sc, reqs, runtime=runtime, address=address, **kwargs)
+    except (ScenarioError, TimeSpanError) as exc:      # refused before any component started
+        fail(str(exc))
+    except RunAborted as exc:
+        log = write_error_log(folder, exc)
+        write_results(folder, exc.output.results, exc.output.columns)
+        fail(f"run aborted: {exc}; what was measured is in {folder}/results.json (status aborted), "
+             f"the traceback in {log}", code=1)
+    except Exception as exc:  # noqa: BLE001 - a stalled Ray run, or a bug: one line, the rest in the log
+        log = write_error_log(folder, exc)
+        fail(f"run failed: {type(exc).__name__}: {' '.join(str(exc).split())} (traceback in {log})", code=1)
     finally:
         if runtime == "ray" and address is None:
             import ray
 
             if ray.is_initialized():
                 ray.shutdown()
-    folder = write_results(out, output.results, output.columns)
-    if as_json:
-        typer.echo(to_json(output.results))
-    else:
-        typer.echo(summary_text(output.results))
-        typer.echo(f"results: {folder}/results.json, {folder}/requests.csv")
