@@ -129,7 +129,8 @@ def summary_text(results: dict) -> str:
                          f"{fmt_s(tpot50)}: the host could not keep pace; raise --dilation")
     f = results.get("faults")
     if f and (f["injected"] or f["checksum_failures"] or f["requests_failed"]):
-        lines.append(f"faults: {f['injected']} injected, {f['recovered']} recovered, "
+        no_target = f"{f['no_target']} with no target at that time, " if f.get("no_target") else ""
+        lines.append(f"faults: {f['injected']} injected, {f['recovered']} recovered, {no_target}"
                      f"{f['requests_failed']} requests failed, {f['checksum_failures']} checksum "
                      f"failures caught, {f['payloads_resent']} KV payloads re-sent")
     if f:
