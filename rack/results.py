@@ -153,9 +153,18 @@ def _component_error(err: dict) -> str:
 
 
 def write_error_log(out_dir: str | Path, exc: BaseException) -> Path:
-    """Write `exc`'s traceback (with its causes) to `out_dir`/error.log; returns the path."""
+    """Write `exc`'s traceback (with its causes, and the traceback a cause kept from
+    another process: `remote_traceback`, Ray) to `out_dir`/error.log; returns the path."""
     path = Path(out_dir) / "error.log"
-    path.write_text("".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
+    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    cause: BaseException | None = exc
+    while cause is not None:
+        remote = getattr(cause, "remote_traceback", None)
+        if remote:
+            text += "\nWhere it was raised (in the component's process):\n" + remote
+            break
+        cause = cause.__cause__
+    path.write_text(text)
     return path
 
 

@@ -168,3 +168,26 @@ def test_arrivals_too_late_for_microseconds_are_refused(small, tmp_path, monkeyp
                                    "--out", str(tmp_path / "out")])
     assert res.exit_code == 2 and "Traceback" not in res.output, res.output
     assert "error: the last arrival is at 1e+12 s of emulated time" in res.output
+
+
+@pytest.mark.parametrize("runtime", ["virtual", pytest.param("ray", marks=pytest.mark.ray)])
+def test_both_runtimes_name_the_component_that_raised(runtime, small, request):
+    """No monkeypatching: a request built in code with a prefix hash that cannot be
+    hashed makes the prefill instance's prefix cache raise inside its engine loop (a
+    background task on virtual time, inside an actor on Ray)."""
+    if runtime == "ray":
+        request.getfixturevalue("ray_session")
+    reqs = [Request(id=i, arrival_s=0.05 * i, prompt_tokens=600, output_tokens=5, block_size=512,
+                    block_hashes=([1],) if i == 2 else (i,)) for i in range(6)]
+    sc = load_scenario(small).with_overrides(dilation=5.0)
+    with pytest.raises(RunAborted) as e:
+        run_scenario(sc, reqs, runtime=runtime, timeout_s=120 if runtime == "ray" else None)
+    err = e.value.cause
+    assert isinstance(err, ComponentError), repr(err)
+    assert (err.component, err.request_id, type(err.cause)) == ("prefill-0", 2, TypeError)
+    assert err.t_s == pytest.approx(0.10, abs=0.05)            # request 2 arrives at 0.10 s
+    assert "unhashable" in err.traceback_text() and "prefix_lookup" in err.traceback_text()
+    res = e.value.output.results
+    assert res["status"] == "aborted" and res["error"]["component"] == "prefill-0"
+    r = res["requests"]
+    assert r["submitted"] == 6 and r["open"] >= 1 and r["completed"] + r["open"] == 6

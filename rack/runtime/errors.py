@@ -23,7 +23,8 @@ class ComponentError(RuntimeError):
     Attributes: component (name, e.g. "decode-0"), t_s (emulated s when it raised, or
     None), request_id (the request it was handling, or None), cause (the original
     exception; also `__cause__`), partial (the runtime's records up to the failure:
-    the dict `run_topology_virtual` returns, or None if none could be gathered).
+    the dict `run_topology_virtual` returns, or None if none could be gathered),
+    remote_traceback (the cause's traceback as text, when raised in a Ray actor).
     `str(err)` is one line: "component 'decode-0' raised at t=1.234567 s (request 17):
     ValueError: ...".
     """
@@ -35,6 +36,7 @@ class ComponentError(RuntimeError):
         self.request_id = request_id
         self.cause = cause
         self.partial = partial
+        self.remote_traceback: str | None = None   # the cause's traceback, kept as text across Ray
         super().__init__(self._line())
         self.__cause__ = cause
 
@@ -45,7 +47,8 @@ class ComponentError(RuntimeError):
         return f"component {self.component!r} raised{when}{req}: {type(self.cause).__name__}: {text}"
 
     def __reduce__(self):  # picklable across Ray (partial records are dropped)
-        return (ComponentError, (self.component, self.t_s, self.request_id, self.cause))
+        return (ComponentError, (self.component, self.t_s, self.request_id, self.cause),
+                {"remote_traceback": self.remote_traceback})
 
     def details(self) -> dict:
         """results.json's `error` section: component, t_s, request_id, type, message."""
@@ -53,7 +56,10 @@ class ComponentError(RuntimeError):
                 "type": type(self.cause).__name__, "message": str(self.cause)}
 
     def traceback_text(self) -> str:
-        """The original exception's traceback (for the run's error log)."""
+        """The original exception's traceback (for the run's error log); the text kept
+        where it was raised when it came from another process (Ray)."""
+        if self.cause.__traceback__ is None and self.remote_traceback:
+            return self.remote_traceback
         return "".join(traceback.format_exception(type(self.cause), self.cause, self.cause.__traceback__))
 
 
