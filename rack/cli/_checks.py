@@ -48,3 +48,22 @@ def prepare_out_dir(option: str, path: Path) -> Path:
         fail(f"{option} {p}: cannot write a results folder there "
              f"({exc.strerror or type(exc).__name__}{': ' + exc.filename if exc.filename else ''})")
     return p
+
+
+def report_failure(folder: Path, exc: BaseException, what: str = "run", keep_partial: bool = True) -> NoReturn:
+    """One line for a run that failed, its traceback in `folder`/error.log, exit 1.
+
+    A `rack.runner.RunAborted` (a component raised, or the rack stalled) gets its
+    results measured until then written to `folder` (status "aborted") when
+    `keep_partial`; anything else is a stalled Ray run or a bug."""
+    from rack.results import write_error_log, write_results
+    from rack.runner import RunAborted
+
+    log = write_error_log(folder, exc)
+    if isinstance(exc, RunAborted):
+        if keep_partial:
+            write_results(folder, exc.output.results, exc.output.columns)
+            fail(f"{what} aborted: {exc}; what was measured is in {folder}/results.json (status aborted), "
+                 f"the traceback in {log}", code=1)
+        fail(f"{what} aborted: {exc} (traceback in {log})", code=1)
+    fail(f"{what} failed: {type(exc).__name__}: {' '.join(str(exc).split())} (traceback in {log})", code=1)

@@ -9,6 +9,7 @@ from typing import List, Optional
 import typer
 
 from rack.cli.app import app
+from rack.cli._checks import check_positive, prepare_out_dir, report_failure
 from rack.cli.run import DEFAULT_TRACE, fail
 
 
@@ -37,6 +38,7 @@ def compare(
 
     if runtime not in ("ray", "virtual"):
         fail(f"--runtime: expected 'ray' or 'virtual', got {runtime!r}")
+    check_positive("--rate-scale", rate_scale)
     try:
         stages = [parse_stage(s) for s in (stage or [])]
     except ValueError as exc:
@@ -52,6 +54,7 @@ def compare(
     if len(reqs) == 0:
         fail(f"trace {trace!r} with window {window!r} has no requests")
     info = trace_info(path, reqs.summary(), window=window, rate_scale=rate_scale, max_requests=max_requests)
+    prepare_out_dir("--out", out)
     from rich.console import Console
 
     err = Console(stderr=True)
@@ -65,6 +68,8 @@ def compare(
                              address=address, trace_info=info, fixed_stages=stages, on_start=on_start)
     except CompareError as exc:
         fail(str(exc))
+    except Exception as exc:  # noqa: BLE001 - a deployment's run aborted, or a bug: one line, the rest in the log
+        report_failure(out, exc, what="a deployment's run", keep_partial=False)
     finally:
         if runtime == "ray" and address is None:
             try:

@@ -8,7 +8,7 @@ from typing import List, Optional
 
 import typer
 
-from rack.cli._checks import check_positive, fail, prepare_out_dir
+from rack.cli._checks import check_positive, fail, prepare_out_dir, report_failure
 from rack.cli.app import app
 
 DEFAULT_TRACE = "mooncake-excerpt"
@@ -114,8 +114,7 @@ def execute(folder: Path, sc, reqs, *, runtime: str, address: Optional[str], **k
     was measured into `folder` (results.json with status "aborted"); the traceback of
     anything but a refused input goes to `folder`/error.log, never to the terminal.
     Exit codes: 2 for input refused before the run, 1 for a run that failed."""
-    from rack.results import write_error_log, write_results
-    from rack.runner import RunAborted, run_scenario
+    from rack.runner import run_scenario
     from rack.scenario import ScenarioError
     from workloads.clock import TimeSpanError
 
@@ -123,14 +122,8 @@ def execute(folder: Path, sc, reqs, *, runtime: str, address: Optional[str], **k
         return run_scenario(sc, reqs, runtime=runtime, address=address, **kwargs)
     except (ScenarioError, TimeSpanError) as exc:      # refused before any component started
         fail(str(exc))
-    except RunAborted as exc:
-        log = write_error_log(folder, exc)
-        write_results(folder, exc.output.results, exc.output.columns)
-        fail(f"run aborted: {exc}; what was measured is in {folder}/results.json (status aborted), "
-             f"the traceback in {log}", code=1)
-    except Exception as exc:  # noqa: BLE001 - a stalled Ray run, or a bug: one line, the rest in the log
-        log = write_error_log(folder, exc)
-        fail(f"run failed: {type(exc).__name__}: {' '.join(str(exc).split())} (traceback in {log})", code=1)
+    except Exception as exc:  # noqa: BLE001 - aborted, a stalled Ray run, or a bug: one line, the rest in the log
+        report_failure(folder, exc)
     finally:
         if runtime == "ray" and address is None:
             import ray

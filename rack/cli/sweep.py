@@ -3,12 +3,14 @@ cost of deployments against request rate, KV link bandwidth or prompt length."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import List, Optional
 
 import typer
 
 from rack.cli.app import app, command_group
+from rack.cli._checks import check_positive, prepare_out_dir
 from rack.cli.run import DEFAULT_TRACE, fail
 
 sweep_app = command_group(help="Sweep request rate, KV link bandwidth or prompt length across deployments.")
@@ -23,8 +25,8 @@ def _floats(text: str, option: str) -> list[float]:
         vals = [float(x) for x in text.split(",") if x.strip()]
     except ValueError:
         fail(f"{option}: expected comma-separated numbers, e.g. 1,2,4, got {text!r}")
-    if not vals or any(v <= 0 for v in vals):
-        fail(f"{option}: expected positive numbers, got {text!r}")
+    if not vals or not all(math.isfinite(v) and v > 0 for v in vals):
+        fail(f"{option}: expected finite positive numbers, got {text!r}")
     return vals
 
 
@@ -106,6 +108,7 @@ def sweep_rate(
     reqs = wl.requests()
     span = max(r.arrival_s for r in reqs) - min(r.arrival_s for r in reqs)
     base = len(reqs) / span if span > 0 else None
+    prepare_out_dir("--out", out)
     result = rate_sweep(scs, wl, _floats(rates, "--rates"), target=target, base_rate=base,
                         workers=workers, address=address, progress=not as_json)
     _finish(result, out, as_json, no_plots)
@@ -142,7 +145,9 @@ def sweep_bandwidth(
     except ValueError as exc:
         fail(str(exc))
     cos = _scenarios(list(colocated or DEFAULT_COLOCATED))
+    check_positive("--rate", rate)
     wl = _workload(trace, window, max_requests, prompt_tokens, output_tokens, rate, n, seed)
+    prepare_out_dir("--out", out)
     result = bandwidth_sweep(sp, cos, wl, _floats(bandwidths, "--bandwidths"), link=link, metric=metric,
                              workers=workers, address=address, progress=not as_json)
     _finish(result, out, as_json, no_plots)
@@ -166,6 +171,8 @@ def sweep_prompt(
 
     scs = _scenarios(list(scenarios or []))
     Ls = [int(x) for x in _floats(lengths, "--lengths")]
+    check_positive("--rate", rate)
+    prepare_out_dir("--out", out)
     result = prompt_sweep(scs, Ls, rate_per_s=rate, output_tokens=output_tokens, n=n, seed=seed,
                           workers=workers, address=address, progress=not as_json)
     _finish(result, out, as_json, no_plots)

@@ -742,9 +742,16 @@ def _component_error(exc: BaseException) -> ComponentError | None:
 
 
 def _first_failure(ray, actors: dict[str, Any]) -> ComponentError | None:
-    """The earliest failure (by emulated time) any host kept, or None."""
-    names = list(actors)
-    found = [f for f in ray.get([actors[n].failed.remote() for n in names], timeout=30) if f is not None]
+    """The earliest failure (by emulated time) any host kept, or None. An actor that
+    is down (killed by an injected crash, restarting) has nothing to say."""
+    found = []
+    for ref in [a.failed.remote() for a in actors.values()]:
+        try:
+            failure = ray.get(ref, timeout=30)
+        except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError):
+            continue
+        if failure is not None:
+            found.append(failure)
     return min(found, key=lambda f: f.t_s if f.t_s is not None else math.inf) if found else None
 
 
