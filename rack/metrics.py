@@ -59,6 +59,8 @@ def per_request(snapshot: dict, requests: Sequence[Any]) -> dict[str, np.ndarray
             "preemptions": snapshot["preemptions"], "ttft_s": ttft, "tpot_s": tpot, "e2e_s": e2e}
     for name, i in col.items():
         cols[f"t_{name}"] = times[:, i]
+    # when each request ended in the rack, whatever its outcome (s)
+    cols["t_end"] = np.asarray(snapshot.get("end_s", np.full(len(ids), np.nan)), dtype=np.float64)
     return cols
 
 
