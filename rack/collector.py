@@ -16,8 +16,8 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-EVENTS = ("arrival", "prefill_queued", "prefill_start", "first_token", "kv_reserved",
-          "transfer_start", "transfer_end", "decode_admit", "completion")
+EVENTS = ("arrival", "prefill_queued", "prefill_start", "prefill_end", "kv_reserved",
+          "transfer_start", "transfer_end", "decode_admit", "first_token", "completion")
 OUTCOMES = ("completed", "rejected", "failed")
 _COL = {name: i for i, name in enumerate(EVENTS)}
 
