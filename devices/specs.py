@@ -229,6 +229,9 @@ class ModelSpec(_Spec):
     mla: Optional[MLASpec] = None
     sliding_window: Optional[int] = Field(None, gt=0, description="window of the sliding-window layers (tokens)")
     n_sliding_layers: int = Field(0, ge=0)
+    max_context_tokens: Optional[int] = Field(
+        None, gt=0, description="longest context (prompt + output tokens) the model serves: config.json "
+        "max_position_embeddings, or the model card; None: unknown (no limit is enforced)")
     published_params_total: Optional[float] = Field(None, gt=0, description="vendor's total parameter count")
     published_params_active: Optional[float] = Field(None, gt=0, description="vendor's active parameter count")
 

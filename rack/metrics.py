@@ -47,7 +47,10 @@ def per_request(snapshot: dict, requests: Sequence[Any]) -> dict[str, np.ndarray
     ids = snapshot["ids"]
     by_id = {r.id: r for r in requests}
     prompt = np.array([by_id[i].prompt_tokens for i in ids.tolist()], dtype=np.int64)
-    output = np.array([by_id[i].output_tokens for i in ids.tolist()], dtype=np.int64)
+    requested = np.array([by_id[i].output_tokens for i in ids.tolist()], dtype=np.int64)
+    # a request truncated to the context limit produced fewer tokens than it asked for
+    served = snapshot.get("output_tokens_served") or {}
+    output = np.array([served.get(i, n) for i, n in zip(ids.tolist(), requested.tolist())], dtype=np.int64)
     times = snapshot["times"]
     col = {n: i for i, n in enumerate(snapshot["events"])}
     outcome = np.array(snapshot["outcomes"] + ["open"], dtype=object)[snapshot["outcome"] - 1]
@@ -57,7 +60,8 @@ def per_request(snapshot: dict, requests: Sequence[Any]) -> dict[str, np.ndarray
     e2e = np.where(completed, times[:, col["completion"]] - arrival, np.nan)
     with np.errstate(invalid="ignore", divide="ignore"):
         tpot = np.where(completed & (output >= 2), (e2e - ttft) / (output - 1), np.nan)
-    cols = {"id": ids, "prompt_tokens": prompt, "output_tokens": output, "outcome": outcome,
+    cols = {"id": ids, "prompt_tokens": prompt, "output_tokens": output,
+            "requested_output_tokens": requested, "outcome": outcome,
             "reason": np.array([snapshot["reason"].get(i, "") for i in ids.tolist()], dtype=object),
             "preemptions": snapshot["preemptions"], "ttft_s": ttft, "tpot_s": tpot, "e2e_s": e2e}
     for name, i in col.items():
@@ -107,6 +111,8 @@ def compute(snapshot: dict, requests: Sequence[Any], slo_ttft_s: float, slo_tpot
             "rejected_by_reason": dict(reasons["rejected"]),
             "failed_by_reason": dict(reasons["failed"]),
             "preemptions": int(np.sum(cols["preemptions"])),
+            # output capped at the context limit (context_overflow = "truncate")
+            "truncated": int(np.sum(cols["output_tokens"] != cols["requested_output_tokens"])),
         },
         "latency": {
             "ttft_s": summarize(ttft),
