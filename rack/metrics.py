@@ -30,14 +30,14 @@ PERCENTILES = (50, 90, 99)
 
 
 def summarize(values: np.ndarray) -> dict:
-    """{"mean", "p50", "p90", "p99", "max", "n"} of `values` (nulls when empty)."""
+    """{"mean", "min", "p50", "p90", "p99", "max", "n"} of `values` (nulls when empty)."""
     v = np.asarray(values, dtype=np.float64)
     v = v[~np.isnan(v)]
     if v.size == 0:
-        return {"mean": None, "p50": None, "p90": None, "p99": None, "max": None, "n": 0}
+        return {"mean": None, "min": None, "p50": None, "p90": None, "p99": None, "max": None, "n": 0}
     p = np.percentile(v, PERCENTILES)
-    return {"mean": float(v.mean()), "p50": float(p[0]), "p90": float(p[1]), "p99": float(p[2]),
-            "max": float(v.max()), "n": int(v.size)}
+    return {"mean": float(v.mean()), "min": float(v.min()), "p50": float(p[0]), "p90": float(p[1]),
+            "p99": float(p[2]), "max": float(v.max()), "n": int(v.size)}
 
 
 def per_request(snapshot: dict, requests: Sequence[Any]) -> dict[str, np.ndarray]:
