@@ -117,6 +117,9 @@ class HardwareSpec(_Spec):
     scale_out_bandwidth_Bps: float = Field(gt=0, description="scale-out NIC bandwidth per device (bytes/s)")
     scale_out_latency_s: float = Field(5e-6, ge=0, description="latency of one scale-out message (s)")
 
+    weight_load_Bps: float = Field(
+        25e9, gt=0, description="rate at which a (re)started device loads its weights (bytes/s); default: "
+        "host memory over PCIe Gen4 x16, ~25 GB/s measured host-to-device")
     layer_latency_s: float = Field(0.0, ge=0, description="latency per layer per micro-batch pass (s)")
     pipeline_hop_latency_s: float = Field(0.0, ge=0, description="latency per pipeline hop between devices (s)")
     iteration_overhead_s: float = Field(0.0, ge=0, description="fixed cost per iteration (s)")

@@ -75,6 +75,9 @@ class PoolConfig(_Strict):
     max_reserve_queue: int = Field(default=4096, ge=1, description="decode side: KV reservations waiting "
                                    "for memory per instance before rejection (decode_queue_full)")
     memory_reserve_fraction: Optional[float] = Field(default=None, ge=0.0, lt=1.0)
+    weight_load_GBps: Optional[float] = Field(default=None, gt=0, description="rate at which a restarted "
+                                              "instance reloads its weights, GB/s per device; default: the "
+                                              "device's weight_load_Bps (catalog)")
     resources: dict[str, float] = Field(default_factory=dict, description="Ray custom resources per instance actor")
 
     @property

@@ -93,6 +93,15 @@ def check_fit(scenario: Scenario, pool: PoolConfig, cost: CostModel):
         raise ScenarioError(f"pool {pool.name!r} ({pool.device}, tp={pool.tp}, pp={pool.pp}): {exc}") from None
 
 
+def weight_load_s(scenario: Scenario, pool: PoolConfig, cost: CostModel) -> float:
+    """Seconds a (re)started instance of `pool` spends loading its weights before it
+    serves: each device's share of the weights over its load bandwidth (the pool's
+    `weight_load_GBps`, else the device's catalog `weight_load_Bps`)."""
+    plan = check_fit(scenario, pool, cost)
+    rate = pool.weight_load_GBps * 1e9 if pool.weight_load_GBps is not None else cost.device.weight_load_Bps
+    return plan.per_device_weight_bytes / rate
+
+
 def context_limit(scenario: Scenario) -> int | None:
     """The run's context limit in tokens: the scenario's `max_model_len`, else the
     model's `max_context_tokens` (None if neither is known)."""
