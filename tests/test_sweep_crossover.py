@@ -112,7 +112,7 @@ def test_cli_prints_the_crossover(tmp_path):
     doc = json.loads((out / "sweep.json").read_text())
     c = doc["summary"]["crossover"]["toy-coloc"]
     assert c["status"] == "crossover" and c["below"] == "colocated" and c["above"] == "split"
-    assert c["x"] == pytest.approx(float(m.group(1)), rel=1e-2)
+    assert c["x"] == pytest.approx(float(m.group(3)), rel=1e-2) and c["between"] == [2.0, 8.0]
     split = sorted((p for p in doc["points"] if p["role"] == "split"), key=lambda p: p["bandwidth_gbps"])
     assert [p["bandwidth_gbps"] for p in split] == [0.5, 2, 8, 32]
     assert split[0]["goodput_rps"] < split[-1]["goodput_rps"]
