@@ -1,8 +1,11 @@
 """Metrics of a run, from the collector's records and the components' stats.
 
 Definitions (pinned by tests, stated in the README):
-- TTFT = first_token - arrival (queueing included; in the split rack the first token
-  is produced by the prefill instance when the prompt's last chunk ends).
+- TTFT = first_token - arrival: the moment the client receives the first output token,
+  queueing included. Colocated: the end of the prompt's last prefill chunk. Split
+  (first_token = "decode", the default): the end of the decode engine's first step
+  after the KV has landed, so TTFT includes the KV's waits and transfer; split with
+  first_token = "prefill": the end of the prompt on the prefill instance.
 - E2E = completion - arrival. TPOT = (E2E - TTFT) / (output_tokens - 1), only for
   requests with >= 2 output tokens. ITL = every gap between consecutive output tokens
   of every completed request (the first token's wait is not an ITL sample), so the
@@ -59,6 +62,8 @@ def per_request(snapshot: dict, requests: Sequence[Any]) -> dict[str, np.ndarray
             "preemptions": snapshot["preemptions"], "ttft_s": ttft, "tpot_s": tpot, "e2e_s": e2e}
     for name, i in col.items():
         cols[f"t_{name}"] = times[:, i]
+    # when each request ended in the rack, whatever its outcome (s)
+    cols["t_end"] = np.asarray(snapshot.get("end_s", np.full(len(ids), np.nan)), dtype=np.float64)
     return cols
 
 

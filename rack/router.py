@@ -17,6 +17,7 @@ Decode targets are chosen round-robin.
 from __future__ import annotations
 
 import asyncio
+import heapq
 import itertools
 from typing import Any, Mapping, Sequence
 
@@ -78,16 +79,33 @@ class Router:
         self._recoveries: dict[str, int] = {}     # recover() calls per instance
         self.recovered = 0
 
-    async def run(self, requests: Sequence[Any]) -> dict:
+    async def run(self, requests: Sequence[Any], max_concurrency: int | None = None,
+                  think_time_s: float = 0.0) -> dict:
         """Submit `requests` (sorted by arrival) at their arrival times; returns counts.
 
         Requests sharing an arrival time form one tick: one wake-up, one batched
         `arrival` message to the collector, one load query per instance.
+
+        max_concurrency: closed loop (vLLM `bench serve --max-concurrency`, a
+            benchmark's "concurrency"): at most this many requests are in the rack at
+            once; a request is sent at its arrival time or, if all slots are taken, when
+            a slot frees, i.e. `think_time_s` after one of the requests in flight ends
+            (completed, rejected or failed). Its arrival (hence TTFT) is when it is
+            sent. None: open loop, every request at its arrival time.
+        Raises ValueError for max_concurrency < 1 or a negative or non-finite think time.
         """
-        i, n = 0, len(requests)
+        n = len(requests)
         self._requests = requests
         self._pre_of = np.full(n, -1, np.int32)
         self._dec_of = np.full(n, -1, np.int32)
+        if max_concurrency is not None:
+            if int(max_concurrency) < 1:
+                raise ValueError(f"router: max_concurrency must be >= 1, got {max_concurrency}")
+            if not (0.0 <= float(think_time_s) < float("inf")):
+                raise ValueError(f"router: think_time_s must be finite and >= 0, got {think_time_s}")
+            await self._run_closed(requests, int(max_concurrency), float(think_time_s))
+            return {"dispatched": dict(self.dispatched), "rejected": self.rejected}
+        i = 0
         while i < n:
             t = requests[i].arrival_s
             j = i
@@ -97,6 +115,21 @@ class Router:
             await self._tick(requests[i:j], i)
             i = j
         return {"dispatched": dict(self.dispatched), "rejected": self.rejected}
+
+    async def _run_closed(self, requests: Sequence[Any], slots: int, think_s: float) -> None:
+        """`run`'s closed loop: `slots` concurrent users (see `run`)."""
+        free = [0.0] * slots            # when each idle slot may send again (a heap)
+        in_flight: set[int] = set()
+        for pos, req in enumerate(requests):
+            if not free:
+                for rid, t_end in await self.collector.wait_ended(sorted(in_flight)):
+                    in_flight.discard(rid)
+                    heapq.heappush(free, t_end + think_s)
+            t = max(req.arrival_s, heapq.heappop(free))
+            if t > self.clock.now():
+                await self.clock.sleep_until(t)
+            in_flight.add(req.id)
+            await self._tick([req], pos)
 
     async def _tick(self, batch: Sequence[Any], base: int = 0) -> None:
         now = self.clock.now()

@@ -123,13 +123,17 @@ def _provenance(scenario: Scenario, trace_info: dict | None, runtime: str, loop_
 
 def run_scenario(scenario: Scenario, requests: Sequence[Any], *, runtime: str = "virtual",
                  address: str | None = None, trace_info: dict | None = None,
-                 progress: bool = False, timeout_s: float | None = None) -> RunOutput:
+                 progress: bool = False, timeout_s: float | None = None,
+                 max_concurrency: int | None = None, think_time_s: float = 0.0) -> RunOutput:
     """Replay `requests` (sorted by arrival) through `scenario` and measure it.
 
     runtime: "virtual" (in-process virtual time, deterministic) or "ray" (one actor per
         component, wall clock dilated by `scenario.dilation`; Ray starts locally unless
         `address` is given).
     timeout_s: Ray runtime only: wall-clock limit for the whole replay.
+    max_concurrency: closed loop: at most this many requests in the rack at once, the
+        next sent `think_time_s` after one ends (`rack.router.Router.run`); None: open
+        loop (every request at its arrival time).
     Raises ScenarioError for a bad scenario (before anything starts), and
     `VirtualTimeDeadlock` / `RayRunError` if the rack stalls.
     """
@@ -138,13 +142,15 @@ def run_scenario(scenario: Scenario, requests: Sequence[Any], *, runtime: str = 
     wall0 = time.perf_counter()
     if runtime == "virtual":
         from rack.runtime.virtual_run import run_topology_virtual
-        raw = run_topology_virtual(specs, requests)
+        raw = run_topology_virtual(specs, requests, max_concurrency=max_concurrency,
+                                   think_time_s=think_time_s)
         loop_type = "VirtualTimeLoop"
         dilation = None
     elif runtime == "ray":
         from rack.runtime.ray_runtime import run_topology_ray
         raw = run_topology_ray(specs, requests, dilation=scenario.dilation, address=address,
-                               progress=progress, timeout_s=timeout_s)
+                               progress=progress, timeout_s=timeout_s,
+                               max_concurrency=max_concurrency, think_time_s=think_time_s)
         loop_type = raw["loop_type"]
         dilation = scenario.dilation
     else:
@@ -176,7 +182,8 @@ def run_scenario(scenario: Scenario, requests: Sequence[Any], *, runtime: str = 
             "nodes": raw.get("nodes", {}),
             "ray": raw.get("ray"),
         },
-        "provenance": _provenance(scenario, trace_info, runtime, loop_type),
+        "provenance": {**_provenance(scenario, trace_info, runtime, loop_type),
+                       "load": {"max_concurrency": max_concurrency, "think_time_s": think_time_s}},
     })
     results.update(_energy_cost_sections(scenario, specs, raw, results, cols))
     # injected faults and what they cost (rack.faults, docs/robustness.md)

@@ -168,6 +168,11 @@ class Scenario(_Strict):
     payload_scale: float = Field(default=1e-3, gt=0, le=1.0, description="shipped bytes / logical KV bytes")
     layer_group: int = Field(default=8, ge=1, description="layers per KV frame")
     dilation: float = Field(default=20.0, gt=0, description="Ray runtime: wall seconds per emulated second")
+    # Who sends the client a split request's first token: "decode" (the decode
+    # engine's first step after the KV has landed, as vLLM's and Dynamo's disaggregated
+    # serving do; TTFT includes the KV transfer) or "prefill" (the prefill instance
+    # streams it at the end of the prompt). Colocated requests are unaffected.
+    first_token: Literal["decode", "prefill"] = "decode"
     seed: int = 0
     # Energy, cost and fixed latency stages (rack.energy, rack.breakdown document them).
     energy: EnergySettings = EnergySettings()

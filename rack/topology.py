@@ -119,7 +119,7 @@ def build_topology(scenario: Scenario, request_ids: Sequence[int]) -> list[Compo
                 "max_batch": p.max_batch, "kv_block_tokens": p.kv_block_tokens,
                 "admission_policy": p.admission_policy,
                 "memory_reserve_fraction": p.memory_reserve_fraction,
-                "max_reserve_queue": p.max_reserve_queue,
+                "max_reserve_queue": p.max_reserve_queue, "first_token": scenario.first_token,
             }, "decode", p.name, dict(p.resources)))
 
     local_names: list[str] = []
@@ -134,7 +134,7 @@ def build_topology(scenario: Scenario, request_ids: Sequence[int]) -> list[Compo
                 "max_batch": p.max_batch, "kv_block_tokens": p.kv_block_tokens,
                 "prefix_cache": p.prefix_cache, "admission_policy": p.admission_policy,
                 "memory_reserve_fraction": p.memory_reserve_fraction,
-                "max_reserve_queue": p.max_reserve_queue,
+                "max_reserve_queue": p.max_reserve_queue, "first_token": scenario.first_token,
             }, "both", p.name, dict(p.resources)))
 
     if prefillers:
@@ -166,6 +166,7 @@ def build_topology(scenario: Scenario, request_ids: Sequence[int]) -> list[Compo
                 "kv_block_tokens": p.kv_block_tokens, "prefix_cache": p.prefix_cache,
                 "payload_scale": scenario.payload_scale, "layer_group": scenario.layer_group,
                 "memory_reserve_fraction": p.memory_reserve_fraction, "kv_seed": scenario.seed,
+                "first_token": scenario.first_token,
             }, "prefill", p.name, dict(p.resources)))
 
     r = scenario.router

@@ -68,7 +68,7 @@ def test_decode_crash_resends_held_kv_and_reprefills_the_rest(stream_baseline):
     # re-prefilled; first token made but KV not yet arrived -> still at the prefill side,
     # which sends it again.
     at_decode = int(np.sum((c["t_transfer_end"] <= t) & (c["t_completion"] > t)))
-    at_prefill = int(np.sum((c["t_first_token"] <= t) & (c["t_transfer_end"] > t)))
+    at_prefill = int(np.sum((c["t_prefill_end"] <= t) & (c["t_transfer_end"] > t)))
     assert at_decode > 0 and at_prefill > 0
 
     out = run_scenario(scenario([{"kind": "decode_crash", "at_s": t, "target": "decode-0"}]), reqs,
@@ -111,8 +111,8 @@ def test_prefill_crash_moves_its_requests_to_another_instance():
     c = base.columns
     on_1 = c["id"] % 2 == 1                      # round robin over [prefill-0, prefill-1]
     queued = int(np.sum(on_1 & (c["t_prefill_start"] > t)))
-    running = int(np.sum(on_1 & (c["t_prefill_start"] <= t) & (c["t_first_token"] > t)))
-    handing_off = int(np.sum(on_1 & (c["t_first_token"] <= t) & (c["t_transfer_end"] > t)))
+    running = int(np.sum(on_1 & (c["t_prefill_start"] <= t) & (c["t_prefill_end"] > t)))
+    handing_off = int(np.sum(on_1 & (c["t_prefill_end"] <= t) & (c["t_transfer_end"] > t)))
     assert queued > 0 and running > 0 and handing_off > 0
 
     out = run_scenario(scenario([{"kind": "prefill_crash", "at_s": t, "target": "prefill-1"}],

@@ -559,8 +559,11 @@ def _clock_offsets(ray, actors: dict[str, Any], infos: dict[str, dict]) -> dict[
 def run_topology_ray(specs: Sequence[ComponentSpec], requests: Sequence[Any], *, dilation: float,
                      address: str | None = None, progress: bool = False,
                      timeout_s: float | None = None, startup_timeout_s: float = 120.0,
-                     placement_timeout_s: float = 60.0) -> dict:
+                     placement_timeout_s: float = 60.0, max_concurrency: int | None = None,
+                     think_time_s: float = 0.0) -> dict:
     """Place one actor per component, replay `requests`, and gather the records.
+
+    max_concurrency, think_time_s: closed-loop replay (`rack.router.Router.run`).
 
     Returns the same dict as `run_topology_virtual` plus "loop_type", "nodes"
     (component -> Ray node id, read inside each actor) and "ray": {"actors": {name:
@@ -621,7 +624,8 @@ def run_topology_ray(specs: Sequence[ComponentSpec], requests: Sequence[Any], *,
                               f"past time 0 set {slack:.1f} s ahead (an overloaded host?); retry")
         limit = timeout_s if timeout_s is not None else 600.0 + 4.0 * span * dilation
         deadline = time.time() + limit
-        router_ref = actors["router"].call.remote("run", (list(requests),), {})
+        router_ref = actors["router"].call.remote("run", (list(requests),), {
+            "max_concurrency": max_concurrency, "think_time_s": think_time_s})
         done_ref = actors["collector"].call.remote("wait_all", (), {})
         _wait_with_progress(ray, actors["collector"], done_ref, len(requests), deadline, progress)
         replay_wall = time.time() - epoch
