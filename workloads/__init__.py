@@ -47,7 +47,7 @@ _LAZY = {
     "make_arrivals": "synth", "make_lengths": "synth",
     "shared_prefix_requests": "prefix", "PrefixHasher": "prefix",
     "LoadControls": "load", "apply_load": "load", "retime": "load",
-    "random_dataset": "load", "closed_loop": "load",
+    "random_dataset": "load", "closed_loop": "load", "LoadPlan": "load",
     "WorkloadSpec": "workload_spec", "load_workload": "workload_spec",
     "WorkloadSpecError": "workload_spec", "workload_names": "workload_spec",
     "generate_workload": "mixture", "realised_windows": "mixture",
@@ -59,7 +59,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from .lengths import (EmpiricalLengths, FixedLengths, FixedTokens, IndependentLengths,
                           LogNormalLengths, LogNormalTokens, PmfTokens, UniformLengths,
                           UniformTokens, random_dataset_lengths)
-    from .load import LoadControls, apply_load, closed_loop, random_dataset, retime
+    from .load import LoadControls, LoadPlan, apply_load, closed_loop, random_dataset, retime
     from .mixture import generate_workload, realised_windows
     from .prefix import PrefixHasher, shared_prefix_requests
     from .synth import ClosedLoop, ClosedLoopSource, make_arrivals, make_lengths, synthesize

@@ -15,7 +15,7 @@ closed loop (`closed_loop`), which the runtime executes.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Sequence
 
 from .request import Request
@@ -168,3 +168,113 @@ def random_dataset(controls: LoadControls, *, input_len: int = RANDOM_INPUT_LEN,
         out.append(Request(r.id, r.arrival_s, p, r.output_tokens,
                            hasher.hashes(p, prefix_len, "prefix", r.id), block_size))
     return out
+
+
+@dataclass(frozen=True)
+class LoadPlan:
+    """Where a run's requests come from and how they are loaded: a recipe, small and
+    picklable, that rebuilds the same requests anywhere (a sweep's worker process).
+
+    source: ``"trace"`` (`name`: trace NAME or PATH, read with `format`, `mapping`,
+      `skip_bad_rows`), ``"random"`` (vLLM's random dataset: `input_len`,
+      `output_len`, `range_ratio`, `prefix_len`) or ``"workload"`` (`name`: a workload
+      file or shipped name; `workload_seed` None keeps the file's seed).
+    window, rate_scale, max_requests, output_scale: the replay controls
+      (`workloads.replay`), applied first; then `controls` (`apply_load`).
+    """
+
+    source: str = "trace"
+    name: str | None = None
+    format: str | None = None
+    mapping: tuple = ()
+    skip_bad_rows: bool = False
+    window: tuple | None = None
+    rate_scale: float = 1.0
+    max_requests: int | None = None
+    output_scale: float = 1.0
+    input_len: int = RANDOM_INPUT_LEN
+    output_len: int = RANDOM_OUTPUT_LEN
+    range_ratio: float = 0.0
+    prefix_len: int = 0
+    workload_seed: int | None = None
+    controls: LoadControls = LoadControls()
+
+    def __post_init__(self) -> None:
+        if self.source not in ("trace", "random", "workload"):
+            raise ValueError(f"load source must be trace, random or workload, got {self.source!r}")
+        if self.source != "random" and not self.name:
+            raise ValueError(f"a {self.source} source needs a name or path")
+
+    def _replay(self) -> dict:
+        return {"window": self.window, "rate_scale": self.rate_scale,
+                "max_requests": self.max_requests, "output_scale": self.output_scale}
+
+    def requests(self):
+        """The requests (a `workloads.RequestList`, arrival order). Raises TraceError,
+        WorkloadSpecError or ValueError for bad input, and ValueError when no request
+        is left."""
+        from .replay import RequestList, load_requests, replay
+
+        c = self.controls
+        if self.source == "trace":
+            base = load_requests(self.name, format=self.format, mapping=dict(self.mapping) or None,
+                                 skip_bad_rows=self.skip_bad_rows, seed=c.seed, **self._replay())
+        else:
+            if self.source == "random":
+                made = RequestList(random_dataset(c, input_len=self.input_len,
+                                                  output_len=self.output_len,
+                                                  range_ratio=self.range_ratio,
+                                                  prefix_len=self.prefix_len),
+                                   name="random", format="random")
+            else:
+                from .mixture import generate_workload
+                from .workload_spec import load_workload, resolve_workload
+
+                made = generate_workload(load_workload(self.name), seed=self.workload_seed,
+                                         duration_s=c.duration_s,
+                                         source=str(resolve_workload(self.name)))
+            base = RequestList(replay(made, **self._replay(), seed=c.seed), name=made.name,
+                               path=made.path, format=made.format, controls=made.controls)
+        out = RequestList(apply_load(base, c), name=base.name, path=base.path,
+                          format=base.format, controls={**base.controls, **self.describe()},
+                          rows_read=base.rows_read, skipped_by_reason=base.skipped_by_reason,
+                          skipped_examples=base.skipped_examples,
+                          failed_requests=base.failed_requests, complete=base.complete)
+        if not out:
+            raise ValueError(f"no requests left from {self.label()} after the load controls "
+                             f"{c.describe()}")
+        return out
+
+    def closed_loop(self, requests):
+        """The `ClosedLoop` over `requests` when max concurrency is set, else None (a
+        fixed think time: the router sends a freed slot's next request exactly
+        think_time_s after the completion)."""
+        loop = closed_loop(requests, self.controls)
+        return None if loop is None else replace(loop, think_time="fixed")
+
+    def run_kwargs(self) -> dict:
+        """Keyword arguments for `rack.runner.run_scenario` (closed loop or none)."""
+        c = self.controls
+        if c.max_concurrency is None:
+            return {}
+        return {"max_concurrency": c.max_concurrency, "think_time_s": c.think_time_s}
+
+    def label(self) -> str:
+        """A short human name: the trace or workload, or the random dataset's lengths."""
+        if self.source == "random":
+            return (f"random dataset ({self.input_len} in / {self.output_len} out tokens"
+                    + (f", range ratio {self.range_ratio:g}" if self.range_ratio else "")
+                    + (f", {self.prefix_len}-token shared prefix" if self.prefix_len else "") + ")")
+        return f"{'workload ' if self.source == 'workload' else ''}{self.name}"
+
+    def describe(self) -> dict:
+        """JSON-ready recipe (for a run's provenance)."""
+        d = {"source": self.source, "name": self.name, "load": self.controls.describe()}
+        if self.source == "random":
+            d.update(input_len=self.input_len, output_len=self.output_len,
+                     range_ratio=self.range_ratio, prefix_len=self.prefix_len)
+        if self.source == "workload":
+            d["workload_seed"] = self.workload_seed
+        if self.format or self.mapping:
+            d.update(format=self.format, mapping=dict(self.mapping))
+        return d
