@@ -285,10 +285,14 @@ def resolve_workload(path_or_name: str | Path) -> Path:
                             f"workload name (known: {', '.join(workload_names()) or 'none'})")
 
 
+_TAGS = ("fixed", "uniform", "lognormal", "pmf")
+_UNION_FIELDS = ("input_tokens", "output_tokens", "reasoning_share")
+
+
 def _loc(loc: tuple) -> str:
     out = ""
-    for x in loc:
-        if isinstance(x, str) and x in ("fixed", "uniform", "lognormal", "pmf") and out:
+    for i, x in enumerate(loc):
+        if x in _TAGS and i and loc[i - 1] in _UNION_FIELDS:
             continue  # the union's tag: the `dist` value already says which one
         out += f"[{x}]" if isinstance(x, int) else (f".{x}" if out else str(x))
     return out
@@ -299,7 +303,7 @@ def _known_fields(loc: tuple) -> list[str]:
     for part in loc[:-1]:
         if isinstance(part, int):
             continue
-        if part in ("fixed", "uniform", "lognormal", "pmf"):
+        if part in _TAGS:
             return []
         field = getattr(model, "model_fields", {}).get(part)
         if field is None:
