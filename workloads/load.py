@@ -61,7 +61,7 @@ class LoadControls:
         if not (math.isfinite(self.think_time_s) and self.think_time_s >= 0):
             raise ValueError(f"think time must be a finite number of seconds >= 0, got {self.think_time_s}")
         if self.think_time_s and self.max_concurrency is None:
-            raise ValueError("a think time applies to a closed loop; give max concurrency")
+            raise ValueError("think time applies to a closed loop; give max concurrency")
 
     def arrival_process(self):
         """The arrival process of `request_rate` and `burstiness`, or None (not set, or
