@@ -97,6 +97,18 @@ class LogNormalTokens:
         return np.clip(np.rint(x), 1, self.max).astype(np.int64)
 
 
+def normalised_probs(probs: Any) -> np.ndarray:
+    """Probabilities of a PMF read from a file: finite, >= 0, summing to 1 within 1e-3
+    (files round them), returned renormalised. Raises ValueError otherwise."""
+    p = np.asarray(probs, dtype=np.float64)
+    if not np.all(np.isfinite(p)) or p.size == 0 or p.min() < 0:
+        raise ValueError("every PMF probability must be a finite number >= 0")
+    total = float(p.sum())
+    if abs(total - 1.0) > 1e-3:
+        raise ValueError(f"PMF probabilities must sum to 1, got {total:.6g}")
+    return p / total
+
+
 @dataclass(frozen=True, eq=False)
 class PmfTokens:
     """An empirical probability mass function: `values[i]` tokens with probability
@@ -113,14 +125,10 @@ class PmfTokens:
             raise ValueError("a PMF needs as many probabilities as values, at least one")
         if v.min() < 1:
             raise ValueError(f"every PMF value must be a token count >= 1, got {int(v.min())}")
-        if not np.all(np.isfinite(p)) or p.min() < 0:
-            raise ValueError("every PMF probability must be a finite number >= 0")
-        total = float(p.sum())
-        if abs(total - 1.0) > 1e-3:
-            raise ValueError(f"PMF probabilities must sum to 1, got {total:.6g}")
+        p = normalised_probs(p)
         object.__setattr__(self, "values", v)
-        object.__setattr__(self, "probs", p / total)
-        object.__setattr__(self, "_cdf", np.cumsum(p / total))
+        object.__setattr__(self, "probs", p)
+        object.__setattr__(self, "_cdf", np.cumsum(p))
 
     @classmethod
     def from_mapping(cls, pmf: Mapping[Any, float]) -> "PmfTokens":

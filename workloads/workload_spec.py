@@ -43,17 +43,21 @@ class FixedDist(_Model):
     tokens: int = Field(ge=1)
 
 
-class UniformDist(_Model):
-    """Uniform on the integers [min, max]."""
-    dist: Literal["uniform"]
-    min: int = Field(ge=1)
-    max: int = Field(ge=1)
+class _Range(_Model):
+    """A model with `min` and `max` fields: max must not be below min."""
 
     @model_validator(mode="after")
     def _order(self):
         if self.max < self.min:
             raise ValueError(f"max ({self.max}) must be >= min ({self.min})")
         return self
+
+
+class UniformDist(_Range):
+    """Uniform on the integers [min, max]."""
+    dist: Literal["uniform"]
+    min: int = Field(ge=1)
+    max: int = Field(ge=1)
 
 
 class LogNormalDist(_Model):
@@ -64,17 +68,37 @@ class LogNormalDist(_Model):
     max: Optional[int] = Field(default=None, ge=1)
 
 
-class PmfDist(_Model):
-    """An empirical PMF {tokens: probability} (TOML keys are strings: "512" = 0.25)."""
+class _Pmf(_Model):
+    """{value: probability}; TOML keys are strings ("512" = 0.25). Subclasses say
+    which keys are valid (`_value`)."""
     dist: Literal["pmf"]
     pmf: dict[str, float] = Field(min_length=1)
+
+    @staticmethod
+    def _value(key: str) -> None:  # pragma: no cover
+        raise NotImplementedError
 
     @field_validator("pmf")
     @classmethod
     def _check(cls, v: dict[str, float]) -> dict[str, float]:
-        from .lengths import PmfTokens
-        PmfTokens.from_mapping(v)  # raises ValueError with what is wrong
+        from .lengths import normalised_probs
+        for key in v:
+            cls._value(key)
+        normalised_probs(list(v.values()))
         return v
+
+
+class PmfDist(_Pmf):
+    """An empirical PMF {tokens: probability}."""
+
+    @staticmethod
+    def _value(key: str) -> None:
+        try:
+            ok = int(key) >= 1
+        except ValueError:
+            ok = False
+        if not ok:
+            raise ValueError(f"key {key!r} is not a token count >= 1")
 
 
 TokenDist = Annotated[Union[FixedDist, UniformDist, LogNormalDist, PmfDist], Field(discriminator="dist")]
@@ -98,39 +122,23 @@ class ShareFixed(_Model):
     value: float = Field(ge=0, le=1)
 
 
-class ShareUniform(_Model):
+class ShareUniform(_Range):
     dist: Literal["uniform"]
     min: float = Field(ge=0, le=1)
     max: float = Field(ge=0, le=1)
 
-    @model_validator(mode="after")
-    def _order(self):
-        if self.max < self.min:
-            raise ValueError(f"max ({self.max}) must be >= min ({self.min})")
-        return self
 
-
-class SharePmf(_Model):
+class SharePmf(_Pmf):
     """{share: probability}, shares in [0, 1] (ServeGen's reason_ratio)."""
-    dist: Literal["pmf"]
-    pmf: dict[str, float] = Field(min_length=1)
 
-    @field_validator("pmf")
-    @classmethod
-    def _check(cls, v: dict[str, float]) -> dict[str, float]:
-        for k, p in v.items():
-            try:
-                x = float(k)
-            except ValueError:
-                raise ValueError(f"key {k!r} is not a share between 0 and 1") from None
-            if not 0 <= x <= 1:
-                raise ValueError(f"key {k!r} is not a share between 0 and 1")
-            if not (math.isfinite(p) and p >= 0):
-                raise ValueError(f"probability of {k!r} must be >= 0, got {p}")
-        total = sum(v.values())
-        if abs(total - 1) > 1e-3:
-            raise ValueError(f"probabilities must sum to 1, got {total:.6g}")
-        return v
+    @staticmethod
+    def _value(key: str) -> None:
+        try:
+            ok = 0 <= float(key) <= 1
+        except ValueError:
+            ok = False
+        if not ok:
+            raise ValueError(f"key {key!r} is not a share between 0 and 1")
 
 
 ShareDist = Annotated[Union[ShareFixed, ShareUniform, SharePmf], Field(discriminator="dist")]
