@@ -48,6 +48,7 @@ class Collector:
         self._end_waiters: list[tuple[set[int], asyncio.Future]] = []
         self.faults: dict[int, dict] = {}        # fault injector records, by fault index
         self.recoveries: list[dict] = []         # router: requests re-dispatched per recovery
+        self.truncated: dict[int, int] = {}      # router: output tokens served, if truncated
         self._all_done = asyncio.Event()
         if n == 0:
             self._all_done.set()
@@ -153,6 +154,13 @@ class Collector:
         it is returned under "faults" by `snapshot` (see rack.faults)."""
         self.faults[int(index)] = dict(record)
 
+    async def note_truncated(self, items: Iterable[tuple[int, int]]) -> None:
+        """Record (request id, output tokens served) of requests whose output the router
+        truncated to the context limit (`rack.admission`); in the snapshot under
+        "output_tokens_served"."""
+        for rid, n in items:
+            self.truncated[int(rid)] = int(n)
+
     async def note_recovery(self, record: dict) -> None:
         """Keep the router's record of one recovery ({"instance", "t", "ids"}: requests
         re-dispatched); returned under "recoveries" by `snapshot`."""
@@ -170,6 +178,7 @@ class Collector:
             "itl_lengths": lengths, "itl_flat": flat, "violations": list(self.violations),
             "unknown_events": dict(self.unknown_events),
             "faults": [self.faults[i] for i in sorted(self.faults)], "end_s": self.end_s,
+            "output_tokens_served": dict(self.truncated),
             "recoveries": list(self.recoveries),
         }
 

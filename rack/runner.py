@@ -86,6 +86,34 @@ def _kv_section(stats: dict) -> dict:
     }
 
 
+def _prefix_cache_section(stats: dict, requests: Sequence[Any]) -> dict | None:
+    """The prefix caches' counters summed over instances, beside the ideal hit ratio of
+    the run's requests (`workloads.ideal_prefix_hits`: an unbounded cache shared by
+    every instance, full blocks only). None when no instance has a prefix cache or no
+    request carries block hashes."""
+    caches = [s["prefix_cache"] for s in stats.values() if s.get("prefix_cache")]
+    if not caches or not any(r.block_hashes for r in requests):
+        return None
+    from workloads import ideal_prefix_hits
+
+    tot = {k: int(sum(c.get(k, 0) for c in caches)) for k in
+           ("lookups", "hit_blocks", "miss_blocks", "hit_tokens", "miss_tokens", "evicted_blocks")}
+    looked = tot["hit_blocks"] + tot["miss_blocks"]
+    ideal_hit, ideal_looked = ideal_prefix_hits(requests)
+    return {**tot, "hit_ratio": tot["hit_blocks"] / looked if looked else 0.0,
+            "ideal_hit_ratio": ideal_hit / ideal_looked if ideal_looked else 0.0}
+
+
+def _trace_counts(trace_info: dict | None) -> dict:
+    """Rows of the source that never became requests: bad rows skipped
+    (`--skip-bad-rows`) and requests that failed at the source (BurstGPT rows with 0
+    response tokens). They are not submitted, so they are reported beside the counts."""
+    reader = (trace_info or {}).get("reader") or {}
+    return {"skipped_rows": int(reader.get("skipped_rows", 0) or 0),
+            "skipped_by_reason": dict(reader.get("skipped_by_reason", {}) or {}),
+            "source_failed": int(reader.get("failed_requests", 0) or 0)}
+
+
 def _energy_cost_sections(scenario: Scenario, specs: Sequence[ComponentSpec], raw: dict,
                           results: dict, cols: dict) -> dict:
     """`energy`, `cost` and `breakdown` sections (rack.energy, rack.breakdown). Energy is
@@ -162,6 +190,8 @@ def run_scenario(scenario: Scenario, requests: Sequence[Any], *, runtime: str = 
     snapshot = apply_fixed_stages(raw["snapshot"], scenario.fixed_stages)
     results, cols = metrics.compute(snapshot, requests, scenario.slo.ttft_ms / 1e3,
                                     scenario.slo.tpot_ms / 1e3)
+    results["requests"].update(_trace_counts(trace_info))
+    results["prefix_cache"] = _prefix_cache_section(raw["stats"], requests)
     memory, util = _pool_sections(scenario, specs, raw["stats"])
     lateness_all = np.concatenate([np.asarray(v, dtype=np.float64) for v in raw["lateness"].values()]) \
         if raw["lateness"] else np.zeros(0)
