@@ -27,9 +27,15 @@ class Request:
         in order (the last block may be partial), or None when the source has none.
         Two requests whose first k hashes agree share their first k blocks.
       block_size: tokens per hash block (Mooncake traces: 512).
-      tenant, slo_class: optional labels (e.g. BurstGPT's model and log type).
+      tenant, slo_class: optional labels (e.g. BurstGPT's model and log type; a
+        workload file's client name).
+      reasoning_tokens: how many of the output tokens are reasoning (thinking)
+        tokens, 0 <= reasoning_tokens <= output_tokens (0 when the source does not
+        say). They are decoded like any output token; the count lets results report
+        the reasoning share (ServeGen's reason_ratio).
 
-    Raises ValueError if a length is < 1 or > MAX_TOKENS, or block_size < 1.
+    Raises ValueError if a length is < 1 or > MAX_TOKENS, block_size < 1 or
+    reasoning_tokens is outside [0, output_tokens].
     """
 
     id: int
@@ -40,6 +46,7 @@ class Request:
     block_size: int = 512
     tenant: str | None = None
     slo_class: str | None = None
+    reasoning_tokens: int = 0
 
     def __post_init__(self) -> None:
         # A few comparisons: cheap enough for 10^7 rows, and they stop a zero-length
@@ -52,3 +59,6 @@ class Request:
                 f"({self.output_tokens}) must be in [1, {MAX_TOKENS:,}], block_size "
                 f"({self.block_size}) >= 1"
             )
+        if self.reasoning_tokens and not 0 <= self.reasoning_tokens <= self.output_tokens:
+            raise ValueError(f"Request {self.id}: reasoning_tokens ({self.reasoning_tokens}) must be "
+                             f"between 0 and output_tokens ({self.output_tokens})")
