@@ -61,8 +61,9 @@ def test_a_failing_background_task_names_its_cause(small, decode_raises):
     assert isinstance(err.cause, ValueError) and "unexpected shape" in str(err.cause)
     res, cols = e.value.output.results, e.value.output.columns
     row = list(cols["id"]).index(BAD_ID)
-    # it raised when the request's KV reached the decode side: after its first token
-    assert math.isfinite(err.t_s) and err.t_s >= cols["t_first_token"][row]
+    # it raised when the request's KV reached the decode side: after its prefill, when
+    # its transfer had started
+    assert math.isfinite(err.t_s) and err.t_s >= cols["t_transfer_start"][row] >= cols["t_prefill_end"][row]
     assert str(e.value) == (f"component 'decode-0' raised at t={err.t_s:.6f} s (request {BAD_ID}): "
                             "ValueError: injected: KV of an unexpected shape")
     assert res["status"] == "aborted"
@@ -107,7 +108,7 @@ def test_a_true_deadlock_says_what_waits_on_what(small, monkeypatch):
     err = e.value.cause
     assert isinstance(err, VirtualTimeDeadlock)
     msg = str(err)
-    assert f"1 request(s) never ended, e.g. {BAD_ID} (after first_token)" in msg, msg
+    assert f"1 request(s) never ended, e.g. {BAD_ID} (after prefill_end)" in msg, msg
     assert f"PrefillEngine._handoff (request {BAD_ID}) waits in decode-0 " in msg, msg
     res = e.value.output.results
     assert res["status"] == "aborted" and res["requests"]["completed"] == 11 and res["requests"]["open"] == 1
