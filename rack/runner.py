@@ -186,13 +186,19 @@ def run_scenario(scenario: Scenario, requests: Sequence[Any], *, runtime: str = 
         next sent `think_time_s` after one ends (`rack.router.Router.run`); None: open
         loop (every request at its arrival time).
     Returns a RunOutput whose `results["status"]` is "complete".
-    Raises ScenarioError for a bad scenario and TimeSpanError for arrivals beyond
-    `workloads.clock.MAX_EMULATED_S` (both before anything starts); RunAborted (with
-    the results measured until then, status "aborted") when a component raises or the
-    virtual rack stalls; RayRunError for a Ray run that could not start or timed out.
+    Raises ValueError for a bad argument, ScenarioError for a bad scenario and
+    TimeSpanError for arrivals beyond `workloads.clock.MAX_EMULATED_S` (all before
+    anything starts); RunAborted (with the results measured until then, status
+    "aborted") when a component raises or the virtual rack stalls; RayRunError for a
+    Ray run that could not start or timed out.
     """
     if runtime not in ("virtual", "ray"):
         raise ValueError(f"runtime: expected 'virtual' or 'ray', got {runtime!r}")
+    # checked here, before anything starts (a component refusing them would abort the run)
+    if max_concurrency is not None and not (isinstance(max_concurrency, int) and max_concurrency >= 1):
+        raise ValueError(f"max_concurrency: expected an integer >= 1 (or None: open loop), got {max_concurrency!r}")
+    if not (math.isfinite(think_time_s) and think_time_s >= 0):
+        raise ValueError(f"think_time_s: expected a finite number of seconds >= 0, got {think_time_s!r}")
     requests = sorted(requests, key=lambda r: (r.arrival_s, r.id))
     if requests:
         check_time_span(requests[-1].arrival_s)
