@@ -30,13 +30,16 @@ protocol and its limits.
 
 from __future__ import annotations
 
-import asyncio
-import os
+import dataclasses
+import heapq
+import math
 import re
 from typing import Any, Literal, Optional, Sequence
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from workloads.core import BROADCAST, Core
 
 FAULT_KINDS = ("decode_crash", "prefill_crash", "link_degrade", "link_flap", "frame_corrupt")
 CRASH_KINDS = ("decode_crash", "prefill_crash")
@@ -164,20 +167,19 @@ def resolve_target(scenario, fault: FaultConfig) -> str:
 
 
 def apply_faults(scenario, specs: list) -> list:
-    """The topology with the scenario's faults wired in: crash targets wrapped in
-    `Restartable`, and a `FaultInjector` component (kind "faults") after the router.
+    """The topology with the scenario's faults wired in: crash targets marked
+    restartable (`ComponentSpec.weight_load_s`: a driver rebuilds them, reloading their
+    weights for that long) and a `FaultInjector` core (kind "faults") after the router.
     Returns `specs` unchanged when there is no fault."""
     if not scenario.faults:
         return specs
-    from rack.topology import ComponentSpec, Ref
+    from rack.topology import ComponentSpec, weight_load_s
 
     faults = []
     for i, f in enumerate(scenario.faults):
         d = f.model_dump()
         d.update(index=i, instance=resolve_target(scenario, f))
         faults.append(d)
-    from rack.topology import weight_load_s
-
     crashed = {d["instance"] for d in faults if d["kind"] in CRASH_KINDS}
     load_s = {s.name: weight_load_s(scenario, scenario.pool(s.pool), s.kwargs["cost"])
               for s in specs if s.name in crashed}
@@ -186,188 +188,145 @@ def apply_faults(scenario, specs: list) -> list:
     out = []
     for s in specs:
         if s.name in crashed:
-            # the component's own kwargs stay as they are (others read e.g. kwargs["cost"])
-            s = ComponentSpec(s.name, "rack.faults:Restartable",
-                              {**s.kwargs, "restart_factory": s.factory, "weight_load_s": load_s[s.name]},
-                              s.kind, s.pool, dict(s.resources))
+            s = dataclasses.replace(s, weight_load_s=load_s[s.name])
         out.append(s)
     names = {s.name for s in out}
     out.append(ComponentSpec("faults", "rack.faults:FaultInjector", {
-        "faults": faults, "collector": Ref("collector"), "router": Ref("router"),
-        "interconnect": Ref("interconnect") if "interconnect" in names else None,
-        "targets": {n: Ref(n) for n in sorted(crashed)},
+        "faults": faults, "collector": "collector", "router": "router",
+        "interconnect": "interconnect" if "interconnect" in names else None,
     }, "faults"))
     return out
 
 
-# ----------------------------------------------------------------------------- components
+# ----------------------------------------------------------------------------- the injector core
 
-class Restartable:
-    """A component that the fault injector can crash on the virtual runtime.
+#: Back-off of a ping to an instance that is still restarting (emulated s): from 1 ms,
+#: doubling, capped at 0.5 s (on Ray a message to a restarting actor fails until it is up).
+PING_BACKOFF_S = (1e-3, 0.5)
 
-    Keyword args: clock; restart_factory ("module:Class" of the component);
-    weight_load_s: seconds a restarted instance spends reloading its weights before it
-    serves (`rack.topology.weight_load_s`); the rest are the component's own keyword
-    arguments (peers already resolved), as `rack.runtime.placement.construct` would pass
-    them (with `loading_until_s` when Ray rebuilds a restarted actor). Attribute access
-    goes to the current component (`inner`). `crash(at_s)` stops it (`halt()`, if it
-    has one) and builds a fresh one from the same arguments that serves from
-    at_s + weight_load_s: an empty instance, as a restarted process. (On Ray the host
-    kills the actor instead and rebuilds this wrapper after the restart.)
+
+class FaultInjector(Core):
+    """Applies the scenario's faults at their emulated times and reports each one to
+    the collector (`note_fault`), which returns the records in its snapshot.
+
+    A crash: the injector pings the instance (`ping`, answered by the driver with its
+    incarnation and its work counters so far: energy and utilisation still count the
+    work a crash wipes out), sends it `crash(at_s)` (the driver replaces it with a fresh
+    core that reloads its weights until at_s + weight_load_s; on Ray the actor is
+    killed and restarted), tells every core `peer_lost` (exchanges in flight with the
+    instance are void), pings it until it answers as a new incarnation (on Ray a
+    message fails while the actor restarts: `send_failed`, tried again after a
+    back-off), then asks the router to `recover` it. Link faults go to the
+    interconnect (`degrade`, `flap`, `corrupt`).
+
+    Keyword args: faults: FaultConfig dicts plus "index", "instance" (the resolved
+    target) and "weight_load_s", as `apply_faults` builds them; collector, router,
+    interconnect: core names (interconnect None without links); name ("faults").
     """
 
-    def __init__(self, *, clock: Any, restart_factory: str, weight_load_s: float = 0.0,
-                 **kwargs: Any) -> None:
-        self._clock = clock
-        self._factory = restart_factory
-        self.weight_load_s = float(weight_load_s)
-        self._kwargs = kwargs
-        self.restarts = 0
-        self.inner = self._build()
-
-    def _build(self, loading_until_s: float | None = None) -> Any:
-        from rack.runtime.placement import load_factory
-
-        kwargs = self._kwargs if loading_until_s is None else {**self._kwargs, "loading_until_s": loading_until_s}
-        return load_factory(self._factory)(clock=self._clock, **kwargs)
-
-    def __getattr__(self, name: str) -> Any:
-        if name == "inner":
-            raise AttributeError(name)
-        return getattr(self.inner, name)
-
-    async def crash(self, at_s: float | None = None) -> dict:
-        """Die at emulated time `at_s` (default now) and restart empty, serving again
-        from at_s + weight_load_s; returns {"restarts": n, "serving_from_s": t}."""
-        t = self._clock.now() if at_s is None else float(at_s)
-        halt = getattr(self.inner, "halt", None)
-        if halt is not None:
-            halt()
-        self.inner = self._build(t + self.weight_load_s)
-        self.restarts += 1
-        return {"restarts": self.restarts, "serving_from_s": t + self.weight_load_s}
-
-    async def alive(self) -> dict:
-        """Who answers: {"pid", "incarnation"} (a restart changes one of them)."""
-        return {"pid": os.getpid(), "incarnation": self.restarts}
-
-    async def stats(self) -> dict:
-        out = await self.inner.stats()
-        out["restarts"] = self.restarts
-        return out
-
-
-async def retry_on_peer_lost(clock: Any, call, attempts: int = 12):
-    """`await call()`, retried after PeerLost (a peer still restarting: on Ray a call to
-    it fails for as long as its actor is down) with an exponential back-off from 1 ms of
-    emulated time, capped at 0.5 s. Re-raises the last PeerLost."""
-    from interconnect.component import PeerLost
-
-    for k in range(attempts):
-        try:
-            return await call()
-        except PeerLost:
-            if k == attempts - 1:
-                raise
-            await clock.sleep_until(clock.now() + min(0.5, 1e-3 * 2 ** k))
-
-
-class FaultInjector:
-    """Applies the scenario's faults at their emulated times (one task per fault,
-    started at construction, so neither runtime needs to know about it) and reports
-    each one to the collector (`note_fault`), which returns the records in its snapshot.
-
-    Keyword args: clock; collector; router (`recover`); interconnect (`degrade`, `flap`,
-    `corrupt`; None without links); targets: crash targets by instance name (handles
-    with `crash`, `alive`); faults: FaultConfig dicts plus "index" and "instance" (the
-    resolved target), as `apply_faults` builds them.
-    """
-
-    def __init__(self, *, clock: Any, collector: Any, router: Any, faults: Sequence[dict],
-                 interconnect: Any = None, targets: dict | None = None) -> None:
-        self.clock = clock
+    def __init__(self, *, faults: Sequence[dict], collector: str, router: str,
+                 interconnect: str | None = None, name: str = "faults") -> None:
+        super().__init__(name)
         self.collector = collector
         self.router = router
         self.interconnect = interconnect
-        self.targets = dict(targets or {})
         self.faults = [dict(f) for f in faults]
-        self.errors: list[BaseException] = []
-        self._tasks = [asyncio.ensure_future(self._one(f)) for f in self.faults]
-        for t in self._tasks:
-            t.add_done_callback(self._note_error)
+        self.records: dict[int, dict] = {}
+        self._due: list[tuple[float, int, int, str]] = []      # (t, seq, fault index, step)
+        self._seq = 0
+        self._backoff: dict[int, float] = {}
+        for f in self.faults:
+            i = f["index"]
+            rec = {k: f.get(k) for k in ("kind", "target", "at_s", "duration_s", "factor", "count", "seed",
+                                         "weight_load_s")}
+            rec.update(index=i, instance=f["instance"], applied=False, applied_at_s=None, recovered=False,
+                       recovered_at_s=None)
+            self.records[i] = rec
+            self.send(collector, "note_fault", i, dict(rec))
+            self._at(f["at_s"], i, "start")
 
-    def _note_error(self, task: asyncio.Future) -> None:
-        if not task.cancelled() and task.exception() is not None:
-            self.errors.append(task.exception())
+    def _at(self, t: float, index: int, step: str) -> None:
+        heapq.heappush(self._due, (t, self._seq, index, step))
+        self._seq += 1
+        self.wake_at = self._due[0][0]
 
-    async def stats(self) -> dict:
-        """{"errors": [str]} of fault tasks that failed (a fault that could not be applied)."""
-        return {"errors": [repr(e) for e in self.errors]}
+    def _note(self, index: int) -> None:
+        self.send(self.collector, "note_fault", index, dict(self.records[index]))
 
-    async def _one(self, f: dict) -> None:
-        i, kind, target = f["index"], f["kind"], f["instance"]
-        rec = {k: f.get(k) for k in ("kind", "target", "at_s", "duration_s", "factor", "count", "seed",
-                                     "weight_load_s")}
-        rec.update(index=i, instance=target, applied=False, applied_at_s=None, recovered=False,
-                   recovered_at_s=None)
-        await self.collector.note_fault(i, rec)
-        await self.clock.sleep_until(f["at_s"])
-        t = self.clock.now()
-        try:
-            if kind in CRASH_KINDS:
-                await self._crash(rec, target)
+    def on_wake(self, now: float) -> None:
+        while self._due and self._due[0][0] <= now:
+            _, _, i, step = heapq.heappop(self._due)
+            f, rec = self.faults[i], self.records[i]
+            kind, target = f["kind"], f["instance"]
+            if step == "ping":                          # a restarting instance: ask again
+                self.send(target, "ping", self.name, (i, "after"))
+            elif step == "restored":                    # a link fault's interval ended
+                rec.update(recovered=True, recovered_at_s=now)
+                self._note(i)
+            elif kind in CRASH_KINDS:
+                self.send(target, "ping", self.name, (i, "before"))
             elif kind in ("link_degrade", "link_flap"):
                 end = f["at_s"] + f["duration_s"]
                 if kind == "link_degrade":
-                    await self.interconnect.degrade(target, f["factor"], t, end)
+                    self.send(self.interconnect, "degrade", target, f["factor"], now, end)
                 else:
-                    await self.interconnect.flap(target, t, end)
-                rec.update(applied=True, applied_at_s=t)
-                await self.collector.note_fault(i, rec)
-                await self.clock.sleep_until(end)       # the link model restores it at `end`
-                rec.update(recovered=True, recovered_at_s=self.clock.now())
+                    self.send(self.interconnect, "flap", target, now, end)
+                rec.update(applied=True, applied_at_s=now)
+                self._note(i)
+                self._at(end, i, "restored")            # the link model restores it at `end`
             else:  # frame_corrupt: the interconnect counts the catches and the intact re-sends
-                end = f["at_s"] + f["duration_s"] if f["duration_s"] is not None else float("inf")
-                await self.interconnect.corrupt(f["count"], seed=f["seed"], start=t, end=end,
-                                                link=None if target == "*" else target, tag=i)
-                rec.update(applied=True, applied_at_s=t)
-        except Exception as exc:          # reported, never silently lost
-            rec["error"] = repr(exc)
-            raise
-        finally:
-            await self.collector.note_fault(i, rec)
+                end = f["at_s"] + f["duration_s"] if f["duration_s"] is not None else math.inf
+                self.send(self.interconnect, "corrupt", f["count"], f["seed"], now, end,
+                          None if target == "*" else target, i)
+                rec.update(applied=True, applied_at_s=now)
+                self._note(i)
+        self.wake_at = self._due[0][0] if self._due else math.inf
 
-    async def _crash(self, rec: dict, name: str) -> None:
-        from interconnect.component import PeerLost
-
-        handle = self.targets[name]
-        before = await handle.alive()
-        # The work the instance did until now dies with it (a restart starts its
-        # counters at 0): keep it, so energy and utilisation still count it.
-        try:
-            st = await handle.stats()
-            rec["work_before_crash"] = {k: float(st.get(k, 0.0)) for k in WORK_KEYS}
-        except Exception as exc:         # e.g. PeerLost: already down; the record says so
-            rec["work_before_crash"] = None
-            rec["work_before_crash_error"] = repr(exc)
-        t = self.clock.now()
-        try:
-            await handle.crash(at_s=t)
-        except PeerLost:
-            pass            # Ray: the call dies with the actor
-        # a restarted instance reloads its weights before it serves again (both runtimes;
-        # on Ray the restart's own wall time is not added: it serves from this time on)
-        rec.update(applied=True, applied_at_s=t, weight_load_s=rec.get("weight_load_s"),
-                   serving_from_s=t + (rec.get("weight_load_s") or 0.0))
-        await self.collector.note_fault(rec["index"], rec)
-        after = await retry_on_peer_lost(self.clock, handle.alive)
-        rec["restarted"] = after != before
-        rec["incarnations"] = [before, after]
-        rec["back_at_s"] = self.clock.now()
+    def pong(self, now: float, tag: tuple, info: dict) -> None:
+        """The driver's answer to `ping` (the instance is up)."""
+        i, when = tag
+        rec = self.records[i]
+        target = self.faults[i]["instance"]
+        if when == "before":
+            rec["incarnations"] = [info["incarnation"]]
+            rec["work_before_crash"] = info.get("work")
+            self.send(target, "crash", now)
+            self.send(BROADCAST, "peer_lost", target)
+            # a restarted instance reloads its weights before it serves again (both
+            # drivers; on Ray the restart's own wall time is not added)
+            rec.update(applied=True, applied_at_s=now,
+                       serving_from_s=now + (rec.get("weight_load_s") or 0.0))
+            self._note(i)
+            self.send(target, "ping", self.name, (i, "after"))
+            return
+        # after the crash: up again as a new incarnation
+        rec["restarted"] = info["incarnation"] != rec["incarnations"][0]
+        rec["incarnations"] = [rec["incarnations"][0], info["incarnation"]]
+        rec["back_at_s"] = now
         # what it re-dispatched is read from the router's recovery records (with those of
         # later recoveries of the same instance it causes), in `faults_section`
-        await self.router.recover(name)
-        rec.update(recovered=True, recovered_at_s=self.clock.now())
+        self.send(self.router, "recover", self.faults[i]["instance"], self.name, i)
+
+    def send_failed(self, now: float, dst: str, method: str, args: tuple) -> None:
+        """The Ray driver could not deliver a message (the actor is restarting): a ping
+        is tried again after a back-off."""
+        if method != "ping":
+            return
+        i = args[1][0]
+        wait = min(PING_BACKOFF_S[1], self._backoff.get(i, PING_BACKOFF_S[0]))
+        self._backoff[i] = wait * 2
+        self._at(now + wait, i, "ping")
+
+    def recovered(self, now: float, index: int, report: dict) -> None:
+        """The router's reply to `recover`."""
+        self.records[index].update(recovered=True, recovered_at_s=now)
+        self._note(index)
+
+    def is_idle(self) -> bool:
+        return True
+
+    def waiting_for(self) -> str:
+        return ""
 
 
 # ----------------------------------------------------------------------------- results

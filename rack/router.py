@@ -1,14 +1,15 @@
-"""The router component: replays the request stream at its arrival times, admits or
-rejects each request, and dispatches it to a prefill instance and a decode target.
+"""The router core: replays the request stream at its arrival times, admits or rejects
+each request, and dispatches it to a prefill instance and a decode target.
 
 Policies (`RouterConfig.policy`):
 - "round_robin": prefill instances in turn;
 - "least_outstanding_work": the instance with the fewest prompt tokens still to
-  prefill (queried from the instances once per arrival tick, then updated locally as
-  the tick's requests are placed, so one tick costs one query per instance).
+  prefill. Each prefill-capable instance reports that count whenever it changes
+  (`load` messages: on a submission, at the start and at the end of each iteration),
+  so the router's table holds what a query would return at that instant; within one
+  arrival tick the router adds the prompts it places itself.
 Admission: a request is rejected ("router_queue_full") when every prefill instance
-already has more than `max_outstanding_tokens` prompt tokens of work outstanding (the
-instances' loads are queried once per arrival tick and updated locally within it).
+already has more than `max_outstanding_tokens` prompt tokens of work outstanding.
 Before that, at arrival (`rack.admission`): a request over the model's context limit
 is rejected ("prompt_exceeds_context", "exceeds_context") or has its output truncated
 (`context_overflow = "truncate"`); a request whose KV can never fit any instance it
@@ -17,93 +18,108 @@ so no prefill time is spent on it.
 Conditional disaggregation: a prompt of at most `local_prefill_threshold_tokens`
 tokens goes to a colocated ("both") instance instead, which prefills and decodes it.
 Decode targets are chosen round-robin among those the request fits.
+
+A core (`workloads.core`): the driver starts it with `start(now, requests, ...)`; it
+wakes at each arrival tick; the collector tells it of every request's end (`ended`),
+which drives the closed loop and fault recovery (`recover`).
 """
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import heapq
 import itertools
+import math
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from interconnect.component import PeerLost
 from rack.admission import KVFit, context_verdict
-from rack.faults import retry_on_peer_lost as _retry
+from workloads.core import Core
 
 
-class Router:
+class Router(Core):
     """Replays requests and routes them.
 
     Keyword args:
-        clock: the run's Clock.
-        collector: collector handle (`event`, `events`, `finish`).
-        prefill: prefill-capable instance handles by name (`submit_many([(req,
-            decode_target), ...])`, `outstanding_tokens()`).
+        collector: the collector's name.
+        prefill: names of prefill-capable instances (handlers `submit_many(now, [(req,
+            decode_target), ...])`; they report `load`).
         decode_targets: names of decode instances a prefill instance may ship KV to.
-        local: colocated instance handles by name, for conditional disaggregation.
+        local: names of colocated instances, for conditional disaggregation.
         policy: "round_robin" or "least_outstanding_work".
         max_outstanding_tokens: per-instance outstanding prompt tokens above which an
             arrival is rejected when every instance is above it (>= 1).
         local_prefill_threshold_tokens: prompts up to this length go to `local` (0: off).
-        decoders: decode instance handles by name (`holding`), used only by `recover`.
+        decoders: decode instance names (`holding`), used only by `recover`.
         max_context_tokens: the model's context limit (the scenario's `max_model_len`
             or the model's own); None: no limit.
         context_overflow: "reject" or "truncate" (`rack.admission.context_verdict`).
         kv_fit: `rack.admission.KVFit` of instances by name (prefill, decode and
             colocated); an instance without one is assumed to fit every request.
+        name: the core's name ("router").
+    Raises ValueError on an unknown policy or overflow rule, or no prefill instance.
     """
 
-    def __init__(self, *, clock, collector, prefill: Mapping[str, Any], decode_targets: Sequence[str],
-                 local: Mapping[str, Any] | None = None, policy: str = "least_outstanding_work",
+    def __init__(self, *, collector: str, prefill: Sequence[str], decode_targets: Sequence[str],
+                 local: Sequence[str] = (), policy: str = "least_outstanding_work",
                  max_outstanding_tokens: int = 1 << 40, local_prefill_threshold_tokens: int = 0,
-                 decoders: Mapping[str, Any] | None = None, max_context_tokens: int | None = None,
-                 context_overflow: str = "reject", kv_fit: Mapping[str, KVFit] | None = None) -> None:
+                 decoders: Sequence[str] = (), max_context_tokens: int | None = None,
+                 context_overflow: str = "reject", kv_fit: Mapping[str, KVFit] | None = None,
+                 name: str = "router") -> None:
+        super().__init__(name)
         if context_overflow not in ("reject", "truncate"):
             raise ValueError(f"router context_overflow: expected 'reject' or 'truncate', got {context_overflow!r}")
-        self.max_context_tokens = None if max_context_tokens is None else int(max_context_tokens)
-        self.context_overflow = context_overflow
-        self.kv_fit = dict(kv_fit or {})
-        self.truncated = 0
         if policy not in ("round_robin", "least_outstanding_work"):
             raise ValueError(f"router policy: expected 'round_robin' or 'least_outstanding_work', got {policy!r}")
         if not prefill and not local:
             raise ValueError("router: no prefill-capable instance")
-        self.clock = clock
         self.collector = collector
-        self.prefill = dict(prefill)
-        self.local = dict(local or {})
+        self.max_context_tokens = None if max_context_tokens is None else int(max_context_tokens)
+        self.context_overflow = context_overflow
+        self.kv_fit = dict(kv_fit or {})
+        self.truncated = 0
+        self.prefill = sorted(prefill)
+        self.local = sorted(local)
         self.decode_targets = list(decode_targets)
         self.policy = policy
         self.max_outstanding_tokens = int(max_outstanding_tokens)
         self.threshold = int(local_prefill_threshold_tokens)
-        self._rr = itertools.cycle(sorted(self.prefill)) if self.prefill else None
-        self._rr_local = itertools.cycle(sorted(self.local)) if self.local else None
+        self._rr = itertools.cycle(self.prefill) if self.prefill else None
+        self._rr_local = itertools.cycle(self.local) if self.local else None
         self._rr_decode = itertools.cycle(self.decode_targets) if self.decode_targets else None
-        self.dispatched = {name: 0 for name in list(self.prefill) + list(self.local)}
+        self.dispatched = {n: 0 for n in self.prefill + self.local}
         self.rejected = 0
+        # outstanding prompt tokens per prefill instance, as last reported (`load`);
+        # an instance that is down counts as full until it reports again
+        self._load = {n: 0 for n in self.prefill}
         # Fault recovery: where each request was sent (rack.faults, docs/robustness.md).
-        self.decoders = dict(decoders or {})
-        self._inst_names = sorted(self.prefill) + sorted(self.local)
+        self.decoders = list(decoders)
+        self._inst_names = self.prefill + self.local
         self._inst_idx = {n: i for i, n in enumerate(self._inst_names)}
-        self._dec_names = list(dict.fromkeys([*self.decode_targets, *sorted(self.local)]))
+        self._dec_names = list(dict.fromkeys([*self.decode_targets, *self.local]))
         self._dec_idx = {n: i for i, n in enumerate(self._dec_names)}
-        self._requests: Sequence[Any] = ()
+        self._requests: list[Any] = []
         self._pre_of = np.zeros(0, np.int32)     # per request position: instance index, -1 none
         self._dec_of = np.zeros(0, np.int32)     # per request position: decode target index
-        self._pos: dict[int, int] | None = None  # request id -> position (built on first recovery)
-        self._dispatching: set[int] = set()      # submits in flight
+        self._pos: dict[int, int] = {}            # request id -> position
         self._recoveries: dict[str, int] = {}     # recover() calls per instance
+        self._pending: dict[int, dict] = {}       # recoveries waiting for replies, by tag
+        self._tags = itertools.count()
         self.recovered = 0
+        # replay state
+        self._next = 0                            # position of the next request to send
+        self._slots: int | None = None            # closed loop: concurrency, None: open loop
+        self._think = 0.0
+        self._free: list[float] = []              # closed loop: when each idle slot may send (heap)
+        self._in_flight: set[int] = set()         # closed loop: sent, not ended
 
-    async def run(self, requests: Sequence[Any], max_concurrency: int | None = None,
-                  think_time_s: float = 0.0) -> dict:
-        """Submit `requests` (sorted by arrival) at their arrival times; returns counts.
-
-        Requests sharing an arrival time form one tick: one wake-up, one batched
-        `arrival` message to the collector, one load query per instance.
+    # ------------------------------------------------------------------ replay
+    def start(self, now: float, requests: Sequence[Any], max_concurrency: int | None = None,
+              think_time_s: float = 0.0) -> None:
+        """Replay `requests` (sorted by arrival): each at its arrival time (requests
+        sharing an arrival time form one tick: one `arrival` message, one placement
+        pass).
 
         max_concurrency: closed loop (vLLM `bench serve --max-concurrency`, a
             benchmark's "concurrency"): at most this many requests are in the rack at
@@ -115,51 +131,86 @@ class Router:
         """
         n = len(requests)
         self._requests = list(requests)       # a truncated request replaces its original
+        self._pos = {r.id: p for p, r in enumerate(self._requests)}
         self._pre_of = np.full(n, -1, np.int32)
         self._dec_of = np.full(n, -1, np.int32)
+        self._next = 0
         if max_concurrency is not None:
             if int(max_concurrency) < 1:
                 raise ValueError(f"router: max_concurrency must be >= 1, got {max_concurrency}")
-            if not (0.0 <= float(think_time_s) < float("inf")):
+            if not (0.0 <= float(think_time_s) < math.inf):
                 raise ValueError(f"router: think_time_s must be finite and >= 0, got {think_time_s}")
-            await self._run_closed(requests, int(max_concurrency), float(think_time_s))
-            return {"dispatched": dict(self.dispatched), "rejected": self.rejected}
-        i = 0
-        while i < n:
-            t = requests[i].arrival_s
-            j = i
-            while j < n and requests[j].arrival_s == t:
-                j += 1
-            await self.clock.sleep_until(t)
-            await self._tick(requests[i:j], i)
-            i = j
+            self._slots = int(max_concurrency)
+            self._think = float(think_time_s)
+            self._free = [0.0] * self._slots
+        self._pump(now)
+
+    def on_wake(self, now: float) -> None:
+        self._pump(now)
+
+    def _pump(self, now: float) -> None:
+        """Send every request that is due at `now` and set the next wake-up."""
+        reqs, n = self._requests, len(self._requests)
+        self.wake_at = math.inf
+        if self._slots is None:
+            while self._next < n:
+                t = reqs[self._next].arrival_s
+                if t > now:
+                    self.wake_at = t
+                    return
+                j = self._next
+                while j < n and reqs[j].arrival_s == t:
+                    j += 1
+                self._tick(now, reqs[self._next:j], self._next)
+                self._next = j
+            return
+        while self._next < n and self._free:
+            req = reqs[self._next]
+            t = max(req.arrival_s, self._free[0])
+            if t > now:
+                self.wake_at = t
+                return
+            heapq.heappop(self._free)
+            self._in_flight.add(req.id)
+            self._next += 1
+            self._tick(now, [req], self._next - 1)
+        # else: every slot is taken; an `ended` frees one
+
+    def ended(self, now: float, request_id: int, t_end: float) -> None:
+        """The collector: request `request_id` ended at emulated time `t_end`."""
+        if self._slots is not None and request_id in self._in_flight:
+            self._in_flight.discard(request_id)
+            heapq.heappush(self._free, t_end + self._think)
+            self._pump(now)
+
+    def load(self, now: float, instance: str, outstanding_tokens: int) -> None:
+        """A prefill-capable instance's outstanding prompt tokens (queued counted whole)."""
+        if instance in self._load:
+            self._load[instance] = int(outstanding_tokens)
+
+    def peer_lost(self, now: float, name: str) -> None:
+        """A core died (a crash): an instance counts as full until it reports again."""
+        if name in self._load:
+            self._load[name] = math.inf
+
+    def is_idle(self) -> bool:
+        return self._next >= len(self._requests) and not self._pending
+
+    def waiting_for(self) -> str:
+        if self._next < len(self._requests):
+            left = len(self._requests) - self._next
+            return (f"{left} request(s) to send" + (f", {len(self._in_flight)} in flight for "
+                                                     f"{self._slots} slots" if self._slots else ""))
+        return f"{len(self._pending)} recovery(ies) waiting for replies" if self._pending else ""
+
+    def counts(self) -> dict:
+        """{"dispatched": {instance: n}, "rejected": n} (read by the driver at the end)."""
         return {"dispatched": dict(self.dispatched), "rejected": self.rejected}
 
-    async def _run_closed(self, requests: Sequence[Any], slots: int, think_s: float) -> None:
-        """`run`'s closed loop: `slots` concurrent users (see `run`)."""
-        free = [0.0] * slots            # when each idle slot may send again (a heap)
-        in_flight: set[int] = set()
-        for pos, req in enumerate(requests):
-            if not free:
-                for rid, t_end in await self.collector.wait_ended(sorted(in_flight)):
-                    in_flight.discard(rid)
-                    heapq.heappush(free, t_end + think_s)
-            t = max(req.arrival_s, heapq.heappop(free))
-            if t > self.clock.now():
-                await self.clock.sleep_until(t)
-            in_flight.add(req.id)
-            await self._tick([req], pos)
-
-    async def _tick(self, batch: Sequence[Any], base: int = 0) -> None:
-        now = self.clock.now()
-        names = sorted(self.prefill)
-        # The arrival events and the load queries travel together: one round trip, not two.
-        _, *values = await _all([
-            self.collector.events([(r.id, "arrival", now) for r in batch]),
-            *(self.prefill[nm].outstanding_tokens() for nm in names)])
-        # an instance that is down (PeerLost, Ray) counts as full until it is back
-        load = dict(zip(names, (self.max_outstanding_tokens + 1 if isinstance(v, PeerLost) else int(v)
-                                for v in _raise_other(values))))
+    # ------------------------------------------------------------------ placement
+    def _tick(self, now: float, batch: Sequence[Any], base: int) -> None:
+        self.send(self.collector, "events", [(r.id, "arrival", now) for r in batch])
+        load = dict(self._load)
         per_instance: dict[str, list] = {}
         refused: list[tuple[int, str]] = []
         truncated: list[tuple[int, int]] = []
@@ -209,16 +260,18 @@ class Router:
             self.dispatched[name] += 1
         if truncated:
             self.truncated += len(truncated)
-            await self.collector.note_truncated(truncated)
+            self.send(self.collector, "note_truncated", truncated)
         for rid, reason in refused:
             self.rejected += 1
-            await self.collector.finish(rid, "rejected", reason=reason, t=now)
+            self.send(self.collector, "finish", rid, "rejected", reason, None, now)
         # One message per instance per tick: the tick's requests reach an instance
         # together, so they share its first iteration on Ray as on virtual time.
-        if per_instance:
-            await self._submit(per_instance)
+        for nm, items in per_instance.items():
+            self.send(nm, "submit_many", items)
+        for nm in per_instance:
+            if nm in self._load:
+                self._load[nm] = load[nm]
 
-    # ------------------------------------------------------------------ admission
     def _fits(self, name: str, req: Any, decode: bool) -> bool:
         fit = self.kv_fit.get(name)
         if fit is None:
@@ -247,34 +300,14 @@ class Router:
             return "prompt_exceeds_kv_capacity"
         return "exceeds_decode_kv_capacity"
 
-    # ------------------------------------------------------------------ recovery
     def _note_route(self, pos: int, instance: str, target: str | None) -> None:
         self._pre_of[pos] = self._inst_idx[instance]
         self._dec_of[pos] = self._dec_idx.get(target, -1) if target is not None else -1
 
-    async def _submit(self, per_instance: dict[str, list]) -> None:
-        """submit_many per instance; requests in flight are not candidates of `recover`.
-        A submit to an instance that is down (PeerLost) leaves its requests routed there:
-        the recovery of that instance re-dispatches them."""
-        ids = [req.id for items in per_instance.values() for req, _ in items]
-        epochs = {nm: self._recoveries.get(nm, 0) for nm in per_instance}
-        self._dispatching.update(ids)
-        try:
-            results = await _all([(self.prefill.get(nm) or self.local[nm]).submit_many(items)
-                                  for nm, items in per_instance.items()])
-        finally:
-            self._dispatching.difference_update(ids)
-        _raise_other(results)
-        # An instance that died while these were in flight (PeerLost, or recovered in the
-        # meantime without them, as they were in flight) may have lost them: recover it
-        # again now that they are not in flight (recover is idempotent).
-        for nm, res in zip(per_instance, results):
-            if nm in self.prefill and (isinstance(res, PeerLost) or self._recoveries.get(nm, 0) != epochs[nm]):
-                await self.recover(nm)
-
-    async def recover(self, instance: str) -> dict:
+    # ------------------------------------------------------------------ recovery
+    def recover(self, now: float, instance: str, reply_to: str | None = None, tag: Any = None) -> None:
         """Re-dispatch the requests instance `instance` lost when it died (fault recovery,
-        docs/robustness.md); call it once the instance is back (restarted, empty).
+        docs/robustness.md); sent once the instance is back (restarted, empty).
 
         Candidates are the open requests routed to it (as prefill instance, or as decode
         target). Those some live component still holds are left alone: a prefill
@@ -282,39 +315,93 @@ class Router:
         restart. For a lost prefill instance, the decode engines first drop the KV
         reservations made for its requests. The rest are lost and go to a prefill
         instance again (another one than `instance` if there is one), keeping their
-        decode target: re-prefilled, then decoded from the start. Idempotent.
-        Returns {"instance", "role", "candidates", "held", "redispatched": [ids]}.
+        decode target: re-prefilled, then decoded from the start. Idempotent. Three
+        exchanges: the collector says which candidates are open (`open_ids`), the
+        restarted instance and then every other holder say what they hold (`held`),
+        the collector says which of the rest are still open; then the re-dispatch.
+        When done, replies `recovered(now, tag, {"instance", "role", "candidates",
+        "held", "redispatched": [ids]})` to `reply_to` (if given).
         Raises KeyError for an unknown instance.
         """
-        if instance in self.prefill:
+        if instance in self._inst_idx and instance in self.prefill:
             role, col, idx = "prefill", self._pre_of, self._inst_idx[instance]
         elif instance in self._dec_idx and instance not in self.local:
             role, col, idx = "decode", self._dec_of, self._dec_idx[instance]
         else:
             raise KeyError(f"router.recover: {instance!r} is not a prefill or decode instance; "
-                           f"known: {sorted(self.prefill)} / {self.decode_targets}")
+                           f"known: {self.prefill} / {self.decode_targets}")
         self._recoveries[instance] = self._recoveries.get(instance, 0) + 1
+        key = next(self._tags)
         ids = [self._requests[p].id for p in np.flatnonzero(col == idx).tolist()]
-        cand = [i for i in await self.collector.open_among(ids) if i not in self._dispatching]
-        held: set[int] = set()
-        if cand:
-            here = self.prefill[instance] if role == "prefill" else self.decoders.get(instance)
+        self._pending[key] = {"instance": instance, "role": role, "col": col, "idx": idx,
+                              "reply_to": reply_to, "tag": tag, "phase": "open", "cand": [],
+                              "held": set(), "waiting": set()}
+        self.send(self.collector, "open_among", ids, self.name, ("recover", key))
+
+    def open_ids(self, now: float, tag: Any, ids: list[int]) -> None:
+        """The collector's reply to `open_among` (recovery phases)."""
+        _, key = tag
+        r = self._pending.get(key)
+        if r is None:
+            return
+        if r["phase"] == "open":
+            r["cand"] = list(ids)
+            if not ids:
+                self._redispatch(now, key, [])
+                return
+            here = r["instance"] if r["role"] == "prefill" or r["instance"] in self.decoders else None
             if here is not None:          # the restarted instance: requests sent after its restart
-                held.update(await _retry(self.clock, lambda: here.holding(cand)))
-            rest = [i for i in cand if i not in held]
-            for name, h in self.prefill.items():
-                if name != instance:
-                    held.update(await _retry(self.clock, lambda h=h: h.holding(rest)))
-            for name, h in self.decoders.items():
-                if name != instance:       # drop reservations only of a lost prefill's requests
-                    held.update(await _retry(self.clock, lambda h=h: h.holding(rest, drop_reserved=role == "prefill")))
-        lost = await self.collector.open_among([i for i in cand if i not in held])
-        if self._pos is None:
-            self._pos = {r.id: p for p, r in enumerate(self._requests)}
-        # only those still routed to `instance` and not being submitted (no await from here
-        # to the submit bookkeeping, so a concurrent tick cannot interleave)
-        lost = [i for i in lost if col[self._pos[i]] == idx and i not in self._dispatching]
-        others = sorted(n for n in self.prefill if n != instance) or [instance]
+                self._ask(r, key, [here], ids, False, "restarted")
+            else:
+                self._ask_others(r, key)
+        else:                              # "final": still open after the holders answered
+            self._redispatch(now, key, ids)
+
+    def held(self, now: float, tag: Any, name: str, ids: list[int]) -> None:
+        """An instance's reply to `holding`: which of the asked ids it holds."""
+        _, key = tag
+        r = self._pending.get(key)
+        if r is None or name not in r["waiting"]:
+            return
+        r["waiting"].discard(name)
+        r["held"].update(int(i) for i in ids)
+        if r["waiting"]:
+            return
+        if r["phase"] == "restarted":
+            self._ask_others(r, key)
+        else:
+            r["phase"] = "final"
+            self.send(self.collector, "open_among", [i for i in r["cand"] if i not in r["held"]],
+                      self.name, ("recover", key))
+
+    def _ask(self, r: dict, key: int, names: list[str], ids: list[int], drop_reserved_of: Any,
+             phase: str) -> None:
+        r["phase"] = phase
+        r["waiting"] = set(names)
+        for nm in names:
+            drop = drop_reserved_of(nm) if callable(drop_reserved_of) else bool(drop_reserved_of)
+            self.send(nm, "holding", ids, drop, self.name, ("recover", key))
+
+    def _ask_others(self, r: dict, key: int) -> None:
+        """Ask every other prefill instance and decode engine which of the candidates not
+        held by the restarted instance they hold (decoders drop the reservations of a
+        lost prefill instance's requests)."""
+        rest = [i for i in r["cand"] if i not in r["held"]]
+        others = [n for n in self.prefill if n != r["instance"]] + \
+                 [n for n in self.decoders if n != r["instance"]]
+        if not others or not rest:
+            r["phase"] = "final"
+            self.send(self.collector, "open_among", rest, self.name, ("recover", key))
+            return
+        drop = (lambda nm: r["role"] == "prefill" and nm in self.decoders)
+        self._ask(r, key, others, rest, drop, "others")
+
+    def _redispatch(self, now: float, key: int, lost: list[int]) -> None:
+        r = self._pending.pop(key)
+        instance, role, col, idx = r["instance"], r["role"], r["col"], r["idx"]
+        # only those still routed to `instance` (a later recovery may have moved them)
+        lost = [i for i in lost if col[self._pos[i]] == idx]
+        others = [n for n in self.prefill if n != instance] or [instance]
         per_instance: dict[str, list] = {}
         for k, rid in enumerate(lost):
             pos = self._pos[rid]
@@ -327,39 +414,13 @@ class Router:
             self._note_route(pos, name, target if d >= 0 else None)
         if per_instance:
             self.recovered += len(lost)
-            await self.collector.note_recovery({"instance": instance, "t": self.clock.now(), "ids": list(lost)})
-            await self._submit(per_instance)
-        return {"instance": instance, "role": role, "candidates": len(cand), "held": len(held),
-                "redispatched": lost}
+            self.send(self.collector, "note_recovery", {"instance": instance, "t": now, "ids": list(lost)})
+            for nm, items in per_instance.items():
+                self.send(nm, "submit_many", items)
+        if r["reply_to"] is not None:
+            self.send(r["reply_to"], "recovered", r["tag"],
+                      {"instance": instance, "role": role, "candidates": len(r["cand"]),
+                       "held": len(r["held"]), "redispatched": list(lost)})
 
 
-async def _all(calls: list) -> list:
-    """Await peer calls made together, in order; each result or its exception (as
-    `asyncio.gather(*calls, return_exceptions=True)`, without a Task per call).
-
-    Why not gather: on the virtual runtime a peer call is a coroutine of a local object
-    that finishes without suspending, and a gather of two costs ~20 us against ~0.2 us
-    for awaiting them in turn (a tick makes two); on Ray an `ActorProxy` sends a call
-    when it is made, so calls made before the first await still travel concurrently.
-    """
-    out: list = []
-    try:
-        for call in calls:
-            try:
-                out.append(await call)
-            except Exception as exc:  # noqa: BLE001 - handed back, as gather does
-                out.append(exc)
-    finally:
-        for call in calls[len(out) + 1:]:     # cancelled midway: no never-awaited warnings
-            if asyncio.iscoroutine(call):
-                call.close()
-    return out
-
-
-def _raise_other(results: Sequence[Any]) -> Sequence[Any]:
-    """`results` of a gather(return_exceptions=True); re-raises any error but PeerLost."""
-    for r in results:
-        if isinstance(r, BaseException) and not isinstance(r, PeerLost):
-            raise r
-    return results
-
+__all__ = ["Router"]
