@@ -439,6 +439,8 @@ class CostModel:
         #: blocks on each of the tp devices ((tp - 1) extra copies).
         self.replicated_weight_bytes: int = int(round(self._t.replicated_weight_bytes
                                                       + (self._td.replicated_weight_bytes if speculative else 0)))
+        #: Bytes one token of context occupies in the instance's memory (all its copies).
+        self.kv_held_bytes_per_token: int = self.kv_bytes_per_token * self.kv_replication
         #: The stack's cap on requests an instance runs at once (None: not given).
         self.max_num_seqs: int | None = dev.max_num_seqs
         self.tokens_per_step: float = 1.0 if speculative is None else speculative.tokens_per_step

@@ -13,15 +13,22 @@ n devices uses
 
     E = n * (idle_w * T + (peak_w - idle_w) * A),   A = integral of u(t) dt (s)
 
-where A, the instance's *activity*, comes from the engine's own counters
-(`devices.engines.common.Utilisation`: busy_s, flops, bytes):
+where A, the *activity* of one device (the mean over the instance's devices), comes
+from the engine's own counters (`devices.engines.common.Utilisation`: device_busy_s,
+flops, bytes):
 
-- "busy" (default): u(t) = 1 while the instance runs an iteration, 0 otherwise, so
-  A = busy_s. This is the meaning of nvidia-smi's "GPU utilisation" (the share of time
-  a kernel runs) and an upper estimate: Splitwise (Patel et al., ISCA 2024, Fig. 9)
-  measured prompt phases near TDP but token phases below it.
+- "busy" (default): u(t) = 1 while the device works, 0 otherwise, so A =
+  device_busy_s: the occupancy of the device's pipeline stage
+  (`IterationCost.device_busy_s`). On one stage it is the time the instance runs
+  iterations less the per-iteration CPU overhead; on a pipeline of pp stages carrying
+  m micro-batches each stage works m x (stage time) per step of about
+  pp x (stage time) + hops, so with fewer requests than stages most stages idle (a
+  wafer pipeline of 28 systems decoding 12 requests keeps each system ~43 % busy).
+  This is the meaning of nvidia-smi's "GPU utilisation" (the share of time a kernel
+  runs) and an upper estimate: Splitwise (Patel et al., ISCA 2024, Fig. 9) measured
+  prompt phases near TDP but token phases below it.
 - "roofline": u(t) = achieved share of the *achievable* roofline during busy time,
-  A = min(busy_s, max(flops / (peak_flops * eff_c), bytes / (bandwidth * eff_m))),
+  A = min(device_busy_s, max(flops / (peak_flops * eff_c), bytes / (bandwidth * eff_m))),
   with the device's sourced efficiency factors (`HardwareSpec.efficiency`; prefill
   factors for the compute side of prefill/both pools, decode factors for the memory
   side of decode/both pools). A lower estimate: a latency-bound wafer moves few bytes
@@ -29,7 +36,8 @@ where A, the instance's *activity*, comes from the engine's own counters
 Both are computed; `energy.activity` picks the reported one and `energy.sensitivity`
 gives the other, so a reader sees the range.
 
-Devices of one instance share its activity (a TP/PP group works in lock step).
+Devices of one instance are charged its mean device activity (the devices of a
+tensor-parallel group work in lock step; pipeline stages take turns).
 Hosts, NICs, switches and cooling are not counted in joules (vendors' per-device
 figures exclude them); the facility overhead (PUE) enters the electricity cost only.
 
@@ -211,8 +219,9 @@ def pool_rates(scenario: "Scenario") -> list[PoolRates]:
 
 
 def _activity(st: Mapping[str, Any], device: Any, role: str, window_s: float) -> dict:
-    """Both activity measures (s) of one instance from its stats, clipped to [0, window]."""
-    busy = min(max(float(st.get("busy_s", 0.0)), 0.0), window_s)
+    """Both activity measures (s) of one device of an instance from its stats (the
+    device's own busy time: `device_busy_s`), clipped to [0, window]."""
+    busy = min(max(float(st.get("device_busy_s", st.get("busy_s", 0.0))), 0.0), window_s)
     eff = device.efficiency
     eff_c = eff.decode_compute if role == "decode" else eff.prefill_compute
     eff_m = eff.prefill_memory if role == "prefill" else eff.decode_memory
