@@ -143,6 +143,9 @@ def _resolve_extends(kind: str, data: dict, path: Path | str, seen: tuple = ()) 
     base = _resolve_extends(kind, pdata, ppath, seen + (parent,))
     base.pop("aliases", None)  # aliases name one entry, never its variants
     base.pop("default_stack", None)  # a variant is a stack: it has no other default
+    for unit, other in (("memory_bytes", "memory_gib"), ("memory_gib", "memory_bytes")):
+        if unit in data:
+            base.pop(other, None)        # a capacity given in one unit replaces the other
     return _merge(base, data)
 
 

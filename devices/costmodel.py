@@ -146,7 +146,11 @@ class IterationCost:
     time_s; bound: the largest term of the critical path: "compute" or "memory" (the
     roofline), "communication" (bytes over links) or "latency" (fixed latencies: per
     layer, per collective step, per pipeline hop, per iteration). compute_s, memory_s,
-    comm_bw_s, latency_s: those terms along the critical path (s).
+    comm_bw_s, latency_s: those terms along the critical path (s); busy_s: see
+    `device_busy_s`. A step's time splits as roofline_s (max of compute and memory) +
+    comm_s (collectives and pipeline hops) + fixed_s (the stack's per-layer, per-MoE-
+    layer, per-prompt-layer and per-iteration latencies), exactly for one stage or a
+    steady pipeline with m <= pp micro-batches.
     """
 
     time_s: float
@@ -160,6 +164,12 @@ class IterationCost:
     comm_bw_s: float = 0.0
     tokens: float = 0.0
     busy_s: float | None = None
+    fixed_s: float = 0.0
+
+    @property
+    def roofline_s(self) -> float:
+        """max(compute_s, memory_s): the roofline's share of the critical path."""
+        return max(self.compute_s, self.memory_s)
 
     @property
     def device_busy_s(self) -> float:
@@ -542,6 +552,7 @@ class CostModel:
                 "memory": passes * _at(memory_s),
                 "comm_bw": passes * comm_bw + (pp - 1) * hop_xfer,
                 "latency": passes * (lat_s + comm_lat) + (pp - 1) * hop_lat + dev.iteration_overhead_s,
+                "fixed": passes * lat_s + dev.iteration_overhead_s,
             }
         z = 0 * time
         return {
@@ -558,6 +569,8 @@ class CostModel:
             # fixed latencies (per layer, per collective step, per hop, per iteration)
             "comm_bw": passes * comm_bw + (pp - 1) * hop_xfer + z,
             "latency": passes * (lat_s + comm_lat) + (pp - 1) * hop_lat + dev.iteration_overhead_s + z,
+            # the stack's fixed latencies alone (per layer, per MoE layer, per iteration)
+            "fixed": passes * lat_s + dev.iteration_overhead_s + z,
         }
 
     def _stage_comm(self, t: _Terms, tok_mb, pp: int) -> tuple:
@@ -618,12 +631,12 @@ class CostModel:
             # a scalar pass (every prefill and mixed iteration): no per-field unwrapping
             return IterationCost(d["time"], float(d["flops"]), float(d["bytes"]), float(d["comm"]),
                                  self._bound(d), d["compute"], float(d["memory"]), float(d["latency"]),
-                                 float(d["comm_bw"]), float(tokens), float(d["busy"]))
+                                 float(d["comm_bw"]), float(tokens), float(d["busy"]), float(d["fixed"]))
         f = lambda k: float(_at(d[k]))  # noqa: E731
         return IterationCost(time_s=f("time"), flops=f("flops"), bytes=f("bytes"), comm_s=f("comm"),
                              bound=self._bound(d), compute_s=f("compute"), memory_s=f("memory"),
                              latency_s=f("latency"), comm_bw_s=f("comm_bw"), tokens=float(tokens),
-                             busy_s=f("busy"))
+                             busy_s=f("busy"), fixed_s=f("fixed"))
 
     # ---- work of a phase ---------------------------------------------------------------
     @staticmethod
