@@ -330,7 +330,8 @@ def load_hf_config(path: str | Path, name: str | None = None) -> ModelSpec:
     tie_word_embeddings; MoE: n_routed_experts | num_local_experts | num_experts,
     num_experts_per_tok, n_shared_experts, moe_intermediate_size, first_k_dense_replace,
     mlp_only_layers; MLA: kv_lora_rank, q_lora_rank, qk_rope_head_dim, qk_nope_head_dim,
-    v_head_dim; sliding window: sliding_window with layer_types or use_sliding_window.
+    v_head_dim; sliding window: sliding_window with layer_types or use_sliding_window;
+    context limit: max_position_embeddings | n_positions | max_sequence_length | seq_length.
 
     Raises:
         CatalogError: missing file, invalid JSON, or a missing/ill-typed field (named).
@@ -403,6 +404,9 @@ def load_hf_config(path: str | Path, name: str | None = None) -> ModelSpec:
         "tie_word_embeddings": bool(cfg.get("tie_word_embeddings", False)),
         "moe": moe, "mla": mla,
         "sliding_window": window if n_sliding else None, "n_sliding_layers": n_sliding,
+        # the context limit vLLM derives by default (its max_model_len); None if absent
+        "max_context_tokens": g("max_position_embeddings", "n_positions", "max_sequence_length",
+                                "seq_length", default=None),
     }
     return _build(ModelSpec, data, path)
 

@@ -233,6 +233,9 @@ class HardwareSpec(_Spec):
     collectives: dict[Collective, CollectiveTable] = Field(
         default_factory=dict, description="measured collective times within the scale-up domain")
 
+    weight_load_Bps: float = Field(
+        25e9, gt=0, description="rate at which a (re)started device loads its weights (bytes/s); default: "
+        "host memory over PCIe Gen4 x16, ~25 GB/s measured host-to-device")
     layer_latency_s: float = Field(0.0, ge=0, description="latency per layer per micro-batch pass (s)")
     moe_layer_latency_s: float = Field(0.0, ge=0, description="extra latency per MoE layer per pass (s)")
     prefill_layer_latency_s: float = Field(0.0, ge=0, description="extra latency per layer of a pass with prompt tokens (s)")
@@ -395,6 +398,9 @@ class ModelSpec(_Spec):
     mla: Optional[MLASpec] = None
     sliding_window: Optional[int] = Field(None, gt=0, description="window of the sliding-window layers (tokens)")
     n_sliding_layers: int = Field(0, ge=0)
+    max_context_tokens: Optional[int] = Field(
+        None, gt=0, description="longest context (prompt + output tokens) the model serves: config.json "
+        "max_position_embeddings, or the model card; None: unknown (no limit is enforced)")
     published_params_total: Optional[float] = Field(None, gt=0, description="vendor's total parameter count")
     published_params_active: Optional[float] = Field(None, gt=0, description="vendor's active parameter count")
 

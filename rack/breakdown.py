@@ -9,13 +9,17 @@ did not happen, e.g. the KV stages of a colocated request, lasts 0):
     queueing                  prefill_queued -> prefill_start (waiting for a prefill slot)
     prefix_cache_lookup       0 in the emulator (a hash lookup at admission); configure a
                               fixed stage to charge it
-    prefill                   prefill_start -> first_token (chunked prefill compute,
+    prefill                   prefill_start -> prefill_end (chunked prefill compute,
                               including chunks of other prompts interleaved with it)
-    kv_reserve_wait           first_token -> kv_reserved (decode memory reservation)
+    kv_reserve_wait           prefill_end -> kv_reserved (decode memory reservation)
     kv_transfer_wait          kv_reserved -> transfer_start
     kv_transfer               transfer_start -> transfer_end (link, shared max-min fairly)
-    decode_admission_wait     transfer_end (or first_token) -> decode_admit
-    decode                    decode_admit -> completion
+    decode_admission_wait     transfer_end (or prefill_end) -> decode_admit
+    first_decode_step         decode_admit -> first_token: the decode engine's first step,
+                              when the client's first token comes from it (a split
+                              deployment with first_token = "decode"); 0 when the first
+                              token came earlier (from prefill, or colocated)
+    decode                    first_token (or decode_admit) -> completion
     <fixed stages "after">    serialization, network to the client, ... (constant)
 
 Missing events are filled forward with the latest earlier time, so the rack's stages
@@ -42,15 +46,18 @@ RACK_STAGES: tuple[tuple[str, str, str], ...] = (
     ("admission", "arrival", "prefill_queued"),
     ("queueing", "prefill_queued", "prefill_start"),
     ("prefix_cache_lookup", "prefill_start", "prefill_start"),
-    ("prefill", "prefill_start", "first_token"),
-    ("kv_reserve_wait", "first_token", "kv_reserved"),
+    ("prefill", "prefill_start", "prefill_end"),
+    ("kv_reserve_wait", "prefill_end", "kv_reserved"),
     ("kv_transfer_wait", "kv_reserved", "transfer_start"),
     ("kv_transfer", "transfer_start", "transfer_end"),
     ("decode_admission_wait", "transfer_end", "decode_admit"),
-    ("decode", "decode_admit", "completion"),
+    ("first_decode_step", "decode_admit", "first_token"),
+    ("decode", "first_token", "completion"),
 )
-_ORDER = ("arrival", "prefill_queued", "prefill_start", "first_token", "kv_reserved",
-          "transfer_start", "transfer_end", "decode_admit", "completion")
+# Path order; a first token earlier than decode_admit (from prefill) is clamped forward
+# to it by the fill below, so first_decode_step is 0 and each part is counted once.
+_ORDER = ("arrival", "prefill_queued", "prefill_start", "prefill_end", "kv_reserved",
+          "transfer_start", "transfer_end", "decode_admit", "first_token", "completion")
 
 
 class FixedStage(BaseModel):

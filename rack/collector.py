@@ -16,8 +16,8 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-EVENTS = ("arrival", "prefill_queued", "prefill_start", "first_token", "kv_reserved",
-          "transfer_start", "transfer_end", "decode_admit", "completion")
+EVENTS = ("arrival", "prefill_queued", "prefill_start", "prefill_end", "kv_reserved",
+          "transfer_start", "transfer_end", "decode_admit", "first_token", "completion")
 OUTCOMES = ("completed", "rejected", "failed")
 _COL = {name: i for i, name in enumerate(EVENTS)}
 
@@ -44,8 +44,11 @@ class Collector:
         self.violations: list[str] = []
         self.unknown_events = Counter()
         self._open = n
+        self.end_s = np.full(n, np.nan)                     # when each request ended
+        self._end_waiters: list[tuple[set[int], asyncio.Future]] = []
         self.faults: dict[int, dict] = {}        # fault injector records, by fault index
         self.recoveries: list[dict] = []         # router: requests re-dispatched per recovery
+        self.truncated: dict[int, int] = {}      # router: output tokens served, if truncated
         self._all_done = asyncio.Event()
         if n == 0:
             self._all_done.set()
@@ -88,9 +91,43 @@ class Collector:
                 self.times[row, _COL["completion"]] = when
             if itl_s is not None:
                 self.itl[int(request_id)] = np.asarray(itl_s, dtype=np.float64)
+        self.end_s[row] = self.clock.now() if t is None else t
         self._open -= 1
+        if self._end_waiters:
+            self._wake_end_waiters(int(request_id))
         if self._open == 0:
             self._all_done.set()
+
+    async def wait_ended(self, ids: Iterable[int]) -> list[tuple[int, float]]:
+        """Those of `ids` that have ended, as (request id, end time in emulated s); waits
+        until at least one has (returns at once if one already has, or if `ids` is
+        empty). For the router's closed-loop replay (a user sends its next request when
+        its previous one ends)."""
+        want = [int(i) for i in ids]
+        ended = self._ended_among(want)
+        if ended or not want:
+            return ended
+        fut = asyncio.get_running_loop().create_future()
+        self._end_waiters.append((set(want), fut))
+        await fut
+        return self._ended_among(want)
+
+    def _ended_among(self, ids: list[int]) -> list[tuple[int, float]]:
+        out = []
+        for rid in ids:
+            row = self._row.get(rid)
+            if row is not None and self.outcome[row]:
+                out.append((rid, float(self.end_s[row])))
+        return out
+
+    def _wake_end_waiters(self, request_id: int) -> None:
+        keep = []
+        for ids, fut in self._end_waiters:
+            if request_id in ids and not fut.done():
+                fut.set_result(None)
+            elif not fut.done():
+                keep.append((ids, fut))
+        self._end_waiters = keep
 
     async def wait_all(self, timeout_s: float | None = None) -> bool:
         """Return True once every request has ended (emulated-time wait with a deadline)."""
@@ -117,6 +154,13 @@ class Collector:
         it is returned under "faults" by `snapshot` (see rack.faults)."""
         self.faults[int(index)] = dict(record)
 
+    async def note_truncated(self, items: Iterable[tuple[int, int]]) -> None:
+        """Record (request id, output tokens served) of requests whose output the router
+        truncated to the context limit (`rack.admission`); in the snapshot under
+        "output_tokens_served"."""
+        for rid, n in items:
+            self.truncated[int(rid)] = int(n)
+
     async def note_recovery(self, record: dict) -> None:
         """Keep the router's record of one recovery ({"instance", "t", "ids"}: requests
         re-dispatched); returned under "recoveries" by `snapshot`."""
@@ -133,7 +177,8 @@ class Collector:
             "preemptions": self.preemptions, "itl_ids": np.array(order, dtype=np.int64),
             "itl_lengths": lengths, "itl_flat": flat, "violations": list(self.violations),
             "unknown_events": dict(self.unknown_events),
-            "faults": [self.faults[i] for i in sorted(self.faults)],
+            "faults": [self.faults[i] for i in sorted(self.faults)], "end_s": self.end_s,
+            "output_tokens_served": dict(self.truncated),
             "recoveries": list(self.recoveries),
         }
 

@@ -423,16 +423,32 @@ def compare_rich_table(result: CompareResult):
     return t
 
 
+def model_warning(scenarios: Sequence[Scenario]) -> Optional[str]:
+    """A warning when the deployments do not serve the same model (or dtypes): their
+    latencies, tokens/J and costs then compare different work. None when they agree."""
+    from devices.catalog import resolve_model
+
+    served = {s.name: (resolve_model(s.model).name, s.weight_dtype) for s in scenarios}
+    if len(set(served.values())) <= 1:
+        return None
+    listed = "; ".join(f"{n}: {m} ({dt} weights)" for n, (m, dt) in served.items())
+    return (f"the deployments serve different models or weight precisions ({listed}): their latencies, "
+            "tokens/J and costs compare different work, not the same model on different racks")
+
+
 def compare_document(result: CompareResult) -> dict:
     """The JSON document of a comparison: {"scenarios": [results.json of each run plus
-    "name", "iso", "provisioned"], "iso", "reference", "trace", "vendor_claim"}."""
+    "name", "iso", "provisioned"], "iso", "reference", "trace", "vendor_claim",
+    "warnings"}."""
     docs = []
     for e in result.entries:
         d = dict(e.output.results)
         d = {"name": e.name, **d, "iso": e.iso, "provisioned": e.provisioned}
         docs.append(d)
+    warning = model_warning([e.scenario for e in result.entries])
     return {"scenarios": docs, "iso": result.iso, "reference": result.reference,
-            "trace": result.trace, "vendor_claim": vendor_claim(result)}
+            "trace": result.trace, "vendor_claim": vendor_claim(result),
+            "warnings": [warning] if warning else []}
 
 
 def write_compare(result: CompareResult, out_dir: Any, *, plots: bool = True, trace_sample: int = 200) -> dict:
@@ -468,8 +484,9 @@ def write_compare(result: CompareResult, out_dir: Any, *, plots: bool = True, tr
     pngs: dict[str, str] = {}
     if plots:
         pd = out / "plots"
+        colours = P.palette([e.name for e in result.entries])    # one colour per deployment
         P.latency_cdfs(labels, pd / "latency_cdf.png",
-                       itl={e.name: e.output.snapshot["itl_flat"] for e in result.entries})
+                       itl={e.name: e.output.snapshot["itl_flat"] for e in result.entries}, colours=colours)
         pngs["Latency CDFs"] = "plots/latency_cdf.png"
         P.stage_breakdown(breakdowns, pd / "stage_breakdown.png")
         pngs["Where the time goes"] = "plots/stage_breakdown.png"
@@ -478,7 +495,8 @@ def write_compare(result: CompareResult, out_dir: Any, *, plots: bool = True, tr
         pngs["Memory occupancy over time"] = "plots/memory.png"
         P.link_utilisation({e.name: e.output.stats.get("interconnect", {}) for e in result.entries},
                            pd / "link_utilisation.png",
-                           end_s=max(e.output.results["energy"]["window_s"] for e in result.entries))
+                           end_s=max(e.output.results["energy"]["window_s"] for e in result.entries),
+                           colours=colours)
         pngs["KV link utilisation over time"] = "plots/link_utilisation.png"
     md = report.compare_markdown_report(doc, compare_markdown(result), pngs, breakdowns, files)
     md_path, html_path = report.write_report(out, md, "rack compare")

@@ -176,12 +176,19 @@ def apply_faults(scenario, specs: list) -> list:
         d = f.model_dump()
         d.update(index=i, instance=resolve_target(scenario, f))
         faults.append(d)
+    from rack.topology import weight_load_s
+
     crashed = {d["instance"] for d in faults if d["kind"] in CRASH_KINDS}
+    load_s = {s.name: weight_load_s(scenario, scenario.pool(s.pool), s.kwargs["cost"])
+              for s in specs if s.name in crashed}
+    for d in faults:
+        d["weight_load_s"] = load_s.get(d["instance"])
     out = []
     for s in specs:
         if s.name in crashed:
             # the component's own kwargs stay as they are (others read e.g. kwargs["cost"])
-            s = ComponentSpec(s.name, "rack.faults:Restartable", {**s.kwargs, "restart_factory": s.factory},
+            s = ComponentSpec(s.name, "rack.faults:Restartable",
+                              {**s.kwargs, "restart_factory": s.factory, "weight_load_s": load_s[s.name]},
                               s.kind, s.pool, dict(s.resources))
         out.append(s)
     names = {s.name for s in out}
@@ -198,39 +205,47 @@ def apply_faults(scenario, specs: list) -> list:
 class Restartable:
     """A component that the fault injector can crash on the virtual runtime.
 
-    Keyword args: clock; restart_factory ("module:Class" of the component); the rest
-    are the component's own keyword arguments (peers already resolved), as
-    `rack.runtime.placement.construct` would pass them. Attribute access goes to the
-    current component (`inner`). `crash()` stops it (`halt()`, if it has one) and builds
-    a fresh one from the same arguments: an empty instance, as a restarted process. (On
-    Ray the host kills the actor instead and rebuilds this wrapper after the restart.)
+    Keyword args: clock; restart_factory ("module:Class" of the component);
+    weight_load_s: seconds a restarted instance spends reloading its weights before it
+    serves (`rack.topology.weight_load_s`); the rest are the component's own keyword
+    arguments (peers already resolved), as `rack.runtime.placement.construct` would pass
+    them (with `loading_until_s` when Ray rebuilds a restarted actor). Attribute access
+    goes to the current component (`inner`). `crash(at_s)` stops it (`halt()`, if it
+    has one) and builds a fresh one from the same arguments that serves from
+    at_s + weight_load_s: an empty instance, as a restarted process. (On Ray the host
+    kills the actor instead and rebuilds this wrapper after the restart.)
     """
 
-    def __init__(self, *, clock: Any, restart_factory: str, **kwargs: Any) -> None:
+    def __init__(self, *, clock: Any, restart_factory: str, weight_load_s: float = 0.0,
+                 **kwargs: Any) -> None:
         self._clock = clock
         self._factory = restart_factory
+        self.weight_load_s = float(weight_load_s)
         self._kwargs = kwargs
         self.restarts = 0
         self.inner = self._build()
 
-    def _build(self) -> Any:
+    def _build(self, loading_until_s: float | None = None) -> Any:
         from rack.runtime.placement import load_factory
 
-        return load_factory(self._factory)(clock=self._clock, **self._kwargs)
+        kwargs = self._kwargs if loading_until_s is None else {**self._kwargs, "loading_until_s": loading_until_s}
+        return load_factory(self._factory)(clock=self._clock, **kwargs)
 
     def __getattr__(self, name: str) -> Any:
         if name == "inner":
             raise AttributeError(name)
         return getattr(self.inner, name)
 
-    async def crash(self) -> dict:
-        """Die and restart empty; returns {"restarts": n}."""
+    async def crash(self, at_s: float | None = None) -> dict:
+        """Die at emulated time `at_s` (default now) and restart empty, serving again
+        from at_s + weight_load_s; returns {"restarts": n, "serving_from_s": t}."""
+        t = self._clock.now() if at_s is None else float(at_s)
         halt = getattr(self.inner, "halt", None)
         if halt is not None:
             halt()
-        self.inner = self._build()
+        self.inner = self._build(t + self.weight_load_s)
         self.restarts += 1
-        return {"restarts": self.restarts}
+        return {"restarts": self.restarts, "serving_from_s": t + self.weight_load_s}
 
     async def alive(self) -> dict:
         """Who answers: {"pid", "incarnation"} (a restart changes one of them)."""
@@ -291,7 +306,8 @@ class FaultInjector:
 
     async def _one(self, f: dict) -> None:
         i, kind, target = f["index"], f["kind"], f["instance"]
-        rec = {k: f[k] for k in ("kind", "target", "at_s", "duration_s", "factor", "count", "seed")}
+        rec = {k: f.get(k) for k in ("kind", "target", "at_s", "duration_s", "factor", "count", "seed",
+                                     "weight_load_s")}
         rec.update(index=i, instance=target, applied=False, applied_at_s=None, recovered=False,
                    recovered_at_s=None)
         await self.collector.note_fault(i, rec)
@@ -336,10 +352,13 @@ class FaultInjector:
             rec["work_before_crash_error"] = repr(exc)
         t = self.clock.now()
         try:
-            await handle.crash()
+            await handle.crash(at_s=t)
         except PeerLost:
             pass            # Ray: the call dies with the actor
-        rec.update(applied=True, applied_at_s=t)
+        # a restarted instance reloads its weights before it serves again (both runtimes;
+        # on Ray the restart's own wall time is not added: it serves from this time on)
+        rec.update(applied=True, applied_at_s=t, weight_load_s=rec.get("weight_load_s"),
+                   serving_from_s=t + (rec.get("weight_load_s") or 0.0))
         await self.collector.note_fault(rec["index"], rec)
         after = await retry_on_peer_lost(self.clock, handle.alive)
         rec["restarted"] = after != before

@@ -1,17 +1,27 @@
 """Metrics of a run, from the collector's records and the components' stats.
 
 Definitions (pinned by tests, stated in the README):
-- TTFT = first_token - arrival (queueing included; in the split rack the first token
-  is produced by the prefill instance when the prompt's last chunk ends).
+- TTFT = first_token - arrival: the moment the client receives the first output token,
+  queueing included. Colocated: the end of the prompt's last prefill chunk. Split
+  (first_token = "decode", the default): the end of the decode engine's first step
+  after the KV has landed, so TTFT includes the KV's waits and transfer; split with
+  first_token = "prefill": the end of the prompt on the prefill instance.
 - E2E = completion - arrival. TPOT = (E2E - TTFT) / (output_tokens - 1), only for
   requests with >= 2 output tokens. ITL = every gap between consecutive output tokens
   of every completed request (the first token's wait is not an ITL sample), so the
   mean of a request's ITLs equals its TPOT.
 - Rejected and failed requests give no latency samples but count in `submitted`.
 - Goodput = completed requests meeting both SLO targets (TTFT <= ttft_ms and TPOT <=
-  tpot_ms; a one-token request has no TPOT and meets that target) per second of
-  the run; SLO attainment = that count / submitted (DistServe).
-- The run's duration is from the first arrival to the last request's end.
+  tpot_ms; a one-token request has no TPOT and meets that target) per second, measured
+  at steady state: over the requests that arrived in the steady-state window (the
+  arrival span less its first and last `STEADY_TRIM`, the warm-up and the drain),
+  divided by the window's length; the offered rate is measured the same way, so a
+  rack that meets the SLO for every request has goodput = offered rate. (Dividing by
+  first arrival to last completion instead lets the drain of a time-compressed trace
+  dominate.) With fewer than `STEADY_MIN_REQUESTS` arrivals in the window (or all
+  arrivals at one instant) the whole run is the window, as `goodput.basis` says.
+  SLO attainment = requests meeting both targets / submitted (DistServe).
+- The run's duration (throughput) is from the first arrival to the last request's end.
 - Percentiles: linear interpolation between closest ranks (numpy's default method),
   for every sample size; an empty sample gives null.
 """
@@ -24,17 +34,22 @@ from typing import Any, Sequence
 import numpy as np
 
 PERCENTILES = (50, 90, 99)
+#: Share of the arrival span at each end left out of the steady-state window (warm-up,
+#: drain); see the module docstring.
+STEADY_TRIM = 0.10
+#: Fewest arrivals the steady-state window must hold to be used.
+STEADY_MIN_REQUESTS = 10
 
 
 def summarize(values: np.ndarray) -> dict:
-    """{"mean", "p50", "p90", "p99", "max", "n"} of `values` (nulls when empty)."""
+    """{"mean", "min", "p50", "p90", "p99", "max", "n"} of `values` (nulls when empty)."""
     v = np.asarray(values, dtype=np.float64)
     v = v[~np.isnan(v)]
     if v.size == 0:
-        return {"mean": None, "p50": None, "p90": None, "p99": None, "max": None, "n": 0}
+        return {"mean": None, "min": None, "p50": None, "p90": None, "p99": None, "max": None, "n": 0}
     p = np.percentile(v, PERCENTILES)
-    return {"mean": float(v.mean()), "p50": float(p[0]), "p90": float(p[1]), "p99": float(p[2]),
-            "max": float(v.max()), "n": int(v.size)}
+    return {"mean": float(v.mean()), "min": float(v.min()), "p50": float(p[0]), "p90": float(p[1]),
+            "p99": float(p[2]), "max": float(v.max()), "n": int(v.size)}
 
 
 def per_request(snapshot: dict, requests: Sequence[Any]) -> dict[str, np.ndarray]:
@@ -44,7 +59,10 @@ def per_request(snapshot: dict, requests: Sequence[Any]) -> dict[str, np.ndarray
     ids = snapshot["ids"]
     by_id = {r.id: r for r in requests}
     prompt = np.array([by_id[i].prompt_tokens for i in ids.tolist()], dtype=np.int64)
-    output = np.array([by_id[i].output_tokens for i in ids.tolist()], dtype=np.int64)
+    requested = np.array([by_id[i].output_tokens for i in ids.tolist()], dtype=np.int64)
+    # a request truncated to the context limit produced fewer tokens than it asked for
+    served = snapshot.get("output_tokens_served") or {}
+    output = np.array([served.get(i, n) for i, n in zip(ids.tolist(), requested.tolist())], dtype=np.int64)
     times = snapshot["times"]
     col = {n: i for i, n in enumerate(snapshot["events"])}
     outcome = np.array(snapshot["outcomes"] + ["open"], dtype=object)[snapshot["outcome"] - 1]
@@ -54,11 +72,14 @@ def per_request(snapshot: dict, requests: Sequence[Any]) -> dict[str, np.ndarray
     e2e = np.where(completed, times[:, col["completion"]] - arrival, np.nan)
     with np.errstate(invalid="ignore", divide="ignore"):
         tpot = np.where(completed & (output >= 2), (e2e - ttft) / (output - 1), np.nan)
-    cols = {"id": ids, "prompt_tokens": prompt, "output_tokens": output, "outcome": outcome,
+    cols = {"id": ids, "prompt_tokens": prompt, "output_tokens": output,
+            "requested_output_tokens": requested, "outcome": outcome,
             "reason": np.array([snapshot["reason"].get(i, "") for i in ids.tolist()], dtype=object),
             "preemptions": snapshot["preemptions"], "ttft_s": ttft, "tpot_s": tpot, "e2e_s": e2e}
     for name, i in col.items():
         cols[f"t_{name}"] = times[:, i]
+    # when each request ended in the rack, whatever its outcome (s)
+    cols["t_end"] = np.asarray(snapshot.get("end_s", np.full(len(ids), np.nan)), dtype=np.float64)
     return cols
 
 
@@ -68,6 +89,50 @@ def last_event_s(times: np.ndarray) -> float | None:
     if not np.size(times) or np.all(np.isnan(times)):
         return None
     return float(np.nanmax(times))
+
+
+def steady_window(arrivals: np.ndarray) -> tuple[float, float] | None:
+    """(start, end) in emulated s of the steady-state window of these arrival times
+    (module docstring), or None when it would hold fewer than `STEADY_MIN_REQUESTS`
+    arrivals or has no length."""
+    a = np.asarray(arrivals, dtype=np.float64)
+    a = a[~np.isnan(a)]
+    if a.size == 0:
+        return None
+    lo, hi = float(a.min()), float(a.max())
+    start, end = lo + STEADY_TRIM * (hi - lo), hi - STEADY_TRIM * (hi - lo)
+    inside = int(np.count_nonzero((a >= start) & (a <= end)))
+    if end <= start or inside < STEADY_MIN_REQUESTS:
+        return None
+    return start, end
+
+
+def goodput_section(arrivals: np.ndarray, meets: np.ndarray, duration_s: float,
+                    slo_ttft_s: float, slo_tpot_s: float) -> dict:
+    """results.json's `goodput`: steady-state goodput and offered rate (module docstring),
+    SLO attainment over every submitted request, and the window used."""
+    n = int(arrivals.shape[0])
+    win = steady_window(arrivals)
+    if win is None:
+        inside = np.ones(n, dtype=bool)
+        length, basis = duration_s, "whole_run"
+    else:
+        inside = (arrivals >= win[0]) & (arrivals <= win[1])
+        length, basis = win[1] - win[0], "steady_state"
+    rate = (lambda x: x / length if length > 0 else 0.0)
+    good_in = int(np.count_nonzero(meets & inside))
+    n_in = int(np.count_nonzero(inside))
+    return {
+        "requests_per_s": rate(good_in),
+        "offered_requests_per_s": rate(n_in),
+        "slo_attainment": float(meets.sum() / n) if n else 0.0,
+        "requests_meeting_slo": int(meets.sum()),
+        "basis": basis,
+        "window_s": list(win) if win is not None else None,
+        "window_requests": n_in,
+        "window_slo_attainment": good_in / n_in if n_in else 0.0,
+        "slo": {"ttft_s": slo_ttft_s, "tpot_s": slo_tpot_s},
+    }
 
 
 def compute(snapshot: dict, requests: Sequence[Any], slo_ttft_s: float, slo_tpot_s: float) -> dict:
@@ -102,6 +167,8 @@ def compute(snapshot: dict, requests: Sequence[Any], slo_ttft_s: float, slo_tpot
             "rejected_by_reason": dict(reasons["rejected"]),
             "failed_by_reason": dict(reasons["failed"]),
             "preemptions": int(np.sum(cols["preemptions"])),
+            # output capped at the context limit (context_overflow = "truncate")
+            "truncated": int(np.sum(cols["output_tokens"] != cols["requested_output_tokens"])),
         },
         "latency": {
             "ttft_s": summarize(ttft),
@@ -116,10 +183,5 @@ def compute(snapshot: dict, requests: Sequence[Any], slo_ttft_s: float, slo_tpot
             "input_tokens_per_s": rate(int(cols["prompt_tokens"][completed].sum())),
             "output_tokens": out_tokens,
         },
-        "goodput": {
-            "requests_per_s": rate(int(meets.sum())),
-            "slo_attainment": float(meets.sum() / n) if n else 0.0,
-            "requests_meeting_slo": int(meets.sum()),
-            "slo": {"ttft_s": slo_ttft_s, "tpot_s": slo_tpot_s},
-        },
+        "goodput": goodput_section(arrivals, meets, duration, slo_ttft_s, slo_tpot_s),
     }, cols

@@ -12,8 +12,17 @@ from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 
-#: One colour per deployment, stable across plots (matplotlib's "tab10").
+#: Stages are coloured from matplotlib's "tab20"; deployments from "tab10" (`palette`).
 _STAGE_COLOURS = "tab20"
+_DEPLOYMENT_COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b",
+                       "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")   # tab10, in order
+
+
+def palette(names: Sequence[str]) -> dict[str, str]:
+    """One colour per deployment name, in the given order (tab10, then repeating).
+    A report passes the same palette to every plot, so a deployment keeps its colour
+    across all of them, also in a plot that shows only some deployments."""
+    return {n: _DEPLOYMENT_COLOURS[i % len(_DEPLOYMENT_COLOURS)] for i, n in enumerate(dict.fromkeys(names))}
 
 
 def _plt():
@@ -35,23 +44,26 @@ def _save(fig, path: Path | str) -> Path:
 
 
 def latency_cdfs(runs: Mapping[str, Mapping[str, np.ndarray]], path: Path | str,
-                 itl: Optional[Mapping[str, np.ndarray]] = None) -> Path:
+                 itl: Optional[Mapping[str, np.ndarray]] = None,
+                 colours: Optional[Mapping[str, str]] = None) -> Path:
     """Empirical CDFs of TTFT, TPOT and E2E (and ITL if given) per scenario.
 
     runs: label -> per-request columns (ttft_s, tpot_s, e2e_s); itl: label -> ITL samples (s).
+    colours: label -> colour (`palette`; default: `palette(runs)`).
     Log x axis (latencies span decades); NaNs (rejected/failed, one-token TPOT) skipped.
     """
     plt = _plt()
+    colours = colours or palette(list(runs))
     keys = [("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("e2e_s", "E2E latency")]
     n = len(keys) + (1 if itl else 0)
     fig, axes = plt.subplots(1, n, figsize=(4.2 * n, 3.6))
     for ax, (key, title) in zip(axes, keys):
         for label, cols in runs.items():
-            _cdf(ax, np.asarray(cols[key], dtype=np.float64), label)
+            _cdf(ax, np.asarray(cols[key], dtype=np.float64), label, colours.get(label))
         ax.set_title(title)
     if itl:
         for label, v in itl.items():
-            _cdf(axes[-1], np.asarray(v, dtype=np.float64), label)
+            _cdf(axes[-1], np.asarray(v, dtype=np.float64), label, colours.get(label))
         axes[-1].set_title("ITL")
     from matplotlib.ticker import NullFormatter
 
@@ -66,7 +78,7 @@ def latency_cdfs(runs: Mapping[str, Mapping[str, np.ndarray]], path: Path | str,
     return _save(fig, path)
 
 
-def _cdf(ax, v: np.ndarray, label: str, points: int = 1000) -> None:
+def _cdf(ax, v: np.ndarray, label: str, colour: Optional[str] = None, points: int = 1000) -> None:
     """Empirical CDF; large samples are drawn at `points` evenly spaced ranks (ITL has
     one sample per output token, and drawing them all only costs time)."""
     v = np.sort(v[~np.isnan(v) & (v > 0)])
@@ -75,7 +87,7 @@ def _cdf(ax, v: np.ndarray, label: str, points: int = 1000) -> None:
         if v.size > points:
             idx = np.unique(np.linspace(0, v.size - 1, points).astype(np.int64))
             v, y = v[idx], y[idx]
-        ax.step(v, y, where="post", label=label)
+        ax.step(v, y, where="post", label=label, color=colour)
 
 
 def _step_on_grid(t: np.ndarray, v: np.ndarray, grid: np.ndarray, before: float = 0.0) -> np.ndarray:
@@ -151,13 +163,15 @@ def binned_utilisation(series: np.ndarray, end_s: float, bins: int = 120) -> tup
 
 
 def link_utilisation(runs: Mapping[str, Mapping[str, dict]], path: Path | str, end_s: Optional[float] = None,
-                     bins: int = 120) -> Path:
+                     bins: int = 120, colours: Optional[Mapping[str, str]] = None) -> Path:
     """KV link utilisation over time, averaged over `bins` equal time bins (a transfer
     holds a link at 100 % for milliseconds, so instantaneous values only flicker).
 
-    runs: label -> interconnect stats (or {} for a run without a link).
+    runs: label -> interconnect stats (or {} for a run without a link); colours: label
+    -> colour (`palette`).
     """
     plt = _plt()
+    colours = colours or palette(list(runs))
     fig, ax = plt.subplots(figsize=(8, 3.4))
     drawn = False
     series = {(label, name): np.asarray(link.get("series") or [], dtype=np.float64).reshape(-1, 2)
@@ -166,7 +180,7 @@ def link_utilisation(runs: Mapping[str, Mapping[str, dict]], path: Path | str, e
     for (label, name), s in series.items():
         if s.size:
             x, y = binned_utilisation(s, end, bins)
-            ax.plot(x, y * 100, label=f"{label}: {name}", lw=1.0)
+            ax.plot(x, y * 100, label=f"{label}: {name}", lw=1.0, color=colours.get(label))
             drawn = True
     if not drawn:
         ax.text(0.5, 0.5, "no KV link in these scenarios", ha="center", va="center", transform=ax.transAxes)
@@ -221,12 +235,16 @@ def stage_breakdown(breakdowns: Mapping[str, Mapping[str, Any]], path: Path | st
 
 def sweep_metric(points: Sequence[Mapping[str, Any]], x: str, y: str, path: Path | str, *,
                  xlabel: str, ylabel: str, title: str, logx: bool = False,
-                 vlines: Optional[Mapping[str, float]] = None) -> Path:
+                 vlines: Optional[Mapping[str, float]] = None,
+                 colours: Optional[Mapping[str, str]] = None) -> Path:
     """One line per scenario of `y` against `x` over sweep points ({"scenario", x, y}).
 
     vlines: label -> x value drawn as a dashed vertical line (a crossover, a max rate).
+    colours: scenario -> colour (`palette`). The y axis starts at 0 (every swept metric
+    is a rate, a ratio or a count); so does a linear x axis.
     """
     plt = _plt()
+    colours = colours or palette([p["scenario"] for p in points])
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
     by: dict[str, list] = {}
     for p in points:
@@ -234,7 +252,10 @@ def sweep_metric(points: Sequence[Mapping[str, Any]], x: str, y: str, path: Path
             by.setdefault(p["scenario"], []).append((p[x], p[y]))
     for name, xy in by.items():
         xy.sort()
-        ax.plot([a for a, _ in xy], [b for _, b in xy], marker="o", ms=4, label=name)
+        ax.plot([a for a, _ in xy], [b for _, b in xy], marker="o", ms=4, label=name, color=colours.get(name))
+    ax.set_ylim(bottom=0)
+    if not logx:
+        ax.set_xlim(left=0)
     for label, v in (vlines or {}).items():
         if v is not None:
             ax.axvline(v, ls="--", color="grey", lw=1)
@@ -249,5 +270,5 @@ def sweep_metric(points: Sequence[Mapping[str, Any]], x: str, y: str, path: Path
     return _save(fig, path)
 
 
-__all__ = ["binned_utilisation", "latency_cdfs", "link_utilisation", "memory_over_time", "pool_memory_series",
-           "stage_breakdown", "sweep_metric"]
+__all__ = ["binned_utilisation", "latency_cdfs", "link_utilisation", "memory_over_time", "palette",
+           "pool_memory_series", "stage_breakdown", "sweep_metric"]

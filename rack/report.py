@@ -19,11 +19,15 @@ _CSS = ("body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;
         "img{max-width:100%}code{background:#f4f4f4;padding:0 3px}")
 
 METRIC_DEFINITIONS = [
-    "TTFT: arrival to first output token, queueing included. TPOT: (E2E - TTFT) / (output tokens - 1), "
-    "requests with >= 2 output tokens. ITL: every gap between consecutive output tokens. E2E: arrival to "
-    "last token.",
-    "Goodput: completed requests per second meeting both the TTFT and the TPOT target; SLO attainment: "
-    "their share of all submitted requests (DistServe). Rejected and failed requests count against both.",
+    "TTFT: arrival to the moment the client receives the first output token, queueing included: the end of "
+    "the prompt's last prefill chunk when colocated; in a split deployment the end of the decode engine's "
+    "first step after the KV has landed (first_token = \"decode\", the default), so it includes the KV "
+    "transfer and its waits. TPOT: (E2E - TTFT) / (output tokens - 1), requests with >= 2 output tokens. "
+    "ITL: every gap between consecutive output tokens the client receives. E2E: arrival to last token.",
+    "Goodput: completed requests per second meeting both the TTFT and the TPOT target, over the requests "
+    "that arrived in the steady-state window (the arrival span less its first and last 10%: warm-up and "
+    "drain), beside the offered rate measured the same way; SLO attainment: requests meeting both targets "
+    "over all submitted requests (DistServe). Rejected and failed requests count against both.",
     "Percentiles: linear interpolation between closest ranks (numpy's default).",
     "Tokens per joule: completed output tokens / device energy over the run; $/M tokens: the run's cost / "
     "completed output tokens x 1e6 (rack.energy documents both models and their sources).",
@@ -94,6 +98,8 @@ def compare_markdown_report(doc: Mapping[str, Any], table_md: str, plots: Mappin
     for s in sc:
         d = s["provenance"]["config"].get("description") or ""
         lines.append(f"- **{s['name']}**: {d}")
+    for w in doc.get("warnings") or []:
+        lines += ["", f"**Warning**: {w}"]
     lines += ["", "## Side by side", "", table_md, ""]
 
     vc = doc.get("vendor_claim") or {}

@@ -79,20 +79,35 @@ def summary_text(results: dict) -> str:
              + f"  wall {results['emulation']['wall_s']:.1f} s",
              f"requests: {r['submitted']} submitted, {r['completed']} completed, {r['rejected']} rejected,"
              f" {r['failed']} failed" + (f" (reasons: {r['rejected_by_reason'] | r['failed_by_reason']})"
-                                         if r['rejected'] or r['failed'] else ""),
-             f"{'metric':<8}{'mean':>11}{'p50':>11}{'p90':>11}{'p99':>11}"]
+                                         if r['rejected'] or r['failed'] else "")
+             + (f"; {r['truncated']} truncated to the context limit" if r.get("truncated") else "")]
+    if r.get("skipped_rows") or r.get("source_failed"):
+        lines.append(f"trace rows not replayed: {r.get('skipped_rows', 0)} bad rows skipped"
+                     + (f" {r['skipped_by_reason']}" if r.get("skipped_rows") else "")
+                     + f", {r.get('source_failed', 0)} requests that failed at the source (excluded)")
+    cols = ("mean", "min", "p50", "p90", "p99")
+    lines.append(f"{'metric':<8}" + "".join(f"{c:>11}" for c in cols))
     for key, label in (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("itl_s", "ITL"), ("e2e_s", "E2E")):
         s = lat[key]
-        lines.append(f"{label:<8}" + "".join(f"{fmt_s(s[p]):>11}" for p in ("mean", "p50", "p90", "p99")))
+        lines.append(f"{label:<8}" + "".join(f"{fmt_s(s.get(p)):>11}" for p in cols))
     t, g, kv = results["throughput"], results["goodput"], results["kv_transfer"]
     lines.append(f"throughput: {t['requests_per_s']:.2f} req/s, {t['output_tokens_per_s']:.0f} output tok/s"
                  f" over {t['duration_s']:.1f} s emulated (first arrival to last request event)")
+    where = (f"arrivals {g['window_s'][0]:.1f}-{g['window_s'][1]:.1f} s, warm-up and drain excluded"
+             if g.get("basis") == "steady_state" else "whole run: too few arrivals for a steady-state window")
     lines.append(f"goodput: {g['requests_per_s']:.2f} req/s meeting TTFT<={g['slo']['ttft_s']*1e3:.0f} ms and "
-                 f"TPOT<={g['slo']['tpot_s']*1e3:.0f} ms (SLO attainment {g['slo_attainment']:.1%})")
+                 f"TPOT<={g['slo']['tpot_s']*1e3:.0f} ms of {g['offered_requests_per_s']:.2f} req/s offered "
+                 f"({where}); SLO attainment {g['slo_attainment']:.1%} of all requests")
     if kv["transfers"]:
         lines.append(f"KV transfer: {kv['transfers']} transfers, {kv['bytes_logical']/1e9:.2f} GB logical, "
                      f"{kv['bytes_shipped']/1e6:.2f} MB shipped, {kv['checksum_failures']} checksum failures, "
                      f"time p50 {fmt_s(kv['time_s']['p50'])} p99 {fmt_s(kv['time_s']['p99'])}")
+    pc = results.get("prefix_cache")
+    if pc:
+        lines.append(f"prefix cache: {pc['lookups']} lookups, hit ratio {pc['hit_ratio']:.3f} of "
+                     f"{pc['hit_blocks'] + pc['miss_blocks']} full blocks (ideal "
+                     f"{pc['ideal_hit_ratio']:.3f}: an unbounded cache shared by every instance), "
+                     f"{pc['hit_tokens']:,} prompt tokens served from cache")
     for pool, m in results["memory"].items():
         u = results["utilization"].get(pool, {})
         stack = f" ({u['stack']})" if u.get("stack") else ""

@@ -9,20 +9,28 @@ Policies (`RouterConfig.policy`):
 Admission: a request is rejected ("router_queue_full") when every prefill instance
 already has more than `max_outstanding_tokens` prompt tokens of work outstanding (the
 instances' loads are queried once per arrival tick and updated locally within it).
+Before that, at arrival (`rack.admission`): a request over the model's context limit
+is rejected ("prompt_exceeds_context", "exceeds_context") or has its output truncated
+(`context_overflow = "truncate"`); a request whose KV can never fit any instance it
+could go to is rejected ("prompt_exceeds_kv_capacity", "exceeds_decode_kv_capacity"),
+so no prefill time is spent on it.
 Conditional disaggregation: a prompt of at most `local_prefill_threshold_tokens`
 tokens goes to a colocated ("both") instance instead, which prefills and decodes it.
-Decode targets are chosen round-robin.
+Decode targets are chosen round-robin among those the request fits.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import heapq
 import itertools
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from interconnect.component import PeerLost
+from rack.admission import KVFit, context_verdict
 from rack.faults import retry_on_peer_lost as _retry
 
 
@@ -41,12 +49,24 @@ class Router:
             arrival is rejected when every instance is above it (>= 1).
         local_prefill_threshold_tokens: prompts up to this length go to `local` (0: off).
         decoders: decode instance handles by name (`holding`), used only by `recover`.
+        max_context_tokens: the model's context limit (the scenario's `max_model_len`
+            or the model's own); None: no limit.
+        context_overflow: "reject" or "truncate" (`rack.admission.context_verdict`).
+        kv_fit: `rack.admission.KVFit` of instances by name (prefill, decode and
+            colocated); an instance without one is assumed to fit every request.
     """
 
     def __init__(self, *, clock, collector, prefill: Mapping[str, Any], decode_targets: Sequence[str],
                  local: Mapping[str, Any] | None = None, policy: str = "least_outstanding_work",
                  max_outstanding_tokens: int = 1 << 40, local_prefill_threshold_tokens: int = 0,
-                 decoders: Mapping[str, Any] | None = None) -> None:
+                 decoders: Mapping[str, Any] | None = None, max_context_tokens: int | None = None,
+                 context_overflow: str = "reject", kv_fit: Mapping[str, KVFit] | None = None) -> None:
+        if context_overflow not in ("reject", "truncate"):
+            raise ValueError(f"router context_overflow: expected 'reject' or 'truncate', got {context_overflow!r}")
+        self.max_context_tokens = None if max_context_tokens is None else int(max_context_tokens)
+        self.context_overflow = context_overflow
+        self.kv_fit = dict(kv_fit or {})
+        self.truncated = 0
         if policy not in ("round_robin", "least_outstanding_work"):
             raise ValueError(f"router policy: expected 'round_robin' or 'least_outstanding_work', got {policy!r}")
         if not prefill and not local:
@@ -78,16 +98,33 @@ class Router:
         self._recoveries: dict[str, int] = {}     # recover() calls per instance
         self.recovered = 0
 
-    async def run(self, requests: Sequence[Any]) -> dict:
+    async def run(self, requests: Sequence[Any], max_concurrency: int | None = None,
+                  think_time_s: float = 0.0) -> dict:
         """Submit `requests` (sorted by arrival) at their arrival times; returns counts.
 
         Requests sharing an arrival time form one tick: one wake-up, one batched
         `arrival` message to the collector, one load query per instance.
+
+        max_concurrency: closed loop (vLLM `bench serve --max-concurrency`, a
+            benchmark's "concurrency"): at most this many requests are in the rack at
+            once; a request is sent at its arrival time or, if all slots are taken, when
+            a slot frees, i.e. `think_time_s` after one of the requests in flight ends
+            (completed, rejected or failed). Its arrival (hence TTFT) is when it is
+            sent. None: open loop, every request at its arrival time.
+        Raises ValueError for max_concurrency < 1 or a negative or non-finite think time.
         """
-        i, n = 0, len(requests)
-        self._requests = requests
+        n = len(requests)
+        self._requests = list(requests)       # a truncated request replaces its original
         self._pre_of = np.full(n, -1, np.int32)
         self._dec_of = np.full(n, -1, np.int32)
+        if max_concurrency is not None:
+            if int(max_concurrency) < 1:
+                raise ValueError(f"router: max_concurrency must be >= 1, got {max_concurrency}")
+            if not (0.0 <= float(think_time_s) < float("inf")):
+                raise ValueError(f"router: think_time_s must be finite and >= 0, got {think_time_s}")
+            await self._run_closed(requests, int(max_concurrency), float(think_time_s))
+            return {"dispatched": dict(self.dispatched), "rejected": self.rejected}
+        i = 0
         while i < n:
             t = requests[i].arrival_s
             j = i
@@ -97,6 +134,21 @@ class Router:
             await self._tick(requests[i:j], i)
             i = j
         return {"dispatched": dict(self.dispatched), "rejected": self.rejected}
+
+    async def _run_closed(self, requests: Sequence[Any], slots: int, think_s: float) -> None:
+        """`run`'s closed loop: `slots` concurrent users (see `run`)."""
+        free = [0.0] * slots            # when each idle slot may send again (a heap)
+        in_flight: set[int] = set()
+        for pos, req in enumerate(requests):
+            if not free:
+                for rid, t_end in await self.collector.wait_ended(sorted(in_flight)):
+                    in_flight.discard(rid)
+                    heapq.heappush(free, t_end + think_s)
+            t = max(req.arrival_s, heapq.heappop(free))
+            if t > self.clock.now():
+                await self.clock.sleep_until(t)
+            in_flight.add(req.id)
+            await self._tick([req], pos)
 
     async def _tick(self, batch: Sequence[Any], base: int = 0) -> None:
         now = self.clock.now()
@@ -109,34 +161,91 @@ class Router:
         load = dict(zip(names, (self.max_outstanding_tokens + 1 if isinstance(v, PeerLost) else int(v)
                                 for v in _raise_other(values))))
         per_instance: dict[str, list] = {}
+        refused: list[tuple[int, str]] = []
+        truncated: list[tuple[int, int]] = []
         for k, req in enumerate(batch):
-            if self._rr_local is not None and (not self.prefill or req.prompt_tokens <= self.threshold):
-                name = next(self._rr_local)
-                per_instance.setdefault(name, []).append((req, name))
-                self._note_route(base + k, name, name)
-                self.dispatched[name] += 1
+            served, reason = context_verdict(req.prompt_tokens, req.output_tokens,
+                                             self.max_context_tokens, self.context_overflow)
+            if reason is None and served != req.output_tokens:
+                req = dataclasses.replace(req, output_tokens=served)
+                self._requests[base + k] = req
+                truncated.append((req.id, served))
+            if reason is None and self._rr_local is not None and \
+                    (not self.prefill or req.prompt_tokens <= self.threshold):
+                name = self._next_fitting(self._rr_local, len(self.local), req, both=True)
+                if name is None:
+                    reason = self._kv_reason(self.local, req)
+                else:
+                    per_instance.setdefault(name, []).append((req, name))
+                    self._note_route(base + k, name, name)
+                    self.dispatched[name] += 1
+                    continue
+            if reason is None:
+                cands = [nm for nm in load if self._fits(nm, req, decode=False)]
+                targets = self._decode_candidates(req)
+                if not cands:
+                    reason = "prompt_exceeds_kv_capacity"
+                elif targets is not None and not targets:
+                    reason = "exceeds_decode_kv_capacity"
+            if reason is not None:
+                refused.append((req.id, reason))
                 continue
             if self.policy == "least_outstanding_work":
-                name = min(load, key=lambda nm: (load[nm], nm))
+                name = min(cands, key=lambda nm: (load[nm], nm))
             else:
-                name = next(self._rr)
+                name = self._next_fitting(self._rr, len(self.prefill), req, both=False)
             if load[name] > self.max_outstanding_tokens:
                 # The least-loaded instance is full, so all are (or round-robin hit a full one).
-                if self.policy == "round_robin" and min(load.values()) <= self.max_outstanding_tokens:
-                    name = min(load, key=lambda nm: (load[nm], nm))
+                if self.policy == "round_robin" and min(load[c] for c in cands) <= self.max_outstanding_tokens:
+                    name = min(cands, key=lambda nm: (load[nm], nm))
                 else:
-                    self.rejected += 1
-                    await self.collector.finish(req.id, "rejected", reason="router_queue_full", t=now)
+                    refused.append((req.id, "router_queue_full"))
                     continue
             load[name] += req.prompt_tokens
-            target = next(self._rr_decode) if self._rr_decode is not None else name
+            target = self._next_fitting(self._rr_decode, len(self.decode_targets), req, both=True) \
+                if self._rr_decode is not None else name
             per_instance.setdefault(name, []).append((req, target))
             self._note_route(base + k, name, target)
             self.dispatched[name] += 1
+        if truncated:
+            self.truncated += len(truncated)
+            await self.collector.note_truncated(truncated)
+        for rid, reason in refused:
+            self.rejected += 1
+            await self.collector.finish(rid, "rejected", reason=reason, t=now)
         # One message per instance per tick: the tick's requests reach an instance
         # together, so they share its first iteration on Ray as on virtual time.
         if per_instance:
             await self._submit(per_instance)
+
+    # ------------------------------------------------------------------ admission
+    def _fits(self, name: str, req: Any, decode: bool) -> bool:
+        fit = self.kv_fit.get(name)
+        if fit is None:
+            return True
+        return fit.fits_decode(req.prompt_tokens, req.output_tokens) if decode else fit.fits(req.prompt_tokens)
+
+    def _decode_candidates(self, req: Any) -> list[str] | None:
+        """Decode targets `req` fits (None: no decode targets, a colocated deployment)."""
+        if not self.decode_targets:
+            return None
+        return [d for d in self.decode_targets if self._fits(d, req, decode=True)]
+
+    def _next_fitting(self, cycle, n: int, req: Any, both: bool) -> str | None:
+        """The next name of round-robin `cycle` (n names) that `req` fits: its decode
+        footprint, and with `both` False its prompt (a prefill instance); None if none."""
+        for _ in range(n):
+            name = next(cycle)
+            if self._fits(name, req, decode=both) and (both is False or name not in self.local
+                                                        or self._fits(name, req, decode=False)):
+                return name
+        return None
+
+    def _kv_reason(self, instances, req: Any) -> str:
+        """Why `req` fits none of the colocated `instances`."""
+        if not any(self._fits(n, req, decode=False) for n in instances):
+            return "prompt_exceeds_kv_capacity"
+        return "exceeds_decode_kv_capacity"
 
     # ------------------------------------------------------------------ recovery
     def _note_route(self, pos: int, instance: str, target: str | None) -> None:

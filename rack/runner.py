@@ -90,6 +90,34 @@ def _kv_section(stats: dict) -> dict:
     }
 
 
+def _prefix_cache_section(stats: dict, requests: Sequence[Any]) -> dict | None:
+    """The prefix caches' counters summed over instances, beside the ideal hit ratio of
+    the run's requests (`workloads.ideal_prefix_hits`: an unbounded cache shared by
+    every instance, full blocks only). None when no instance has a prefix cache or no
+    request carries block hashes."""
+    caches = [s["prefix_cache"] for s in stats.values() if s.get("prefix_cache")]
+    if not caches or not any(r.block_hashes for r in requests):
+        return None
+    from workloads import ideal_prefix_hits
+
+    tot = {k: int(sum(c.get(k, 0) for c in caches)) for k in
+           ("lookups", "hit_blocks", "miss_blocks", "hit_tokens", "miss_tokens", "evicted_blocks")}
+    looked = tot["hit_blocks"] + tot["miss_blocks"]
+    ideal_hit, ideal_looked = ideal_prefix_hits(requests)
+    return {**tot, "hit_ratio": tot["hit_blocks"] / looked if looked else 0.0,
+            "ideal_hit_ratio": ideal_hit / ideal_looked if ideal_looked else 0.0}
+
+
+def _trace_counts(trace_info: dict | None) -> dict:
+    """Rows of the source that never became requests: bad rows skipped
+    (`--skip-bad-rows`) and requests that failed at the source (BurstGPT rows with 0
+    response tokens). They are not submitted, so they are reported beside the counts."""
+    reader = (trace_info or {}).get("reader") or {}
+    return {"skipped_rows": int(reader.get("skipped_rows", 0) or 0),
+            "skipped_by_reason": dict(reader.get("skipped_by_reason", {}) or {}),
+            "source_failed": int(reader.get("failed_requests", 0) or 0)}
+
+
 def _energy_cost_sections(scenario: Scenario, specs: Sequence[ComponentSpec], raw: dict,
                           results: dict, cols: dict) -> dict:
     """`energy`, `cost` and `breakdown` sections (rack.energy, rack.breakdown). Energy is
@@ -127,13 +155,17 @@ def _provenance(scenario: Scenario, trace_info: dict | None, runtime: str, loop_
 
 def run_scenario(scenario: Scenario, requests: Sequence[Any], *, runtime: str = "virtual",
                  address: str | None = None, trace_info: dict | None = None,
-                 progress: bool = False, timeout_s: float | None = None) -> RunOutput:
+                 progress: bool = False, timeout_s: float | None = None,
+                 max_concurrency: int | None = None, think_time_s: float = 0.0) -> RunOutput:
     """Replay `requests` (sorted by arrival) through `scenario` and measure it.
 
     runtime: "virtual" (in-process virtual time, deterministic) or "ray" (one actor per
         component, wall clock dilated by `scenario.dilation`; Ray starts locally unless
         `address` is given).
     timeout_s: Ray runtime only: wall-clock limit for the whole replay.
+    max_concurrency: closed loop: at most this many requests in the rack at once, the
+        next sent `think_time_s` after one ends (`rack.router.Router.run`); None: open
+        loop (every request at its arrival time).
     Raises ScenarioError for a bad scenario (before anything starts), and
     `VirtualTimeDeadlock` / `RayRunError` if the rack stalls.
     """
@@ -142,13 +174,15 @@ def run_scenario(scenario: Scenario, requests: Sequence[Any], *, runtime: str = 
     wall0 = time.perf_counter()
     if runtime == "virtual":
         from rack.runtime.virtual_run import run_topology_virtual
-        raw = run_topology_virtual(specs, requests)
+        raw = run_topology_virtual(specs, requests, max_concurrency=max_concurrency,
+                                   think_time_s=think_time_s)
         loop_type = "VirtualTimeLoop"
         dilation = None
     elif runtime == "ray":
         from rack.runtime.ray_runtime import run_topology_ray
         raw = run_topology_ray(specs, requests, dilation=scenario.dilation, address=address,
-                               progress=progress, timeout_s=timeout_s)
+                               progress=progress, timeout_s=timeout_s,
+                               max_concurrency=max_concurrency, think_time_s=think_time_s)
         loop_type = raw["loop_type"]
         dilation = scenario.dilation
     else:
@@ -160,6 +194,8 @@ def run_scenario(scenario: Scenario, requests: Sequence[Any], *, runtime: str = 
     snapshot = apply_fixed_stages(raw["snapshot"], scenario.fixed_stages)
     results, cols = metrics.compute(snapshot, requests, scenario.slo.ttft_ms / 1e3,
                                     scenario.slo.tpot_ms / 1e3)
+    results["requests"].update(_trace_counts(trace_info))
+    results["prefix_cache"] = _prefix_cache_section(raw["stats"], requests)
     memory, util = _pool_sections(scenario, specs, raw["stats"])
     lateness_all = np.concatenate([np.asarray(v, dtype=np.float64) for v in raw["lateness"].values()]) \
         if raw["lateness"] else np.zeros(0)
@@ -180,7 +216,8 @@ def run_scenario(scenario: Scenario, requests: Sequence[Any], *, runtime: str = 
             "nodes": raw.get("nodes", {}),
             "ray": raw.get("ray"),
         },
-        "provenance": _provenance(scenario, trace_info, runtime, loop_type),
+        "provenance": {**_provenance(scenario, trace_info, runtime, loop_type),
+                       "load": {"max_concurrency": max_concurrency, "think_time_s": think_time_s}},
     })
     results.update(_energy_cost_sections(scenario, specs, raw, results, cols))
     # injected faults and what they cost (rack.faults, docs/robustness.md)

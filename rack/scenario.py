@@ -88,6 +88,9 @@ class PoolConfig(_Strict):
     max_reserve_queue: int = Field(default=4096, ge=1, description="decode side: KV reservations waiting "
                                    "for memory per instance before rejection (decode_queue_full)")
     memory_reserve_fraction: Optional[float] = Field(default=None, ge=0.0, lt=1.0)
+    weight_load_GBps: Optional[float] = Field(default=None, gt=0, description="rate at which a restarted "
+                                              "instance reloads its weights, GB/s per device; default: the "
+                                              "device's weight_load_Bps (catalog)")
     resources: dict[str, float] = Field(default_factory=dict, description="Ray custom resources per instance actor")
 
     @model_validator(mode="before")
@@ -192,6 +195,17 @@ class Scenario(_Strict):
     payload_scale: float = Field(default=1e-3, gt=0, le=1.0, description="shipped bytes / logical KV bytes")
     layer_group: int = Field(default=8, ge=1, description="layers per KV frame")
     dilation: float = Field(default=20.0, gt=0, description="Ray runtime: wall seconds per emulated second")
+    # Who sends the client a split request's first token: "decode" (the decode
+    # engine's first step after the KV has landed, as vLLM's and Dynamo's disaggregated
+    # serving do; TTFT includes the KV transfer) or "prefill" (the prefill instance
+    # streams it at the end of the prompt). Colocated requests are unaffected.
+    first_token: Literal["decode", "prefill"] = "decode"
+    # Context limit (prompt + output tokens), as vLLM's --max-model-len: at most the
+    # model's own (catalog `max_context_tokens`); None: the model's. A request beyond it
+    # is rejected at admission, or its output truncated (`context_overflow`, see
+    # rack.admission).
+    max_model_len: Optional[int] = Field(default=None, ge=2)
+    context_overflow: Literal["reject", "truncate"] = "reject"
     seed: int = 0
     # Energy, cost and fixed latency stages (rack.energy, rack.breakdown document them).
     energy: EnergySettings = EnergySettings()
@@ -379,9 +393,13 @@ def check_hardware(scenario: Scenario, source: str = "<scenario>") -> None:
     from rack.topology import check_fit, cost_model
 
     try:
-        resolve_model(scenario.model)
+        model = resolve_model(scenario.model)
     except (ValueError, KeyError) as exc:
         raise ScenarioError(f"{source}: field model: {exc}") from None
+    limit = model.max_context_tokens
+    if scenario.max_model_len is not None and limit is not None and scenario.max_model_len > limit:
+        raise ScenarioError(f"{source}: field max_model_len: {scenario.max_model_len} exceeds {model.name}'s "
+                            f"context of {limit} tokens (expected <= {limit}, or leave it out)")
     for i, p in enumerate(scenario.pools):
         try:
             resolve_device(p.device, p.stack)

@@ -1,12 +1,15 @@
 """Sweeps: goodput, tokens per joule and cost of deployments against request rate, KV
 link bandwidth and prompt length, run in parallel.
 
-- Rate (`rate_sweep`): the trace's arrival times divided by each rate scale. For each
-  deployment the maximum sustainable rate is the largest rate whose SLO attainment is
-  at least the target (90 % by default), interpolated linearly between the last rate
-  that meets it and the first that does not: DistServe's definition of goodput as
-  "the maximum request rate that can be served adhering to the SLO attainment goal"
-  (Zhong et al., OSDI 2024).
+- Rate (`rate_sweep`): the trace's arrival times divided by each rate scale. Each
+  point's goodput and offered rate are measured over the run's steady-state window
+  (warm-up and drain excluded, `rack.metrics`), so a point where every request meets
+  the SLO has goodput = offered rate. For each deployment the maximum sustained rate is
+  the highest rate *tried* whose SLO attainment is at least the target (90 % by
+  default), scanning up from the lowest until the first miss: DistServe's goodput, "the
+  maximum request rate that can be served adhering to the SLO attainment goal" (Zhong
+  et al., OSDI 2024), as a measured point, never an interpolation; when every point
+  held, the answer is ">= the highest rate tried".
 - Link bandwidth (`bandwidth_sweep`): the split deployment's KV links set to each
   bandwidth; colocated deployments (no link) run once. The crossover is the bandwidth
   at which the split deployment's goodput first catches up with a colocated one's
@@ -107,7 +110,8 @@ def point_summary(results: dict) -> dict:
         "e2e_p99_s": lat["e2e_s"]["p99"],
         "requests_per_s": th["requests_per_s"], "output_tokens_per_s": th["output_tokens_per_s"],
         "duration_s": th["duration_s"],
-        "goodput_rps": g["requests_per_s"], "slo_attainment": g["slo_attainment"],
+        "goodput_rps": g["requests_per_s"], "offered_rps": g["offered_requests_per_s"],
+        "goodput_basis": g["basis"], "slo_attainment": g["slo_attainment"],
         "tokens_per_joule": results["energy"]["tokens_per_joule"],
         "tokens_per_joule_roofline": results["energy"]["sensitivity"]["roofline"]["tokens_per_joule"],
         "mean_power_w": results["energy"]["mean_power_w"],
@@ -173,31 +177,34 @@ class SweepResult:
 
 # ---------------------------------------------------------------------------- analysis
 def max_sustainable_rate(rates: Sequence[float], attainment: Sequence[float],
-                         target: float = DEFAULT_ATTAINMENT_TARGET) -> Optional[float]:
-    """The largest rate meeting `target` SLO attainment (DistServe goodput).
+                         target: float = DEFAULT_ATTAINMENT_TARGET) -> tuple[Optional[float], bool]:
+    """(the highest measured rate meeting `target` SLO attainment, whether every rate
+    tried met it) (DistServe goodput, as measured points).
 
-    Points are sorted by rate; the answer is interpolated linearly between the last
-    rate that meets the target (scanning up from the lowest) and the next one. None if
-    the lowest rate already misses it; the highest rate if every point meets it.
+    Points are sorted by rate and scanned up from the lowest until the first one that
+    misses the target; the answer is the last rate that met it, never a value between
+    points. (None, False) if the lowest rate already misses it. When every point meets
+    it the rack sustains *at least* the highest rate tried (True).
     """
     pts = sorted((float(r), float(a)) for r, a in zip(rates, attainment) if a is not None)
     if not pts or pts[0][1] < target:
-        return None
-    for (r0, a0), (r1, a1) in zip(pts, pts[1:]):
+        return None, False
+    for (r0, _), (_, a1) in zip(pts, pts[1:]):
         if a1 < target:
-            return r0 + (a0 - target) / (a0 - a1) * (r1 - r0) if a0 != a1 else r0
-    return pts[-1][0]
+            return r0, False
+    return pts[-1][0], True
 
 
 def find_crossover(xs: Sequence[float], split: Sequence[float], colocated: Sequence[float],
                    tol: float = TIE_TOLERANCE) -> dict:
     """Where the split deployment's metric catches up with a colocated one's along x.
 
-    Returns {"x": crossover or None, "below": winner below it, "above": winner above it,
-    "status": "crossover" | "split_always" | "colocated_always" | "tie"}. Differences
-    within `tol` (relative to the larger value) are ties. The crossover lies between
-    the last x where colocated wins and the next x where split does not lose,
-    interpolated linearly in log x (bandwidths span decades).
+    Returns {"x": crossover or None, "between": [x0, x1] (the measured points around
+    it), "below": winner below it, "above": winner above it, "status": "crossover" |
+    "split_always" | "colocated_always" | "tie"}. Differences within `tol` (relative to
+    the larger value) are ties. The crossover lies between x0, the last x where
+    colocated wins, and x1, the next x where split does not lose; "x" is an estimate
+    interpolated linearly in log x (bandwidths span decades), not a measured point.
     """
     pts = sorted(zip(xs, split, colocated))
     if not pts:
@@ -218,8 +225,8 @@ def find_crossover(xs: Sequence[float], split: Sequence[float], colocated: Seque
                 x = math.exp(math.log(x0) + f * (math.log(x1) - math.log(x0)))
             else:
                 x = x0 + f * (x1 - x0)
-            return {"x": x, "below": "colocated", "above": "split" if signs[-1] > 0 else "tie",
-                    "status": "crossover"}
+            return {"x": x, "between": [x0, x1], "below": "colocated",
+                    "above": "split" if signs[-1] > 0 else "tie", "status": "crossover"}
     if all(s < 0 for s in signs):
         return {"x": None, "below": "colocated", "above": "colocated", "status": "colocated_always"}
     if all(s >= 0 for s in signs):
@@ -244,11 +251,13 @@ def rate_sweep(scenarios: Sequence[Scenario], workload: Workload, rate_scales: S
                           "rate_per_s": float(r) * base_rate if base_rate else None})
              for s in scenarios for r in rate_scales]
     points = run_tasks(tasks, workers=workers, address=address, progress=progress, description="rate sweep")
-    summary: dict = {"target": target, "max_rate_scale": {}, "max_rate_per_s": {}, "tokens_per_joule_at_max": {}}
+    summary: dict = {"target": target, "max_rate_scale": {}, "max_rate_per_s": {}, "tokens_per_joule_at_max": {},
+                     "held_every_rate": {}}
     for s in scenarios:
         mine = [p for p in points if p["scenario"] == s.name and "error" not in p]
-        m = max_sustainable_rate([p["rate_scale"] for p in mine], [p["slo_attainment"] for p in mine], target)
+        m, held = max_sustainable_rate([p["rate_scale"] for p in mine], [p["slo_attainment"] for p in mine], target)
         summary["max_rate_scale"][s.name] = m
+        summary["held_every_rate"][s.name] = held
         summary["max_rate_per_s"][s.name] = m * base_rate if (m is not None and base_rate) else None
         ok = [p for p in mine if p["slo_attainment"] >= target]
         best = max(ok, key=lambda p: p["rate_scale"]) if ok else None
@@ -323,7 +332,8 @@ def prompt_sweep(scenarios: Sequence[Scenario], prompt_lengths: Sequence[int], *
                  address: Optional[str] = None, progress: bool = True) -> SweepResult:
     """Each scenario on synthetic Poisson traffic at each fixed prompt length.
 
-    Summary: {"best": {prompt length: scenario with the highest goodput}}.
+    Summary: {"best": {prompt length: scenario with the highest goodput, or "tie" when
+    the best two are within `TIE_TOLERANCE` of each other}}.
     """
     wl = Workload(kind="synthetic", rate_per_s=rate_per_s, prompt_tokens=int(prompt_lengths[0]),
                   output_tokens=output_tokens, n=n, seed=seed)
@@ -335,9 +345,17 @@ def prompt_sweep(scenarios: Sequence[Scenario], prompt_lengths: Sequence[int], *
     for L in prompt_lengths:
         here = [p for p in points if p["prompt_tokens"] == int(L) and "error" not in p]
         if here:
-            best[int(L)] = max(here, key=lambda p: p["goodput_rps"])["scenario"]
+            ranked = sorted(here, key=lambda p: p["goodput_rps"], reverse=True)
+            top = ranked[0]
+            tied = len(ranked) > 1 and _within(ranked[1]["goodput_rps"], top["goodput_rps"])
+            best[int(L)] = "tie" if tied else top["scenario"]
     desc = f"synthetic: {n} requests, Poisson {rate_per_s:g} req/s, {output_tokens} output tokens"
     return SweepResult("prompt", "prompt_tokens", points, {"best": best}, desc)
+
+
+def _within(a: float, b: float, tol: float = TIE_TOLERANCE) -> bool:
+    """Whether a and b differ by at most `tol` of the larger (a tie: no winner)."""
+    return abs(a - b) <= tol * max(abs(a), abs(b), 1e-12)
 
 
 def summary_lines(result: SweepResult) -> list[str]:
@@ -347,10 +365,14 @@ def summary_lines(result: SweepResult) -> list[str]:
         for name, m in s["max_rate_scale"].items():
             rps = s["max_rate_per_s"].get(name)
             tpj = s["tokens_per_joule_at_max"].get(name)
+            held = s.get("held_every_rate", {}).get(name)
             out.append(f"{name}: " + ("misses the target already at the lowest rate" if m is None else
-                                      f"sustains {m:.3g}x the trace rate" + (f" ({rps:.3g} req/s)" if rps else "")
+                                      f"sustains {'>= ' if held else ''}{m:.3g}x the trace rate"
+                                      + (f" ({'>= ' if held else ''}{rps:.3g} req/s)" if rps else "")
                                       + f" at >= {s['target']:.0%} SLO attainment"
-                                      + (f"; {tpj:.4g} output tokens/J at the highest such rate" if tpj else "")))
+                                      + (" (every rate tried held: the highest tried)" if held
+                                         else " (the highest rate tried that held)")
+                                      + (f"; {tpj:.4g} output tokens/J at that rate" if tpj else "")))
         ratio = s.get("vendor_ratio")
         if ratio:
             out.append(f"tokens/J at each one's highest sustained rate, {ratio['split']} vs {ratio['wafer_only']}: "
@@ -359,8 +381,10 @@ def summary_lines(result: SweepResult) -> list[str]:
         for name, c in s["crossover"].items():
             st = c.get("status")
             if st == "crossover":
-                out.append(f"crossover with {name}: {c['x']:.3g} GB/s (below it {name} wins on {s['metric']}, "
-                           f"above it the split {'wins' if c['above'] == 'split' else 'ties'})")
+                lo, hi = c.get("between") or (c["x"], c["x"])
+                out.append(f"crossover with {name}: between {lo:.3g} and {hi:.3g} GB/s, the bandwidths tried "
+                           f"around it (~{c['x']:.3g} GB/s interpolated); below it {name} wins on "
+                           f"{s['metric']}, above it the split {'wins' if c['above'] == 'split' else 'ties'}")
             elif st == "split_always":
                 out.append(f"no crossover with {name}: the split deployment wins or ties at every bandwidth swept")
             elif st == "colocated_always":
@@ -371,14 +395,16 @@ def summary_lines(result: SweepResult) -> list[str]:
                 out.append(f"crossover with {name}: undetermined ({st})")
     elif result.kind == "prompt":
         for L, name in s["best"].items():
-            out.append(f"{L} prompt tokens: best goodput {name}")
+            out.append(f"{L} prompt tokens: " + (f"no winner (the best goodputs are within {TIE_TOLERANCE:.0%})"
+                                                 if name == "tie" else f"best goodput {name}"))
     errors = [p for p in result.points if "error" in p]
     for p in errors:
         out.append(f"point {p.get('scenario')} {result.param}={p.get(result.param)} failed: {p['error']}")
     return out
 
 
-_COLS = (("goodput_rps", "goodput (req/s)", "{:.3g}"), ("slo_attainment", "SLO att.", "{:.1%}"),
+_COLS = (("offered_rps", "offered (req/s)", "{:.3g}"), ("goodput_rps", "goodput (req/s)", "{:.3g}"),
+         ("slo_attainment", "SLO att.", "{:.1%}"),
          ("tokens_per_joule", "tok/J", "{:.4g}"), ("usd_per_mtok", "$/Mtok out", "{:,.2f}"),
          ("ttft_p99_s", "TTFT p99 (s)", "{:.3g}"), ("tpot_p99_s", "TPOT p99 (s)", "{:.3g}"),
          ("link_utilization", "link util.", "{:.1%}"))
@@ -420,7 +446,9 @@ def write_sweep(result: SweepResult, out_dir: Any, *, plots: bool = True) -> dic
     ok = [p for p in result.points if "error" not in p]
     if plots and ok:
         pd = out / "plots"
-        x, logx = result.param, result.kind in ("bandwidth", "prompt", "rate")
+        # rates on a linear axis from 0; bandwidths and prompt lengths span decades
+        x, logx = result.param, result.kind in ("bandwidth", "prompt")
+        colours = P.palette(sorted({p["scenario"] for p in result.points}))
         xlabel = {"rate": "rate scale (x trace rate)", "bandwidth": "KV link bandwidth (GB/s)",
                   "prompt": "prompt tokens"}[result.kind]
         vlines = None
@@ -433,7 +461,8 @@ def write_sweep(result: SweepResult, out_dir: Any, *, plots: bool = True) -> dic
                                   ("slo_attainment", "SLO attainment", "slo_attainment")):
             title = f"{label} vs {xlabel}"
             P.sweep_metric(ok, x, key, pd / f"{fname}_vs_{result.kind}.png", xlabel=xlabel, ylabel=label,
-                           title=title, logx=logx, vlines=vlines if key != "tokens_per_joule" else None)
+                           title=title, logx=logx, vlines=vlines if key != "tokens_per_joule" else None,
+                           colours=colours)
             pngs[title] = f"plots/{fname}_vs_{result.kind}.png"
     heads, rows = points_table(result)
     md = report.sweep_markdown_report(result.as_dict(), report.md_table(heads, rows), pngs, summary_lines(result))

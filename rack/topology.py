@@ -18,6 +18,7 @@ from devices.costmodel import CostModel, Parallelism, SpeculativeConfig
 from devices.planner import ModelDoesNotFit, plan_memory
 from interconnect.link import LinkSpec
 
+from .admission import kv_fit_of
 from .faults import apply_faults
 from .scenario import DEFAULT_MAX_NUM_SEQS, PoolConfig, Scenario, ScenarioError
 
@@ -98,6 +99,23 @@ def check_fit(scenario: Scenario, pool: PoolConfig, cost: CostModel):
         raise ScenarioError(f"pool {pool.name!r} ({pool.device}, tp={pool.tp}, pp={pool.pp}): {exc}") from None
 
 
+def weight_load_s(scenario: Scenario, pool: PoolConfig, cost: CostModel) -> float:
+    """Seconds a (re)started instance of `pool` spends loading its weights before it
+    serves: each device's share of the weights over its load bandwidth (the pool's
+    `weight_load_GBps`, else the device's catalog `weight_load_Bps`)."""
+    plan = check_fit(scenario, pool, cost)
+    rate = pool.weight_load_GBps * 1e9 if pool.weight_load_GBps is not None else cost.device.weight_load_Bps
+    return plan.per_device_weight_bytes / rate
+
+
+def context_limit(scenario: Scenario) -> int | None:
+    """The run's context limit in tokens: the scenario's `max_model_len`, else the
+    model's `max_context_tokens` (None if neither is known)."""
+    if scenario.max_model_len is not None:
+        return scenario.max_model_len
+    return resolve_model(scenario.model).max_context_tokens
+
+
 def build_topology(scenario: Scenario, request_ids: Sequence[int]) -> list[ComponentSpec]:
     """The components of `scenario`, in an order where each one's peers come first.
 
@@ -125,7 +143,7 @@ def build_topology(scenario: Scenario, request_ids: Sequence[int]) -> list[Compo
                 "max_batch": max_num_seqs(p, costs[p.name]), "kv_block_tokens": p.kv_block_tokens,
                 "admission_policy": p.admission_policy,
                 "memory_reserve_fraction": p.memory_reserve_fraction,
-                "max_reserve_queue": p.max_reserve_queue,
+                "max_reserve_queue": p.max_reserve_queue, "first_token": scenario.first_token,
             }, "decode", p.name, dict(p.resources)))
 
     local_names: list[str] = []
@@ -140,7 +158,7 @@ def build_topology(scenario: Scenario, request_ids: Sequence[int]) -> list[Compo
                 "max_batch": max_num_seqs(p, costs[p.name]), "kv_block_tokens": p.kv_block_tokens,
                 "prefix_cache": p.prefix_cache, "admission_policy": p.admission_policy,
                 "memory_reserve_fraction": p.memory_reserve_fraction,
-                "max_reserve_queue": p.max_reserve_queue,
+                "max_reserve_queue": p.max_reserve_queue, "first_token": scenario.first_token,
             }, "both", p.name, dict(p.resources)))
 
     if prefillers:
@@ -172,8 +190,14 @@ def build_topology(scenario: Scenario, request_ids: Sequence[int]) -> list[Compo
                 "kv_block_tokens": p.kv_block_tokens, "prefix_cache": p.prefix_cache,
                 "payload_scale": scenario.payload_scale, "layer_group": scenario.layer_group,
                 "memory_reserve_fraction": p.memory_reserve_fraction, "kv_seed": scenario.seed,
+                "first_token": scenario.first_token,
             }, "prefill", p.name, dict(p.resources)))
 
+    kv_fit = {}
+    for p in scenario.pools:
+        fit = kv_fit_of(check_fit(scenario, p, costs[p.name]), costs[p.name].kv_bytes_per_token,
+                        p.kv_block_tokens)
+        kv_fit.update({n: fit for n in instance_names(p)})
     r = scenario.router
     specs.append(ComponentSpec("router", "rack.router:Router", {
         "collector": Ref("collector"),
@@ -184,6 +208,8 @@ def build_topology(scenario: Scenario, request_ids: Sequence[int]) -> list[Compo
         "max_outstanding_tokens": r.max_outstanding_tokens,
         "local_prefill_threshold_tokens": r.local_prefill_threshold_tokens,
         "decoders": {d: Ref(d) for d in decode_names},
+        "max_context_tokens": context_limit(scenario), "context_overflow": scenario.context_overflow,
+        "kv_fit": kv_fit,
     }, "router", resources=dict(scenario.placement.router)))
     # injected faults: crash targets made restartable, plus the injector (rack.faults)
     return apply_faults(scenario, specs)

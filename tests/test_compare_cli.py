@@ -128,3 +128,19 @@ def test_compare_cli_table_and_errors(cli, tmp_path):
     assert r.exit_code == 2 and "unknown scenario" in r.output
     r = cli(["compare", "--iso", "watts", "--window", "0:4", "--out", str(tmp_path / "e")])
     assert r.exit_code == 2 and "--iso" in r.output
+
+
+def test_compare_warns_when_deployments_serve_different_models():
+    from rack.compare import model_warning
+
+    kimi = [load_scenario("helios-cs3-kimi-k2"), load_scenario("gpu-only-kimi-k2")]
+    assert model_warning(kimi) is None
+    w = model_warning(kimi + [load_scenario("a100-llama2-70b")])
+    assert w is not None and "a100-llama2-70b: Llama-2-70B (bf16 weights)" in w and "different models" in w
+
+
+def test_a_deployment_keeps_its_colour_in_every_plot():
+    from rack.plots import palette
+
+    p = palette(["a", "b", "c"])
+    assert len(set(p.values())) == 3 and p == palette(["a", "b", "c", "a"])

@@ -72,11 +72,14 @@ def test_goodput_by_hand():
 
 
 def test_max_sustainable_rate_by_hand():
-    # Attainment 1.0, 0.95, 0.80 at rates 1, 2, 4: the 90 % crossing lies 1/3 of the way
-    # from 2 to 4 ((0.95 - 0.9) / (0.95 - 0.8) = 1/3) -> 2.667.
-    assert max_sustainable_rate([4, 1, 2], [0.80, 1.0, 0.95], 0.9) == pytest.approx(2 + 2 / 3)
-    assert max_sustainable_rate([1, 2], [0.5, 0.4], 0.9) is None
-    assert max_sustainable_rate([1, 2], [1.0, 0.91], 0.9) == 2
+    # Attainment 1.0, 0.95, 0.80 at rates 1, 2, 4: rate 2 is the highest measured point
+    # that holds (no interpolation toward 4, which was never seen to hold)
+    assert max_sustainable_rate([4, 1, 2], [0.80, 1.0, 0.95], 0.9) == (2.0, False)
+    assert max_sustainable_rate([1, 2], [0.5, 0.4], 0.9) == (None, False)
+    # every point held: at least the highest rate tried
+    assert max_sustainable_rate([1, 2], [1.0, 0.91], 0.9) == (2.0, True)
+    # the scan stops at the first miss, even if a higher rate happens to hold again
+    assert max_sustainable_rate([1, 2, 4], [1.0, 0.8, 0.95], 0.9) == (1.0, False)
 
 
 def _toy(stages=()):

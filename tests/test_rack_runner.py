@@ -47,11 +47,13 @@ def test_ledgers_stay_within_capacity(excerpt_run):
 def test_kv_bytes_conserved_and_verified(excerpt_run):
     reqs, out = excerpt_run
     kv = out.results["kv_transfer"]
-    multi = sum(1 for r in reqs if r.output_tokens >= 2)
-    assert kv["transfers"] == multi          # one-token requests finish at prefill
+    # the client's first token comes from decode (first_token = "decode"): every
+    # request ships its KV, one-token requests too
+    multi = len(reqs)
+    assert kv["transfers"] == multi
     assert kv["checksum_failures"] == 0 and kv["bad_frames_at_receivers"] == 0
     cost = next(s.kwargs["cost"] for s in out.specs if s.kind == "decode")
-    expected_logical = sum(r.prompt_tokens for r in reqs if r.output_tokens >= 2) * cost.kv_bytes_per_token
+    expected_logical = sum(r.prompt_tokens for r in reqs) * cost.kv_bytes_per_token
     assert kv["bytes_logical"] == expected_logical
     # Shipped = payload (logical x payload_scale, rounded per frame) + a msgpack header per frame.
     frames = kv["transfers"] * -(-cost.model.n_layers // 8)

@@ -105,12 +105,14 @@ def test_cli_prints_the_crossover(tmp_path):
                                  "--prompt-tokens", "8192", "--output-tokens", "128", "--rate", "3", "--n", "100",
                                  "--workers", "2", "--out", str(out), "--no-plots"])
     assert r.exit_code == 0, r.output
-    m = re.search(r"crossover with toy-coloc: ([0-9.]+) GB/s", r.output)
-    assert m and 2 < float(m.group(1)) < 8, r.output
+    # the measured bracket, and the interpolated estimate named as such
+    m = re.search(r"crossover with toy-coloc: between ([0-9.]+) and ([0-9.]+) GB/s, the bandwidths tried "
+                  r"around it \(~([0-9.]+) GB/s interpolated\)", r.output)
+    assert m and (float(m.group(1)), float(m.group(2))) == (2.0, 8.0) and 2 < float(m.group(3)) < 8, r.output
     doc = json.loads((out / "sweep.json").read_text())
     c = doc["summary"]["crossover"]["toy-coloc"]
     assert c["status"] == "crossover" and c["below"] == "colocated" and c["above"] == "split"
-    assert c["x"] == pytest.approx(float(m.group(1)), rel=1e-2)
+    assert c["x"] == pytest.approx(float(m.group(3)), rel=1e-2) and c["between"] == [2.0, 8.0]
     split = sorted((p for p in doc["points"] if p["role"] == "split"), key=lambda p: p["bandwidth_gbps"])
     assert [p["bandwidth_gbps"] for p in split] == [0.5, 2, 8, 32]
     assert split[0]["goodput_rps"] < split[-1]["goodput_rps"]

@@ -67,8 +67,8 @@ CASES = [
     ("json.jsonl", GOOD + '{"timestamp": 1, "input_length": 5 "output_length": 5}\n',
      "2: invalid JSON (Expecting ',' delimiter at column 36)", "invalid_json"),
     ("hashes.jsonl", GOOD + moon(1, 600, 10, [1, 2, 3]),
-     "2: field 'hash_ids': 3 block hashes but a prompt of 600 tokens has only 2 blocks of "
-     "512 tokens", "bad_hashes"),
+     "2: field 'hash_ids': 3 block hashes, but a prompt of 600 tokens has 2 blocks of "
+     "512 tokens (expected 2)", "bad_hashes"),
     ("hash_type.jsonl", GOOD + moon(1, 600, 10, [1, "x"]),
      "2: field 'hash_ids': expected a list of integer block hashes, got [1, 'x']", "bad_hashes"),
 ]

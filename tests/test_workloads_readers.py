@@ -98,13 +98,13 @@ def test_vidur_lengths_have_no_timestamps(tmp_path):
 
 def test_generic_csv_and_jsonl_with_a_mapping(tmp_path):
     csv_path = write(tmp_path, "g.csv", "t_us,in,out,hashes,user\n"
-                     "1000000,100,10,\"[1, 2]\",alice\n2500000,700,20,1 2,bob\n")
+                     "1000000,100,10,\"[1, 2]\",alice\n2500000,128,20,1 2,bob\n")
     mapping = {"timestamp": "t_us", "time_unit": "us", "prompt_tokens": "in",
                "output_tokens": "out", "block_hashes": "hashes", "block_size": 64,
                "tenant": "user"}
     reqs = list(open_trace(csv_path, mapping=mapping))
     assert reqs == [Request(0, 0.0, 100, 10, (1, 2), 64, "alice"),
-                    Request(1, 1.5, 700, 20, (1, 2), 64, "bob")]
+                    Request(1, 1.5, 128, 20, (1, 2), 64, "bob")]
     jl = write(tmp_path, "g.jsonl", json.dumps({"arrive": 3.0, "p": 5, "o": 6}) + "\n"
                + json.dumps({"arrive": 4.0, "p": 7, "o": 8}) + "\n")
     reader = open_trace(jl, format="jsonl",
@@ -205,3 +205,26 @@ def test_whole_mooncake_trace_reads_fast_and_in_order():
     assert len(reqs) == 12_031 and [r.id for r in reqs] == list(range(12_031))
     assert all(len(r.block_hashes) == -(-r.prompt_tokens // 512) for r in reqs)
     assert elapsed / len(reqs) * 10_000 < 1.0  # well under a second per 10,000 rows
+
+
+def test_mooncake_row_needs_one_hash_per_block(tmp_path):
+    rows = [{"timestamp": 0, "input_length": 1100, "output_length": 5, "hash_ids": [1, 2, 3]},
+            {"timestamp": 10, "input_length": 1100, "output_length": 5, "hash_ids": [1, 2]}]
+    p = write(tmp_path, "m.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(TraceError, match=r"m\.jsonl:2: field 'hash_ids': 2 block hashes, but a prompt of "
+                                         r"1100 tokens has 3 blocks of 512 tokens \(expected 3\)"):
+        list(open_trace(p))
+    too_many = write(tmp_path, "n.jsonl", json.dumps({**rows[0], "hash_ids": [1, 2, 3, 4]}) + "\n")
+    with pytest.raises(TraceError, match=r"n\.jsonl:1: field 'hash_ids': 4 block hashes"):
+        list(open_trace(too_many))
+
+
+def test_burstgpt_time_origin_is_the_first_valid_row(tmp_path):
+    p = write(tmp_path, "b.csv", "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+              "5,ChatGPT,100,0,100,Conversation log\n"
+              "7,ChatGPT,100,20,120,Conversation log\n"
+              "9.5,GPT-4,50,10,60,API log\n")
+    reader = open_trace(p)
+    reqs = list(reader)
+    assert [(r.id, r.arrival_s) for r in reqs] == [(1, 0.0), (2, 2.5)]
+    assert reader.failed_requests == 1

@@ -283,13 +283,19 @@ class TraceReader:
                 elif h is not None:
                     raise _BadRow(f_h, f"expected a list of integer block hashes, got {h!r}",
                                   "bad_hashes")
-                if hashes is not None and len(hashes) > -(-p // bs):
+                # one hash per block, the last block partial: exactly ceil(p / bs); too
+                # few would make the prefix cache under-count, too many is not this prompt
+                if hashes is not None and len(hashes) != -(-p // bs):
                     raise _BadRow(
                         f_h,
-                        f"{len(hashes)} block hashes but a prompt of {p} tokens has only "
-                        f"{-(-p // bs)} blocks of {bs} tokens",
+                        f"{len(hashes)} block hashes, but a prompt of {p} tokens has "
+                        f"{-(-p // bs)} blocks of {bs} tokens (expected {-(-p // bs)})",
                         "bad_hashes",
                     )
+            if failed:
+                # counted, never yielded; it neither sets the time origin (the first
+                # valid row does) nor moves the previous timestamp
+                raise _FailedRequest
             if to_time is not None:
                 if state[0] is None:
                     state[0] = t
@@ -297,8 +303,6 @@ class TraceReader:
                 arrival = (t - state[0]) / divisor
             else:
                 arrival = 0.0
-            if failed:
-                raise _FailedRequest
             return Request(row_id, arrival, p, o, hashes, bs, label(ten), label(slo))
 
         return build

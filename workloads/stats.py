@@ -175,3 +175,24 @@ def trace_stats(source: str | os.PathLike | TraceReader | Iterable[Request], *,
         rows_read=counters["rows_read"], skipped_rows=sum(skipped.values()),
         skipped_by_reason=dict(skipped), failed_requests=counters["failed_requests"],
     )
+
+
+def ideal_prefix_hits(requests: Iterable[Request]) -> tuple[int, int]:
+    """(blocks hit, blocks looked up) by an ideal prefix cache over `requests` in
+    arrival order: unbounded, shared by every instance, and filled the moment a request
+    arrives. Only a prompt's full blocks count (prompt_tokens // block_size of its
+    hashes), as an engine's prefix cache holds full blocks only (vLLM) and looks up
+    those. The upper bound an emulated run's prefix-cache hit ratio is compared with.
+    """
+    seen: set[tuple[int, int]] = set()
+    hit = looked = 0
+    for r in requests:
+        if not r.block_hashes:
+            continue
+        bs = r.block_size
+        full = r.block_hashes[: r.prompt_tokens // bs]
+        looked += len(full)
+        keys = [(bs, h) for h in full]
+        hit += sum(1 for k in keys if k in seen)
+        seen.update(keys)
+    return hit, looked

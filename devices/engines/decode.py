@@ -80,6 +80,8 @@ if TYPE_CHECKING:
     from devices.costmodel import StepCosts
 
 AdmissionPolicy = Literal["reserve", "preempt"]
+#: Who sends the client a split request's first output token (DecodeEngine docstring).
+FirstToken = Literal["decode", "prefill"]
 
 
 class _Waiter:
@@ -99,16 +101,29 @@ class _Waiter:
 
 
 class _Seq:
-    """A request in the decode engine (ready or running)."""
+    """A request in the decode engine (ready or running).
 
-    __slots__ = ("req", "first_token_s", "prompt", "n_out", "emitted", "rem", "steps",
-                 "start", "done", "order", "times", "recompute", "shared")
+    `first_token_s`: when the client received the first output token from the prefill
+    side (first_token = "prefill"): this engine then generates the other n_out - 1
+    tokens, the first step's input being that token (context prompt + 1). None: the
+    client's first token is this engine's (first_token = "decode", as vLLM's and
+    Dynamo's disaggregated serving): it generates all n_out tokens, the first step
+    recomputing the last prompt position (context prompt), so its KV after j >= 1
+    steps holds prompt - 1 + j tokens (the prompt's KV, shipped, at j = 0).
+    """
 
-    def __init__(self, req, first_token_s: float) -> None:
+    __slots__ = ("req", "first_token_s", "prompt", "n_out", "total", "ctx0", "kv0", "emitted",
+                 "rem", "steps", "start", "done", "order", "times", "recompute", "shared")
+
+    def __init__(self, req, first_token_s: float | None) -> None:
         self.req = req
-        self.first_token_s = float(first_token_s)
+        self.first_token_s = None if first_token_s is None else float(first_token_s)
         self.prompt = int(req.prompt_tokens)
         self.n_out = int(req.output_tokens)
+        here = first_token_s is None          # the client's first token comes from here
+        self.total = self.n_out if here else self.n_out - 1   # tokens this engine generates
+        self.ctx0 = self.prompt if here else self.prompt + 1  # context of the first step
+        self.kv0 = self.prompt - 1 if here else self.prompt   # KV tokens = kv0 + generated (>= prompt)
         self.emitted = 0          # decode tokens emitted before the current stint
         self.rem = 0              # tokens to emit in the current stint
         self.steps = 0            # steps the current stint needs
@@ -139,6 +154,13 @@ class DecodeEngine:
             the run continues after it), >= 1.
         max_reserve_queue: KV reservations that may wait for memory at once; one more
             is refused ("rejected"/"decode_queue_full"); None: unbounded.
+        first_token: who sends the client its first output token for requests whose KV
+            arrives here: "decode" (this engine's first step after admission, as vLLM's
+            and Dynamo's disaggregated serving do; it generates every output token) or
+            "prefill" (the prefill instance streams it at the end of the prompt; this
+            engine generates the rest). See `_Seq`.
+        loading_until_s: the engine runs no step before this emulated time (a restarted
+            instance reloading its weights, `rack.faults`); None: ready at once.
     Raises ValueError on out-of-range arguments; `planner.ModelDoesNotFit` if the
     weights do not fit.
     """
@@ -146,7 +168,13 @@ class DecodeEngine:
     def __init__(self, *, name: str, clock: Any, cost: Any, collector: Any, max_batch: int = 256,
                  kv_block_tokens: int = 16, admission_policy: AdmissionPolicy = "reserve",
                  memory_reserve_fraction: float | None = None, memory_plan: Any = None,
-                 max_steps_per_wake: int = 4096, max_reserve_queue: int | None = None) -> None:
+                 max_steps_per_wake: int = 4096, max_reserve_queue: int | None = None,
+                 first_token: FirstToken = "prefill", loading_until_s: float | None = None) -> None:
+        if first_token not in ("decode", "prefill"):
+            raise ValueError(f"DecodeEngine {name!r}: first_token must be 'decode' or 'prefill', "
+                             f"got {first_token!r}")
+        self.first_token = first_token
+        self.loading_until_s = loading_until_s
         if max_reserve_queue is not None and int(max_reserve_queue) < 1:
             raise ValueError(f"DecodeEngine {name!r}: max_reserve_queue must be >= 1 or None, "
                              f"got {max_reserve_queue}")
@@ -290,13 +318,15 @@ class DecodeEngine:
             self.counts["bad_frames"] += bad
             return bad
         del self._reservations[req.id]
-        t_first = first_token_s if first_token_s is not None else w.first_token_s
-        if t_first is None:
-            raise ValueError(f"DecodeEngine {self.name!r}: request {req.id}: first_token_s was "
-                             "given neither to reserve_kv nor to receive_kv")
+        t_first = None
+        if self.first_token == "prefill":
+            t_first = first_token_s if first_token_s is not None else w.first_token_s
+            if t_first is None:
+                raise ValueError(f"DecodeEngine {self.name!r}: request {req.id}: first_token_s was "
+                                 "given neither to reserve_kv nor to receive_kv")
         self.pool.adopt(req.id, w.blocks, "reserved")
         seq = _Seq(req, t_first)
-        if seq.n_out == 1:
+        if seq.total == 0:
             # Nothing to decode (a router normally never sends these here).
             self.pool.free(req.id)
             self.counts["completed"] += 1
@@ -461,19 +491,21 @@ class DecodeEngine:
         self.pool.free(s.req.id)
 
     def _kv_now(self, s: _Seq, extra_steps: int = 0) -> int:
-        """KV tokens of `s` after `extra_steps` more steps of its current stint."""
-        return (s.prompt - s.shared + s.emitted
-                + int(emitted_after(s.done + extra_steps, s.rem, self.tps)))
+        """KV tokens of `s` held here (not in shared prefix-cache entries) after
+        `extra_steps` more steps of its current stint."""
+        made = s.emitted + int(emitted_after(s.done + extra_steps, s.rem, self.tps))
+        return max(s.prompt, s.kv0 + made) - s.shared
 
     def _overflow_step(self, horizon: int) -> int | None:
         """First step (1-based, <= horizon) whose KV growth does not fit, or None."""
         batch = self._batch
         B = self.block_tokens
-        kv0 = np.fromiter((s.prompt - s.shared + s.emitted for s in batch), np.int64, len(batch))
+        kv0 = np.fromiter((s.kv0 - s.shared + s.emitted for s in batch), np.int64, len(batch))
+        low = np.fromiter((s.prompt - s.shared for s in batch), np.int64, len(batch))
         rem = np.fromiter((s.rem for s in batch), np.int64, len(batch))
         done = np.fromiter((s.done for s in batch), np.int64, len(batch))
         held = np.fromiter((self.pool.held_blocks(s.req.id) for s in batch), np.int64, len(batch))
-        need_h = -(-(kv0 + emitted_after(done + horizon, rem, self.tps)) // B)
+        need_h = -(-np.maximum(low, kv0 + emitted_after(done + horizon, rem, self.tps)) // B)
         cnt = np.maximum(0, need_h - held)
         total = int(cnt.sum())
         free_blocks = self._available_bytes() // self.pool.block_bytes
@@ -503,8 +535,8 @@ class DecodeEngine:
         self._release_kv(victim)
         victim.recompute = True
         victim.shared = 0
-        w = _Waiter(victim.req, victim.prompt + victim.emitted,
-                    self.pool.blocks_for(victim.prompt + victim.emitted), None, seq=victim)
+        kv = self._kv_now(victim)
+        w = _Waiter(victim.req, kv, self.pool.blocks_for(kv), None, seq=victim)
         self._waiters.insert(self._n_internal, w)   # behind earlier preempted, before new
         self._n_internal += 1
         self.counts["preemptions"] += 1
@@ -577,7 +609,7 @@ class DecodeEngine:
         recompute: list[_Seq] = []
         while self._ready and len(self._batch) < self.max_batch:
             s = self._ready.popleft()
-            s.rem = s.n_out - 1 - s.emitted
+            s.rem = s.total - s.emitted
             s.steps = steps_for(s.rem, self.tps)
             s.start = len(self._t_end)
             s.done = 0
@@ -593,7 +625,7 @@ class DecodeEngine:
             self._pending_events.append((s.req.id, "decode_admit", now))
         self.batch_peak = max(self.batch_peak, len(self._batch))
         if recompute:
-            new = np.array([s.prompt + s.emitted for s in recompute], dtype=np.int64)
+            new = np.array([self._kv_now(s) for s in recompute], dtype=np.int64)
             c = self.cost.prefill(new, np.zeros_like(new))
             t1 = now + c.time_s
             await self.clock.sleep_until(t1)
@@ -616,6 +648,8 @@ class DecodeEngine:
 
     async def _loop(self) -> None:
         clock = self.clock
+        if self.loading_until_s is not None and clock.now() < self.loading_until_s:
+            await clock.sleep_until(self.loading_until_s)     # weights still loading
         while True:
             self._admit_event.clear()
             await self._admit_ready()
@@ -681,13 +715,13 @@ class DecodeEngine:
 
     def _contexts(self, batch: list[_Seq]) -> np.ndarray:
         """Context of each request at its next step: prompt + tokens so far (the last
-        one is the step's input)."""
+        one is the step's input; `_Seq.ctx0`)."""
         if self.tps == 1.0:
             # emitted_after(done, rem, 1.0) = min(done, rem), inline: this runs for every
             # request of every run
-            return np.fromiter((s.prompt + 1 + s.emitted + (s.done if s.done < s.rem else s.rem)
+            return np.fromiter((s.ctx0 + s.emitted + (s.done if s.done < s.rem else s.rem)
                                 for s in batch), np.int64, len(batch))
-        return np.fromiter((s.prompt + 1 + s.emitted + emitted_after(s.done, s.rem, self.tps)
+        return np.fromiter((s.ctx0 + s.emitted + emitted_after(s.done, s.rem, self.tps)
                             for s in batch), np.int64, len(batch))
 
     async def _finish(self, finished: list) -> None:
@@ -745,14 +779,18 @@ class DecodeEngine:
             s.done += steps
             if s.done >= s.steps:
                 self._end_stint(s)
-                times = np.concatenate([[s.first_token_s], *s.times])
+                if s.first_token_s is None:      # the client's first token was this engine's
+                    times = np.concatenate(s.times)
+                    self._pending_events.append((s.req.id, "first_token", float(times[0])))
+                else:
+                    times = np.concatenate([[s.first_token_s], *s.times])
                 itl = np.diff(times)
                 if itl.shape[0] != s.n_out - 1:  # pragma: no cover - internal invariant
                     raise AssertionError(f"{self.name}: request {s.req.id} has {itl.shape[0]} "
                                          f"ITL samples for {s.n_out} tokens")
                 self._release_kv(s)
                 self.counts["completed"] += 1
-                self.counts["tokens_generated"] += s.n_out - 1
+                self.counts["tokens_generated"] += s.total
                 self._pending_events.append((s.req.id, "completion", t_last))
                 finished.append((s, t_last, itl))
             else:

@@ -20,13 +20,20 @@ do with chunked prefill:
 - the iteration lasts `cost.prefill(new, cached).time_s`: one timer per iteration, no
   per-token work.
 
-When a request's last chunk ends, its first output token exists (`first_token`). A
-per-request handoff task then pulls the KV to decode: `decode[target].reserve_kv` (the
-receiver reserves memory first; meanwhile the KV stays in this engine's HBM and counts
-against it), `make_kv_frames`, `interconnect.transfer(...)`, and finally frees the
-request's blocks (its full prompt blocks go into the prefix cache when enabled). A
-request with one output token is complete at its first token: this engine finishes it
-itself and ships nothing.
+When a request's last chunk ends (`prefill_end`), its KV is complete. Who then sends
+the client the first output token is the deployment's `first_token` setting:
+"decode" (the default of split scenarios, as vLLM's and Dynamo's disaggregated
+serving): the decode engine, with its first step after the KV has landed (so TTFT
+includes the KV's wait and transfer); "prefill": this engine, at the end of the
+prompt (`first_token` recorded here). A per-request handoff task then pulls the KV to
+decode: `decode[target].reserve_kv` (the receiver reserves memory first; meanwhile the
+KV stays in this engine's HBM and counts against it), `make_kv_frames`,
+`interconnect.transfer(...)`, and finally frees the request's blocks (its full prompt
+blocks go into the prefix cache when enabled). The transfer starts when the prompt
+ends: it does not overlap the prefill layer by layer. Under "prefill" a request with
+one output token is complete at its first token: this engine finishes it itself and
+ships nothing; under "decode" it is shipped like any other (its one token is the
+decode engine's).
 
 Outcomes decided here: "rejected"/"prefill_queue_full" when the queue is at
 `max_queue`; "failed"/"prompt_exceeds_kv_capacity" when the prompt's KV alone exceeds
@@ -103,6 +110,10 @@ class PrefillEngine:
         max_peer_retries: times a handoff is tried again after the decode engine lost
             the request (PeerLost: it died or restarted) before the request fails with
             reason "decode_unavailable", >= 0.
+        first_token: "decode" or "prefill": who sends the client its first token (module
+            docstring); must match the decode engines' setting.
+        loading_until_s: no iteration starts before this emulated time (a restarted
+            instance reloading its weights, `rack.faults`); None: ready at once.
     Raises ValueError on out-of-range arguments; `planner.ModelDoesNotFit` if the
     weights do not fit the instance.
     """
@@ -112,7 +123,13 @@ class PrefillEngine:
                  kv_block_tokens: int = 16, prefix_cache: bool = True,
                  payload_scale: float = 1e-3, layer_group: int = 8,
                  memory_reserve_fraction: float | None = None, memory_plan: Any = None,
-                 max_resends: int = 1, kv_seed: int = 0, max_peer_retries: int = 8) -> None:
+                 max_resends: int = 1, kv_seed: int = 0, max_peer_retries: int = 8,
+                 first_token: str = "prefill", loading_until_s: float | None = None) -> None:
+        if first_token not in ("decode", "prefill"):
+            raise ValueError(f"PrefillEngine {name!r}: first_token must be 'decode' or 'prefill', "
+                             f"got {first_token!r}")
+        self.first_token = first_token
+        self.loading_until_s = loading_until_s
         if int(chunk_tokens) < 1:
             raise ValueError(f"PrefillEngine {name!r}: chunk_tokens must be >= 1, got {chunk_tokens}")
         if int(max_queue) < 0:
@@ -295,6 +312,8 @@ class PrefillEngine:
 
     async def _loop(self) -> None:
         clock = self.clock
+        if self.loading_until_s is not None and clock.now() < self.loading_until_s:
+            await clock.sleep_until(self.loading_until_s)     # weights still loading
         t_free = None       # end of the previous iteration when running back to back
         while True:
             self._wake.clear()
@@ -333,7 +352,8 @@ class PrefillEngine:
                 self._running = [j for j in self._running if id(j) not in ids]
                 self.counts["prefilled"] += len(done)
                 self._handoffs += len(done)
-                await self.collector.events([(j.req.id, "first_token", t1) for j in done])
+                names = ("prefill_end", "first_token") if self.first_token == "prefill" else ("prefill_end",)
+                await self.collector.events([(j.req.id, nm, t1) for j in done for nm in names])
                 for j in done:
                     self._in_handoff.add(j.req.id)      # held from now on (see `holding`)
                     task = spawn(self._handoff(j, t1), self._errors)
@@ -349,7 +369,7 @@ class PrefillEngine:
         then the request fails with reason "decode_unavailable"."""
         req = job.req
         try:
-            if req.output_tokens == 1:
+            if req.output_tokens == 1 and self.first_token == "prefill":
                 # Done at its first token: nothing to decode, nothing to ship.
                 self.counts["completed_at_first_token"] += 1
                 await self.collector.finish(req.id, "completed", itl_s=np.empty(0), t=t_first)

@@ -75,6 +75,11 @@ def compare(
             except ImportError:  # pragma: no cover
                 pass
     paths = write_compare(result, out, plots=not no_plots)
+    from rack.compare import model_warning
+
+    warning = model_warning([e.scenario for e in result.entries])
+    if warning:
+        typer.echo(f"warning: {warning}", err=True)
     if as_json:
         typer.echo(to_json(compare_document(result)))
         return

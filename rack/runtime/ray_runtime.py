@@ -39,6 +39,7 @@ public front.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import gc
 import math
 import os
@@ -301,6 +302,7 @@ class ComponentHost:
         # the same arguments) the first call rebuilds the component from them.
         self._registry = registry
         self._kept: dict[str, tuple] = {}
+        self._crashes: dict[str, float] = {}
         self._rebuilding: asyncio.Future | None = None
         self._restarted = False
         if registry is not None:
@@ -373,9 +375,14 @@ class ComponentHost:
                 self._rebuilding = asyncio.ensure_future(self._rebuild())
             await asyncio.shield(self._rebuilding)
         if method == "crash" and self._registry is not None:
-            # fault injection: die for real; Ray restarts the actor (max_restarts)
+            # fault injection: die for real; Ray restarts the actor (max_restarts). The
+            # crash time is kept, so the rebuilt component reloads its weights from then
+            # (not from whenever Ray has the new process up).
             import ray
 
+            at = kwargs.get("at_s")
+            await ray.get_actor(self._registry).keep_crash.remote(
+                self.name, self.clock.now() if at is None else float(at))
             ray.kill(ray.get_runtime_context().current_actor, no_restart=False)
             await asyncio.sleep(3600)
         if method in KV_METHODS:
@@ -395,8 +402,20 @@ class ComponentHost:
         self._kept[name] = build_args
 
     async def recall(self, name: str) -> tuple | None:
-        """Registry role: the build arguments kept for `name` (None if none)."""
-        return self._kept.get(name)
+        """Registry role: the build arguments kept for `name` (None if none), with
+        `loading_until_s` = its last crash time + `weight_load_s` when it crashed."""
+        args = self._kept.get(name)
+        crash = self._crashes.get(name)
+        if args is None or crash is None or "weight_load_s" not in args[0].kwargs:
+            return args
+        spec = args[0]
+        spec = dataclasses.replace(spec, kwargs={**spec.kwargs,
+                                                 "loading_until_s": crash + spec.kwargs["weight_load_s"]})
+        return (spec, *args[1:])
+
+    async def keep_crash(self, name: str, at_s: float) -> None:
+        """Registry role: `name` crashed at emulated time `at_s`."""
+        self._crashes[name] = at_s
 
     async def _rebuild(self) -> None:
         import ray
@@ -559,8 +578,11 @@ def _clock_offsets(ray, actors: dict[str, Any], infos: dict[str, dict]) -> dict[
 def run_topology_ray(specs: Sequence[ComponentSpec], requests: Sequence[Any], *, dilation: float,
                      address: str | None = None, progress: bool = False,
                      timeout_s: float | None = None, startup_timeout_s: float = 120.0,
-                     placement_timeout_s: float = 60.0) -> dict:
+                     placement_timeout_s: float = 60.0, max_concurrency: int | None = None,
+                     think_time_s: float = 0.0) -> dict:
     """Place one actor per component, replay `requests`, and gather the records.
+
+    max_concurrency, think_time_s: closed-loop replay (`rack.router.Router.run`).
 
     Returns the same dict as `run_topology_virtual` plus "loop_type", "nodes"
     (component -> Ray node id, read inside each actor) and "ray": {"actors": {name:
@@ -621,7 +643,8 @@ def run_topology_ray(specs: Sequence[ComponentSpec], requests: Sequence[Any], *,
                               f"past time 0 set {slack:.1f} s ahead (an overloaded host?); retry")
         limit = timeout_s if timeout_s is not None else 600.0 + 4.0 * span * dilation
         deadline = time.time() + limit
-        router_ref = actors["router"].call.remote("run", (list(requests),), {})
+        router_ref = actors["router"].call.remote("run", (list(requests),), {
+            "max_concurrency": max_concurrency, "think_time_s": think_time_s})
         done_ref = actors["collector"].call.remote("wait_all", (), {})
         _wait_with_progress(ray, actors["collector"], done_ref, len(requests), deadline, progress)
         replay_wall = time.time() - epoch

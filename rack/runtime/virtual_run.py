@@ -10,8 +10,11 @@ from .placement import construct
 from .virtual import LoopClock, run_virtual
 
 
-def run_topology_virtual(specs: Sequence[ComponentSpec], requests: Sequence[Any]) -> dict:
+def run_topology_virtual(specs: Sequence[ComponentSpec], requests: Sequence[Any],
+                         max_concurrency: int | None = None, think_time_s: float = 0.0) -> dict:
     """Run every component in this process on virtual time until each request ended.
+
+    max_concurrency, think_time_s: closed-loop replay (`rack.router.Router.run`).
 
     Returns {"snapshot": collector records, "stats": {component: stats dict},
     "router": router counts, "lateness": {}} (virtual time is never late).
@@ -29,7 +32,8 @@ def run_topology_virtual(specs: Sequence[ComponentSpec], requests: Sequence[Any]
     async def main(clock: LoopClock) -> dict:
         for spec in specs:
             objs[spec.name] = construct(spec, clock, objs.__getitem__)
-        router_counts = await objs["router"].run(list(requests))
+        router_counts = await objs["router"].run(list(requests), max_concurrency=max_concurrency,
+                                                 think_time_s=think_time_s)
         await objs["collector"].wait_all()
         for spec in specs:
             if spec.kind in ("prefill", "decode", "both", "interconnect"):
