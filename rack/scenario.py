@@ -75,6 +75,7 @@ class PoolConfig(_Strict):
     tp: int = Field(default=1, ge=1)
     pp: int = Field(default=1, ge=1)
     ep: int = Field(default=1, ge=1)
+    dp_attention: bool = Field(default=False, description="data-parallel attention over the tp devices")
     # prefill side (role prefill or both)
     chunk_tokens: int = Field(default=8192, ge=1, description="chunked-prefill token budget per iteration")
     prefix_cache: bool = True

@@ -75,7 +75,7 @@ def cost_model(scenario: Scenario, pool: PoolConfig) -> CostModel:
                                  method=s.method, draft_model=s.draft_model)
     try:
         return CostModel(resolve_model(scenario.model), resolve_device(pool.device, pool.stack),
-                         Parallelism(tp=pool.tp, pp=pool.pp, ep=pool.ep),
+                         Parallelism(tp=pool.tp, pp=pool.pp, ep=pool.ep, dp_attention=pool.dp_attention),
                          weight_dtype=scenario.weight_dtype, kv_dtype=scenario.kv_dtype,
                          speculative=spec)
     except (ValueError, KeyError) as exc:
