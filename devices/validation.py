@@ -209,7 +209,8 @@ def predict(row: CalibrationRow, device=None) -> tuple[float, dict]:
         raise CatalogError(f"row {row.name!r}: count {row.count} is smaller than one instance "
                            f"({cost.parallelism.n_devices} devices)")
     limits = {} if row.kind == "offline" else {"tpot_limit_s": row.tpot_limit_s, "ttft_limit_s": row.ttft_limit_s}
-    st = steady_state(cost, row.prompt_tokens, row.output_tokens, **limits)
+    # the stack's scheduler cap bounds the batch as well as the KV cache does
+    st = steady_state(cost, row.prompt_tokens, row.output_tokens, max_batch=cost.max_num_seqs, **limits)
     details.update(replicas=replicas, **st)
     return replicas * st["throughput_tps"], details
 

@@ -33,7 +33,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from devices.catalog import CATALOG_DIR, get_device  # noqa: E402
+from devices.catalog import CATALOG_DIR, _raw_entries, get_device  # noqa: E402
 from devices.serving_rows import closed_loop_estimate, deployment, load_serving_rows, measured  # noqa: E402
 from devices.validation import load_rows, predict  # noqa: E402
 
@@ -110,6 +110,13 @@ def fit_stack(key: str, deps_rows, names: tuple[str, ...], base) -> dict:
     return values(x)
 
 
+def reload_catalog() -> None:
+    """Forget the catalog files read so far (a sibling fitted later reads the values
+    just written)."""
+    _raw_entries.cache_clear()
+    get_device.cache_clear()
+
+
 def write_values(key: str, values: dict) -> None:
     path = CATALOG_DIR / "devices" / f"{key}.toml"
     text = path.read_text()
@@ -169,7 +176,7 @@ def main() -> None:
             print("   " + row.id + "  " + "  ".join(f"{k.split('_')[0]} {est[k] / meas[k] - 1:+.0%}" for k in WEIGHTS))
         if args.write:
             write_values(key, {**copied, **vals})
-            get_device.cache_clear()
+            reload_catalog()
     mlperf: dict[str, list] = {}
     for r in load_rows():
         if r.kind in ("offline", "server"):
@@ -181,7 +188,7 @@ def main() -> None:
         print(f"{key}: prefill/decode compute efficiency {e:.3f}, fitted on {len(rows)} MLPerf rows")
         if args.write:
             write_values(key, {"prefill_compute": e})
-            get_device.cache_clear()
+            reload_catalog()
 
 
 if __name__ == "__main__":
