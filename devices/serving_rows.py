@@ -346,6 +346,7 @@ def closed_loop_estimate(dep: Deployment, device=None, iterations: int = 60) -> 
             rho = min(0.95, X * pf / by_role["prefill"].instances)
             ttft = pf + rho * pf / (2 * (1 - rho)) + s
             tpot = s / tps
+        ttft += pf_cost.device.request_latency_s      # the front end's share of the client's TTFT
         e2e = ttft + (O - 1) * tpot
         X_new = n_users / e2e
         B_new = min(cap, X_new * (O - 1) * tpot)

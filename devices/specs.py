@@ -183,7 +183,10 @@ class HardwareSpec(_Spec):
     launches); `prefill_layer_latency_s` per layer of a pass that computes prompt
     tokens (eager launches, no CUDA graph: vLLM and SGLang capture decode only);
     `iteration_overhead_s` per iteration (scheduling, sampling, detokenising: CPU time
-    the GPU waits for); `pipeline_hop_latency_s` per hop between pipeline stages.
+    the GPU waits for); `pipeline_hop_latency_s` per hop between pipeline stages;
+    `request_latency_s` per request, outside the GPUs: the serving front end's HTTP,
+    tokenisation and streaming of the first token, which a client's TTFT holds (a
+    fixed stage, `rack.breakdown`, in the replays of measured rows).
     Collectives come from `collectives` (measured tables, per fabric and group size)
     within the scale-up domain, else from the alpha-beta link figures.
 
@@ -241,6 +244,7 @@ class HardwareSpec(_Spec):
     prefill_layer_latency_s: float = Field(0.0, ge=0, description="extra latency per layer of a pass with prompt tokens (s)")
     pipeline_hop_latency_s: float = Field(0.0, ge=0, description="latency per pipeline hop between devices (s)")
     iteration_overhead_s: float = Field(0.0, ge=0, description="fixed cost per iteration (s)")
+    request_latency_s: float = Field(0.0, ge=0, description="API server time in every request's TTFT (s)")
     max_num_seqs: Optional[int] = Field(None, ge=1, description="stack's default cap on requests per instance")
     mixed_prefill: bool = Field(True, description="prompt chunks fused with the decode step in one iteration")
     attention_dtype: Optional[Dtype] = Field(None, description="dtype attention computes in (None: weights', >= fp8)")

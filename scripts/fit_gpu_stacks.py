@@ -2,7 +2,7 @@
 
 One parameter set per (device, stack) catalog entry, no per-model or per-row factor:
 the per-MoE-layer latency, the per-iteration overhead, the per-layer latency of prompt
-passes, the decode memory efficiency and the prefill compute efficiency (`HardwareSpec`
+passes, the front end's per-request latency, the decode memory efficiency and the prefill compute efficiency (`HardwareSpec`
 documents each; the decode-attention padding was fitted too and went to 0 on every
 stack: these 1k-8k-token contexts show no attention cost beyond their KV bytes). The objective is the sum of
 squared log errors of the closed-loop estimate (devices.serving_rows) against median
@@ -41,15 +41,16 @@ ROWS = ROOT.parent / "shared" / "reference" / "gpu-calibration.csv"
 #: (parameter, lower, upper): latencies in s, efficiencies as fractions, padding in tokens.
 #: decode_memory at most 0.92: HBM reached 92 % of peak in a microbenchmark (hardware.md).
 #: Bounds keep each term physical: a CUDA/HIP-graph MoE layer's extra kernels take 5-300 us,
-#: a scheduler iteration 0.1-5 ms of CPU, an eager prompt layer at most 3 ms; kernels
+#: a scheduler iteration 0.1-5 ms of CPU, an eager prompt layer at most 1 ms, the front
+#: end (HTTP, tokenising, streaming) 1-300 ms of a request's TTFT; kernels
 #: reach 50-92 % of HBM bandwidth and 15-80 % of dense peak.
 PARAMS = (("moe_layer_latency_s", 5e-6, 300e-6), ("iteration_overhead_s", 1e-4, 5e-3),
-          ("prefill_layer_latency_s", 1e-5, 3e-3), ("decode_memory", 0.5, 0.92),
-          ("prefill_compute", 0.15, 0.8))
-LATENCY_ONLY = ("moe_layer_latency_s", "prefill_layer_latency_s")
+          ("prefill_layer_latency_s", 1e-5, 1e-3), ("request_latency_s", 1e-3, 0.3),
+          ("decode_memory", 0.5, 0.92), ("prefill_compute", 0.15, 0.8))
+LATENCY_ONLY = ("moe_layer_latency_s", "prefill_layer_latency_s", "request_latency_s")
 MIN_ROWS = 5
 #: stack entry -> the entry whose other parameters it takes when it has few rows
-SIBLINGS = {"b200-sglang": "b300-sglang", "gb200-sglang": "b200-sglang"}
+SIBLINGS = {"b200-sglang": "h200-sglang", "gb200-sglang": "h200-sglang"}   # the same SGLang 0.5.x kernels
 WEIGHTS = {"tpot_s": 1.0, "ttft_s": 0.25, "throughput_per_gpu": 1.0}
 
 
