@@ -6,26 +6,40 @@ import pytest
 from typer.testing import CliRunner
 
 import rack.cli
+from devices.validation import CALIBRATION_FILE
 from rack.cli.app import app
 
 rack.cli._register_commands()
 runner = CliRunner()
 
 
-def test_validate_json_rows():
-    r = runner.invoke(app, ["validate", "--json"])
+FIGURES = str(CALIBRATION_FILE)
+
+
+def test_validate_published_figures_json():
+    r = runner.invoke(app, ["validate", "--rows", FIGURES, "--json"])
     assert r.exit_code == 0, r.output
-    rows = json.loads(r.output)
-    assert len(rows) == 9
-    for row in rows:
+    out = json.loads(r.output)
+    assert len(out["figures"]) == 9 and out["serving_rows"] == [] and out["summary"]["failures"] == []
+    for row in out["figures"]:
         assert {"name", "predicted", "published", "unit", "relative_error"} <= set(row)
         assert abs(row["relative_error"]) <= 0.15
 
 
 def test_validate_table_and_tolerance_exit_code():
-    r = runner.invoke(app, ["validate"])
-    assert r.exit_code == 0 and "MI300X" in r.output and "largest |error|" in r.output
-    assert runner.invoke(app, ["validate", "--tolerance", "0.001"]).exit_code == 1
+    r = runner.invoke(app, ["validate", "--rows", FIGURES])
+    assert r.exit_code == 0 and "MI300X" in r.output and "every criterion met" in r.output
+    r = runner.invoke(app, ["validate", "--rows", FIGURES, "--tolerance", "0.001"])
+    assert r.exit_code == 1 and "tolerance 0%" in r.output
+
+
+def test_validate_every_row_meets_the_criteria():
+    """The built-in table: every published figure and every measured serving row of
+    gpu-calibration.csv (replayed through the engines), within issue 14's criteria."""
+    r = runner.invoke(app, ["validate", "--json"])
+    out = json.loads(r.stdout)
+    assert len(out["figures"]) == 9 and len(out["serving_rows"]) == 40
+    assert out["summary"]["failures"] == [] and r.exit_code == 0, out["summary"]
 
 
 def test_estimate_trillion_parameter_model_on_wafers():
@@ -50,6 +64,21 @@ def test_estimate_tables_and_gpu_defaults():
                             "draft_model", "--draft-model", "llama-3.2-1b", "--json"])
     est = json.loads(r.output)
     assert est["decode"]["tokens_per_s_per_user"] == pytest.approx(2200, rel=0.05)
+
+
+def test_estimate_names_the_stack_and_splits_a_step():
+    r = runner.invoke(app, ["estimate", "-m", "deepseek-r1", "-d", "h200", "-n", "8", "-b", "4", "--json"])
+    est = json.loads(r.output)
+    assert est["stack"] == "SGLang 0.5.9" and est["instance"]["stack"] == "SGLang 0.5.9"
+    s = est["decode"]["split"]
+    assert s["roofline_s"] == max(s["compute_s"], s["memory_s"])
+    assert s["roofline_s"] + s["collectives_s"] + s["fixed_s"] == pytest.approx(s["time_s"])
+    assert s["collectives_s"] > 0 and s["fixed_s"] > 0
+    r = runner.invoke(app, ["estimate", "-m", "deepseek-r1", "-d", "b200", "--stack", "sglang", "-n", "8"])
+    assert r.exit_code == 0 and "software stack: SGLang 0.5.9" in r.output
+    assert "collectives" in r.output and "fixed latencies" in r.output
+    r = runner.invoke(app, ["estimate", "-m", "deepseek-r1", "-d", "b200", "--stack", "vllm", "-n", "8"])
+    assert r.exit_code == 2 and "no software stack 'vllm'" in r.output
 
 
 def test_estimate_model_that_does_not_fit():
