@@ -57,7 +57,8 @@ def dtype_bytes(dtype: str) -> float:
 
 
 class _Spec(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+    # no NaN or infinite figure (a device file may say `memory_bandwidth_Bps = inf`)
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True, allow_inf_nan=False)
 
 
 class Efficiency(_Spec):

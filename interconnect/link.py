@@ -89,7 +89,8 @@ class LinkSpec(BaseModel):
     `per_message_s`. Pydantic raises ValidationError naming the field on bad values.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+    # strict: a bandwidth written "400" is an error, not silently a number
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False, strict=True)
 
     name: str = Field(min_length=1, description="unique link name")
     bandwidth_GBps: float = Field(gt=0, description="capacity, GB/s (1e9 bytes/s)")

@@ -67,10 +67,12 @@ class FixedStage(BaseModel):
     (rack -> client: detokenisation, serialisation, network).
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
     name: str = Field(min_length=1)
-    latency_ms: float = Field(ge=0)
+    # at most an hour, the ceiling of the TTFT target (rack.scenario.SLOConfig): a
+    # longer constant delay is a unit mistake, and 1e300 ms would swamp every time
+    latency_ms: float = Field(ge=0, le=3.6e6)
     where: Literal["before", "after"] = "before"
 
 

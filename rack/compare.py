@@ -207,11 +207,14 @@ def prepare(scenarios: Sequence[Scenario], iso: str = "none", reference: Optiona
 def run_compare(scenarios: Sequence[Scenario | str], requests: Sequence[Any], *, runtime: str = "virtual",
                 iso: str = "none", reference: Optional[str] = None, address: Optional[str] = None,
                 trace_info: Optional[dict] = None, fixed_stages: Sequence[Any] = (),
-                on_start: Optional[Callable[[str, int, int], None]] = None) -> CompareResult:
+                on_start: Optional[Callable[[str, int, int], None]] = None,
+                run_kwargs: Optional[dict] = None) -> CompareResult:
     """Run every scenario on the same `requests` (runtime "virtual" or "ray").
 
     scenarios: Scenario objects or names/paths (empty: the four defaults).
     on_start(name, i, n): called before each run (progress display).
+    run_kwargs: more keyword arguments of `run_scenario` for every run (a closed loop:
+    max_concurrency, think_time_s).
     address: a Ray cluster address; with runtime "virtual" every run is a Ray task on
     that cluster (all submitted at once), with "ray" the actors run there.
     Raises CompareError before any run for a bad scenario or iso request.
@@ -236,14 +239,16 @@ def run_compare(scenarios: Sequence[Scenario | str], requests: Sequence[Any], *,
         for i, (sc, _) in enumerate(plan):
             if on_start is not None:
                 on_start(sc.name, i, len(plan))
-        outs = map_virtual_runs(virtual_run_output, [(sc, list(requests), trace_info) for sc, _ in plan],
+        outs = map_virtual_runs(virtual_run_output,
+                                [(sc, list(requests), trace_info, run_kwargs or {}) for sc, _ in plan],
                                 address=address)
         return CompareResult([CompareEntry(sc.name, sc, out, note, provisioned(sc))
                               for (sc, note), out in zip(plan, outs)], iso, ref, trace_info or {})
     for i, (sc, note) in enumerate(plan):
         if on_start is not None:
             on_start(sc.name, i, len(plan))
-        out = run_scenario(sc, requests, runtime=runtime, address=address, trace_info=trace_info)
+        out = run_scenario(sc, requests, runtime=runtime, address=address, trace_info=trace_info,
+                           **(run_kwargs or {}))
         entries.append(CompareEntry(sc.name, sc, out, note, provisioned(sc)))
     return CompareResult(entries, iso, ref, trace_info or {})
 

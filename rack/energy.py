@@ -55,7 +55,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Mapping, Optional, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -94,7 +94,8 @@ DEFAULT_PUE = 1.3
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # strict: a price written "2.5" is an error; no NaN or infinite figure
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
 
 class EnergySettings(_Strict):
@@ -110,8 +111,8 @@ class CostSettings(_Strict):
     (e.g. "mi455x", "cs3") to a per-device figure that overrides the defaults."""
 
     basis: Literal["tco", "rental"] = "tco"
-    price_per_hour_usd: dict[str, float] = Field(default_factory=dict)
-    capex_usd: dict[str, float] = Field(default_factory=dict)
+    price_per_hour_usd: dict[str, Annotated[float, Field(ge=0)]] = Field(default_factory=dict)
+    capex_usd: dict[str, Annotated[float, Field(ge=0)]] = Field(default_factory=dict)
     amortisation_years: float = Field(default=DEFAULT_AMORTISATION_YEARS, gt=0)
     utilisation: float = Field(default=1.0, gt=0, le=1,
                                description="share of the device's life that is billed/used")

@@ -62,7 +62,7 @@ class FaultConfig(BaseModel):
     seed: picks the crashed instance of a pool, the corrupted frame and byte.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, strict=True)
 
     kind: Literal["decode_crash", "prefill_crash", "link_degrade", "link_flap", "frame_corrupt"]
     at_s: float = Field(ge=0, description="emulated time of the fault, s")
@@ -70,7 +70,7 @@ class FaultConfig(BaseModel):
     duration_s: Optional[float] = Field(default=None, gt=0, description="interval length, s")
     factor: Optional[float] = Field(default=None, gt=0, lt=1, description="link_degrade: bandwidth multiplier")
     count: int = Field(default=1, ge=1, description="frame_corrupt: payloads to corrupt")
-    seed: int = 0
+    seed: int = Field(default=0, ge=0, description="numpy seed (>= 0)")
 
     @model_validator(mode="after")
     def _fields_fit_kind(self) -> "FaultConfig":
@@ -364,10 +364,10 @@ class FaultInjector:
         rec["restarted"] = after != before
         rec["incarnations"] = [before, after]
         rec["back_at_s"] = self.clock.now()
-        report = await self.router.recover(name)
-        rec.update(recovered=True, recovered_at_s=self.clock.now(),
-                   requests_held_elsewhere=report["held"], requests_redispatched=len(report["redispatched"]),
-                   redispatched_ids=list(report["redispatched"]))
+        # what it re-dispatched is read from the router's recovery records (with those of
+        # later recoveries of the same instance it causes), in `faults_section`
+        await self.router.recover(name)
+        rec.update(recovered=True, recovered_at_s=self.clock.now())
 
 
 # ----------------------------------------------------------------------------- results
@@ -409,34 +409,47 @@ def with_work_before_crashes(stats: dict, snapshot: dict) -> dict:
 
 
 def faults_section(snapshot: dict, stats: dict, columns: dict) -> dict:
-    """results.json's `faults`: {"errors" (faults that could not be applied or
-    recovered from: a bug, with its exception), "injected", "recovered" (faults the rack recovered
-    from), "requests_failed" (requests a fault made fail: re-dispatched ones that did not
-    complete, plus failures with a fault-only reason, FAULT_REASONS),
-    "requests_redispatched", "requests_recovered" (re-dispatched and completed),
-    "kv_resent_after_restart", "payloads_resent" (after a checksum failure),
-    "frames_corrupted", "checksum_failures", "transfers_lost" (receiver restarted
-    mid-transfer), "list": per-fault records}."""
+    """results.json's `faults` (docs/robustness.md, section 5).
+
+    Counts of requests are of distinct requests: a fault's record counts each request it
+    actually affected once, and a request re-dispatched by two faults counts once in
+    each record and once in the totals. A crash affects the requests the instance lost
+    with it: those the router re-dispatched after it (`snapshot["recoveries"]`, each
+    recovery of an instance attributed to its latest crash at or before the recovery:
+    also the later recoveries a crash causes, e.g. of a submission that found the
+    instance down). A frame_corrupt that found no payload to corrupt says
+    "no target at that time" (`outcome`) and is neither recovered nor a failure.
+
+    Keys: "errors" (faults that could not be applied or recovered from: a bug, with
+    its exception), "injected", "recovered", "no_target", "requests_failed" (requests
+    a fault made fail: re-dispatched ones that did not complete, plus failures with a
+    fault-only reason, FAULT_REASONS), "requests_redispatched", "requests_recovered"
+    (re-dispatched and completed), "kv_resent_after_restart", "payloads_resent" (after
+    a checksum failure), "frames_corrupted", "checksum_failures", "transfers_lost"
+    (receiver restarted mid-transfer), "list": per-fault records."""
     records = [dict(r) for r in snapshot.get("faults", [])]
     ic = stats.get("interconnect") or {}
     corr = {c["tag"]: c for c in ic.get("corruption", [])}
     outcome = dict(zip(columns["id"].tolist(), columns["outcome"].tolist())) if len(columns.get("id", ())) else {}
     reason = dict(zip(columns["id"].tolist(), columns["reason"].tolist())) if outcome else {}
-    redispatched: set[int] = set()
+    by_fault = _redispatched_by_fault(records, snapshot.get("recoveries", []))
+    redispatched = {int(x) for rec in snapshot.get("recoveries", []) for x in rec["ids"]}
     for r in records:
-        ids = r.pop("redispatched_ids", None) or []
-        redispatched.update(int(x) for x in ids)
         if r["kind"] == "frame_corrupt":
             c = corr.get(r["index"], {"corrupted": 0, "recovered": 0})
             r["frames_corrupted"] = int(c["corrupted"])
             r["payloads_recovered"] = int(c["recovered"])
-            r["recovered"] = bool(r["applied"] and c["corrupted"] and c["recovered"] == c["corrupted"])
-        if r.get("kind") in CRASH_KINDS:
-            ok = [x for x in ids if outcome.get(int(x)) == "completed"]
+            if r["applied"] and not c["corrupted"]:
+                r["outcome"] = "no target at that time"
+                r["recovered"] = None
+            else:
+                r["recovered"] = bool(r["applied"] and c["recovered"] == c["corrupted"])
+        if r["kind"] in CRASH_KINDS:
+            ids = by_fault.get(r["index"], set())
+            ok = [x for x in ids if outcome.get(x) == "completed"]
+            r["requests_redispatched"] = len(ids)
             r["requests_recovered"] = len(ok)
             r["requests_failed"] = len(ids) - len(ok)
-    for rec in snapshot.get("recoveries", []):     # every re-dispatch, also nested ones
-        redispatched.update(int(x) for x in rec["ids"])
     failed = {i for i in redispatched if outcome.get(i) != "completed"}
     failed |= {i for i, o in outcome.items() if o == "failed" and reason.get(i) in FAULT_REASONS}
     pre = [s for s in stats.values() if s.get("role") == "prefill"]
@@ -444,6 +457,7 @@ def faults_section(snapshot: dict, stats: dict, columns: dict) -> dict:
         "errors": [f"fault {r['index']} ({r['kind']}): {r['error']}" for r in records if r.get("error")],
         "injected": sum(1 for r in records if r["applied"]),
         "recovered": sum(1 for r in records if r["recovered"]),
+        "no_target": sum(1 for r in records if r.get("outcome") == "no target at that time"),
         "requests_failed": len(failed),
         "requests_redispatched": len(redispatched),
         "requests_recovered": sum(1 for i in redispatched if outcome.get(i) == "completed"),
@@ -454,6 +468,21 @@ def faults_section(snapshot: dict, stats: dict, columns: dict) -> dict:
         "transfers_lost": int(ic.get("lost_transfers", 0)),
         "list": records,
     }
+
+
+def _redispatched_by_fault(records: Sequence[dict], recoveries: Sequence[dict]) -> dict[int, set[int]]:
+    """{fault index: ids re-dispatched because of it}: each recovery of an instance
+    belongs to the latest applied crash of that instance at or before its time."""
+    crashes: dict[str, list[tuple[float, int]]] = {}
+    for r in records:
+        if r["kind"] in CRASH_KINDS and r.get("applied"):
+            crashes.setdefault(r["instance"], []).append((float(r["applied_at_s"]), int(r["index"])))
+    out: dict[int, set[int]] = {}
+    for rec in recoveries:
+        before = [c for c in crashes.get(rec["instance"], ()) if c[0] <= rec["t"]]
+        if before:
+            out.setdefault(max(before)[1], set()).update(int(x) for x in rec["ids"])
+    return out
 
 
 __all__ = [

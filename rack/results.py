@@ -1,6 +1,10 @@
-"""Write a run's results folder: `results.json`, `requests.csv` and `summary.txt`.
+"""Write a run's results folder: `results.json`, `requests.csv` and `summary.txt`
+(and `error.log` for a run that failed).
 
-`results.json` schema (stable; documented in the README): `requests`, `latency`,
+`results.json` schema (stable; documented in the README): `status` ("complete", or
+"aborted": a component raised or the rack stalled, and the results are what was
+measured until then), `error` (aborted runs only: component, t_s, request_id, type,
+message, components_without_stats; docs/robustness.md), `requests`, `latency`,
 `throughput`, `goodput`, `kv_transfer`, `memory`, `utilization`, `emulation`,
 `provenance`, `energy`, `cost`, `breakdown` (see rack.energy and rack.breakdown).
 `requests.csv` has one row per request: id, prompt/output tokens,
@@ -13,6 +17,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -74,12 +79,20 @@ def fmt_s(v: float | None) -> str:
 def summary_text(results: dict) -> str:
     """A plain-text summary of one run (what `rack run` prints)."""
     r, lat = results["requests"], results["latency"]
-    lines = [f"scenario {results['provenance']['scenario']}  runtime {results['emulation']['runtime']}"
+    lines = []
+    if results.get("status") == "aborted":
+        err = results.get("error", {})
+        missing = err.get("components_without_stats") or []
+        lines.append(f"RUN ABORTED: {err.get('message') if 'component' not in err else _component_error(err)}; "
+                     "the figures below cover what was measured until then"
+                     + (f" (no statistics from {', '.join(missing)})" if missing else ""))
+    lines += [f"scenario {results['provenance']['scenario']}  runtime {results['emulation']['runtime']}"
              + (f"  dilation {results['emulation']['dilation']}" if results['emulation']['dilation'] else "")
              + f"  wall {results['emulation']['wall_s']:.1f} s",
              f"requests: {r['submitted']} submitted, {r['completed']} completed, {r['rejected']} rejected,"
-             f" {r['failed']} failed" + (f" (reasons: {r['rejected_by_reason'] | r['failed_by_reason']})"
-                                         if r['rejected'] or r['failed'] else "")
+             f" {r['failed']} failed" + (f", {r['open']} never ended" if r.get("open") else "")
+             + (f" (reasons: {r['rejected_by_reason'] | r['failed_by_reason']})"
+                if r['rejected'] or r['failed'] else "")
              + (f"; {r['truncated']} truncated to the context limit" if r.get("truncated") else "")]
     if r.get("skipped_rows") or r.get("source_failed"):
         lines.append(f"trace rows not replayed: {r.get('skipped_rows', 0)} bad rows skipped"
@@ -132,7 +145,8 @@ def summary_text(results: dict) -> str:
                          f"{fmt_s(tpot50)}: the host could not keep pace; raise --dilation")
     f = results.get("faults")
     if f and (f["injected"] or f["checksum_failures"] or f["requests_failed"]):
-        lines.append(f"faults: {f['injected']} injected, {f['recovered']} recovered, "
+        no_target = f"{f['no_target']} with no target at that time, " if f.get("no_target") else ""
+        lines.append(f"faults: {f['injected']} injected, {f['recovered']} recovered, {no_target}"
                      f"{f['requests_failed']} requests failed, {f['checksum_failures']} checksum "
                      f"failures caught, {f['payloads_resent']} KV payloads re-sent")
     if f:
@@ -146,6 +160,28 @@ def summary_text(results: dict) -> str:
     if e["violations"]:
         lines.append(f"WARNING: {len(e['violations'])} accounting violation(s): {e['violations'][:3]}")
     return "\n".join(lines)
+
+
+def _component_error(err: dict) -> str:
+    req = f" (request {err['request_id']})" if err.get("request_id") is not None else ""
+    t = f" at t={err['t_s']:.6f} s" if err.get("t_s") is not None else ""
+    return f"component {err['component']!r} raised{t}{req}: {err['type']}: {err['message']}"
+
+
+def write_error_log(out_dir: str | Path, exc: BaseException) -> Path:
+    """Write `exc`'s traceback (with its causes, and the traceback a cause kept from
+    another process: `remote_traceback`, Ray) to `out_dir`/error.log; returns the path."""
+    path = Path(out_dir) / "error.log"
+    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    cause: BaseException | None = exc
+    while cause is not None:
+        remote = getattr(cause, "remote_traceback", None)
+        if remote:
+            text += "\nWhere it was raised (in the component's process):\n" + remote
+            break
+        cause = cause.__cause__
+    path.write_text(text)
+    return path
 
 
 def write_results(out_dir: str | Path, results: dict, columns: dict[str, np.ndarray]) -> Path:

@@ -12,6 +12,7 @@ This is the public Python API of the main job:
 from __future__ import annotations
 
 import hashlib
+import math
 import platform
 import sys
 import time
@@ -27,6 +28,12 @@ from rack.energy import cost_section, energy_section
 from rack.faults import faults_section, with_work_before_crashes
 from rack.scenario import Scenario
 from rack.topology import ComponentSpec, build_topology
+from workloads.clock import check_time_span
+
+
+RUN_STATUSES = ("complete", "aborted")
+"""results.json `status`: "complete" (every request ended) or "aborted" (a component
+raised, or the rack stalled: what was measured until then, `error` says why)."""
 
 
 @dataclass
@@ -39,6 +46,22 @@ class RunOutput:
     stats: dict[str, dict]
     specs: list[ComponentSpec] = field(default_factory=list)
     snapshot: dict = field(default_factory=dict)
+
+
+class RunAborted(RuntimeError):
+    """The run stopped before every request ended: a component raised
+    (`rack.runtime.errors.ComponentError`) or the rack stalled (`VirtualTimeDeadlock`).
+
+    `output`: a RunOutput of what was measured until then, `results["status"]` ==
+    "aborted" and `results["error"]` naming the cause (open requests counted under
+    `requests.open`). `cause`: the runtime's exception. `str(err)` is its one line.
+    """
+
+    def __init__(self, cause: BaseException, output: RunOutput) -> None:
+        super().__init__(" ".join(str(cause).split()))
+        self.cause = cause
+        self.output = output
+        self.__cause__ = cause
 
 
 def _pool_sections(scenario: Scenario, specs: Sequence[ComponentSpec], stats: dict) -> tuple[dict, dict]:
@@ -166,34 +189,62 @@ def run_scenario(scenario: Scenario, requests: Sequence[Any], *, runtime: str = 
     max_concurrency: closed loop: at most this many requests in the rack at once, the
         next sent `think_time_s` after one ends (`rack.router.Router.run`); None: open
         loop (every request at its arrival time).
-    Raises ScenarioError for a bad scenario (before anything starts), and
-    `VirtualTimeDeadlock` / `RayRunError` if the rack stalls.
+    Returns a RunOutput whose `results["status"]` is "complete".
+    Raises ValueError for a bad argument, ScenarioError for a bad scenario and
+    TimeSpanError for arrivals beyond `workloads.clock.MAX_EMULATED_S` (all before
+    anything starts); RunAborted (with the results measured until then, status
+    "aborted") when a component raises or the virtual rack stalls; RayRunError for a
+    Ray run that could not start or timed out.
     """
+    if runtime not in ("virtual", "ray"):
+        raise ValueError(f"runtime: expected 'virtual' or 'ray', got {runtime!r}")
+    # checked here, before anything starts (a component refusing them would abort the run)
+    if max_concurrency is not None and not (isinstance(max_concurrency, int) and max_concurrency >= 1):
+        raise ValueError(f"max_concurrency: expected an integer >= 1 (or None: open loop), got {max_concurrency!r}")
+    if not (math.isfinite(think_time_s) and think_time_s >= 0):
+        raise ValueError(f"think_time_s: expected a finite number of seconds >= 0, got {think_time_s!r}")
     requests = sorted(requests, key=lambda r: (r.arrival_s, r.id))
+    if requests:
+        check_time_span(requests[-1].arrival_s)
     specs = build_topology(scenario, [r.id for r in requests])
     wall0 = time.perf_counter()
-    if runtime == "virtual":
-        from rack.runtime.virtual_run import run_topology_virtual
-        raw = run_topology_virtual(specs, requests, max_concurrency=max_concurrency,
-                                   think_time_s=think_time_s)
-        loop_type = "VirtualTimeLoop"
-        dilation = None
-    elif runtime == "ray":
-        from rack.runtime.ray_runtime import run_topology_ray
-        raw = run_topology_ray(specs, requests, dilation=scenario.dilation, address=address,
-                               progress=progress, timeout_s=timeout_s,
-                               max_concurrency=max_concurrency, think_time_s=think_time_s)
-        loop_type = raw["loop_type"]
-        dilation = scenario.dilation
-    else:
-        raise ValueError(f"runtime: expected 'virtual' or 'ray', got {runtime!r}")
-    wall = time.perf_counter() - wall0
+    load = {"max_concurrency": max_concurrency, "think_time_s": think_time_s}
+    try:
+        if runtime == "virtual":
+            from rack.runtime.virtual_run import run_topology_virtual
+            raw = run_topology_virtual(specs, requests, max_concurrency=max_concurrency,
+                                       think_time_s=think_time_s)
+        else:
+            from rack.runtime.ray_runtime import run_topology_ray
+            raw = run_topology_ray(specs, requests, dilation=scenario.dilation, address=address,
+                                   progress=progress, timeout_s=timeout_s,
+                                   max_concurrency=max_concurrency, think_time_s=think_time_s)
+    except Exception as exc:
+        partial = getattr(exc, "partial", None)
+        if partial is None:
+            raise
+        details = getattr(exc, "details", None)
+        error = details() if details else {"type": type(exc).__name__, "message": " ".join(str(exc).split())}
+        error["components_without_stats"] = list(partial.get("stats_missing", []))
+        output = _assemble(scenario, specs, requests, partial, runtime, time.perf_counter() - wall0,
+                           trace_info, load, status={"status": "aborted", "error": error})
+        raise RunAborted(exc, output) from exc
+    return _assemble(scenario, specs, requests, raw, runtime, time.perf_counter() - wall0, trace_info, load)
 
+
+def _assemble(scenario: Scenario, specs: Sequence[ComponentSpec], requests: Sequence[Any], raw: dict,
+              runtime: str, wall: float, trace_info: dict | None, load: dict,
+              status: dict | None = None) -> RunOutput:
+    """The RunOutput of a run's raw records (`run_topology_*`'s dict, or the `partial`
+    records of a run that stopped, with `status` {"status": "aborted", "error": ...})."""
+    loop_type = raw.get("loop_type", "VirtualTimeLoop")
+    dilation = scenario.dilation if runtime == "ray" else None
     # a crashed instance's work before its crash still counts (energy, utilisation)
     raw["stats"] = with_work_before_crashes(raw["stats"], raw["snapshot"])
     snapshot = apply_fixed_stages(raw["snapshot"], scenario.fixed_stages)
     results, cols = metrics.compute(snapshot, requests, scenario.slo.ttft_ms / 1e3,
                                     scenario.slo.tpot_ms / 1e3)
+    results = {**(status or {"status": "complete"}), **results}
     results["requests"].update(_trace_counts(trace_info))
     results["prefix_cache"] = _prefix_cache_section(raw["stats"], requests)
     memory, util = _pool_sections(scenario, specs, raw["stats"])
@@ -201,6 +252,7 @@ def run_scenario(scenario: Scenario, requests: Sequence[Any], *, runtime: str = 
         if raw["lateness"] else np.zeros(0)
     late = metrics.summarize(lateness_all) if lateness_all.size else \
         {"mean": 0.0, "p50": 0.0, "p90": 0.0, "p99": 0.0, "max": 0.0, "n": 0}
+    end = metrics.last_event_s(snapshot["times"]) or 0.0
     results.update({
         "kv_transfer": _kv_section(raw["stats"]),
         "memory": memory,
@@ -208,6 +260,8 @@ def run_scenario(scenario: Scenario, requests: Sequence[Any], *, runtime: str = 
         "emulation": {
             "runtime": runtime, "dilation": dilation, "wall_s": wall,
             "emulated_s": raw.get("now"),
+            # float64 spacing at the run's last event (s): <= 1 us up to MAX_EMULATED_S
+            "time_resolution_s": math.ulp(end),
             "lateness_s": late,
             "lateness_by_actor": {k: metrics.summarize(np.asarray(v)) for k, v in raw["lateness"].items()},
             "violations": raw["snapshot"]["violations"],
@@ -216,8 +270,7 @@ def run_scenario(scenario: Scenario, requests: Sequence[Any], *, runtime: str = 
             "nodes": raw.get("nodes", {}),
             "ray": raw.get("ray"),
         },
-        "provenance": {**_provenance(scenario, trace_info, runtime, loop_type),
-                       "load": {"max_concurrency": max_concurrency, "think_time_s": think_time_s}},
+        "provenance": {**_provenance(scenario, trace_info, runtime, loop_type), "load": load},
     })
     results.update(_energy_cost_sections(scenario, specs, raw, results, cols))
     # injected faults and what they cost (rack.faults, docs/robustness.md)

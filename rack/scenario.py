@@ -11,6 +11,7 @@ Every error names the file and the field and says what was expected.
 from __future__ import annotations
 
 import difflib
+import math
 import sys
 from pathlib import Path
 from typing import Literal, Optional
@@ -38,6 +39,28 @@ class _Strict(BaseModel):
     # strict: a count written "8" or 8.0 is an error, not silently an int (an int is
     # still a valid float, and tables are read into their models)
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+def _positive_resources(v: dict[str, float]) -> dict[str, float]:
+    """Ray custom resources {name: amount}: named, each amount positive and finite."""
+    bad = {k: x for k, x in v.items() if not k or not (x > 0) or x == float("inf")}
+    if bad:
+        raise ValueError(f"Ray resource amounts must be positive and finite, got {bad}")
+    return v
+
+
+def _non_finite(value: object, where: str = ""):
+    """(field path, value) of every float in `value` (nested dicts and lists, as read
+    from TOML) that is NaN or infinite."""
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            yield where, value
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            yield from _non_finite(v, f"{where}.{k}" if where else str(k))
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            yield from _non_finite(v, f"{where}[{i}]")
 
 
 class SpeculativeSettings(_Strict):
@@ -104,6 +127,11 @@ class PoolConfig(_Strict):
                 raise ValueError("give max_num_seqs or its old name max_batch, not both")
             data["max_num_seqs"] = data.pop("max_batch")
         return data
+
+    @field_validator("resources")
+    @classmethod
+    def _resources(cls, v: dict[str, float]) -> dict[str, float]:
+        return _positive_resources(v)
 
     @property
     def devices_per_instance(self) -> int:
@@ -174,10 +202,7 @@ class PlacementConfig(_Strict):
     @field_validator("router", "collector", "interconnect")
     @classmethod
     def _positive(cls, v: dict[str, float]) -> dict[str, float]:
-        bad = {k: x for k, x in v.items() if not k or not (x > 0) or x == float("inf")}
-        if bad:
-            raise ValueError(f"Ray resource amounts must be positive and finite, got {bad}")
-        return v
+        return _positive_resources(v)
 
 
 class Scenario(_Strict):
@@ -207,13 +232,24 @@ class Scenario(_Strict):
     # rack.admission).
     max_model_len: Optional[int] = Field(default=None, ge=2)
     context_overflow: Literal["reject", "truncate"] = "reject"
-    seed: int = 0
+    seed: int = Field(default=0, ge=0, description="seeds every random choice (numpy needs >= 0)")
     # Energy, cost and fixed latency stages (rack.energy, rack.breakdown document them).
     energy: EnergySettings = EnergySettings()
     cost: CostSettings = CostSettings()
     fixed_stages: list[FixedStage] = Field(default_factory=list)
     # Injected faults (rack.faults; docs/robustness.md).
     faults: list[FaultConfig] = Field(default_factory=list)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _finite_numbers(cls, data: object) -> object:
+        # Once for every table, also those defined in other modules (energy, cost,
+        # fixed stages, links, faults): TOML reads `inf` and `nan`, and no field of a
+        # rack means anything at either (a NaN passes every range check: NaN > 0 is
+        # False, but so is NaN <= 0).
+        for where, value in _non_finite(data):
+            raise ValueError(f"{where}: expected a finite number, got {value!r}")
+        return data
 
     @field_validator("pools")
     @classmethod
@@ -362,7 +398,8 @@ def parse_scenario(data: dict, source: str = "<scenario>") -> Scenario:
 def load_scenario(name_or_path: str | Path | None = None) -> Scenario:
     """Load a shipped scenario by name, or a TOML file by path.
 
-    Raises ScenarioError for a missing file, bad TOML (with line) or a bad field.
+    Raises ScenarioError for a missing, unreadable or non-UTF-8 file, a directory, bad
+    TOML (with line) or a bad field.
     """
     name_or_path = name_or_path or DEFAULT_SCENARIO
     path = Path(name_or_path)
@@ -376,8 +413,15 @@ def load_scenario(name_or_path: str | Path | None = None) -> Scenario:
                 f"{scenario_names()}{hint}")
     if not path.exists():
         raise ScenarioError(f"{path}: no such scenario file")
+    if path.is_dir():
+        raise ScenarioError(f"{path}: is a directory; expected a scenario TOML file or one of {scenario_names()}")
     try:
-        data = tomllib.loads(path.read_text())
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ScenarioError(f"{path}: not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset "
+                            f"{exc.start}); expected a scenario TOML file") from None
+    except OSError as exc:
+        raise ScenarioError(f"{path}: cannot read the scenario file ({exc.strerror or exc})") from None
     except tomllib.TOMLDecodeError as exc:
         raise ScenarioError(f"{path}: not valid TOML: {exc}") from None
     scenario = parse_scenario(data, str(path))
@@ -395,8 +439,8 @@ def check_hardware(scenario: Scenario, source: str = "<scenario>") -> None:
 
     try:
         model = resolve_model(scenario.model)
-    except (ValueError, KeyError) as exc:
-        raise ScenarioError(f"{source}: field model: {exc}") from None
+    except (ValueError, KeyError, OSError) as exc:
+        raise ScenarioError(f"{source}: field model: {_file_problem(scenario.model, exc)}") from None
     limit = model.max_context_tokens
     if scenario.max_model_len is not None and limit is not None and scenario.max_model_len > limit:
         raise ScenarioError(f"{source}: field max_model_len: {scenario.max_model_len} exceeds {model.name}'s "
@@ -404,10 +448,21 @@ def check_hardware(scenario: Scenario, source: str = "<scenario>") -> None:
     for i, p in enumerate(scenario.pools):
         try:
             resolve_device(p.device, p.stack)
-        except (ValueError, KeyError) as exc:
-            field = "stack" if p.stack is not None and "stack" in str(exc) else "device"
-            raise ScenarioError(f"{source}: field pools[{i}].{field} (pool {p.name!r}): {exc}") from None
+        except (ValueError, KeyError, OSError) as exc:
+            field = "stack" if p.stack is not None and "software stack" in str(exc) else "device"
+            raise ScenarioError(f"{source}: field pools[{i}].{field} (pool {p.name!r}): "
+                                f"{_file_problem(p.device, exc)}") from None
         try:
             check_fit(scenario, p, cost_model(scenario, p))
         except ScenarioError as exc:
             raise ScenarioError(f"{source}: field pools[{i}] (tp, pp): {exc}") from None
+
+
+def _file_problem(name: str, exc: Exception) -> str:
+    """The message of a catalog look-up error, naming the file for the errors of
+    reading one (a directory, unreadable, not UTF-8), whose own messages do not."""
+    if isinstance(exc, UnicodeDecodeError):
+        return f"{name}: not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset {exc.start})"
+    if isinstance(exc, OSError):
+        return f"{name}: cannot read the file ({exc.strerror or exc})"
+    return str(exc)

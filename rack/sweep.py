@@ -46,6 +46,8 @@ class Workload:
     kind "trace": `trace` (name or path) with optional `window` (start_s, end_s),
     `max_requests`, `output_scale`. kind "synthetic": Poisson arrivals at `rate_per_s`,
     every request `prompt_tokens` in and `output_tokens` out, `n` requests, `seed`.
+    kind "plan": a `workloads.load.LoadPlan` (`plan`: a trace, random dataset or
+    workload file through the load options, possibly a closed loop).
     """
 
     kind: str = "trace"
@@ -58,6 +60,7 @@ class Workload:
     output_tokens: Optional[int] = None
     n: Optional[int] = None
     seed: int = 0
+    plan: Optional[Any] = None
 
     def requests(self, rate_scale: float = 1.0, prompt_tokens: Optional[int] = None) -> list:
         """The requests, arrivals divided by `rate_scale`; `prompt_tokens` overrides the
@@ -67,6 +70,10 @@ class Workload:
 
             return list(load_requests(self.trace, window=self.window, rate_scale=rate_scale,
                                       max_requests=self.max_requests, output_scale=self.output_scale))
+        if self.kind == "plan":
+            from workloads import scale_rate
+
+            return list(scale_rate(self.plan.requests(), rate_scale))
         if self.kind == "synthetic":
             from workloads import FixedLengths, PoissonArrivals, synthesize
 
@@ -77,7 +84,13 @@ class Workload:
                               n=int(self.n), seed=self.seed)
         raise ValueError(f"workload kind: expected 'trace' or 'synthetic', got {self.kind!r}")
 
+    def run_kwargs(self) -> dict:
+        """More `run_scenario` keyword arguments (a plan's closed loop), else {}."""
+        return self.plan.run_kwargs() if self.plan is not None else {}
+
     def describe(self) -> str:
+        if self.kind == "plan":
+            return self.plan.label() + (f" window {self.plan.window}" if self.plan.window else "")
         if self.kind == "trace":
             return f"trace {self.trace}" + (f" window {self.window}" if self.window else "")
         return (f"synthetic: {self.n} requests, Poisson {self.rate_per_s:g} req/s, "
@@ -130,7 +143,7 @@ def run_task(task: Task) -> dict:
     try:
         sc = Scenario.model_validate(task.scenario)
         reqs = task.workload.requests(task.rate_scale, task.prompt_tokens)
-        res = run_scenario(sc, reqs, runtime="virtual")
+        res = run_scenario(sc, reqs, runtime="virtual", **task.workload.run_kwargs())
         out.update(point_summary(res.results))
     except Exception as exc:  # one bad point must not sink the sweep; it is reported
         out["error"] = f"{type(exc).__name__}: {exc}"

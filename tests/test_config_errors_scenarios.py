@@ -173,4 +173,4 @@ def test_ray_only_options_on_the_virtual_runtime_warn(tmp_path):
     assert "warning: --dilation applies to the ray runtime only" in res.output
     bad = CliRunner().invoke(app, ["run", "--runtime", "virtual", "--dilation", "0", "--max-requests", "5",
                                    "--out", str(tmp_path / "bad")])
-    assert bad.exit_code == 2 and "overrides ['dilation']" in bad.output, bad.output
+    assert bad.exit_code == 2 and "error: --dilation: expected a finite number > 0, got 0" in bad.output, bad.output

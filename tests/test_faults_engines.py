@@ -141,8 +141,8 @@ def test_faults_section_counts_fault_failures():
                                            dtype=object),
             "reason": np.array(["", "kv_checksum", "exceeds_decode_kv_capacity", "", "prefill_queue_full",
                                 "decode_unavailable"], dtype=object)}
-    snap = {"faults": [{"index": 0, "kind": "decode_crash", "applied": True, "recovered": True,
-                        "redispatched_ids": [3, 4]}],
+    snap = {"faults": [{"index": 0, "kind": "decode_crash", "instance": "decode-0", "applied": True,
+                        "applied_at_s": 1.0, "recovered": True}],
             "recoveries": [{"instance": "decode-0", "t": 1.0, "ids": [3, 4]}]}
     f = faults_section(snap, {}, cols)
     # 4 was re-dispatched and then rejected; 1 and 5 failed for fault-only reasons; 2 is
@@ -150,4 +150,28 @@ def test_faults_section_counts_fault_failures():
     assert f["requests_failed"] == 3
     assert f["requests_redispatched"] == 2 and f["requests_recovered"] == 1
     assert f["injected"] == f["recovered"] == 1 and f["errors"] == []
-    assert f["list"][0]["requests_failed"] == 1 and "redispatched_ids" not in f["list"][0]
+    assert f["list"][0]["requests_failed"] == 1 and f["list"][0]["requests_redispatched"] == 2
+
+
+def test_faults_count_each_request_once_per_fault_that_hit_it():
+    """A request re-dispatched twice for one crash (a later recovery of the same
+    instance, e.g. after a submission found it down) counts once for that crash; one
+    hit by two crashes counts once in each; the totals count distinct requests. A
+    frame_corrupt that found nothing says so and is neither recovered nor failed."""
+    ids = np.arange(8)
+    cols = {"id": ids, "outcome": np.array(["completed"] * 8, dtype=object), "reason": np.array([""] * 8, dtype=object)}
+    crash = {"kind": "decode_crash", "instance": "decode-0", "applied": True, "recovered": True}
+    snap = {"faults": [{**crash, "index": 0, "applied_at_s": 1.0}, {**crash, "index": 1, "applied_at_s": 3.0},
+                       {"index": 2, "kind": "prefill_crash", "instance": "prefill-1", "applied": True,
+                        "applied_at_s": 2.0, "recovered": True},
+                       {"index": 3, "kind": "frame_corrupt", "instance": "*", "applied": True, "recovered": False}],
+            "recoveries": [{"instance": "decode-0", "t": 1.0, "ids": [3, 4]},
+                           {"instance": "decode-0", "t": 1.2, "ids": [4]},        # the same crash again
+                           {"instance": "prefill-1", "t": 2.0, "ids": [6]},
+                           {"instance": "decode-0", "t": 3.0, "ids": [4, 5]}]}    # a second crash
+    f = faults_section(snap, {"interconnect": {"corruption": []}}, cols)
+    assert [r.get("requests_redispatched") for r in f["list"]] == [2, 2, 1, None]
+    assert f["requests_redispatched"] == 4 and f["requests_recovered"] == 4       # 3, 4, 5, 6
+    assert f["list"][3]["outcome"] == "no target at that time" and f["list"][3]["recovered"] is None
+    assert f["injected"] == 4 and f["recovered"] == 3 and f["no_target"] == 1
+    assert "outcome" not in f["list"][0]

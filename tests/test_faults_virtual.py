@@ -82,7 +82,7 @@ def test_decode_crash_resends_held_kv_and_reprefills_the_rest(stream_baseline):
     assert out.results["requests"]["completed"] == len(reqs)
     (rec,) = f["list"]
     assert rec["restarted"] and rec["applied_at_s"] == t and rec["recovered_at_s"] == t
-    assert rec["requests_held_elsewhere"] >= at_prefill
+    assert rec["requests_redispatched"] == at_decode == rec["requests_recovered"]
     assert out.stats["decode-0"]["restarts"] == 1
     # The crash costs time: the lost requests decode again from the start.
     assert out.results["latency"]["e2e_s"]["max"] > base.results["latency"]["e2e_s"]["max"]
@@ -307,6 +307,25 @@ def test_work_before_a_crash_counts_the_run_in_progress():
     check_accounting(out, reqs)
     (rec,) = out.results["faults"]["list"]
     assert rec["applied"] and 4.9 < rec["work_before_crash"]["busy_s"] <= 5.0
+
+
+def test_a_fault_with_nothing_to_act_on_says_so():
+    """A frame_corrupt whose window sees no payload (requests 1 s apart, a 0.1 s window
+    between two transfers) is not a failed recovery: its record says there was no
+    target at that time (issue 18, item 5)."""
+    reqs = [Request(id=i, arrival_s=float(i), prompt_tokens=8000, output_tokens=20) for i in range(3)]
+    out = run_scenario(scenario([{"kind": "frame_corrupt", "at_s": 1.5, "target": "kv", "duration_s": 0.1},
+                                 {"kind": "frame_corrupt", "at_s": 0.0, "target": "kv", "count": 1}]),
+                       reqs, runtime="virtual")
+    check_accounting(out, reqs)
+    f = out.results["faults"]
+    idle, hit = f["list"]
+    assert idle["outcome"] == "no target at that time" and idle["frames_corrupted"] == 0 and idle["recovered"] is None
+    assert "outcome" not in hit and hit["frames_corrupted"] == 1 and hit["recovered"] is True
+    assert (f["injected"], f["recovered"], f["no_target"]) == (2, 1, 1)
+    from rack.results import summary_text
+
+    assert "faults: 2 injected, 1 recovered, 1 with no target at that time, 0 requests failed" in summary_text(out.results)
 
 
 @pytest.mark.parametrize("kind,target", [("decode_crash", "decode-0"), ("prefill_crash", "prefill-1")])

@@ -126,8 +126,8 @@ def test_factories():
     assert make_arrivals("gamma", rate_per_s=2, cv=1.5) == GammaArrivals(2, 1.5)
     assert make_lengths("fixed", prompt_tokens=3, output_tokens=4) == FixedLengths(3, 4)
     assert isinstance(make_lengths("empirical", trace="azure-conv-excerpt"), EmpiricalLengths)
-    with pytest.raises(ValueError, match="unknown arrival process 'weibull'"):
-        make_arrivals("weibull", rate_per_s=1)
+    with pytest.raises(ValueError, match="unknown arrival process 'pareto'"):
+        make_arrivals("pareto", rate_per_s=1)
     with pytest.raises(ValueError, match="arrival process 'poisson':"):
         make_arrivals("poisson", rate=1)
     with pytest.raises(ValueError, match="prompt_tokens must be an integer >= 1"):

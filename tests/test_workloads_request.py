@@ -11,9 +11,10 @@ from workloads import Request
 def test_fields_and_defaults_match_the_contract():
     names = [f.name for f in dataclasses.fields(Request)]
     assert names == ["id", "arrival_s", "prompt_tokens", "output_tokens", "block_hashes",
-                     "block_size", "tenant", "slo_class"]
+                     "block_size", "tenant", "slo_class", "reasoning_tokens"]
     r = Request(3, 1.5, 100, 20)
-    assert (r.block_hashes, r.block_size, r.tenant, r.slo_class) == (None, 512, None, None)
+    assert (r.block_hashes, r.block_size, r.tenant, r.slo_class, r.reasoning_tokens) == \
+        (None, 512, None, None, 0)
 
 
 def test_frozen_slots_and_picklable():
@@ -31,6 +32,13 @@ def test_rejects_non_positive_lengths(kwargs):
     args = dict(id=7, arrival_s=0.0, prompt_tokens=10, output_tokens=10) | kwargs
     with pytest.raises(ValueError, match="Request 7: prompt_tokens"):
         Request(**args)
+
+
+def test_reasoning_tokens_lie_within_the_output():
+    assert Request(1, 0.0, 10, 20, reasoning_tokens=20).reasoning_tokens == 20
+    for bad in (21, -1):
+        with pytest.raises(ValueError, match="reasoning_tokens"):
+            Request(1, 0.0, 10, 20, reasoning_tokens=bad)
 
 
 def test_import_is_light_and_imports_nothing_of_the_project():

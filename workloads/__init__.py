@@ -37,20 +37,33 @@ from .stats import LengthStats, TraceStats, ideal_prefix_hits, trace_stats
 # Generators need numpy; load them on first attribute access (PEP 562) so that
 # `import workloads` stays light.
 _LAZY = {
-    "PoissonArrivals": "arrivals", "GammaArrivals": "arrivals",
-    "ConstantArrivals": "arrivals", "arrival_times": "arrivals",
+    "PoissonArrivals": "arrivals", "GammaArrivals": "arrivals", "WeibullArrivals": "arrivals",
+    "ConstantArrivals": "arrivals", "arrival_times": "arrivals", "window_times": "arrivals",
     "FixedLengths": "lengths", "UniformLengths": "lengths", "LogNormalLengths": "lengths",
-    "EmpiricalLengths": "lengths",
-    "synthesize": "synth", "ClosedLoopSource": "synth", "make_arrivals": "synth",
-    "make_lengths": "synth",
-    "shared_prefix_requests": "prefix",
+    "EmpiricalLengths": "lengths", "IndependentLengths": "lengths", "FixedTokens": "lengths",
+    "UniformTokens": "lengths", "LogNormalTokens": "lengths", "PmfTokens": "lengths",
+    "random_dataset_lengths": "lengths",
+    "synthesize": "synth", "ClosedLoop": "synth", "ClosedLoopSource": "synth",
+    "make_arrivals": "synth", "make_lengths": "synth",
+    "shared_prefix_requests": "prefix", "PrefixHasher": "prefix",
+    "LoadControls": "load", "apply_load": "load", "retime": "load",
+    "random_dataset": "load", "closed_loop": "load", "LoadPlan": "load",
+    "WorkloadSpec": "workload_spec", "load_workload": "workload_spec",
+    "WorkloadSpecError": "workload_spec", "workload_names": "workload_spec",
+    "generate_workload": "mixture", "realised_windows": "mixture",
 }
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .arrivals import ConstantArrivals, GammaArrivals, PoissonArrivals, arrival_times
-    from .lengths import EmpiricalLengths, FixedLengths, LogNormalLengths, UniformLengths
-    from .prefix import shared_prefix_requests
-    from .synth import ClosedLoopSource, make_arrivals, make_lengths, synthesize
+    from .arrivals import (ConstantArrivals, GammaArrivals, PoissonArrivals, WeibullArrivals,
+                           arrival_times, window_times)
+    from .lengths import (EmpiricalLengths, FixedLengths, FixedTokens, IndependentLengths,
+                          LogNormalLengths, LogNormalTokens, PmfTokens, UniformLengths,
+                          UniformTokens, random_dataset_lengths)
+    from .load import LoadControls, LoadPlan, apply_load, closed_loop, random_dataset, retime
+    from .mixture import generate_workload, realised_windows
+    from .prefix import PrefixHasher, shared_prefix_requests
+    from .synth import ClosedLoop, ClosedLoopSource, make_arrivals, make_lengths, synthesize
+    from .workload_spec import WorkloadSpec, WorkloadSpecError, load_workload, workload_names
 
 
 def __getattr__(name: str) -> Any:

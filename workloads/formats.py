@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from .errors import TraceError
+from .textfile import open_binary
 
 #: Units of a numeric timestamp column, and how many of them make one second (exact
 #: floats, so that millisecond timestamps divide exactly).
@@ -137,7 +138,7 @@ FORMATS = (*PRESETS, "csv", "jsonl")
 
 def _first_line(path: Path) -> str | None:
     """The first non-blank line of the file (decoded), or None if there is none."""
-    with open(path, "rb") as f:
+    with open_binary(path) as f:
         for raw in f:
             if raw.strip():
                 return raw.decode("utf-8-sig", errors="replace").strip()

@@ -8,12 +8,16 @@ re-reads the file and resets the counters.
 
 Skip reasons (keys of `TraceReader.skipped`): ``missing_field``, ``not_a_number``
 (a length or timestamp that is not a number), ``negative_length``, ``zero_length``,
-``time_backwards``, ``bad_hashes``, ``invalid_json``.
+``time_backwards``, ``bad_hashes``, ``invalid_json``, ``too_long`` (a length above
+`MAX_TOKENS`). Files may be gzip-compressed (read as they are streamed); a file that
+is not UTF-8 text is a TraceError naming the line of its first bad byte
+(`workloads.textfile`).
 """
 
 from __future__ import annotations
 
 import csv
+import gzip
 import hashlib
 import json
 import math
@@ -25,7 +29,8 @@ from typing import Any, Callable, Iterator, Mapping
 from .errors import TraceError
 from .formats import TIME_UNIT_WORDS, TIME_UNITS, Schema, detect_schema
 from .names import resolve_trace
-from .request import Request
+from .request import MAX_TOKENS, Request
+from .textfile import check_text, open_text, text_error
 from .timeparse import make_datetime_parser
 
 _MISSING = object()
@@ -67,6 +72,9 @@ def _count_slow(value: Any, field: str) -> int:
 
 
 def _length_error(field: str, n: int) -> _BadRow:
+    if n > MAX_TOKENS:
+        return _BadRow(field, f"{n:.3g} tokens is beyond any model's context (expected at most "
+                       f"{MAX_TOKENS:,}, workloads.request.MAX_TOKENS)", "too_long")
     reason = "negative_length" if n < 0 else "zero_length"
     return _BadRow(field, f"expected a token count >= 1, got {n}", reason)
 
@@ -158,9 +166,15 @@ class TraceReader:
     # -- iteration -------------------------------------------------------------------
     def __iter__(self) -> Iterator[Request]:
         self._reset()
-        if self.schema.container == "jsonl":
-            return self._iter_jsonl()
-        return self._iter_csv()
+        rows = self._iter_jsonl() if self.schema.container == "jsonl" else self._iter_csv()
+        return self._text_errors(rows)
+
+    def _text_errors(self, rows: Iterator[Request]) -> Iterator[Request]:
+        # a bad byte or corrupt gzip data past the part `check_text` saw: file and line
+        try:
+            yield from rows
+        except (UnicodeDecodeError, EOFError, gzip.BadGzipFile) as exc:
+            raise text_error(self.path, exc) from None
 
     def _error(self, line: int | None, field: str | None, problem: str,
                reason: str | None = None) -> TraceError:
@@ -257,13 +271,15 @@ class TraceReader:
                 if p is _MISSING:
                     raise _BadRow(f_in, "missing", "missing_field")
                 p = _count_slow(p, f_in)
-            if p < 1:
+            if not 1 <= p <= MAX_TOKENS:
                 raise _length_error(f_in, p)
             if type(o) is not int:
                 if o is _MISSING:
                     raise _BadRow(f_out, "missing", "missing_field")
                 o = _count_slow(o, f_out)
             failed = False
+            if o > MAX_TOKENS:
+                raise _length_error(f_out, o)
             if o < 1:
                 if o == 0 and fail_on_zero:
                     failed = True
@@ -319,7 +335,7 @@ class TraceReader:
         raw_decode = json.JSONDecoder().raw_decode
         missing = _MISSING
         line = 0
-        with open(self.path, encoding="utf-8-sig") as f:
+        with open_text(self.path) as f:
             for raw in f:
                 line += 1
                 try:
@@ -372,7 +388,7 @@ class TraceReader:
     def _iter_csv(self) -> Iterator[Request]:
         s = self.schema
         build = self._builder()
-        with open(self.path, newline="", encoding="utf-8-sig") as f:
+        with open_text(self.path, newline="") as f:
             rows = csv.reader(f)
             try:
                 header = next(rows)
@@ -460,9 +476,11 @@ def open_trace(path_or_name: str | os.PathLike, format: str | None = None,
       ``prompt_tokens``, ``output_tokens``, ``block_hashes``, ``block_size``,
       ``tenant``, ``slo_class`` (see `workloads.formats.Schema.from_mapping`).
     skip_bad_rows: skip and count bad rows instead of raising.
-    Nothing but the first line is read here. Raises TraceError (unknown name, missing
-    file, empty file, unknown layout) or ValueError (bad format/mapping).
+    Nothing but the first line (and up to 64 KiB checked for text) is read here.
+    Raises TraceError (unknown name, missing file, not UTF-8 text, compressed other
+    than with gzip, empty file, unknown layout) or ValueError (bad format/mapping).
     """
     path = resolve_trace(path_or_name)
+    check_text(path)
     schema = detect_schema(path, format, mapping)
     return TraceReader(path, schema, skip_bad_rows=skip_bad_rows, name=str(path_or_name))

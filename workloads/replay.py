@@ -63,7 +63,7 @@ def select_window(requests: Iterable[Request], start_s: float | None = None,
         if t >= start:
             if start:
                 r = Request(r.id, t - start, r.prompt_tokens, r.output_tokens, r.block_hashes,
-                            r.block_size, r.tenant, r.slo_class)
+                            r.block_size, r.tenant, r.slo_class, r.reasoning_tokens)
             yield r
 
 
@@ -77,7 +77,7 @@ def scale_rate(requests: Iterable[Request], factor: float) -> Iterator[Request]:
         return
     for r in requests:
         yield Request(r.id, r.arrival_s / factor, r.prompt_tokens, r.output_tokens,
-                      r.block_hashes, r.block_size, r.tenant, r.slo_class)
+                      r.block_hashes, r.block_size, r.tenant, r.slo_class, r.reasoning_tokens)
 
 
 def sample_fraction(requests: Iterable[Request], fraction: float, seed: int = 0) -> Iterator[Request]:
@@ -111,7 +111,8 @@ def take(requests: Iterable[Request], n: int | None) -> Iterator[Request]:
 
 
 def scale_output(requests: Iterable[Request], factor: float) -> Iterator[Request]:
-    """Multiply every output length by `factor` (rounded, at least 1 token).
+    """Multiply every output length by `factor` (rounded, at least 1 token; the
+    reasoning tokens by the same factor).
     Raises ValueError unless factor is finite and > 0."""
     if not (math.isfinite(factor) and factor > 0):
         raise ValueError(f"output_scale must be a finite number > 0, got {factor}")
@@ -119,8 +120,9 @@ def scale_output(requests: Iterable[Request], factor: float) -> Iterator[Request
         yield from requests
         return
     for r in requests:
-        yield Request(r.id, r.arrival_s, r.prompt_tokens, max(1, round(r.output_tokens * factor)),
-                      r.block_hashes, r.block_size, r.tenant, r.slo_class)
+        out = max(1, round(r.output_tokens * factor))
+        yield Request(r.id, r.arrival_s, r.prompt_tokens, out, r.block_hashes, r.block_size,
+                      r.tenant, r.slo_class, min(out, round(r.reasoning_tokens * factor)))
 
 
 def replay(requests: Iterable[Request], *, window: tuple[float | None, float | None] | None = None,

@@ -9,10 +9,13 @@ from typing import List, Optional
 import typer
 
 from rack.cli.app import app
+from rack.cli._checks import check_positive, prepare_out_dir, report_failure
+from rack.cli.load import LoadOptions, load_options
 from rack.cli.run import DEFAULT_TRACE, fail
 
 
 @app.command()
+@load_options
 def compare(
     scenarios: Optional[List[str]] = typer.Argument(None, help="scenario names or TOML files [default: gpu-only, wafer-only, split, conditional split (Kimi-K2)]"),
     trace: str = typer.Option(DEFAULT_TRACE, "--trace", "-t", help="trace name or path"),
@@ -27,44 +30,46 @@ def compare(
     out: Path = typer.Option(Path("rack-results/compare"), "--out", help="results folder"),
     no_plots: bool = typer.Option(False, "--no-plots", help="skip the PNG plots"),
     as_json: bool = typer.Option(False, "--json", help="print the JSON of all scenarios instead of the table"),
+    load: Optional[LoadOptions] = None,
 ) -> None:
     """Run deployments on the same requests and compare TTFT/TPOT/ITL/E2E, goodput, tokens/J, $/Mtok."""
     from rack.breakdown import parse_stage
     from rack.compare import (CompareError, compare_document, compare_rich_table, run_compare,
                               write_compare)
     from rack.results import to_json
-    from rack.runner import trace_info
 
     if runtime not in ("ray", "virtual"):
         fail(f"--runtime: expected 'ray' or 'virtual', got {runtime!r}")
+    check_positive("--rate-scale", rate_scale)
     try:
         stages = [parse_stage(s) for s in (stage or [])]
     except ValueError as exc:
         fail(str(exc))
-    from workloads import TraceError, load_requests, parse_window, resolve_trace
+    from workloads import TraceError
 
     try:
-        path = resolve_trace(trace)
-        reqs = load_requests(trace, window=parse_window(window) if window else None, rate_scale=rate_scale,
-                             max_requests=max_requests)
+        loaded = load.load(trace, default_trace=DEFAULT_TRACE, window=window, rate_scale=rate_scale,
+                           max_requests=max_requests)
     except (TraceError, ValueError) as exc:
         fail(str(exc))
-    if len(reqs) == 0:
-        fail(f"trace {trace!r} with window {window!r} has no requests")
-    info = trace_info(path, reqs.summary(), window=window, rate_scale=rate_scale, max_requests=max_requests)
+    reqs, info = loaded.requests, loaded.info
+    prepare_out_dir("--out", out)
     from rich.console import Console
 
     err = Console(stderr=True)
 
     def on_start(name: str, i: int, n: int) -> None:
         if not as_json:
-            err.print(f"[{i + 1}/{n}] {name}: {len(reqs)} requests on the {runtime} runtime")
+            err.print(f"[{i + 1}/{n}] {name}: {len(reqs)} requests of {loaded.label} on the {runtime} runtime")
 
     try:
         result = run_compare(list(scenarios or []), reqs, runtime=runtime, iso=iso, reference=reference,
-                             address=address, trace_info=info, fixed_stages=stages, on_start=on_start)
+                             address=address, trace_info=info, fixed_stages=stages, on_start=on_start,
+                             run_kwargs=loaded.run_kwargs)
     except CompareError as exc:
         fail(str(exc))
+    except Exception as exc:  # noqa: BLE001 - a deployment's run aborted, or a bug: one line, the rest in the log
+        report_failure(out, exc, what="a deployment's run", keep_partial=False)
     finally:
         if runtime == "ray" and address is None:
             try:

@@ -8,7 +8,9 @@ from typing import List, Optional
 
 import typer
 
+from rack.cli._checks import check_positive, fail, prepare_out_dir, report_failure
 from rack.cli.app import app
+from rack.cli.load import LoadOptions, load_options
 
 DEFAULT_TRACE = "mooncake-excerpt"
 # The Ray runtime paces on the wall clock at `dilation` x real time (100 for the default
@@ -18,36 +20,31 @@ DEFAULT_TRACE = "mooncake-excerpt"
 DEFAULT_RAY_WINDOW = "0:3"
 
 
-def fail(message: str, code: int = 2) -> None:
-    """Print `message` as a one-line error and exit with `code` (no traceback)."""
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(code)
-
-
 def load_inputs(scenario: Optional[str], trace: str, window: Optional[str], rate_scale: float,
                 max_requests: Optional[int], output_scale: float, skip_bad_rows: bool,
-                **overrides):
-    """The scenario (with overrides) and the request list, or a clean CLI error."""
+                load: Optional[LoadOptions] = None, **overrides):
+    """The scenario (with overrides) and the requests (`rack.cli.load.Loaded`: the
+    trace, or --dataset/--workload, through the load options), or a clean CLI error."""
     from devices.catalog import CatalogError
     from devices.planner import ModelDoesNotFit
     from rack.scenario import ScenarioError, load_scenario
-    from workloads import TraceError, load_requests, parse_window, resolve_trace
+    from workloads import TraceError
 
     try:
         sc = load_scenario(scenario)
         sc = sc.with_overrides(**overrides)
-        win = parse_window(window) if window else None
-        path = resolve_trace(trace)
-        reqs = load_requests(trace, window=win, rate_scale=rate_scale, max_requests=max_requests,
-                             skip_bad_rows=skip_bad_rows, output_scale=output_scale)
+        loaded = (load or LoadOptions()).load(trace, default_trace=DEFAULT_TRACE, window=window,
+                                              rate_scale=rate_scale, max_requests=max_requests,
+                                              output_scale=output_scale, skip_bad_rows=skip_bad_rows)
     except (ScenarioError, CatalogError, ModelDoesNotFit, TraceError, ValueError) as exc:
         fail(str(exc))
-    if len(reqs) == 0:
-        fail(f"trace {trace!r} with window {window!r} has no requests")
-    return sc, reqs, path
+    except OSError as exc:        # e.g. a device file that is a directory
+        fail(f"{exc.filename or scenario}: {exc.strerror or exc}")
+    return sc, loaded
 
 
 @app.command()
+@load_options
 def run(
     scenario: Optional[str] = typer.Option(None, "--scenario", "-s", help="scenario name or TOML file [default: helios-cs3-kimi-k2]"),
     trace: str = typer.Option(DEFAULT_TRACE, "--trace", "-t", help="trace name or path"),
@@ -68,20 +65,24 @@ def run(
                                               "KIND:TARGET@AT_S[+DURATION_S][,factor=F][,count=N][,seed=S], KIND one of "
                                               "decode_crash, prefill_crash, link_degrade, link_flap, frame_corrupt "
                                               "(docs/robustness.md)"),
+    load: Optional[LoadOptions] = None,
 ) -> None:
     """Replay a trace through the emulated rack and report TTFT, TPOT, ITL, goodput, KV traffic."""
     from rack.results import summary_text, to_json, write_results
-    from rack.runner import run_scenario, trace_info
 
     if runtime not in ("ray", "virtual"):
         fail(f"--runtime: expected 'ray' or 'virtual', got {runtime!r}")
-    if runtime == "ray" and window is None and trace == DEFAULT_TRACE:
+    for name, value in (("--dilation", dilation), ("--payload-scale", payload_scale),
+                        ("--rate-scale", rate_scale), ("--output-scale", output_scale), ("--timeout", timeout)):
+        check_positive(name, value)
+    if runtime == "ray" and window is None and trace == DEFAULT_TRACE and not (load.dataset or load.workload):
         window = DEFAULT_RAY_WINDOW
     for name, value in (("--dilation", dilation), ("--timeout", timeout)):
         if runtime == "virtual" and value is not None:
             typer.echo(f"warning: {name} applies to the ray runtime only; the virtual runtime ignores it", err=True)
-    sc, reqs, path = load_inputs(scenario, trace, window, rate_scale, max_requests, output_scale,
-                                 skip_bad_rows, dilation=dilation, payload_scale=payload_scale)
+    sc, loaded = load_inputs(scenario, trace, window, rate_scale, max_requests, output_scale,
+                             skip_bad_rows, load, dilation=dilation, payload_scale=payload_scale)
+    reqs = loaded.requests
     if fault:
         from rack.faults import parse_fault_option
         from rack.scenario import ScenarioError
@@ -90,39 +91,45 @@ def run(
             sc = sc.with_overrides(faults=[*sc.model_dump()["faults"], *(parse_fault_option(f) for f in fault)])
         except (ScenarioError, ValueError) as exc:
             fail(str(exc))
-    info = trace_info(path, reqs.summary(), window=window, rate_scale=rate_scale,
-                      max_requests=max_requests, output_scale=output_scale)
+    info = loaded.info
+    folder = prepare_out_dir("--out", out)
     if not as_json:
-        typer.echo(f"replaying {len(reqs)} requests of {trace} through {sc.name} on the {runtime} runtime"
+        typer.echo(f"replaying {len(reqs)} requests of {loaded.label} through {sc.name} on the {runtime} runtime"
+                   + (f" (closed loop, at most {load.max_concurrency} in flight)" if load.max_concurrency else "")
                    + (f" (dilation {sc.dilation}, arrivals over about {reqs[-1].arrival_s * sc.dilation:.0f} s of wall time)"
                       if runtime == "ray" else ""), err=True)
+    output = execute(folder, sc, reqs, runtime=runtime, address=address, trace_info=info,
+                     progress=not as_json and sys.stderr.isatty(), timeout_s=timeout, **loaded.run_kwargs)
     try:
-        output = run_scenario(sc, reqs, runtime=runtime, address=address, trace_info=info,
-                              progress=not as_json and sys.stderr.isatty(), timeout_s=timeout)
-    except Exception as exc:  # a stalled or refused run: say what happened, keep the traceback out
-        from rack.runtime.virtual import VirtualTimeDeadlock
-        from rack.scenario import ScenarioError
+        write_results(folder, output.results, output.columns)
+    except OSError as exc:
+        fail(f"--out {folder}: could not write the results ({exc.strerror or exc})", code=1)
+    if as_json:
+        typer.echo(to_json(output.results))
+    else:
+        typer.echo(summary_text(output.results))
+        typer.echo(f"results: {folder}/results.json, {folder}/requests.csv")
 
-        if isinstance(exc, ScenarioError):     # refused before any component started
-            fail(str(exc))
-        known = (VirtualTimeDeadlock,)
-        try:
-            from rack.runtime.ray_runtime import RayRunError
-            known = known + (RayRunError,)
-        except ImportError:  # pragma: no cover
-            pass
-        if isinstance(exc, known):
-            fail(str(exc), code=1)
-        raise
+
+def execute(folder: Path, sc, reqs, *, runtime: str, address: Optional[str], **kwargs):
+    """`run_scenario`, failing with one line for a run that cannot start, stopped or
+    broke: an aborted run (a component raised, or the rack stalled) still writes what
+    was measured into `folder` (results.json with status "aborted"); the traceback of
+    anything but a refused input goes to `folder`/error.log, never to the terminal.
+    Exit codes: 2 for input refused before the run, 1 for a run that failed."""
+    from rack.runner import run_scenario
+    from rack.scenario import ScenarioError
+    from workloads.clock import TimeSpanError
+
+    try:
+        return run_scenario(sc, reqs, runtime=runtime, address=address, **kwargs)
+    except (ScenarioError, TimeSpanError) as exc:      # refused before any component started
+        fail(str(exc))
+    except Exception as exc:  # noqa: BLE001 - aborted, a stalled Ray run, or a bug: one line, the rest in the log
+        report_failure(folder, exc)
     finally:
         if runtime == "ray" and address is None:
             import ray
 
             if ray.is_initialized():
                 ray.shutdown()
-    folder = write_results(out, output.results, output.columns)
-    if as_json:
-        typer.echo(to_json(output.results))
-    else:
-        typer.echo(summary_text(output.results))
-        typer.echo(f"results: {folder}/results.json, {folder}/requests.csv")

@@ -3,12 +3,15 @@ cost of deployments against request rate, KV link bandwidth or prompt length."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import List, Optional
 
 import typer
 
 from rack.cli.app import app, command_group
+from rack.cli._checks import check_positive, prepare_out_dir
+from rack.cli.load import LoadOptions, load_options
 from rack.cli.run import DEFAULT_TRACE, fail
 
 sweep_app = command_group(help="Sweep request rate, KV link bandwidth or prompt length across deployments.")
@@ -23,8 +26,8 @@ def _floats(text: str, option: str) -> list[float]:
         vals = [float(x) for x in text.split(",") if x.strip()]
     except ValueError:
         fail(f"{option}: expected comma-separated numbers, e.g. 1,2,4, got {text!r}")
-    if not vals or any(v <= 0 for v in vals):
-        fail(f"{option}: expected positive numbers, got {text!r}")
+    if not vals or not all(math.isfinite(v) and v > 0 for v in vals):
+        fail(f"{option}: expected finite positive numbers, got {text!r}")
     return vals
 
 
@@ -41,17 +44,23 @@ def _scenarios(names: list[str]):
 
 
 def _workload(trace: Optional[str], window: Optional[str], max_requests: Optional[int],
-              prompt_tokens: Optional[int], output_tokens: int, rate: float, n: int, seed: int):
-    """A synthetic workload when --prompt-tokens is given, else the trace."""
+              prompt_tokens: Optional[int], output_tokens: int, rate: float, n: int, seed: int,
+              load: LoadOptions):
+    """A synthetic workload when --prompt-tokens is given, else the trace (or dataset or
+    workload file) through the load options."""
     from rack.sweep import Workload
-    from workloads import TraceError, parse_window
+    from workloads import TraceError
 
     if prompt_tokens is not None:
+        if load != LoadOptions(seed=load.seed):
+            fail("--prompt-tokens makes its own synthetic workload; the load options "
+                 "(--dataset, --workload, --request-rate, ...) apply to the trace")
         return Workload(kind="synthetic", rate_per_s=rate, prompt_tokens=prompt_tokens,
                         output_tokens=output_tokens, n=n, seed=seed)
     try:
-        win = parse_window(window) if window else None
-        wl = Workload(kind="trace", trace=trace or DEFAULT_TRACE, window=win, max_requests=max_requests)
+        plan = load.plan(trace or DEFAULT_TRACE, default_trace=DEFAULT_TRACE, window=window,
+                         max_requests=max_requests)
+        wl = Workload(kind="plan", plan=plan)
         wl.requests()            # fail fast on a bad trace, with the reader's message
     except (TraceError, ValueError) as exc:
         fail(str(exc))
@@ -86,6 +95,7 @@ _ADDRESS = typer.Option(None, "--address", help="Ray cluster address: run the po
 
 
 @sweep_app.command("rate")
+@load_options
 def sweep_rate(
     scenarios: Optional[List[str]] = typer.Argument(None, help="scenario names or TOML files [default: the four Kimi-K2 deployments]"),
     rates: str = typer.Option("0.5,1,2,4,8", "--rates", help="rate scales (x the trace's arrival rate)"),
@@ -97,21 +107,24 @@ def sweep_rate(
     out: Path = typer.Option(Path("rack-results/sweep-rate"), "--out"),
     no_plots: bool = typer.Option(False, "--no-plots"),
     as_json: bool = typer.Option(False, "--json", help="print sweep.json"),
+    load: Optional[LoadOptions] = None,
 ) -> None:
     """Goodput and tokens/J against request rate; the max rate each deployment sustains (DistServe)."""
     from rack.sweep import rate_sweep
 
     scs = _scenarios(list(scenarios or []))
-    wl = _workload(trace, window, max_requests, None, 1, 1.0, 1, 0)
+    wl = _workload(trace, window, max_requests, None, 1, 1.0, 1, 0, load)
     reqs = wl.requests()
     span = max(r.arrival_s for r in reqs) - min(r.arrival_s for r in reqs)
     base = len(reqs) / span if span > 0 else None
+    prepare_out_dir("--out", out)
     result = rate_sweep(scs, wl, _floats(rates, "--rates"), target=target, base_rate=base,
                         workers=workers, address=address, progress=not as_json)
     _finish(result, out, as_json, no_plots)
 
 
 @sweep_app.command("bandwidth")
+@load_options
 def sweep_bandwidth(
     split: str = typer.Option(DEFAULT_SPLIT, "--split", help="the split deployment (has a KV link)"),
     colocated: Optional[List[str]] = typer.Option(None, "--colocated", help="colocated deployments to cross (repeatable) [default: gpu-only and wafer-only Kimi-K2]"),
@@ -130,6 +143,7 @@ def sweep_bandwidth(
     out: Path = typer.Option(Path("rack-results/sweep-bandwidth"), "--out"),
     no_plots: bool = typer.Option(False, "--no-plots"),
     as_json: bool = typer.Option(False, "--json"),
+    load: Optional[LoadOptions] = None,
 ) -> None:
     """The split deployment at each KV link bandwidth against colocated ones; prints the crossover."""
     from rack.sweep import bandwidth_sweep, with_link_bandwidth
@@ -142,7 +156,9 @@ def sweep_bandwidth(
     except ValueError as exc:
         fail(str(exc))
     cos = _scenarios(list(colocated or DEFAULT_COLOCATED))
-    wl = _workload(trace, window, max_requests, prompt_tokens, output_tokens, rate, n, seed)
+    check_positive("--rate", rate)
+    wl = _workload(trace, window, max_requests, prompt_tokens, output_tokens, rate, n, seed, load)
+    prepare_out_dir("--out", out)
     result = bandwidth_sweep(sp, cos, wl, _floats(bandwidths, "--bandwidths"), link=link, metric=metric,
                              workers=workers, address=address, progress=not as_json)
     _finish(result, out, as_json, no_plots)
@@ -166,6 +182,8 @@ def sweep_prompt(
 
     scs = _scenarios(list(scenarios or []))
     Ls = [int(x) for x in _floats(lengths, "--lengths")]
+    check_positive("--rate", rate)
+    prepare_out_dir("--out", out)
     result = prompt_sweep(scs, Ls, rate_per_s=rate, output_tokens=output_tokens, n=n, seed=seed,
                           workers=workers, address=address, progress=not as_json)
     _finish(result, out, as_json, no_plots)

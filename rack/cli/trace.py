@@ -8,24 +8,10 @@ from typing import Any, List, Optional
 import typer
 
 from rack.cli.app import app, command_group
+from rack.cli.load import BLOCK_SIZE_OPTION, FORMAT_OPTION, MAP_OPTION, TIME_UNIT_OPTION, parse_mapping
 
 trace_app = command_group(help="Inspect request traces (Mooncake, Azure, BurstGPT, generic).")
 app.add_typer(trace_app, name="trace")
-
-
-def _parse_mapping(items: List[str], time_unit: Optional[str],
-                   block_size: Optional[int]) -> dict[str, Any] | None:
-    mapping: dict[str, Any] = {}
-    for item in items:
-        key, sep, column = item.partition("=")
-        if not sep or not key.strip() or not column:
-            raise typer.BadParameter(f"expected FIELD=COLUMN, got {item!r}", param_hint="--map")
-        mapping[key.strip()] = column
-    if time_unit is not None:
-        mapping["time_unit"] = time_unit
-    if block_size is not None:
-        mapping["block_size"] = block_size
-    return mapping or None
 
 
 def _fmt(value: Any, digits: int = 1) -> str:
@@ -85,19 +71,12 @@ def stats(
     trace: str = typer.Argument(..., metavar="PATH|NAME",
                                 help="A trace file, or a name from `rack trace list`."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables."),
-    format: Optional[str] = typer.Option(
-        None, "--format", help="mooncake, azure, burstgpt, vidur, csv or jsonl "
-        "(default: detected from the first line)."),
+    format: Optional[str] = FORMAT_OPTION,
     skip_bad_rows: bool = typer.Option(False, "--skip-bad-rows",
                                        help="Skip and count bad rows instead of stopping."),
-    mapping: List[str] = typer.Option(
-        [], "--map", metavar="FIELD=COLUMN",
-        help="Column mapping for a generic file (repeat): timestamp, prompt_tokens, "
-        "output_tokens, block_hashes, tenant, slo_class."),
-    time_unit: Optional[str] = typer.Option(
-        None, "--time-unit", help="Unit of a generic timestamp column: s, ms, us, ns, datetime."),
-    block_size: Optional[int] = typer.Option(None, "--block-size",
-                                             help="Tokens per hash block (default 512)."),
+    mapping: List[str] = MAP_OPTION,
+    time_unit: Optional[str] = TIME_UNIT_OPTION,
+    block_size: Optional[int] = BLOCK_SIZE_OPTION,
 ) -> None:
     """Count, span, request rate, inter-arrival CV, length percentiles and the ideal
     prefix-cache hit ratio of a trace."""
@@ -105,7 +84,7 @@ def stats(
 
     try:
         result = trace_stats(trace, format=format, skip_bad_rows=skip_bad_rows,
-                             mapping=_parse_mapping(mapping, time_unit, block_size))
+                             mapping=parse_mapping(mapping, time_unit, block_size))
     except TraceError as e:
         hint = "" if skip_bad_rows or e.reason is None else \
             " (use --skip-bad-rows to skip and count such rows)"

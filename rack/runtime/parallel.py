@@ -159,8 +159,10 @@ def virtual_results(item: tuple) -> dict:
 
 def virtual_run_output(item: tuple):
     """Like `virtual_results` but returns the whole `RunOutput` (results, per-request
-    columns, component stats, topology), for callers that need more than results.json."""
+    columns, component stats, topology), for callers that need more than results.json.
+    item may end with a dict of more `run_scenario` keyword arguments (a closed loop)."""
     from rack.runner import run_scenario
 
     scenario, requests, *rest = item
-    return run_scenario(scenario, requests, runtime="virtual", trace_info=rest[0] if rest else None)
+    return run_scenario(scenario, requests, runtime="virtual", trace_info=rest[0] if rest else None,
+                        **(rest[1] if len(rest) > 1 else {}))

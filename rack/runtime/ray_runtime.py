@@ -53,6 +53,7 @@ import numpy as np
 from interconnect.component import PeerLost
 from rack.topology import ComponentSpec
 
+from .errors import ComponentError, locate, owners
 from .parallel import RunFailed
 from .placement import construct
 
@@ -295,6 +296,7 @@ class ComponentHost:
         self.name = name
         self.obj: Any = None
         self.clock: Any = None
+        self.failure: ComponentError | None = None   # the first error of this component
         self.calls_in = 0
         self.sent: dict[str, list[int]] = {}
         # Restart support (rack.faults): an engine's host keeps its build arguments in the
@@ -355,6 +357,7 @@ class ComponentHost:
         self.clock = LoopClock(loop, origin=epoch_wall, dilation=dilation, record_lateness=True,
                                wall_time=time.time)
         self.obj = construct(spec, self.clock, peers.__getitem__)
+        self._watch_tasks(loop)
         import ray
 
         if self._registry is not None:      # for a rebuild after Ray restarts this actor
@@ -387,10 +390,49 @@ class ComponentHost:
             await asyncio.sleep(3600)
         if method in KV_METHODS:
             args = await _resolve_payloads(args)
-        result = getattr(self.obj, method)(*args, **kwargs)
-        if asyncio.iscoroutine(result) or isinstance(result, asyncio.Future):
-            result = await result
+        try:
+            result = getattr(self.obj, method)(*args, **kwargs)
+            if asyncio.iscoroutine(result) or isinstance(result, asyncio.Future):
+                result = await result
+        except PeerLost:
+            raise                 # the protocol's own error: the caller handles it
+        except Exception as exc:  # noqa: BLE001 - named here, once, for every caller
+            raise self._note_failure(exc) from None
         return result
+
+    def _note_failure(self, exc: BaseException) -> ComponentError:
+        """`exc` as a ComponentError naming this component (unless it already names
+        the one it came from, through a call to a peer), kept as this host's failure."""
+        err = _component_error(exc)
+        if err is None:
+            _, request_id = locate(exc, {self.name: self.obj})
+            err = ComponentError(self.name, self.clock.now() if self.clock else None, request_id, exc)
+            err.remote_traceback = err.traceback_text()     # the traceback does not pickle
+        if self.failure is None:
+            self.failure = err
+        return err
+
+    def _watch_tasks(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Keep the first exception that ends one of the component's own background
+        tasks (a coroutine of the component, or of the object a Restartable holds):
+        nobody awaits those, and their requests would otherwise wait until the run
+        times out. Ray's own tasks on this loop are left alone."""
+        def factory(loop, coro, **kwargs):
+            task = asyncio.Task(coro, loop=loop, **kwargs)
+            frame = getattr(coro, "cr_frame", None)
+            if frame is not None and id(frame.f_locals.get("self")) in owners({self.name: self.obj}):
+                task.add_done_callback(self._task_ended)
+            return task
+
+        loop.set_task_factory(factory)
+
+    def _task_ended(self, task: asyncio.Task) -> None:
+        if not task.cancelled() and task.exception() is not None and not isinstance(task.exception(), PeerLost):
+            self._note_failure(task.exception())
+
+    async def failed(self) -> ComponentError | None:
+        """The first error of this component (or of a peer it called), or None."""
+        return self.failure
 
     async def ping(self, *sample: Any) -> None:
         """A no-op call, to open the connection from a peer (and unpickle a sample of
@@ -646,13 +688,23 @@ def run_topology_ray(specs: Sequence[ComponentSpec], requests: Sequence[Any], *,
         router_ref = actors["router"].call.remote("run", (list(requests),), {
             "max_concurrency": max_concurrency, "think_time_s": think_time_s})
         done_ref = actors["collector"].call.remote("wait_all", (), {})
-        _wait_with_progress(ray, actors["collector"], done_ref, len(requests), deadline, progress)
-        replay_wall = time.time() - epoch
-        router_counts = ray.get(router_ref, timeout=max(1.0, deadline - time.time()))
         engine_names = [s.name for s in specs if s.kind in ("prefill", "decode", "both", "interconnect")]
-        ray.get([actors[n].call.remote("drain", (), {}) for n in engine_names], timeout=60)
-        stats = dict(zip(engine_names, ray.get(
-            [actors[n].call.remote("stats", (), {}) for n in engine_names], timeout=60)))
+        try:
+            _wait_with_progress(ray, actors, done_ref, router_ref, len(requests), deadline, progress)
+            replay_wall = time.time() - epoch
+            router_counts = ray.get(router_ref, timeout=max(1.0, deadline - time.time()))
+            ray.get([actors[n].call.remote("drain", (), {}) for n in engine_names], timeout=60)
+            stats = dict(zip(engine_names, ray.get(
+                [actors[n].call.remote("stats", (), {}) for n in engine_names], timeout=60)))
+        except ray.exceptions.RayTaskError as exc:
+            err = _component_error(exc)
+            if err is None:
+                raise
+            err.partial = _partial(ray, actors, engine_names, epoch, dilation)
+            raise err from None
+        except ComponentError as err:
+            err.partial = _partial(ray, actors, engine_names, epoch, dilation)
+            raise
         snapshot = ray.get(actors["collector"].call.remote("snapshot", (), {}), timeout=60)
         reports = dict(zip([s.name for s in specs],
                            ray.get([actors[s.name].report.remote() for s in specs], timeout=60)))
@@ -698,7 +750,57 @@ def _ray_section(specs, infos, nodes, reports, replay_wall, epoch, hosts, pools)
             "clock": {"epoch_wall": epoch, "hosts": hosts}, "pools": pools}
 
 
-def _wait_with_progress(ray, collector, done_ref, total: int, deadline: float, progress: bool) -> None:
+def _component_error(exc: BaseException) -> ComponentError | None:
+    """The ComponentError `exc` is or wraps (a RayTaskError of a call to a host that
+    named its component), with the remote traceback kept for the error log; else None."""
+    seen = 0
+    while exc is not None and seen < 8:
+        if isinstance(exc, ComponentError):
+            err = ComponentError(exc.component, exc.t_s, exc.request_id, exc.cause)
+            err.remote_traceback = getattr(exc, "remote_traceback", None)
+            return err
+        exc = getattr(exc, "cause", None) or exc.__cause__
+        seen += 1
+    return None
+
+
+def _first_failure(ray, actors: dict[str, Any]) -> ComponentError | None:
+    """The earliest failure (by emulated time) any host kept, or None. An actor that
+    is down (killed by an injected crash, restarting) has nothing to say."""
+    found = []
+    for ref in [a.failed.remote() for a in actors.values()]:
+        try:
+            failure = ray.get(ref, timeout=30)
+        except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError):
+            continue
+        if failure is not None:
+            found.append(failure)
+    return min(found, key=lambda f: f.t_s if f.t_s is not None else math.inf) if found else None
+
+
+def _partial(ray, actors: dict[str, Any], engine_names: Sequence[str], epoch: float, dilation: float) -> dict | None:
+    """What the components measured until a failure (best effort, short timeouts): the
+    collector's records and every engine's stats that can still be read."""
+    try:
+        snapshot = ray.get(actors["collector"].call.remote("snapshot", (), {}), timeout=30)
+    except Exception:  # noqa: BLE001 - nothing to salvage
+        return None
+    stats, missing = {}, []
+    for n in engine_names:
+        try:
+            stats[n] = ray.get(actors[n].call.remote("stats", (), {}), timeout=30)
+        except Exception:  # noqa: BLE001 - e.g. the engine that failed
+            missing.append(n)
+    return {"snapshot": snapshot, "stats": stats, "stats_missing": missing, "router": {}, "lateness": {},
+            "now": (time.time() - epoch) / dilation, "loop_type": "ray"}
+
+
+def _wait_with_progress(ray, actors: dict[str, Any], done_ref, router_ref, total: int, deadline: float,
+                        progress: bool) -> None:
+    """Wait until every request ended (`done_ref`); raise the first component failure
+    as soon as a host reports one (polled every `_FAILURE_POLL_S`), and RayRunError
+    naming the open requests at `deadline`."""
+    collector = actors["collector"]
     bar = None
     if progress:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
@@ -707,23 +809,40 @@ def _wait_with_progress(ray, collector, done_ref, total: int, deadline: float, p
                        TimeElapsedColumn(), transient=True)
         bar.start()
         task = bar.add_task("requests ended", total=total)
+    next_poll = time.time() + _FAILURE_POLL_S
+    waits = [done_ref, router_ref]
     try:
         while True:
             remaining = deadline - time.time()
             if remaining <= 0:
+                failure = _first_failure(ray, actors)
+                if failure is not None:
+                    raise failure
                 open_ids = ray.get(collector.call.remote("open_requests", (), {}), timeout=30)
                 raise RayRunError(f"Ray run did not finish in time: {len(open_ids)} request(s) "
                                   f"still open, e.g. {open_ids[:10]}")
-            ready, _ = ray.wait([done_ref], timeout=min(0.5, remaining))
+            ready, _ = ray.wait(waits, num_returns=1, timeout=min(0.5, remaining))
+            if router_ref in ready:
+                ray.get(router_ref, timeout=30)       # raises if the router failed
+                waits = [done_ref]
             if bar is not None:
                 n_open = len(ray.get(collector.call.remote("open_requests", (), {}), timeout=30))
                 bar.update(task, completed=total - n_open)
-            if ready:
+            if done_ref in ready:
                 ray.get(done_ref, timeout=30)
                 return
+            if time.time() >= next_poll:
+                failure = _first_failure(ray, actors)
+                if failure is not None:
+                    raise failure
+                next_poll = time.time() + _FAILURE_POLL_S
     finally:
         if bar is not None:
             bar.stop()
+
+
+_FAILURE_POLL_S = 1.0
+"""Wall seconds between two checks for a component failure while a Ray run waits."""
 
 
 # ---------------------------------------------------------------------------------------

@@ -19,14 +19,23 @@ import heapq
 import math
 import selectors
 from asyncio import format_helpers
-from typing import Any, Awaitable, Callable, TypeVar
+from typing import Any, Awaitable, Callable, Mapping, TypeVar
+
+from .errors import ComponentError, locate
 
 T = TypeVar("T")
 
 
 class VirtualTimeDeadlock(RuntimeError):
     """Every task waits on an event and no timer is pending: the emulation cannot
-    progress (for example a request waits for memory that nothing will free)."""
+    progress (for example a request waits for memory that nothing will free).
+    `partial`: the records gathered when it stopped (see `run_virtual`), or None."""
+
+    partial: dict | None = None
+
+
+class _TaskFailed(Exception):
+    """Internal: a watched task ended with an exception (its `__cause__`)."""
 
 
 class _VirtualSelector(selectors.DefaultSelector):
@@ -68,6 +77,7 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         selector.loop = self
         self._vt = 0.0
         self.deadlock_hint: Callable[[], str] | None = None
+        self.task_error: BaseException | None = None   # first failure of a watched task
         # work done, for `rack bench` (events per request): loop iterations, callbacks
         # run (each a component wake-up: a task step or a timer firing), timers fired
         self.iterations = 0
@@ -173,8 +183,27 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
                     self.call_exception_handler({"message": f"Exception in callback {cb}",
                                                  "exception": exc, "handle": handle})
             handle = None  # break cycles when an exception occurs, as the stock loop
+            if self.task_error is not None:
+                exc, self.task_error = self.task_error, None
+                raise _TaskFailed() from exc
             if self._stopping:
                 return
+
+    def watch_tasks(self) -> None:
+        """From now on, a task that ends with an exception (not a cancellation) stops
+        the loop: `run_until_complete` raises `_TaskFailed` from it at the end of the
+        loop iteration in which the task ended, at that virtual time. Without this, a
+        component's background task that fails leaves its requests waiting forever and
+        the run ends as a deadlock that hides the cause."""
+        def factory(loop, coro, **kwargs):
+            task = asyncio.Task(coro, loop=loop, **kwargs)
+            task.add_done_callback(loop._task_ended)
+            return task
+        self.set_task_factory(factory)
+
+    def _task_ended(self, task: asyncio.Task) -> None:
+        if not task.cancelled() and task.exception() is not None and self.task_error is None:
+            self.task_error = task.exception()
 
 
 class _Handle(asyncio.Handle):
@@ -326,17 +355,41 @@ class LoopClock:
 
 
 def run_virtual(main: Callable[[LoopClock], Awaitable[T]],
-                deadlock_hint: Callable[[], str] | None = None) -> T:
+                deadlock_hint: Callable[[], str] | None = None, *,
+                components: Callable[[], Mapping[str, Any]] | None = None,
+                salvage: Callable[[], Awaitable[dict]] | None = None) -> T:
     """Run `main(clock)` to completion on a fresh `VirtualTimeLoop` and return its result.
 
     Tasks still pending when `main` returns (engine loops waiting for work) are
     cancelled. Raises `VirtualTimeDeadlock` if the emulation can no longer progress.
+
+    components: a callable returning {name: component object} (the run's components,
+    built inside `main`). When given, an exception that ends any task started after
+    `main`'s, or `main` itself, ends the run at once with `ComponentError` naming the
+    component and request it came from (`rack.runtime.errors.locate`), the virtual
+    time and the cause. salvage: a coroutine function reading the records gathered
+    until then (it must not suspend: it runs outside the loop, with nothing else
+    moving); its result becomes the error's `partial` (also a deadlock's), None if it
+    fails.
     """
     loop = VirtualTimeLoop()
     loop.deadlock_hint = deadlock_hint
     clock = LoopClock(loop)
+    task = loop.create_task(main(clock))
+    if components is not None:
+        loop.watch_tasks()
     try:
-        return loop.run_until_complete(main(clock))
+        return loop.run_until_complete(task)
+    except VirtualTimeDeadlock as exc:
+        exc.partial = _salvage(salvage)
+        raise
+    except Exception as exc:
+        if components is None:
+            raise
+        cause = exc.__cause__ if isinstance(exc, _TaskFailed) else exc
+        name, request_id = locate(cause, components())
+        raise ComponentError(name or "runtime", loop.time(), request_id, cause,
+                             partial=_salvage(salvage)) from cause
     finally:
         _LAST_COUNTERS.clear()
         _LAST_COUNTERS.update(iterations=loop.iterations, callbacks=loop.callbacks,
@@ -347,6 +400,22 @@ def run_virtual(main: Callable[[LoopClock], Awaitable[T]],
         if pending:
             loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
         loop.close()
+
+
+def _salvage(salvage: Callable[[], Awaitable[dict]] | None) -> dict | None:
+    """Run `salvage()` to its end outside the loop (nothing else runs meanwhile);
+    None if there is none, if it fails, or if it would have to wait."""
+    if salvage is None:
+        return None
+    coro = salvage()
+    try:
+        coro.send(None)
+    except StopIteration as done:
+        return done.value
+    except Exception:
+        return None
+    coro.close()          # it suspended: the records cannot be read without running on
+    return None
 
 
 _LAST_COUNTERS: dict = {}

@@ -1,0 +1,69 @@
+"""Checks of command-line arguments that fail with one line before anything starts.
+
+Not a command module (the leading underscore keeps `rack.cli` from registering it):
+the commands call these helpers. Each failure prints ``error: <message>`` on stderr
+and exits with code 2, without a traceback.
+"""
+
+from __future__ import annotations
+
+import math
+import tempfile
+from pathlib import Path
+from typing import NoReturn, Optional
+
+import typer
+
+
+def fail(message: str, code: int = 2) -> NoReturn:
+    """Print `message` as a one-line error and exit with `code` (no traceback)."""
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def check_positive(option: str, value: Optional[float]) -> None:
+    """Refuse a numeric option (None: not given) that is not a finite number > 0;
+    the message names `option` (e.g. "--dilation")."""
+    if value is not None and not (math.isfinite(value) and value > 0):
+        fail(f"{option}: expected a finite number > 0, got {value:g}")
+
+
+def prepare_out_dir(option: str, path: Path) -> Path:
+    """Create results folder `path` (and its missing parents) and check that a file can
+    be written in it, so that a run never ends in a results folder it cannot write.
+
+    Fails with one line naming `option` and `path` for an existing file (`/dev/null`),
+    a path under a file, a folder that cannot be created (`/proc/x`, a read-only file
+    system) or written. Returns `path`."""
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        fail(f"{option} {p}: exists and is not a directory; expected a results folder "
+             "(it is created if missing)")
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=p, prefix=".rack-write-test-") as probe:
+            probe.write(b"ok")
+            probe.flush()
+    except OSError as exc:
+        fail(f"{option} {p}: cannot write a results folder there "
+             f"({exc.strerror or type(exc).__name__}{': ' + exc.filename if exc.filename else ''})")
+    return p
+
+
+def report_failure(folder: Path, exc: BaseException, what: str = "run", keep_partial: bool = True) -> NoReturn:
+    """One line for a run that failed, its traceback in `folder`/error.log, exit 1.
+
+    A `rack.runner.RunAborted` (a component raised, or the rack stalled) gets its
+    results measured until then written to `folder` (status "aborted") when
+    `keep_partial`; anything else is a stalled Ray run or a bug."""
+    from rack.results import write_error_log, write_results
+    from rack.runner import RunAborted
+
+    log = write_error_log(folder, exc)
+    if isinstance(exc, RunAborted):
+        if keep_partial:
+            write_results(folder, exc.output.results, exc.output.columns)
+            fail(f"{what} aborted: {exc}; what was measured is in {folder}/results.json (status aborted), "
+                 f"the traceback in {log}", code=1)
+        fail(f"{what} aborted: {exc} (traceback in {log})", code=1)
+    fail(f"{what} failed: {type(exc).__name__}: {' '.join(str(exc).split())} (traceback in {log})", code=1)

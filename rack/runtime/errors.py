@@ -1,0 +1,115 @@
+"""How a run that cannot go on says why: `ComponentError`, raised by either runtime.
+
+A component (router, engine, interconnect, collector, fault injector) that raises an
+exception ends the run. The runtime catches it where it drives the component and
+raises `ComponentError` naming the component, the emulated time, the request the
+component was handling (if one can be told) and the original exception, with the
+records gathered up to then (`partial`), so the caller can still write what was
+measured (`rack.runner.RunAborted`, results marked "aborted").
+
+This module knows nothing of asyncio or Ray: the drivers of the engine-core design
+(DESIGN.md, "One model, two clocks") raise the same error when a core's handler raises.
+"""
+
+from __future__ import annotations
+
+import traceback
+from typing import Any, Iterable, Mapping
+
+
+class ComponentError(RuntimeError):
+    """A component raised: the run cannot go on.
+
+    Attributes: component (name, e.g. "decode-0"), t_s (emulated s when it raised, or
+    None), request_id (the request it was handling, or None), cause (the original
+    exception; also `__cause__`), partial (the runtime's records up to the failure:
+    the dict `run_topology_virtual` returns, or None if none could be gathered),
+    remote_traceback (the cause's traceback as text, when raised in a Ray actor).
+    `str(err)` is one line: "component 'decode-0' raised at t=1.234567 s (request 17):
+    ValueError: ...".
+    """
+
+    def __init__(self, component: str, t_s: float | None, request_id: int | None,
+                 cause: BaseException, partial: dict | None = None) -> None:
+        self.component = component
+        self.t_s = t_s
+        self.request_id = request_id
+        self.cause = cause
+        self.partial = partial
+        self.remote_traceback: str | None = None   # the cause's traceback, kept as text across Ray
+        super().__init__(self._line())
+        self.__cause__ = cause
+
+    def _line(self) -> str:
+        when = f" at t={self.t_s:.6f} s" if self.t_s is not None else ""
+        req = f" (request {self.request_id})" if self.request_id is not None else ""
+        text = " ".join(str(self.cause).split()) or "(no message)"
+        return f"component {self.component!r} raised{when}{req}: {type(self.cause).__name__}: {text}"
+
+    def __reduce__(self):  # picklable across Ray (partial records are dropped)
+        return (ComponentError, (self.component, self.t_s, self.request_id, self.cause),
+                {"remote_traceback": self.remote_traceback})
+
+    def details(self) -> dict:
+        """results.json's `error` section: component, t_s, request_id, type, message."""
+        return {"component": self.component, "t_s": self.t_s, "request_id": self.request_id,
+                "type": type(self.cause).__name__, "message": str(self.cause)}
+
+    def traceback_text(self) -> str:
+        """The original exception's traceback (for the run's error log); the text kept
+        where it was raised when it came from another process (Ray)."""
+        if self.cause.__traceback__ is None and self.remote_traceback:
+            return self.remote_traceback
+        return "".join(traceback.format_exception(type(self.cause), self.cause, self.cause.__traceback__))
+
+
+def owners(components: Mapping[str, Any]) -> dict[int, str]:
+    """{id(object): component name} for `components` and the objects wrappers such as
+    `rack.faults.Restartable` hold in `inner` (the current incarnation)."""
+    out: dict[int, str] = {}
+    for name, obj in components.items():
+        out[id(obj)] = name
+        inner = getattr(obj, "__dict__", {}).get("inner")
+        if inner is not None:
+            out[id(inner)] = name
+    return out
+
+
+def component_of(frames: Iterable[Any], owned: Mapping[int, str]) -> str | None:
+    """The component of the first of `frames` that is a method of one (its `self`)."""
+    for frame in frames:
+        name = owned.get(id(frame.f_locals.get("self")))
+        if name is not None:
+            return name
+    return None
+
+
+def locate(exc: BaseException, components: Mapping[str, Any]) -> tuple[str | None, int | None]:
+    """(component name, request id) of the frames `exc` passed through.
+
+    The component is the one whose method is innermost in the traceback (see
+    `owners`); the request is the innermost frame's local that is a
+    `workloads.Request` or holds one in `.req` (an engine's job). Best effort: None
+    parts when nothing matches.
+    """
+    frames = list(_frames(exc))
+    return component_of(frames, owners(components)), request_of(frames)
+
+
+def request_of(frames: Iterable[Any]) -> int | None:
+    """The id of the first `workloads.Request` among `frames`' locals (directly, or
+    as the `.req` of a local such as an engine's job), or None."""
+    from workloads.request import Request
+
+    for frame in frames:
+        for value in frame.f_locals.values():
+            if not isinstance(value, Request):
+                value = getattr(value, "req", None) if not isinstance(value, (int, float, str)) else None
+            if isinstance(value, Request):
+                return value.id
+    return None
+
+
+def _frames(exc: BaseException) -> Iterable[Any]:
+    """Frames of `exc`'s traceback, innermost first."""
+    return reversed([f for f, _ in traceback.walk_tb(exc.__traceback__)])

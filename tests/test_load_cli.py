@@ -1,0 +1,105 @@
+"""The load options on rack run / compare / sweep: closed loop, workload files, random
+dataset, generic trace columns, and clear refusals."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+
+@pytest.fixture(scope="module")
+def cli():
+    from rack.cli import _register_commands
+    from rack.cli.app import app
+
+    _register_commands()
+    return lambda args: CliRunner().invoke(app, [str(a) for a in args])
+
+
+def _rows(folder):
+    with open(folder / "requests.csv", newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_random_dataset_closed_loop_never_more_than_8_in_flight(cli, tmp_path):
+    out = tmp_path / "run"
+    r = cli(["run", "--runtime", "virtual", "--dataset", "random", "--input-len", 1024,
+             "--output-len", 256, "--range-ratio", 0.5, "--max-concurrency", 8, "--num-prompts", 200,
+             "--out", out])
+    assert r.exit_code == 0, r.output
+    rows = _rows(out)
+    assert len(rows) == 200 and all(row["outcome"] == "completed" for row in rows)
+    p = np.array([int(row["prompt_tokens"]) for row in rows])
+    assert p.min() >= 512 and p.max() <= 1536                  # vLLM's [L(1-X), L(1+X)]
+    events = sorted([(float(row["t_arrival"]), 1) for row in rows] +
+                    [(float(row["t_end"]), -1) for row in rows])   # an end before a same-time start
+    in_flight = np.cumsum([d for _, d in events])
+    assert in_flight.max() == 8
+    res = json.loads((out / "results.json").read_text())
+    assert res["provenance"]["load"] == {"max_concurrency": 8, "think_time_s": 0.0}
+    assert res["provenance"]["trace"]["controls"]["source"] == "random"
+
+
+def test_a_12_client_workload_runs_through_run_and_compare(cli, tmp_path):
+    r = cli(["run", "--runtime", "virtual", "--workload", "servegen-example", "--duration", 60,
+             "--out", tmp_path / "run"])
+    assert r.exit_code == 0, r.output
+    assert "requests of workload servegen-example" in r.output
+    res = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert res["provenance"]["trace"]["sha256"]                # the workload file's hash
+    assert res["requests"]["submitted"] > 500
+    r = cli(["compare", "--workload", "servegen-example", "--duration", 30, "--no-plots",
+             "--out", tmp_path / "cmp"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads((tmp_path / "cmp" / "compare.json").read_text())
+    submitted = {s["name"]: s["requests"]["submitted"] for s in doc["scenarios"]}
+    assert len(submitted) == 4 and len(set(submitted.values())) == 1      # the same requests
+    assert doc["trace"]["controls"]["source"] == "workload"
+
+
+def test_request_rate_retimes_a_generic_csv_read_with_a_map(cli, tmp_path):
+    trace = tmp_path / "mine.csv"
+    lines = ["when_ms,in,out"] + [f"{i * 1000},{100 + i},{10}" for i in range(50)]
+    trace.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "run"
+    args = ["run", "--runtime", "virtual", "--trace", trace, "--format", "csv", "--map", "timestamp=when_ms",
+            "--map", "prompt_tokens=in", "--map", "output_tokens=out", "--time-unit", "ms", "--out", out]
+    r = cli(args)
+    assert r.exit_code == 0, r.output
+    assert max(float(row["t_arrival"]) for row in _rows(out)) == pytest.approx(49.0)
+    r = cli(args + ["--request-rate", "inf", "--num-prompts", 10])
+    assert r.exit_code == 0, r.output
+    rows = _rows(out)
+    assert len(rows) == 10 and {float(row["t_arrival"]) for row in rows} == {0.0}
+    assert [int(row["prompt_tokens"]) for row in rows] == list(range(100, 110))
+
+
+@pytest.mark.parametrize("args,match", [
+    (["--dataset", "random", "--trace", "azure-conv-excerpt"], "give one source"),
+    (["--dataset", "sharegpt"], "--dataset: expected random"),
+    (["--input-len", 10], "applies to --dataset random"),
+    (["--burstiness", 0.5], "--burstiness: .*give a request rate"),
+    (["--think-time", 1], "--think-time: .*give max concurrency"),
+    (["--request-rate", 0], "--request-rate: request rate must be"),
+    (["--workload", "no-such-thing"], "no such workload file"),
+    (["--dataset", "random", "--duration", 10], "a duration needs a finite request rate"),
+    (["--dataset", "random", "--format", "csv"], "read a trace"),
+])
+def test_bad_combinations_are_one_line_errors(cli, tmp_path, args, match):
+    r = cli(["run", "--runtime", "virtual", "--out", tmp_path / "x", *args])
+    assert r.exit_code == 2
+    assert __import__("re").search(match, r.output), r.output
+
+
+def test_sweep_rate_on_a_random_dataset(cli, tmp_path):
+    r = cli(["sweep", "rate", "helios-cs3-kimi-k2", "--dataset", "random", "--input-len", 2000,
+             "--output-len", 50, "--num-prompts", 40, "--request-rate", 2, "--rates", "1,4",
+             "--workers", 1, "--no-plots", "--json", "--out", tmp_path / "sw"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output[r.output.index("{"):])
+    assert "random dataset (2000 in / 50 out tokens)" in doc["workload"]
+    assert [p["submitted"] for p in doc["points"]] == [40, 40]

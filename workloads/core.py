@@ -1,0 +1,70 @@
+"""The core protocol: every component of the emulated rack is a *core*, a synchronous
+state machine that never does I/O ("sans-I/O", as the h11 and h2 protocol libraries
+are built, and as the Dynamo mocker's engine core is driven by either clock).
+
+A core is handed an event with the current emulated time and changes its state:
+
+- a **message** from a peer: the driver calls the core's handler of that name,
+  `core.<method>(now, *args)`; handlers are the core's public methods whose first
+  argument is `now` (emulated seconds);
+- a **wake-up** it asked for: the driver calls `core.on_wake(now)` once emulated time
+  reaches `core.wake_at`.
+
+What the core wants done it leaves in two places, read by the driver after every call:
+
+- `core.outbox`: messages to peers, `(destination name, method, args)`, in the order
+  they were sent (`Core.send`). A destination is a core's name; `BROADCAST` sends to
+  every other core. Args must be picklable (the Ray driver ships them between
+  processes): requests, numbers, numpy arrays, lists, dicts, tuples;
+- `core.wake_at`: the earliest emulated time at which it needs `on_wake` (inf: none).
+  A core sets it to the minimum over everything it waits for; a driver may wake it
+  late (the Ray driver on a loaded host) or early never.
+
+A core never reads a clock, sleeps, imports asyncio or Ray, or calls a peer. A
+request/response exchange is two messages (the request names who to reply to). So the
+same cores run on the virtual driver (one process, a heap of wake times, a message
+queue; deterministic) and on the Ray driver (one actor per core on a dilated wall
+clock); see `rack.runtime`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+#: Destination of a message for every core but the sender (e.g. "peer_lost").
+BROADCAST = "*"
+
+INF = math.inf
+
+
+class Core:
+    """Base class of every core: a name, an outbox and a wake time (module docstring).
+
+    Subclasses add handlers `def method(self, now, *args)`, override `on_wake`, and
+    report `is_idle()` (nothing in progress, nothing queued: the run may end) and
+    `waiting_for()` (what it waits on, for a deadlock message).
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.outbox: list[tuple[str, str, tuple]] = []
+        self.wake_at: float = INF
+
+    def send(self, dst: str, method: str, *args: Any) -> None:
+        """Queue `method(*args)` for core `dst` (after this call returns)."""
+        self.outbox.append((dst, method, args))
+
+    def on_wake(self, now: float) -> None:
+        """Emulated time reached `wake_at` (or later): do what is due."""
+
+    def is_idle(self) -> bool:
+        """True when the core holds no work in progress (default: always)."""
+        return True
+
+    def waiting_for(self) -> str:
+        """What the core waits on, in a few words ("" when idle): deadlock messages."""
+        return ""
+
+
+__all__ = ["BROADCAST", "Core", "INF"]
