@@ -75,6 +75,10 @@ DEFAULT_CAPEX_USD: dict[str, tuple[float, str]] = {
                    "(AnandTech, 2020)"),
     "mi455x": (45e3, "[E] Helios pricing is not published; a GB200 NVL72 rack is reported at ~$3M "
                      "(~$42k per GPU slot incl. CPUs, switches, rack), rounded up for HBM4"),
+    "gb200": (45e3, "[E] a GB200 NVL72 rack is reported at ~$3M: ~$42k per GPU slot incl. Grace CPUs, "
+                    "switches and rack, rounded up"),
+    "gb300": (50e3, "[E] above GB200 (press estimates of ~$3.5-4M per GB300 NVL72 rack)"),
+    "mi325x": (20e3, "[E] between MI300X (~$15k) and MI355X (~$30k) (press estimates)"),
     "mi355x": (30e3, "[E] no list price; ~2x an MI300X (~$15k) for 1.5x HBM and ~2x FP8 (press estimates)"),
     "mi300x": (15e3, "[E] ~$10-15k per MI300X reported by analysts (2024)"),
     "h100": (30e3, "[E] $25-40k per H100 (NVIDIA CEO, 2024, CNBC)"),
@@ -154,13 +158,22 @@ def engine_instances(specs):
             yield spec, cost.device, int(cost.parallelism.n_devices)
 
 
+def _for_device(mapping: Mapping[str, Any], key: str):
+    """mapping[key], else the entry of the hardware a stack variant runs on ("h100" for
+    "h100-sglang": prices belong to the hardware), else None."""
+    if key in mapping:
+        return mapping[key]
+    for k in sorted(mapping, key=len, reverse=True):
+        if key.startswith(k + "-"):
+            return mapping[k]
+    return None
+
+
 def _capex_for(key: str, settings: CostSettings) -> tuple[Optional[float], str]:
-    if key in settings.capex_usd:
-        return settings.capex_usd[key], "scenario [cost].capex_usd"
-    for k, (usd, src) in DEFAULT_CAPEX_USD.items():
-        if key == k or key.startswith(k + "-"):
-            return usd, src
-    return None, ""
+    usd = _for_device(settings.capex_usd, key)
+    if usd is not None:
+        return usd, "scenario [cost].capex_usd"
+    return _for_device(DEFAULT_CAPEX_USD, key) or (None, "")
 
 
 def device_price(device: Any, settings: CostSettings) -> DevicePrice:
@@ -172,7 +185,7 @@ def device_price(device: Any, settings: CostSettings) -> DevicePrice:
     is known. Neither: usd_per_hour None, with the source saying what to set.
     """
     key = device.key
-    rental = settings.price_per_hour_usd.get(key)
+    rental = _for_device(settings.price_per_hour_usd, key)
     rental_src = "scenario [cost].price_per_hour_usd"
     if rental is None and device.price_per_hour_usd is not None:
         rental, rental_src = float(device.price_per_hour_usd), "device catalog price_per_hour_usd"
