@@ -41,6 +41,7 @@ def write_plots(replays: list[RowReplay], out_dir: str | Path) -> list[Path]:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullFormatter
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -90,6 +91,8 @@ def write_plots(replays: list[RowReplay], out_dir: str | Path) -> list[Path]:
                 ax.annotate(rr.row.id, (a, b), fontsize=6, xytext=(2, 2), textcoords="offset points")
             ax.set_xscale("log")
             ax.set_yscale("log")
+            for axis in (ax.xaxis, ax.yaxis):           # decade labels only: minor ones collide
+                axis.set_minor_formatter(NullFormatter())
             ax.set_xlabel("measured")
             ax.set_ylabel("rack")
             ax.set_title(titles[m], fontsize=9)
