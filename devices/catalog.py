@@ -6,6 +6,15 @@ carries a comment naming its source. A device file may say `extends = "<key>"` t
 start from another entry and override some fields (used for software-stack variants
 of the same hardware, and handy in a user's own file).
 
+Software stacks: an entry is hardware running a stack. A hardware entry (no
+`extends`) may name its `default_stack`; its variants (`<hw>-<stack>.toml`, extending
+it) carry a `[stack]` table (key, framework, version, aliases) and the stack's
+efficiencies, fixed latencies and scheduler defaults. `get_device(name, stack=...)`
+picks a variant of the named hardware by its stack key, alias, framework or entry
+key; without `stack`, a hardware entry with a `default_stack` means that variant. A
+variant may say `stack_from = "<key>"` to run the software terms of another entry
+(`SOFTWARE_FIELDS`: the same stack measured on a sibling device), overriding some.
+
 Lookup is case-insensitive, ignores `_`/space/`-`/`.` differences and accepts each
 entry's `aliases`; an unknown name raises `CatalogError` listing the closest names.
 Users can also load a device from their own TOML file (`load_device_file`) and a
@@ -103,8 +112,27 @@ def _raw_entries(kind: str) -> dict[str, tuple[Path, dict]]:
     return out
 
 
+#: HardwareSpec fields that describe the software stack rather than the hardware
+#: (what `stack_from` copies from another entry).
+SOFTWARE_FIELDS = (
+    "software_stack", "stack", "efficiency", "layer_latency_s", "moe_layer_latency_s",
+    "prefill_layer_latency_s", "pipeline_hop_latency_s", "iteration_overhead_s", "request_latency_s",
+    "max_num_seqs",
+    "mixed_prefill", "attention_dtype", "moe_tile_tokens", "attention_context_half_tokens",
+    "activation_reserve_fraction",
+)
+
+
 def _resolve_extends(kind: str, data: dict, path: Path | str, seen: tuple = ()) -> dict:
     data = dict(data)
+    source = data.pop("stack_from", None)
+    if source is not None:
+        if source in seen:
+            raise CatalogError(f"{path}: 'stack_from' cycle through {source!r}")
+        skey = _lookup_key(kind, source)
+        spath, sdata = _raw_entries(kind)[skey]
+        soft = _resolve_extends(kind, sdata, spath, seen + (source,))
+        data = _merge({k: soft[k] for k in SOFTWARE_FIELDS if k in soft}, data)
     parent = data.pop("extends", None)
     if parent is None:
         return data
@@ -115,6 +143,10 @@ def _resolve_extends(kind: str, data: dict, path: Path | str, seen: tuple = ()) 
     ppath, pdata = raw[key]
     base = _resolve_extends(kind, pdata, ppath, seen + (parent,))
     base.pop("aliases", None)  # aliases name one entry, never its variants
+    base.pop("default_stack", None)  # a variant is a stack: it has no other default
+    for unit, other in (("memory_bytes", "memory_gib"), ("memory_gib", "memory_bytes")):
+        if unit in data:
+            base.pop(other, None)        # a capacity given in one unit replaces the other
     return _merge(base, data)
 
 
@@ -149,15 +181,81 @@ def _lookup_key(kind: str, name: str) -> str:
     raise CatalogError(f"unknown {kind[:-1]} {name!r}{hint} (known: {', '.join(keys)})")
 
 
-@functools.lru_cache(maxsize=None)
-def get_device(name: str) -> HardwareSpec:
-    """The catalog device called `name` (key, display name or alias; any case).
+def _root(key: str) -> str:
+    """The hardware entry a device entry extends (itself if it extends none)."""
+    raw = _raw_entries("devices")
+    seen = {key}
+    while raw[key][1].get("extends"):
+        key = _lookup_key("devices", raw[key][1]["extends"])
+        if key in seen:
+            raise CatalogError(f"{raw[key][0]}: 'extends' cycle through {key!r}")
+        seen.add(key)
+    return key
+
+
+def _stack_names(key: str) -> list[str]:
+    """Names a stack variant answers to: its stack key, aliases and framework, its
+    entry key and that key without the hardware prefix."""
+    raw = _raw_entries("devices")
+    path, data = raw[key]
+    stack = _resolve_extends("devices", data, path).get("stack", {})
+    root = _root(key)
+    names = [stack.get("key", ""), stack.get("framework", ""), *stack.get("aliases", ()), key]
+    if key.startswith(root + "-"):
+        names.append(key[len(root) + 1:])
+    return [n for n in names if n]
+
+
+def device_stacks(name: str) -> dict[str, str]:
+    """{stack key: catalog entry} of every software stack the catalog has for the
+    hardware of device `name` (the hardware entry itself under its own stack key, if
+    it has one).
 
     Raises:
-        CatalogError: unknown name (the message lists the closest names) or a bad file.
+        CatalogError: unknown device name.
+    """
+    root = _root(_lookup_key("devices", name))
+    out = {}
+    for key in sorted(_raw_entries("devices")):
+        if _root(key) == root:
+            path, data = _raw_entries("devices")[key]
+            skey = _resolve_extends("devices", data, path).get("stack", {}).get("key")
+            if skey and (key != root or not data.get("default_stack")):
+                out[skey] = key
+    return out
+
+
+def _variant_key(key: str, stack: str) -> str:
+    """The entry of hardware `key`'s family whose stack answers to `stack`."""
+    root = _root(key)
+    want = {_norm(stack), _compact(stack)}
+    family = [k for k in sorted(_raw_entries("devices")) if _root(k) == root]
+    for k in family:
+        if any({_norm(n), _compact(n)} & want for n in _stack_names(k)):
+            return k
+    known = ", ".join(sorted(device_stacks(root))) or "none"
+    raise CatalogError(f"device {key!r} has no software stack {stack!r} in the catalog (stacks: {known}); "
+                       f"add a file devices/catalog/devices/{root}-<stack>.toml with extends = {root!r}")
+
+
+@functools.lru_cache(maxsize=None)
+def get_device(name: str, stack: str | None = None) -> HardwareSpec:
+    """The catalog device called `name` (key, display name or alias; any case) running
+    software stack `stack` (a variant's stack key, alias, framework or entry key, e.g.
+    "sglang", "trtllm", "2024q4"); None: the entry named, or the `default_stack` of a
+    hardware entry that names one.
+
+    Raises:
+        CatalogError: unknown name or stack (the message lists the closest names / the
+            stacks the hardware has) or a bad file.
     """
     key = _lookup_key("devices", name)
     path, data = _raw_entries("devices")[key]
+    if stack is None and data.get("default_stack") and not data.get("extends"):
+        stack = data["default_stack"]
+    if stack is not None:
+        key = _variant_key(key, str(stack))
+        path, data = _raw_entries("devices")[key]
     return _build(HardwareSpec, {"key": key, **_resolve_extends("devices", data, path)}, path)
 
 
@@ -321,12 +419,24 @@ def _is_path(s: str) -> bool:
     return s.endswith((".toml", ".json")) or ("/" in s and Path(s).exists())
 
 
-def resolve_device(name_or_path: str | HardwareSpec) -> HardwareSpec:
-    """A HardwareSpec from a spec, a catalog name, or a path to a TOML file."""
+def resolve_device(name_or_path: str | HardwareSpec, stack: str | None = None) -> HardwareSpec:
+    """A HardwareSpec from a spec, a catalog name (with `stack`, see `get_device`), or a
+    path to a TOML file (a user's file is its own stack: `stack` must then be None).
+
+    Raises:
+        CatalogError: unknown name or stack, a bad file, or a stack named for a file or spec.
+    """
     if isinstance(name_or_path, HardwareSpec):
+        if stack is not None and stack not in (name_or_path.stack.key, name_or_path.key):
+            raise CatalogError(f"device {name_or_path.key!r} is a given spec: it cannot take stack {stack!r}")
         return name_or_path
     s = str(name_or_path)
-    return load_device_file(s) if _is_path(s) else get_device(s)
+    if _is_path(s):
+        if stack is not None:
+            raise CatalogError(f"{s}: a device file describes its own stack; remove stack = {stack!r} "
+                               "or write `extends` to a catalog variant in the file")
+        return load_device_file(s)
+    return get_device(s, stack)
 
 
 def resolve_model(name_or_path: str | ModelSpec) -> ModelSpec:
@@ -343,6 +453,6 @@ def resolve_model(name_or_path: str | ModelSpec) -> ModelSpec:
 
 
 __all__ = [
-    "CATALOG_DIR", "CatalogError", "device_names", "get_device", "get_model", "load_device_file",
+    "CATALOG_DIR", "CatalogError", "SOFTWARE_FIELDS", "device_names", "device_stacks", "get_device", "get_model", "load_device_file",
     "load_hf_config", "load_model_file", "model_names", "resolve_device", "resolve_model",
 ]

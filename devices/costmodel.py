@@ -51,6 +51,7 @@ target pass; it yields (1 - a^(k+1)) / (1 - a) tokens per request on average.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Literal, Optional
@@ -70,6 +71,10 @@ class Parallelism:
     pp: pipeline stages (on the wafer engine: systems the layers are pipelined over);
     ep: expert-parallel degree: the MoE layers' experts are sharded over ep of a
         stage's tp devices (ep must divide tp); attention stays tensor parallel.
+    dp_attention: data-parallel attention (SGLang --enable-dp-attention, TensorRT-LLM
+        attention DP): each of the tp devices holds the whole attention block and runs
+        it for its own share of the requests (their KV lives on it alone); the FFN/MoE
+        layers stay sharded over the tp devices (experts over ep of them).
 
     Raises:
         ValueError: a degree below 1, not an integer, or ep not dividing tp.
@@ -78,6 +83,7 @@ class Parallelism:
     tp: int = 1
     pp: int = 1
     ep: int = 1
+    dp_attention: bool = False
 
     def __post_init__(self) -> None:
         for name in ("tp", "pp", "ep"):
@@ -140,7 +146,11 @@ class IterationCost:
     time_s; bound: the largest term of the critical path: "compute" or "memory" (the
     roofline), "communication" (bytes over links) or "latency" (fixed latencies: per
     layer, per collective step, per pipeline hop, per iteration). compute_s, memory_s,
-    comm_bw_s, latency_s: those terms along the critical path (s).
+    comm_bw_s, latency_s: those terms along the critical path (s); busy_s: see
+    `device_busy_s`. A step's time splits as roofline_s (max of compute and memory) +
+    comm_s (collectives and pipeline hops) + fixed_s (the stack's per-layer, per-MoE-
+    layer, per-prompt-layer and per-iteration latencies), exactly for one stage or a
+    steady pipeline with m <= pp micro-batches.
     """
 
     time_s: float
@@ -153,6 +163,21 @@ class IterationCost:
     latency_s: float = 0.0
     comm_bw_s: float = 0.0
     tokens: float = 0.0
+    busy_s: float | None = None
+    fixed_s: float = 0.0
+
+    @property
+    def roofline_s(self) -> float:
+        """max(compute_s, memory_s): the roofline's share of the critical path."""
+        return max(self.compute_s, self.memory_s)
+
+    @property
+    def device_busy_s(self) -> float:
+        """Seconds each device of the instance works in the iteration: its pipeline
+        stage's time for each micro-batch it carries (the whole iteration minus the
+        per-iteration CPU overhead on one stage; on pp stages a stage idles while the
+        others hold the micro-batches)."""
+        return self.time_s if self.busy_s is None else self.busy_s
 
 
 class StepCosts:
@@ -165,19 +190,35 @@ class StepCosts:
     `CostModel.decode_steps` may give flops, bytes and comm_s as lines over the steps
     (value at step j = a + b j) instead of arrays: the arrays are then built on first
     access, and `work(n)` sums the first n steps in closed form (an engine reads only
-    those sums, for utilisation).
+    those sums, for utilisation). `busy(n)`: seconds each device of the instance is
+    busy in the first n steps (its pipeline stage working; see `IterationCost.busy_s`),
+    from a `busy_s` array or from busy = a x time + b per step (`busy_line`).
     """
 
-    __slots__ = ("time_s", "bound", "tokens_per_step", "_flops", "_bytes", "_comm", "_lines")
+    __slots__ = ("time_s", "bound", "tokens_per_step", "_flops", "_bytes", "_comm", "_lines",
+                 "_busy", "_busy_line")
 
     def __init__(self, time_s: np.ndarray, flops: np.ndarray | None, bytes: np.ndarray | None,
                  comm_s: np.ndarray | None, bound: str, tokens_per_step: float = 1.0,
-                 lines: tuple[float, float, float, float, float] | None = None) -> None:
+                 lines: tuple[float, float, float, float, float] | None = None,
+                 busy_s: np.ndarray | None = None, busy_line: tuple[float, float] | None = None) -> None:
         self.time_s = time_s
         self.bound = bound
         self.tokens_per_step = tokens_per_step
         self._flops, self._bytes, self._comm = flops, bytes, comm_s
         self._lines = lines          # (flops a, flops b, bytes a, bytes b, comm) or None
+        self._busy, self._busy_line = busy_s, busy_line
+
+    def busy(self, n: int) -> float:
+        """Seconds one device of the instance works during the first n steps (<= their
+        duration: a pipeline stage idles while the other stages hold the micro-batches)."""
+        if self._busy is not None:
+            return float(np.sum(self._busy[:n]))
+        total = float(np.sum(self.time_s[:n]))
+        if self._busy_line is None:
+            return total
+        a, b = self._busy_line
+        return a * total + b * n
 
     def _line(self, a: float, b: float) -> np.ndarray:
         return a + b * np.arange(self.time_s.shape[0], dtype=float)
@@ -231,11 +272,17 @@ class _Terms:
     active_linear: float
     lm_head: float
     attn_coef: float
+    dec_attn_coef: float
+    attn_weight_bytes: float
     n_layers: int
     n_full: int
     n_slide: int
     window: float
     hidden: int
+    # set by CostModel for its instance (see `CostModel.__init__`)
+    kv_rep: int = 1                        # copies of each token's KV across the tp group
+    replicated_weight_bytes: float = 0.0   # extra weights read per pass (DP attention)
+    ctx_pad: float = 0.0                   # decode attention's fixed cost, in tokens of context
 
     @classmethod
     def of(cls, model: ModelSpec, weight_dtype: str, kv_dtype: str) -> "_Terms":
@@ -251,6 +298,8 @@ class _Terms:
             active_linear=float(model.active_linear_params),
             lm_head=float(model.lm_head_params),
             attn_coef=float(model.attention_flops_per_position),
+            dec_attn_coef=float(model.decode_attention_flops_per_position),
+            attn_weight_bytes=float(model.attention_weight_params) * dtype_bytes(weight_dtype),
             n_layers=model.n_layers,
             n_full=model.n_full_attention_layers,
             n_slide=model.n_sliding_layers,
@@ -370,9 +419,11 @@ class CostModel:
         self.compute_dtype = self.device.compute_dtype(weight_dtype)
         par, dev = self.parallelism, self.device
         self._peak_dev = dev.dense_peak_flops(weight_dtype)
+        self.attention_dtype = dev.attention_compute_dtype(weight_dtype)
+        self._peak_att = dev.dense_peak_flops(self.attention_dtype)
         self.peak_flops: float = par.n_devices * self._peak_dev
         self.memory_bandwidth: float = par.n_devices * dev.memory_bandwidth_Bps
-        self._t = _Terms.of(self.model, weight_dtype, kv_dtype)
+        self._t = self._instance_terms(self.model)
         self._lines: dict[int, tuple] = {}     # batch size -> `_decode_line`
         self._mixed_slopes: dict[tuple[int, int], tuple] = {}   # see `mixed_steps`
 
@@ -388,10 +439,32 @@ class CostModel:
                                      - (0 if self.draft.tie_word_embeddings else self.draft.lm_head_params))
                                     * dtype_bytes(weight_dtype)))
             extra_kv = self.draft.kv_bytes_per_token(kv_dtype)
-            self._td = _Terms.of(self.draft, weight_dtype, kv_dtype)
+            self._td = self._instance_terms(self.draft)
         self.kv_bytes_per_token: int = self.model.kv_bytes_per_token(kv_dtype) + extra_kv
         self.weight_bytes: int = self.model.weight_bytes(weight_dtype) + extra_w
+        #: Copies of each token's KV across a stage's tp devices (`ModelSpec.kv_replication`;
+        #: 1 with data-parallel attention): the KV cache holds kv_bytes / kv_replication tokens.
+        self.kv_replication: int = self._t.kv_rep
+        #: Weight bytes held more than once: data-parallel attention keeps the attention
+        #: blocks on each of the tp devices ((tp - 1) extra copies).
+        self.replicated_weight_bytes: int = int(round(self._t.replicated_weight_bytes
+                                                      + (self._td.replicated_weight_bytes if speculative else 0)))
+        #: Bytes one token of context occupies in the instance's memory (all its copies).
+        self.kv_held_bytes_per_token: int = self.kv_bytes_per_token * self.kv_replication
+        #: The stack's cap on requests an instance runs at once (None: not given).
+        self.max_num_seqs: int | None = dev.max_num_seqs
         self.tokens_per_step: float = 1.0 if speculative is None else speculative.tokens_per_step
+
+    def _instance_terms(self, model: ModelSpec) -> _Terms:
+        """`_Terms` of `model` on this instance: KV copies and replicated attention
+        weights of the parallelism, the stack's decode-attention padding."""
+        par = self.parallelism
+        t = _Terms.of(model, self.weight_dtype, self.kv_dtype)
+        dp = par.dp_attention and par.tp > 1
+        return dataclasses.replace(
+            t, kv_rep=1 if dp else model.kv_replication(par.tp),
+            replicated_weight_bytes=(par.tp - 1) * t.attn_weight_bytes if dp else 0.0,
+            ctx_pad=float(self.device.attention_context_half_tokens))
 
     @staticmethod
     def _mtp_module(model: ModelSpec) -> ModelSpec:
@@ -404,32 +477,56 @@ class CostModel:
         return model.model_copy(update=upd)
 
     # ---- core -------------------------------------------------------------------
-    def _pass(self, t: _Terms, *, tokens, flops_p, flops_d, kv_p, kv_d, m: int, pp: int,
+    def _moe_padding_flops(self, t: _Terms, tok_mb):
+        """Extra FLOPs of one micro-batch's grouped GEMMs from padding each touched
+        expert's rows to the stack's M tile: 2 P_e L_moe max(0, D(T) tile - T k)."""
+        tile = self.device.moe_tile_tokens
+        if tile <= 1 or not t.n_moe:
+            return 0.0 * tok_mb
+        if isinstance(tok_mb, float):
+            distinct = t.distinct_experts(np.array([tok_mb]))[0]
+            return 2.0 * t.expert_params * t.n_moe * max(0.0, float(distinct) * tile - tok_mb * t.top_k)
+        return 2.0 * t.expert_params * t.n_moe * np.maximum(0.0, t.distinct_experts(tok_mb) * tile - tok_mb * t.top_k)
+
+    def _pass(self, t: _Terms, *, tokens, flops_p, flops_d, att_p, att_d, kv_p, kv_d, m: int, pp: int,
               steady: bool, lean: bool = False) -> dict:
         """Time one forward pass (arrays broadcast over steps); see the module docstring.
 
+        flops_*: all FLOPs of the prefill (p) and decode (d) parts; att_*: their
+        attention share (QK^T and AV), computed at the attention dtype.
         lean: for `decode_steps` (one pass, no parts to combine): "time", "flops",
-        "bytes", "comm" as computed here, and "compute", "memory", "comm_bw", "latency"
-        only at the first step (what `_bound` reads), as scalars.
+        "bytes", "comm", "busy" as computed here, and "compute", "memory", "comm_bw",
+        "latency" only at the first step (what `_bound` reads), as scalars.
         """
-        dev, eff, tp, ep = self.device, self.device.efficiency, self.parallelism.tp, self.parallelism.ep
+        dev, eff, par = self.device, self.device.efficiency, self.parallelism
+        tp = par.tp
         # Scalars stay Python floats (a pass's token count is one number even when
         # its FLOPs vary over decode steps): same arithmetic, far fewer ufunc calls.
         if not isinstance(tokens, float):
             tokens = np.asarray(tokens, dtype=float)
         tok_mb = tokens / m
-        w_mb = t.weight_bytes_per_pass(tok_mb)
+        w_mb = t.weight_bytes_per_pass(tok_mb) + t.replicated_weight_bytes
         decode_part = flops_d > 0 if isinstance(flops_d, float) else np.any(np.asarray(flops_d) > 0)
+        prefill_part = flops_p > 0 if isinstance(flops_p, float) else np.any(np.asarray(flops_p) > 0)
         e_w = eff.decode_memory if decode_part else eff.prefill_memory
         peak, bw = tp * self._peak_dev, tp * dev.memory_bandwidth_Bps
-        compute_s = (flops_p / eff.prefill_compute + flops_d / eff.decode_compute) / (m * pp * peak)
-        memory_s = (w_mb / e_w / pp + (kv_p / eff.prefill_memory + kv_d / eff.decode_memory) / (m * pp)) / bw
-        comm_bw, comm_lat = self._stage_comm(t, tok_mb, pp, tp, ep)
+        lin_p, lin_d = flops_p - att_p, flops_d - att_d
+        pad = m * self._moe_padding_flops(t, tok_mb)
+        if prefill_part:
+            lin_p = lin_p + pad
+        else:
+            lin_d = lin_d + pad
+        compute_s = ((lin_p / eff.prefill_compute + lin_d / eff.decode_compute) / peak
+                     + (att_p / eff.prefill_compute + att_d / eff.decode_compute) / (tp * self._peak_att)) / (m * pp)
+        memory_s = (w_mb / e_w / pp
+                    + t.kv_rep * (kv_p / eff.prefill_memory + kv_d / eff.decode_memory) / (m * pp)) / bw
+        comm_bw, comm_lat = self._stage_comm(t, tok_mb, pp)
         comm_s = comm_bw + comm_lat
-        lat_s = t.n_layers / pp * dev.layer_latency_s
+        lat_s = (t.n_layers * (dev.layer_latency_s + (dev.prefill_layer_latency_s if prefill_part else 0.0))
+                 + t.n_moe * dev.moe_layer_latency_s) / pp
         stage = _maximum(compute_s, memory_s) + comm_s + lat_s
         if pp > 1:
-            link_bw, link_lat = dev.link(self.parallelism.n_devices)
+            link_bw, link_lat = dev.link(par.n_devices)
             hop_xfer = tok_mb * t.hidden * ACTIVATION_BYTES / (link_bw * eff.communication)
             hop_lat = link_lat + dev.pipeline_hop_latency_s
         else:
@@ -442,6 +539,7 @@ class CostModel:
             time = (m + pp - 1) * stage + (pp - 1) * hop
             passes = m + pp - 1
         time = time + dev.iteration_overhead_s
+        busy = m * stage        # each device works on its stage for each of the m micro-batches
         if lean:
             # the same values without the broadcasting "+ 0" of the full dict
             return {
@@ -449,10 +547,12 @@ class CostModel:
                 "flops": flops_p + flops_d,
                 "bytes": m * w_mb + kv_p + kv_d,
                 "comm": np.full(np.shape(time), passes * comm_s + (pp - 1) * hop),
+                "busy": busy,
                 "compute": passes * _at(compute_s),
                 "memory": passes * _at(memory_s),
                 "comm_bw": passes * comm_bw + (pp - 1) * hop_xfer,
                 "latency": passes * (lat_s + comm_lat) + (pp - 1) * hop_lat + dev.iteration_overhead_s,
+                "fixed": passes * lat_s + dev.iteration_overhead_s,
             }
         z = 0 * time
         return {
@@ -462,33 +562,47 @@ class CostModel:
             "bytes": m * w_mb + kv_p + kv_d + z,
             # all time spent communicating (collectives and pipeline hops, both terms)
             "comm": passes * comm_s + (pp - 1) * hop + z,
+            "busy": busy + z,
             "compute": passes * compute_s + z,
             "memory": passes * memory_s + z,
             # alpha-beta split of the critical path: bandwidth-driven transfer time vs
             # fixed latencies (per layer, per collective step, per hop, per iteration)
             "comm_bw": passes * comm_bw + (pp - 1) * hop_xfer + z,
             "latency": passes * (lat_s + comm_lat) + (pp - 1) * hop_lat + dev.iteration_overhead_s + z,
+            # the stack's fixed latencies alone (per layer, per MoE layer, per iteration)
+            "fixed": passes * lat_s + dev.iteration_overhead_s + z,
         }
 
-    def _stage_comm(self, t: _Terms, tok_mb, pp: int, tp: int, ep: int) -> tuple:
+    def _stage_comm(self, t: _Terms, tok_mb, pp: int) -> tuple:
         """(transfer time, latency time) of one stage's collectives for one micro-batch
-        of tok_mb tokens (s)."""
+        of tok_mb tokens (s), from the device's measured collective tables
+        (`HardwareSpec.collective_parts`).
+
+        Tensor-parallel attention: an all-reduce of the micro-batch's hidden states
+        after attention and after each dense FFN; an MoE layer with ep > 1 dispatches
+        and combines its tokens' top-k copies with two all-to-alls among ep devices
+        (ep = 1: an all-reduce, the experts being tensor parallel). Data-parallel
+        attention: no collective after attention; a dense FFN (or an MoE without EP)
+        gathers the group's tokens and reduce-scatters its outputs (an all-reduce's
+        bytes and steps); an MoE with EP dispatches each device's own tokens.
+        """
+        par = self.parallelism
+        tp, ep = par.tp, par.ep
         if tp == 1:
             return 0.0 * tok_mb, 0.0 * tok_mb
         dev, e = self.device, self.device.efficiency.communication
-        bw, lat = dev.link(tp)
         size = tok_mb * t.hidden * ACTIVATION_BYTES
-        # ring bandwidth term, tree latency term (NCCL switches to trees for small messages)
-        ar_bw = 2 * (tp - 1) / tp * size / (bw * e)
-        ar_lat = 2 * math.ceil(math.log2(tp)) * lat
-        layers, moe_layers = t.n_layers / pp, t.n_moe / pp
+        ar = dev.collective_parts("all_reduce", size, tp, e)
         if ep > 1 and t.n_moe:
-            bw_e, lat_e = dev.link(ep)
-            sent = tok_mb / ep * t.top_k * t.hidden * ACTIVATION_BYTES * (ep - 1) / ep
-            dense = layers - moe_layers
-            return (dense * 2 * ar_bw + moe_layers * (ar_bw + 2 * sent / (bw_e * e)),
-                    dense * 2 * ar_lat + moe_layers * (ar_lat + 2 * lat_e) + 0.0 * tok_mb)
-        return layers * 2 * ar_bw, layers * 2 * ar_lat + 0.0 * tok_mb
+            own = tok_mb / (tp if par.dp_attention else ep)
+            a2a = dev.collective_parts("all_to_all", own * t.top_k * t.hidden * ACTIVATION_BYTES, ep, e)
+            moe = (2 * a2a[0], 2 * a2a[1])
+        else:
+            moe = ar
+        attn = (0.0 * tok_mb, 0.0 * tok_mb) if par.dp_attention else ar
+        layers, moe_layers = t.n_layers / pp, t.n_moe / pp
+        dense = layers - moe_layers
+        return tuple(layers * attn[i] + dense * ar[i] + moe_layers * moe[i] for i in (0, 1))
 
     @staticmethod
     def _combine(parts: list[dict]) -> dict:
@@ -517,16 +631,17 @@ class CostModel:
             # a scalar pass (every prefill and mixed iteration): no per-field unwrapping
             return IterationCost(d["time"], float(d["flops"]), float(d["bytes"]), float(d["comm"]),
                                  self._bound(d), d["compute"], float(d["memory"]), float(d["latency"]),
-                                 float(d["comm_bw"]), float(tokens))
+                                 float(d["comm_bw"]), float(tokens), float(d["busy"]), float(d["fixed"]))
         f = lambda k: float(_at(d[k]))  # noqa: E731
         return IterationCost(time_s=f("time"), flops=f("flops"), bytes=f("bytes"), comm_s=f("comm"),
                              bound=self._bound(d), compute_s=f("compute"), memory_s=f("memory"),
-                             latency_s=f("latency"), comm_bw_s=f("comm_bw"), tokens=float(tokens))
+                             latency_s=f("latency"), comm_bw_s=f("comm_bw"), tokens=float(tokens),
+                             busy_s=f("busy"), fixed_s=f("fixed"))
 
     # ---- work of a phase ---------------------------------------------------------------
     @staticmethod
-    def _prefill_work(t: _Terms, n: np.ndarray, c: np.ndarray) -> tuple[float, float, float]:
-        """(tokens, FLOPs, KV bytes) of prefill chunks n over cached c."""
+    def _prefill_work(t: _Terms, n: np.ndarray, c: np.ndarray) -> tuple[float, float, float, float]:
+        """(tokens, FLOPs, attention FLOPs, KV bytes) of prefill chunks n over cached c."""
         if n.size < 8 and not t.n_slide:
             # An iteration's few requests: Python floats, the same operations in the
             # same order (numpy sums fewer than 8 items sequentially), no ufunc calls.
@@ -534,9 +649,10 @@ class CostModel:
             tokens = float(sum(x for x, _ in pairs))
             pos = t.n_full * float(sum(x * y + x * (x + 1) / 2 for x, y in pairs))
             kv_read = t.n_full * float(sum(y for _, y in pairs))
-            flops = 2 * tokens * t.active_linear + 2 * len(pairs) * t.lm_head + t.attn_coef * pos
+            att = t.attn_coef * pos
+            flops = 2 * tokens * t.active_linear + 2 * len(pairs) * t.lm_head + att
             kv = t.kv_token_layer_bytes * (kv_read + t.n_layers * tokens)
-            return tokens, flops, kv
+            return tokens, flops, att, kv
         live = n > 0
         n, c = n[live], c[live]
         tokens = float(n.sum())
@@ -545,17 +661,21 @@ class CostModel:
         if t.n_slide:
             pos += t.n_slide * float(_range_min_sum(c, n, t.window).sum())
             kv_read += t.n_slide * float(np.minimum(c, t.window).sum())
-        flops = 2 * tokens * t.active_linear + 2 * live.sum() * t.lm_head + t.attn_coef * pos
+        att = t.attn_coef * pos
+        flops = 2 * tokens * t.active_linear + 2 * live.sum() * t.lm_head + att
         kv = t.kv_token_layer_bytes * (kv_read + t.n_layers * tokens)
-        return tokens, flops, kv
+        return tokens, flops, att, kv
 
     @staticmethod
-    def _decode_work(t: _Terms, c: np.ndarray, shift: np.ndarray, q: int) -> tuple[float, np.ndarray, np.ndarray]:
-        """(tokens, FLOPs, KV bytes) per step of a decode batch with contexts c + shift
-        (shift: array over steps), q query tokens per request (k + 1 when verifying)."""
+    def _decode_work(t: _Terms, c: np.ndarray, shift: np.ndarray, q: int) -> tuple:
+        """(tokens, FLOPs, attention FLOPs, KV bytes) per step of a decode batch with
+        contexts c + shift (shift: array over steps), q query tokens per request (k + 1
+        when verifying). Each request's attention is charged `t.ctx_pad` more tokens of
+        context (the fixed cost of a split-KV decode kernel, `HardwareSpec.
+        attention_context_half_tokens`) on its full-attention layers."""
         B = c.size
         csum = float(c.sum())
-        ctx_sum = csum + B * shift                                  # sum_i (c_i + s)
+        ctx_sum = csum + B * (shift + t.ctx_pad)                    # sum_i (c_i + s + pad)
         pos = t.n_full * (q * ctx_sum + B * q * (q + 1) / 2)
         kv_read = t.n_full * ctx_sum
         if t.n_slide:
@@ -564,9 +684,10 @@ class CostModel:
             pos = pos + t.n_slide * sum(_shift_min_sum(cs, prefix, shift + r, t.window) for r in range(1, q + 1))
             kv_read = kv_read + t.n_slide * _shift_min_sum(cs, prefix, shift, t.window)
         tokens = float(B * q)
-        flops = 2 * tokens * (t.active_linear + t.lm_head) + t.attn_coef * pos
+        att = t.dec_attn_coef * pos
+        flops = 2 * tokens * (t.active_linear + t.lm_head) + att
         kv = t.kv_token_layer_bytes * (kv_read + t.n_layers * tokens)
-        return tokens, flops, kv
+        return tokens, flops, att, kv
 
     def _draft_passes(self, c: np.ndarray, shift: np.ndarray) -> dict | None:
         """k sequential draft passes (one token per request each) on one stage's devices."""
@@ -574,8 +695,9 @@ class CostModel:
             return None
         parts = []
         for r in range(int(self.speculative.draft_tokens)):
-            tok, fl, kv = self._decode_work(self._td, c, shift + r, 1)
-            parts.append(self._pass(self._td, tokens=tok, flops_p=0.0, flops_d=fl, kv_p=0.0, kv_d=kv,
+            tok, fl, att, kv = self._decode_work(self._td, c, shift + r, 1)
+            parts.append(self._pass(self._td, tokens=tok, flops_p=0.0, flops_d=fl, att_p=0.0, att_d=att,
+                                    kv_p=0.0, kv_d=kv,
                                     m=1, pp=1, steady=True))
         return self._combine(parts)
 
@@ -591,18 +713,31 @@ class CostModel:
         c = _as_counts(cached_tokens, "cached_tokens")
         if n.shape != c.shape:
             n, c = np.broadcast_arrays(n, c)
-        tokens, flops, kv = self._prefill_work(self._t, n, c)
+        tokens = self._prefill_tokens(n)
         if tokens <= 0:
             raise ValueError("prefill: no new tokens in the iteration")
+        return self._cost(self._prefill_dict(n, c), tokens)
+
+    @staticmethod
+    def _prefill_tokens(n: np.ndarray) -> float:
+        return float(sum(x for x in n.tolist() if x > 0)) if n.size < 8 else float(n[n > 0].sum())
+
+    def _prefill_dict(self, n: np.ndarray, c: np.ndarray) -> dict:
+        """A prefill-only pass (pipeline filled then drained), with the draft's or MTP
+        head's own prefill of the prompt when speculating."""
+        tokens, flops, att, kv = self._prefill_work(self._t, n, c)
         pp = self.parallelism.pp
         m = int(min(pp, tokens))
-        d = self._pass(self._t, tokens=tokens, flops_p=flops, flops_d=0.0, kv_p=kv, kv_d=0.0,
-                       m=m, pp=pp, steady=False)
+        d = self._pass(self._t, tokens=tokens, flops_p=flops, flops_d=0.0, att_p=att, att_d=0.0, kv_p=kv,
+                       kv_d=0.0, m=m, pp=pp, steady=False)
         if self.speculative is not None:  # the draft (or MTP head) builds its KV of the prompt too
-            _, fl_d, kv_d = self._prefill_work(self._td, n, c)
-            d = self._combine([d, self._pass(self._td, tokens=tokens, flops_p=fl_d, flops_d=0.0, kv_p=kv_d,
-                                             kv_d=0.0, m=1, pp=1, steady=False)])
-        return self._cost(d, tokens)
+            d = self._combine([d, self._draft_prefill(n, c, tokens)])
+        return d
+
+    def _draft_prefill(self, n: np.ndarray, c: np.ndarray, tokens: float) -> dict:
+        _, fl, att, kv = self._prefill_work(self._td, n, c)
+        return self._pass(self._td, tokens=tokens, flops_p=fl, flops_d=0.0, att_p=att, att_d=0.0, kv_p=kv,
+                          kv_d=0.0, m=1, pp=1, steady=False)
 
     def decode_steps(self, context_lens, n_steps: int) -> StepCosts:
         """The next n_steps decode steps of a fixed batch.
@@ -628,7 +763,8 @@ class CostModel:
         shift = np.arange(n_steps, dtype=float) * self.tokens_per_step
         d = self._decode_dict(c, shift, lean=True)
         return StepCosts(time_s=d["time"], flops=d["flops"], bytes=d["bytes"], comm_s=d["comm"],
-                         bound=self._bound(d), tokens_per_step=self.tokens_per_step)
+                         bound=self._bound(d), tokens_per_step=self.tokens_per_step,
+                         busy_s=np.broadcast_to(d["busy"], np.shape(d["time"])))
 
     _LINE_X = float(2 ** 24)
     # Second point of `_decode_line`: a power of two (exact division), far enough from 0
@@ -644,21 +780,26 @@ class CostModel:
         from two scalar evaluations of the general `_pass` (x = 0 and x = `_LINE_X`), so
         there is one formula; values agree with it to ~1e-14 relative.
         Returns (compute0, compute1, memory0, memory1, rest, flops0, flops1, bytes0,
-        bytes1, comm, comm_bw, latency): v(x) = v0 + v1 x; time = max(compute, memory) + rest.
+        bytes1, comm, comm_bw, latency, busy_a, busy_b): v(x) = v0 + v1 x; time =
+        max(compute, memory) + rest; a device's busy time = busy_a x time + busy_b (the
+        stage time is (time - overhead - hops) / pp, busy for m micro-batches).
         """
         line = self._lines.get(B)
         if line is not None:
             return line
         t, pp, X = self._t, self.parallelism.pp, self._LINE_X
         m = int(min(pp, B))
-        d0, d1 = (self._pass(t, tokens=float(B), flops_p=0.0, flops_d=fl, kv_p=0.0, kv_d=kv,
-                             m=m, pp=pp, steady=True, lean=True)
-                  for _, fl, kv in (self._decode_work(t, np.zeros(B), x, 1) for x in (0.0, X / B)))
+        d0, d1 = (self._pass(t, tokens=float(B), flops_p=0.0, flops_d=fl, att_p=0.0, att_d=att, kv_p=0.0,
+                             kv_d=kv, m=m, pp=pp, steady=True, lean=True)
+                  for _, fl, att, kv in (self._decode_work(t, np.zeros(B), x, 1) for x in (0.0, X / B)))
         f = lambda k: (float(_at(d0[k])), (float(_at(d1[k])) - float(_at(d0[k]))) / X)  # noqa: E731
         (c0, c1), (m0, m1), (fl0, fl1), (b0, b1) = f("compute"), f("memory"), f("flops"), f("bytes")
-        rest = float(_at(d0["time"])) - max(c0, m0)
+        time0 = float(_at(d0["time"]))
+        rest = time0 - max(c0, m0)
+        busy_a = m / pp
+        busy_b = float(_at(d0["busy"])) - busy_a * time0
         line = (c0, c1, m0, m1, rest, fl0, fl1, b0, b1, float(_at(d0["comm"])),
-                float(_at(d0["comm_bw"])), float(_at(d0["latency"])))
+                float(_at(d0["comm_bw"])), float(_at(d0["latency"])), busy_a, busy_b)
         self._lines[B] = line
         return line
 
@@ -667,21 +808,23 @@ class CostModel:
         decode engine). Step j has context sum x_j = x_0 + B tps j, so each quantity is
         v0 + v1 x_0 + (v1 B tps) j: one multiply-add over j per array."""
         B = c.size
-        c0, c1, m0, m1, rest, fl0, fl1, b0, b1, comm, comm_bw, lat = self._decode_line(B)
+        c0, c1, m0, m1, rest, fl0, fl1, b0, b1, comm, comm_bw, lat, busy_a, busy_b = self._decode_line(B)
         x0 = float(c.sum())
         dx = B * self.tokens_per_step
         j = np.arange(n_steps, dtype=float)
         cx, mx = c0 + c1 * x0, m0 + m1 * x0
         time = np.maximum((cx + rest) + (c1 * dx) * j, (mx + rest) + (m1 * dx) * j)
         return StepCosts(time, None, None, None, self._bound_of(cx, mx, comm_bw, lat), self.tokens_per_step,
-                         lines=(fl0 + fl1 * x0, fl1 * dx, b0 + b1 * x0, b1 * dx, comm))
+                         lines=(fl0 + fl1 * x0, fl1 * dx, b0 + b1 * x0, b1 * dx, comm),
+                         busy_line=(busy_a, busy_b))
 
     def _decode_dict(self, c: np.ndarray, shift: np.ndarray, lean: bool = False) -> dict:
         q = 1 if self.speculative is None else int(self.speculative.draft_tokens) + 1
-        tok, fl, kv = self._decode_work(self._t, c, shift, q)
+        tok, fl, att, kv = self._decode_work(self._t, c, shift, q)
         pp = self.parallelism.pp
         # tokens is the same at every step: a scalar (the pass broadcasts it)
-        d = self._pass(self._t, tokens=float(tok), flops_p=0.0, flops_d=fl, kv_p=0.0, kv_d=kv,
+        d = self._pass(self._t, tokens=float(tok), flops_p=0.0, flops_d=fl, att_p=0.0, att_d=att, kv_p=0.0,
+                       kv_d=kv,
                        m=int(min(pp, c.size)), pp=pp, steady=True,
                        lean=lean and self.speculative is None)
         draft = self._draft_passes(c, shift)
@@ -689,8 +832,12 @@ class CostModel:
 
     def mixed(self, new_tokens, cached_tokens, context_lens) -> IterationCost:
         """One colocated iteration: a prefill chunk (new_tokens over cached_tokens, as in
-        `prefill`) fused with one decode step of the requests with `context_lens`.
-        Weights are read once per micro-batch pass for both parts.
+        `prefill`) and one decode step of the requests with `context_lens`.
+
+        With the stack's `mixed_prefill` (vLLM, TensorRT-LLM) both run in one fused
+        pass (weights read once per micro-batch pass for both parts); without it
+        (SGLang's default) the prompt chunk is a prefill pass of its own followed by
+        the decode step, each an iteration with its own overhead.
 
         Raises: ValueError if both parts are empty or counts are negative.
         """
@@ -699,27 +846,30 @@ class CostModel:
         if n.shape != c.shape:
             n, c = np.broadcast_arrays(n, c)
         ctx = _as_counts(context_lens, "context_lens") if np.size(context_lens) else np.zeros(0)
-        tok_p, fl_p, kv_p = self._prefill_work(self._t, n, c)
+        tok_p = self._prefill_tokens(n)
         q = 1 if self.speculative is None else int(self.speculative.draft_tokens) + 1
+        if tok_p + ctx.size <= 0:
+            raise ValueError("mixed: no prefill tokens and no decode requests")
+        if not self.device.mixed_prefill:
+            parts = ([self._prefill_dict(n, c)] if tok_p else []) + \
+                ([self._decode_dict(ctx, np.zeros(1))] if ctx.size else [])
+            return self._cost(self._combine(parts), tok_p + ctx.size * q)
+        tok_p, fl_p, att_p, kv_p = self._prefill_work(self._t, n, c)
         if ctx.size:
             # one step: shift 0 as a scalar, so the work and the pass stay scalars
-            tok_d, fl_d, kv_d = self._decode_work(self._t, ctx, 0.0, q)
-            fl_d, kv_d = float(fl_d), float(kv_d)
+            tok_d, fl_d, att_d, kv_d = self._decode_work(self._t, ctx, 0.0, q)
+            fl_d, att_d, kv_d = float(fl_d), float(att_d), float(kv_d)
         else:
-            tok_d, fl_d, kv_d = 0.0, 0.0, 0.0
-        if tok_p + tok_d <= 0:
-            raise ValueError("mixed: no prefill tokens and no decode requests")
+            tok_d, fl_d, att_d, kv_d = 0.0, 0.0, 0.0, 0.0
         pp = self.parallelism.pp
         m = int(min(pp, int(np.count_nonzero(n)) + ctx.size))
-        d = self._pass(self._t, tokens=tok_p + tok_d, flops_p=fl_p, flops_d=fl_d, kv_p=kv_p, kv_d=kv_d,
-                       m=max(m, 1), pp=pp, steady=True)
+        d = self._pass(self._t, tokens=tok_p + tok_d, flops_p=fl_p, flops_d=fl_d, att_p=att_p, att_d=att_d,
+                       kv_p=kv_p, kv_d=kv_d, m=max(m, 1), pp=pp, steady=True)
         if self.speculative is not None:
             if ctx.size:
                 d = self._combine([d, self._draft_passes(ctx, np.zeros(1))])
             if tok_p:
-                _, f2, k2 = self._prefill_work(self._td, n, c)
-                d = self._combine([d, self._pass(self._td, tokens=tok_p, flops_p=f2, flops_d=0.0, kv_p=k2,
-                                                 kv_d=0.0, m=1, pp=1, steady=False)])
+                d = self._combine([d, self._draft_prefill(n, c, tok_p)])
         return self._cost(d, tok_p + tok_d)
 
     _MIXED_LINE_I = float(2 ** 20)
@@ -758,10 +908,11 @@ class CostModel:
             return self.mixed(new, np.array([cached]), contexts)
 
         first = at(cached_tokens, ctx)
-        if self.speculative is not None or self._t.n_slide:
+        if self.speculative is not None or self._t.n_slide or not self.device.mixed_prefill:
             costs = [first] + [at(cached_tokens + j * new_tokens, ctx + j * tps) for j in range(1, n_steps)]
             arr = lambda k: np.array([getattr(c, k) for c in costs])  # noqa: E731
-            return StepCosts(arr("time_s"), arr("flops"), arr("bytes"), arr("comm_s"), first.bound, tps)
+            return StepCosts(arr("time_s"), arr("flops"), arr("bytes"), arr("comm_s"), first.bound, tps,
+                             busy_s=arr("device_busy_s"))
         # Slopes per iteration do not depend on where the lines start: from two
         # canonical points (nothing cached, empty contexts; then J iterations on), once
         # per (chunk, batch size), so they do not depend on which call came first.
@@ -777,8 +928,10 @@ class CostModel:
         rest = first.time_s - max(first.compute_s, first.memory_s)
         j = np.arange(n_steps, dtype=float)
         time = np.maximum((first.compute_s + rest) + s_compute * j, (first.memory_s + rest) + s_memory * j)
+        busy_a = min(self.parallelism.pp, 1 + ctx.size) / self.parallelism.pp   # m / pp, see _decode_line
         return StepCosts(time, None, None, None, first.bound, tps,
-                         lines=(first.flops, s_flops, first.bytes, s_bytes, first.comm_s))
+                         lines=(first.flops, s_flops, first.bytes, s_bytes, first.comm_s),
+                         busy_line=(busy_a, first.device_busy_s - busy_a * first.time_s))
 
     # ---- conveniences -------------------------------------------------------------------------
     def decode_step(self, context_lens) -> IterationCost:
@@ -799,6 +952,9 @@ class CostModel:
             "model": self.model.key, "device": self.device.key, "n_devices": par.n_devices,
             "tp": par.tp, "pp": par.pp, "ep": par.ep, "weight_dtype": self.weight_dtype,
             "kv_dtype": self.kv_dtype, "compute_dtype": self.compute_dtype,
+            "attention_dtype": self.attention_dtype, "dp_attention": par.dp_attention,
+            "stack": self.device.stack_label, "kv_replication": self.kv_replication,
+            "max_num_seqs": self.max_num_seqs,
             "peak_flops": self.peak_flops, "memory_bandwidth_Bps": self.memory_bandwidth,
             "weight_bytes": self.weight_bytes, "kv_bytes_per_token": self.kv_bytes_per_token,
             "tokens_per_step": self.tokens_per_step,

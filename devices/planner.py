@@ -2,7 +2,10 @@
 
 For an instance of N = tp x pp devices the weights are split evenly (tensor parallel
 within a stage, layers across stages; a stage may hold a fraction of a layer when the
-layer count does not divide). Each device keeps `reserve_fraction` of its memory for
+layer count does not divide); data-parallel attention adds (tp - 1) copies of the
+attention blocks (`CostModel.replicated_weight_bytes`). A token of context occupies
+`kv_bytes_per_token x kv_replication` bytes (MLA's latent is held by every device of a
+tensor-parallel group: `CostModel.kv_replication`). Each device keeps `reserve_fraction` of its memory for
 activations and workspace (default: the device's `activation_reserve_fraction`,
 10 % on GPUs as vLLM's gpu_memory_utilization=0.9 leaves, 2 % on the wafer whose
 decode activations are a few hidden vectors per layer). The rest holds KV blocks.
@@ -34,7 +37,8 @@ class MemoryPlan:
     """Byte budget of one instance (all its devices).
 
     capacity_bytes = weight_bytes + reserve_bytes + kv_bytes (+ < n bytes of rounding
-    from the per-device split); kv_tokens = kv_bytes // kv_bytes_per_token; kv_blocks =
+    from the per-device split); weight_bytes includes replicated copies;
+    kv_tokens = kv_bytes // (kv_bytes_per_token x kv_replication); kv_blocks =
     kv_tokens // block_size. per_device_* are the same
     for the most loaded device (all devices are equal under the even split).
     """
@@ -49,6 +53,7 @@ class MemoryPlan:
     block_size: int
     kv_blocks: int
     reserve_fraction: float
+    kv_replication: int
     per_device_capacity_bytes: int
     per_device_weight_bytes: int
     per_device_kv_bytes: int
@@ -87,7 +92,8 @@ def plan_memory(cost: CostModel, *, reserve_fraction: float | None = None, block
     n = cost.parallelism.n_devices
     per_dev_cap = int(dev.memory_bytes)
     capacity = n * per_dev_cap
-    weights = int(cost.weight_bytes)
+    weights = int(cost.weight_bytes) + int(getattr(cost, "replicated_weight_bytes", 0))
+    rep = int(getattr(cost, "kv_replication", 1))
     per_dev_reserve = int(per_dev_cap * rf)
     reserve = n * per_dev_reserve
     usable_per_dev = per_dev_cap - per_dev_reserve
@@ -102,17 +108,17 @@ def plan_memory(cost: CostModel, *, reserve_fraction: float | None = None, block
     kv_per_dev = usable_per_dev - per_dev_weights
     kv_bytes = n * kv_per_dev
     kvpt = int(cost.kv_bytes_per_token)
-    kv_tokens = kv_bytes // kvpt if kvpt else 0
+    kv_tokens = kv_bytes // (kvpt * rep) if kvpt else 0
     kv_blocks = kv_tokens // int(block_size)
     if kv_blocks < 1:
         raise ModelDoesNotFit(
             f"{label} fits its {format_bytes(weights)} of weights in {n} {dev.name} but leaves "
             f"{format_bytes(kv_bytes)} for the KV cache, less than one block of {block_size} tokens "
-            f"({format_bytes(block_size * kvpt)}): use at least {need + 1} {dev.unit_name}")
+            f"({format_bytes(block_size * kvpt * rep)}): use at least {need + 1} {dev.unit_name}")
     return MemoryPlan(
         n_devices=n, capacity_bytes=capacity, weight_bytes=weights, reserve_bytes=reserve,
         kv_bytes=kv_bytes, kv_bytes_per_token=kvpt, kv_tokens=int(kv_tokens), block_size=int(block_size),
-        kv_blocks=int(kv_blocks), reserve_fraction=rf, per_device_capacity_bytes=per_dev_cap,
+        kv_blocks=int(kv_blocks), reserve_fraction=rf, kv_replication=rep, per_device_capacity_bytes=per_dev_cap,
         per_device_weight_bytes=per_dev_weights, per_device_kv_bytes=kv_per_dev)
 
 

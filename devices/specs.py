@@ -78,6 +78,89 @@ class Efficiency(_Spec):
     communication: float = Field(0.80, gt=0, le=1, description="collective bytes/s / link bandwidth")
 
 
+#: Collectives a `CollectiveTable` can describe, with the nccl-tests bus-bandwidth
+#: factor f(n): busbw = algbw x f(n) (nccl-tests doc/PERFORMANCE.md), so the time of
+#: a collective over S bytes (the nccl-tests "size") is latency + S x f(n) / busbw.
+COLLECTIVE_FACTORS = {
+    "all_reduce": lambda n: 2.0 * (n - 1) / n,
+    "all_gather": lambda n: (n - 1) / n,
+    "reduce_scatter": lambda n: (n - 1) / n,
+    "all_to_all": lambda n: (n - 1) / n,
+}
+Collective = Literal["all_reduce", "all_gather", "reduce_scatter", "all_to_all"]
+
+
+def _interp_log2(table: dict[int, float], n: int) -> float:
+    """table[n], linearly interpolated in log2(n) between measured group sizes and held
+    flat beyond the largest and below the smallest."""
+    if n in table:
+        return table[n]
+    keys = sorted(table)
+    if n <= keys[0]:
+        return table[keys[0]]
+    if n >= keys[-1]:
+        return table[keys[-1]]
+    hi = next(k for k in keys if k > n)
+    lo = max(k for k in keys if k < n)
+    w = (math.log2(n) - math.log2(lo)) / (math.log2(hi) - math.log2(lo))
+    return table[lo] + w * (table[hi] - table[lo])
+
+
+class CollectiveTable(_Spec):
+    """Measured time of one collective on a fabric, per group size n (GPUs).
+
+    `latency_us[n]`: time of a small message (the flat part of an nccl-tests /
+    rccl-tests curve, us); `busbw_GBps[n]`: the bus bandwidth large messages reach
+    (GB/s, nccl-tests' "busbw"). Time of a collective over S bytes:
+        t(S, n) = latency_us[n] x 1e-6 + S x f(n) / (busbw_GBps[n] x 1e9)
+    with f(n) from `COLLECTIVE_FACTORS` (2 (n-1)/n for all-reduce, (n-1)/n otherwise).
+    Group sizes between two measured ones are interpolated in log2(n); beyond the
+    table the nearest measured size is used. Each catalog table names its source.
+
+    Raises:
+        pydantic.ValidationError: an empty table, a group size below 2, a
+            non-positive latency or bandwidth, or different group sizes in the two.
+    """
+
+    latency_us: dict[int, float]
+    busbw_GBps: dict[int, float]
+
+    @model_validator(mode="after")
+    def _check(self) -> "CollectiveTable":
+        if not self.latency_us or set(self.latency_us) != set(self.busbw_GBps):
+            raise ValueError("latency_us and busbw_GBps must give the same, non-empty, group sizes")
+        for name in ("latency_us", "busbw_GBps"):
+            for n, v in getattr(self, name).items():
+                if n < 2 or not (v > 0 and math.isfinite(v)):
+                    raise ValueError(f"{name}[{n}] must be a positive figure for a group of >= 2, got {v!r}")
+        return self
+
+    def parts(self, kind: str, nbytes, n: int) -> tuple:
+        """(transfer s, latency s) of collective `kind` over `nbytes` (the nccl-tests
+        size; array ok) among `n` devices; both 0 for n = 1."""
+        if n <= 1:
+            return 0.0 * nbytes, 0.0 * nbytes
+        f = COLLECTIVE_FACTORS[kind](n)
+        return (nbytes * f / (_interp_log2(self.busbw_GBps, n) * 1e9),
+                _interp_log2(self.latency_us, n) * 1e-6 + 0.0 * nbytes)
+
+
+class StackInfo(_Spec):
+    """Which serving software a catalog entry's latencies, efficiencies and scheduler
+    defaults describe: `key` (what a scenario pool's `stack` names), the framework, its
+    version and other names it is known by."""
+
+    key: str = Field("", description="short name a pool's `stack` field uses, e.g. 'sglang'")
+    framework: str = ""
+    version: str = ""
+    aliases: tuple[str, ...] = ()
+
+    @property
+    def label(self) -> str:
+        """"SGLang 0.5.9", or the key, or "" when unnamed."""
+        return " ".join(x for x in (self.framework or self.key, self.version) if x)
+
+
 class HardwareSpec(_Spec):
     """One device: a GPU, or one wafer-scale system (kind "wafer").
 
@@ -87,11 +170,42 @@ class HardwareSpec(_Spec):
     lacks (FP4 on H100, FP8 on A100) computes at the next wider one it has, while its
     bytes stay narrow (weight-only quantisation).
 
-    Latency terms model what a roofline misses: `layer_latency_s` is paid per layer
-    per pass of a micro-batch (wafer-scale decode is bound by moving activations across
-    the wafer and synchronising, not by bandwidth); `pipeline_hop_latency_s` is paid
-    per hop between pipeline stages (between systems on the wafer engine). Both are
-    zero for GPUs, whose per-layer cost the roofline covers.
+    A catalog entry is hardware *running a software stack* (`stack`, the
+    `software_stack` description): the efficiencies, the fixed latencies and the
+    scheduler defaults below belong to the stack, so a stack variant is an entry that
+    `extends` the hardware and overrides them (cs3 / cs3-2024q4, h200 / h200-sglang).
+    A hardware entry names its `default_stack` (the variant a bare device name means).
+
+    Latency terms model what a roofline misses (each paid in full, not overlapped):
+    `layer_latency_s` per layer per pass of a micro-batch (GPUs: the chain of kernel
+    launches, norms and small kernels of a CUDA-graph decode pass; the wafer: moving
+    activations across the wafer and synchronising); `moe_layer_latency_s` per MoE
+    layer per pass on top (router GEMM, top-k, token permute/unpermute, grouped-GEMM
+    launches); `prefill_layer_latency_s` per layer of a pass that computes prompt
+    tokens (eager launches, no CUDA graph: vLLM and SGLang capture decode only);
+    `iteration_overhead_s` per iteration (scheduling, sampling, detokenising: CPU time
+    the GPU waits for); `pipeline_hop_latency_s` per hop between pipeline stages;
+    `request_latency_s` per request, outside the GPUs: the serving front end's HTTP,
+    tokenisation and streaming of the first token, which a client's TTFT holds (a
+    fixed stage, `rack.breakdown`, in the replays of measured rows).
+    Collectives come from `collectives` (measured tables, per fabric and group size)
+    within the scale-up domain, else from the alpha-beta link figures.
+
+    Scheduler defaults of the stack: `max_num_seqs` (requests an instance runs at
+    once: vLLM's max_num_seqs, SGLang's max_running_requests, TensorRT-LLM's
+    max_batch_size); `mixed_prefill` (True: prompt chunks are fused with the decode
+    step in one iteration, as vLLM and TensorRT-LLM do; False: prefill batches run as
+    passes of their own between decode steps, SGLang's default).
+
+    Kernel terms: `attention_dtype` (the dtype attention computes in; None: the
+    weights' compute dtype, but never narrower than fp8: no serving stack runs
+    attention in FP4); `moe_tile_tokens` (a grouped GEMM pads each touched expert's
+    rows to its M tile: the efficiency of expert GEMMs against tokens per expert);
+    `attention_context_half_tokens` (decode attention runs at ctx / (ctx + this) of
+    the memory roofline: split-KV kernels pay a fixed cost per request and layer).
+
+    Capacities may be given in the datasheet's unit: `memory_gib` (HBM capacities are
+    binary: an "80 GB" H100 holds 80 GiB) or `memory_bytes`.
 
     Raises:
         pydantic.ValidationError: a field is missing, of the wrong type, or out of
@@ -103,7 +217,9 @@ class HardwareSpec(_Spec):
     kind: Literal["gpu", "wafer"] = "gpu"
     vendor: str = ""
     description: str = ""
-    software_stack: str = ""
+    software_stack: str = Field("", description="the software stack, in words")
+    stack: StackInfo = StackInfo()
+    default_stack: str = Field("", description="hardware entries: the stack a bare device name means")
     aliases: tuple[str, ...] = ()
 
     memory_bytes: float = Field(gt=0, description="memory capacity per device (bytes)")
@@ -118,18 +234,43 @@ class HardwareSpec(_Spec):
     scale_out_bandwidth_Bps: float = Field(gt=0, description="scale-out NIC bandwidth per device (bytes/s)")
     scale_out_latency_s: float = Field(5e-6, ge=0, description="latency of one scale-out message (s)")
 
+    collectives: dict[Collective, CollectiveTable] = Field(
+        default_factory=dict, description="measured collective times within the scale-up domain")
+
     weight_load_Bps: float = Field(
         25e9, gt=0, description="rate at which a (re)started device loads its weights (bytes/s); default: "
         "host memory over PCIe Gen4 x16, ~25 GB/s measured host-to-device")
     layer_latency_s: float = Field(0.0, ge=0, description="latency per layer per micro-batch pass (s)")
+    moe_layer_latency_s: float = Field(0.0, ge=0, description="extra latency per MoE layer per pass (s)")
+    prefill_layer_latency_s: float = Field(0.0, ge=0, description="extra latency per layer of a pass with prompt tokens (s)")
     pipeline_hop_latency_s: float = Field(0.0, ge=0, description="latency per pipeline hop between devices (s)")
     iteration_overhead_s: float = Field(0.0, ge=0, description="fixed cost per iteration (s)")
+    request_latency_s: float = Field(0.0, ge=0, description="API server time in every request's TTFT (s)")
+    max_num_seqs: Optional[int] = Field(None, ge=1, description="stack's default cap on requests per instance")
+    mixed_prefill: bool = Field(True, description="prompt chunks fused with the decode step in one iteration")
+    attention_dtype: Optional[Dtype] = Field(None, description="dtype attention computes in (None: weights', >= fp8)")
+    moe_tile_tokens: int = Field(1, ge=1, description="grouped-GEMM M tile: rows per touched expert are padded to it")
+    attention_context_half_tokens: float = Field(
+        0.0, ge=0, description="decode attention efficiency ctx / (ctx + this)")
     activation_reserve_fraction: float = Field(
         0.10, ge=0, lt=1, description="share of memory kept for activations/workspace")
 
     idle_w: float = Field(ge=0, description="power when idle (W)")
     peak_w: float = Field(gt=0, description="power at full load (W)")
     price_per_hour_usd: Optional[float] = Field(None, ge=0, description="rental price per device-hour")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _memory_in_datasheet_unit(cls, data):
+        if isinstance(data, dict) and "memory_gib" in data:
+            data = dict(data)
+            gib = data.pop("memory_gib")
+            if "memory_bytes" in data:
+                raise ValueError("give memory_gib or memory_bytes, not both")
+            if isinstance(gib, bool) or not isinstance(gib, (int, float)) or not gib > 0:
+                raise ValueError(f"memory_gib must be a positive number of GiB, got {gib!r}")
+            data["memory_bytes"] = float(gib) * 2.0 ** 30
+        return data
 
     @field_validator("peak_flops")
     @classmethod
@@ -150,6 +291,35 @@ class HardwareSpec(_Spec):
                 f"scale_up_domain is {self.scale_up_domain} but scale_up_bandwidth_Bps is 0: "
                 "give the fabric's bandwidth or set scale_up_domain = 1")
         return self
+
+    @property
+    def stack_label(self) -> str:
+        """The stack in a few words for summaries: "SGLang 0.5.9" or the description."""
+        return self.stack.label or self.software_stack
+
+    def attention_compute_dtype(self, weight_dtype: str) -> str:
+        """The dtype attention computes in for `weight_dtype` weights: the stack's
+        `attention_dtype`, else the weights' compute dtype widened to at least fp8."""
+        dt = self.attention_dtype or weight_dtype
+        if dt == "fp4":
+            dt = "fp8"
+        return self.compute_dtype(dt)
+
+    def collective_parts(self, kind: str, nbytes, n: int, efficiency: float = 1.0) -> tuple:
+        """(transfer s, latency s) of collective `kind` over `nbytes` (the nccl-tests
+        size; array ok) among n devices: the measured table for n within the scale-up
+        domain; otherwise an alpha-beta estimate on the link (`link(n)`): ceil(log2 n)
+        steps of its latency (twice for an all-reduce: a tree up and down) and the
+        bytes at its bandwidth x `efficiency`. Both 0 for n = 1."""
+        if n <= 1:
+            return 0.0 * nbytes, 0.0 * nbytes
+        table = self.collectives.get(kind)
+        if table is not None and n <= self.scale_up_domain:
+            return table.parts(kind, nbytes, n)
+        bw, lat = self.link(n)
+        steps = 2 if kind == "all_reduce" else 1
+        return (nbytes * COLLECTIVE_FACTORS[kind](n) / (bw * efficiency),
+                steps * math.ceil(math.log2(n)) * lat + 0.0 * nbytes)
 
     @property
     def unit_name(self) -> str:
@@ -405,6 +575,36 @@ class ModelSpec(_Spec):
         m = self.mla
         return 2 * self.n_heads * (m.qk_nope_head_dim + m.qk_rope_head_dim + m.v_head_dim)
 
+    @property
+    def decode_attention_flops_per_position(self) -> int:
+        """FLOPs per attended position per layer of a decode step. MLA decodes in the
+        absorbed form (DeepSeek-V2 report, section 2.1.3; FlashMLA): the query is
+        projected into the latent space, so QK^T runs over kv_lora_rank +
+        qk_rope_head_dim and AV over kv_lora_rank: 2 x heads x (2 kv_lora_rank + rope).
+        GQA: as `attention_flops_per_position`."""
+        if self.mla is None:
+            return self.attention_flops_per_position
+        m = self.mla
+        return 2 * self.n_heads * (2 * m.kv_lora_rank + m.qk_rope_head_dim)
+
+    def kv_replication(self, tp: int) -> int:
+        """Copies of each token's KV across a tensor-parallel group of `tp` devices.
+
+        GQA shards KV heads over the group; with more devices than KV heads each head
+        is held by tp / n_kv_heads of them (vLLM replicates KV heads so). MLA's cached
+        latent has no head dimension, so every device of the group keeps all of it
+        (the reason SGLang and TensorRT-LLM serve DeepSeek with data-parallel attention)."""
+        if tp <= 1:
+            return 1
+        if self.mla is not None:
+            return int(tp)
+        return max(1, int(tp) // self.n_kv_heads)
+
+    @property
+    def attention_weight_params(self) -> int:
+        """Weights of every attention block (what data-parallel attention replicates)."""
+        return self.n_layers * self.attention_params_per_layer
+
     def flops_per_token(self, context) -> np.ndarray:
         """Forward FLOPs for one new token whose query attends `context` positions
         (itself included; array ok): 2 x active params + attention, with sliding-window
@@ -426,6 +626,7 @@ class ModelSpec(_Spec):
 
 
 __all__ = [
-    "ACTIVATION_BYTES", "DTYPES", "DTYPE_BYTES", "Dtype", "Efficiency", "HardwareSpec", "MLASpec",
+    "ACTIVATION_BYTES", "COLLECTIVE_FACTORS", "CollectiveTable", "DTYPES", "DTYPE_BYTES", "Dtype",
+    "Efficiency", "HardwareSpec", "MLASpec", "StackInfo",
     "MoESpec", "ModelSpec", "dtype_bytes",
 ]

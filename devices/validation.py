@@ -131,16 +131,17 @@ def default_parallelism(device, count: int, tp: int | None = None, pp: int | Non
     return Parallelism(tp=tp, pp=pp, ep=ep)
 
 
-def cost_for(row: CalibrationRow) -> CostModel:
+def cost_for(row: CalibrationRow, device=None) -> CostModel:
     """The cost model of one instance of the row's deployment (rows giving tp/pp run
-    count / (tp x pp) replicas of that instance)."""
+    count / (tp x pp) replicas of that instance); `device`: a spec to use instead of
+    the row's catalog device (fitting)."""
     spec = SpeculativeConfig(**row.speculative) if row.speculative else None
     if row.tp is None and row.pp is None:
         par = default_parallelism(row.device, row.count, ep=row.ep)
     else:
         par = Parallelism(tp=row.tp or 1, pp=row.pp or 1, ep=row.ep)
-    return CostModel(row.model, row.device, par, weight_dtype=row.weight_dtype, kv_dtype=row.kv_dtype,
-                     speculative=spec)
+    return CostModel(row.model, device if device is not None else row.device, par,
+                     weight_dtype=row.weight_dtype, kv_dtype=row.kv_dtype, speculative=spec)
 
 
 def single_stream_tokens_per_s(cost: CostModel, context: int) -> float:
@@ -194,9 +195,9 @@ def steady_state(cost: CostModel, prompt_tokens: float, output_tokens: float, *,
     return best
 
 
-def predict(row: CalibrationRow) -> tuple[float, dict]:
-    """(predicted value, details) for one calibration row."""
-    cost = cost_for(row)
+def predict(row: CalibrationRow, device=None) -> tuple[float, dict]:
+    """(predicted value, details) for one calibration row (`device`: see `cost_for`)."""
+    cost = cost_for(row, device)
     details: dict[str, Any] = {"instance": cost.describe()}
     if row.kind == "single_stream":
         value = single_stream_tokens_per_s(cost, row.context)
@@ -208,7 +209,8 @@ def predict(row: CalibrationRow) -> tuple[float, dict]:
         raise CatalogError(f"row {row.name!r}: count {row.count} is smaller than one instance "
                            f"({cost.parallelism.n_devices} devices)")
     limits = {} if row.kind == "offline" else {"tpot_limit_s": row.tpot_limit_s, "ttft_limit_s": row.ttft_limit_s}
-    st = steady_state(cost, row.prompt_tokens, row.output_tokens, **limits)
+    # the stack's scheduler cap bounds the batch as well as the KV cache does
+    st = steady_state(cost, row.prompt_tokens, row.output_tokens, max_batch=cost.max_num_seqs, **limits)
     details.update(replicas=replicas, **st)
     return replicas * st["throughput_tps"], details
 

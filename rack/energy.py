@@ -13,15 +13,22 @@ n devices uses
 
     E = n * (idle_w * T + (peak_w - idle_w) * A),   A = integral of u(t) dt (s)
 
-where A, the instance's *activity*, comes from the engine's own counters
-(`devices.engines.common.Utilisation`: busy_s, flops, bytes):
+where A, the *activity* of one device (the mean over the instance's devices), comes
+from the engine's own counters (`devices.engines.common.Utilisation`: device_busy_s,
+flops, bytes):
 
-- "busy" (default): u(t) = 1 while the instance runs an iteration, 0 otherwise, so
-  A = busy_s. This is the meaning of nvidia-smi's "GPU utilisation" (the share of time
-  a kernel runs) and an upper estimate: Splitwise (Patel et al., ISCA 2024, Fig. 9)
-  measured prompt phases near TDP but token phases below it.
+- "busy" (default): u(t) = 1 while the device works, 0 otherwise, so A =
+  device_busy_s: the occupancy of the device's pipeline stage
+  (`IterationCost.device_busy_s`). On one stage it is the time the instance runs
+  iterations less the per-iteration CPU overhead; on a pipeline of pp stages carrying
+  m micro-batches each stage works m x (stage time) per step of about
+  pp x (stage time) + hops, so with fewer requests than stages most stages idle (a
+  wafer pipeline of 28 systems decoding 12 requests keeps each system ~43 % busy).
+  This is the meaning of nvidia-smi's "GPU utilisation" (the share of time a kernel
+  runs) and an upper estimate: Splitwise (Patel et al., ISCA 2024, Fig. 9) measured
+  prompt phases near TDP but token phases below it.
 - "roofline": u(t) = achieved share of the *achievable* roofline during busy time,
-  A = min(busy_s, max(flops / (peak_flops * eff_c), bytes / (bandwidth * eff_m))),
+  A = min(device_busy_s, max(flops / (peak_flops * eff_c), bytes / (bandwidth * eff_m))),
   with the device's sourced efficiency factors (`HardwareSpec.efficiency`; prefill
   factors for the compute side of prefill/both pools, decode factors for the memory
   side of decode/both pools). A lower estimate: a latency-bound wafer moves few bytes
@@ -29,7 +36,8 @@ where A, the instance's *activity*, comes from the engine's own counters
 Both are computed; `energy.activity` picks the reported one and `energy.sensitivity`
 gives the other, so a reader sees the range.
 
-Devices of one instance share its activity (a TP/PP group works in lock step).
+Devices of one instance are charged its mean device activity (the devices of a
+tensor-parallel group work in lock step; pipeline stages take turns).
 Hosts, NICs, switches and cooling are not counted in joules (vendors' per-device
 figures exclude them); the facility overhead (PUE) enters the electricity cost only.
 
@@ -67,6 +75,10 @@ DEFAULT_CAPEX_USD: dict[str, tuple[float, str]] = {
                    "(AnandTech, 2020)"),
     "mi455x": (45e3, "[E] Helios pricing is not published; a GB200 NVL72 rack is reported at ~$3M "
                      "(~$42k per GPU slot incl. CPUs, switches, rack), rounded up for HBM4"),
+    "gb200": (45e3, "[E] a GB200 NVL72 rack is reported at ~$3M: ~$42k per GPU slot incl. Grace CPUs, "
+                    "switches and rack, rounded up"),
+    "gb300": (50e3, "[E] above GB200 (press estimates of ~$3.5-4M per GB300 NVL72 rack)"),
+    "mi325x": (20e3, "[E] between MI300X (~$15k) and MI355X (~$30k) (press estimates)"),
     "mi355x": (30e3, "[E] no list price; ~2x an MI300X (~$15k) for 1.5x HBM and ~2x FP8 (press estimates)"),
     "mi300x": (15e3, "[E] ~$10-15k per MI300X reported by analysts (2024)"),
     "h100": (30e3, "[E] $25-40k per H100 (NVIDIA CEO, 2024, CNBC)"),
@@ -146,13 +158,22 @@ def engine_instances(specs):
             yield spec, cost.device, int(cost.parallelism.n_devices)
 
 
+def _for_device(mapping: Mapping[str, Any], key: str):
+    """mapping[key], else the entry of the hardware a stack variant runs on ("h100" for
+    "h100-sglang": prices belong to the hardware), else None."""
+    if key in mapping:
+        return mapping[key]
+    for k in sorted(mapping, key=len, reverse=True):
+        if key.startswith(k + "-"):
+            return mapping[k]
+    return None
+
+
 def _capex_for(key: str, settings: CostSettings) -> tuple[Optional[float], str]:
-    if key in settings.capex_usd:
-        return settings.capex_usd[key], "scenario [cost].capex_usd"
-    for k, (usd, src) in DEFAULT_CAPEX_USD.items():
-        if key == k or key.startswith(k + "-"):
-            return usd, src
-    return None, ""
+    usd = _for_device(settings.capex_usd, key)
+    if usd is not None:
+        return usd, "scenario [cost].capex_usd"
+    return _for_device(DEFAULT_CAPEX_USD, key) or (None, "")
 
 
 def device_price(device: Any, settings: CostSettings) -> DevicePrice:
@@ -164,7 +185,7 @@ def device_price(device: Any, settings: CostSettings) -> DevicePrice:
     is known. Neither: usd_per_hour None, with the source saying what to set.
     """
     key = device.key
-    rental = settings.price_per_hour_usd.get(key)
+    rental = _for_device(settings.price_per_hour_usd, key)
     rental_src = "scenario [cost].price_per_hour_usd"
     if rental is None and device.price_per_hour_usd is not None:
         rental, rental_src = float(device.price_per_hour_usd), "device catalog price_per_hour_usd"
@@ -212,8 +233,9 @@ def pool_rates(scenario: "Scenario") -> list[PoolRates]:
 
 
 def _activity(st: Mapping[str, Any], device: Any, role: str, window_s: float) -> dict:
-    """Both activity measures (s) of one instance from its stats, clipped to [0, window]."""
-    busy = min(max(float(st.get("busy_s", 0.0)), 0.0), window_s)
+    """Both activity measures (s) of one device of an instance from its stats (the
+    device's own busy time: `device_busy_s`), clipped to [0, window]."""
+    busy = min(max(float(st.get("device_busy_s", st.get("busy_s", 0.0))), 0.0), window_s)
     eff = device.efficiency
     eff_c = eff.decode_compute if role == "decode" else eff.prefill_compute
     eff_m = eff.prefill_memory if role == "prefill" else eff.decode_memory

@@ -333,7 +333,7 @@ class FaultInjector(Core):
 
 #: Work counters of an engine's stats (`devices.engines.common.Utilisation`) that a
 #: crash resets and `with_work_before_crashes` restores.
-WORK_KEYS = ("busy_s", "flops", "bytes", "iterations")
+WORK_KEYS = ("busy_s", "flops", "bytes", "iterations", "device_busy_s")
 
 
 def with_work_before_crashes(stats: dict, snapshot: dict) -> dict:
@@ -357,7 +357,8 @@ def with_work_before_crashes(stats: dict, snapshot: dict) -> dict:
             continue
         u = Utilisation()
         for w in [st, *works]:
-            u.add(w.get("busy_s", 0.0), w.get("flops", 0.0), w.get("bytes", 0.0), int(w.get("iterations", 0)))
+            u.add(w.get("busy_s", 0.0), w.get("flops", 0.0), w.get("bytes", 0.0), int(w.get("iterations", 0)),
+                  w.get("device_busy_s", w.get("busy_s", 0.0)))
         st = dict(st)
         st.update(u.as_dict(float(st.get("peak_flops", 0.0)), float(st.get("memory_bandwidth", 0.0)),
                             float(st.get("elapsed_s", 0.0))))

@@ -123,9 +123,10 @@ def summary_text(results: dict) -> str:
                      f"{pc['hit_tokens']:,} prompt tokens served from cache")
     for pool, m in results["memory"].items():
         u = results["utilization"].get(pool, {})
-        lines.append(f"pool {pool}: {m['devices']} devices, memory peak {m['peak_bytes']/1e9:.1f} of "
-                     f"{m['capacity_bytes']/1e9:.1f} GB, MFU {u.get('compute', 0):.2%}, "
-                     f"MBU {u.get('memory_bandwidth', 0):.2%}, busy {u.get('busy_fraction', 0):.1%}")
+        stack = f" ({u['stack']})" if u.get("stack") else ""
+        lines.append(f"pool {pool}: {m['devices']} x {u.get('device', 'devices')}{stack}, memory peak "
+                     f"{m['peak_bytes']/1e9:.1f} of {m['capacity_bytes']/1e9:.1f} GB, MFU {u.get('compute', 0):.2%}, "
+                     f"MBU {u.get('memory_bandwidth', 0):.2%}, busy {u.get('busy_fraction', 0):.1%} per device")
     en, co = results.get("energy"), results.get("cost")
     if en:
         tpj = en["tokens_per_joule"]

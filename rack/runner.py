@@ -79,10 +79,14 @@ def _pool_sections(scenario: Scenario, specs: Sequence[ComponentSpec], stats: di
             "devices": len(st) * pool.devices_per_instance,
             "peak_fraction": float(max(s["memory"]["peak_bytes"] / s["memory"]["capacity_bytes"] for s in st)),
         }
+        dev = next(s.kwargs["cost"].device for s in specs if s.pool == pool.name)
         util[pool.name] = {
             "compute": float(np.mean([s["mfu"] for s in st])),
             "memory_bandwidth": float(np.mean([s["mbu"] for s in st])),
-            "busy_fraction": float(np.mean([s["busy_fraction"] for s in st])),
+            # per device: a pipeline stage idles while the other stages work
+            "busy_fraction": float(np.mean([s.get("device_busy_fraction", s["busy_fraction"]) for s in st])),
+            "running_fraction": float(np.mean([s["busy_fraction"] for s in st])),   # an iteration in flight
+            "device": dev.key, "stack": dev.stack_label,
         }
     return memory, util
 

@@ -72,26 +72,40 @@ class SpeculativeSettings(_Strict):
     draft_model: Optional[str] = None
 
 
+#: Requests an instance runs at once when neither the pool nor its stack says
+#: (vLLM's max_num_seqs default on smaller GPUs, and rack's default before stacks).
+DEFAULT_MAX_NUM_SEQS = 256
+
+
 class PoolConfig(_Strict):
     """A pool of identical engine instances.
 
     `tp * pp` devices form one instance (on the wafer engine `pp` is the number of
     systems its layers are pipelined over). `role` is what the pool's instances do.
+    `stack` names the serving software the device runs (a catalog stack of that
+    device: "sglang", "trtllm", "vllm", "2024q4", ...; None: the device's default
+    stack); every run summary prints it. `max_num_seqs` caps the requests an instance
+    runs at once (vLLM's max_num_seqs, SGLang's max_running_requests); None: the
+    stack's default, else DEFAULT_MAX_NUM_SEQS. Older files' `max_batch` is read as
+    `max_num_seqs`.
     """
 
     name: str = Field(min_length=1)
     device: str = Field(min_length=1, description="catalog name or path to a device TOML")
+    stack: Optional[str] = Field(default=None, min_length=1, description="software stack (catalog) of the device")
     role: Literal["prefill", "decode", "both"]
     instances: int = Field(default=1, ge=1)
     tp: int = Field(default=1, ge=1)
     pp: int = Field(default=1, ge=1)
     ep: int = Field(default=1, ge=1)
+    dp_attention: bool = Field(default=False, description="data-parallel attention over the tp devices")
     # prefill side (role prefill or both)
     chunk_tokens: int = Field(default=8192, ge=1, description="chunked-prefill token budget per iteration")
     prefix_cache: bool = True
     max_queue: int = Field(default=1024, ge=1, description="requests waiting per instance before rejection")
     # decode side (role decode or both)
-    max_batch: int = Field(default=256, ge=1, description="continuous-batching batch limit (requests)")
+    max_num_seqs: Optional[int] = Field(default=None, ge=1, description="requests an instance runs at once "
+                                        "(None: the stack's default)")
     admission_policy: Literal["reserve", "preempt"] = "reserve"
     speculative: Optional[SpeculativeSettings] = None
     kv_block_tokens: int = Field(default=16, ge=1, description="tokens per paged KV block")
@@ -102,6 +116,17 @@ class PoolConfig(_Strict):
                                               "instance reloads its weights, GB/s per device; default: the "
                                               "device's weight_load_Bps (catalog)")
     resources: dict[str, float] = Field(default_factory=dict, description="Ray custom resources per instance actor")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _max_batch_alias(cls, data):
+        # scenario files written before stacks called the cap `max_batch`
+        if isinstance(data, dict) and "max_batch" in data:
+            data = dict(data)
+            if "max_num_seqs" in data:
+                raise ValueError("give max_num_seqs or its old name max_batch, not both")
+            data["max_num_seqs"] = data.pop("max_batch")
+        return data
 
     @field_validator("resources")
     @classmethod
@@ -422,9 +447,10 @@ def check_hardware(scenario: Scenario, source: str = "<scenario>") -> None:
                             f"context of {limit} tokens (expected <= {limit}, or leave it out)")
     for i, p in enumerate(scenario.pools):
         try:
-            resolve_device(p.device)
+            resolve_device(p.device, p.stack)
         except (ValueError, KeyError, OSError) as exc:
-            raise ScenarioError(f"{source}: field pools[{i}].device (pool {p.name!r}): "
+            field = "stack" if p.stack is not None and "software stack" in str(exc) else "device"
+            raise ScenarioError(f"{source}: field pools[{i}].{field} (pool {p.name!r}): "
                                 f"{_file_problem(p.device, exc)}") from None
         try:
             check_fit(scenario, p, cost_model(scenario, p))

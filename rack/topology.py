@@ -20,7 +20,7 @@ from interconnect.link import LinkSpec
 
 from .admission import kv_fit_of
 from .faults import apply_faults
-from .scenario import PoolConfig, Scenario, ScenarioError
+from .scenario import DEFAULT_MAX_NUM_SEQS, PoolConfig, Scenario, ScenarioError
 
 
 @dataclass(frozen=True)
@@ -74,12 +74,18 @@ def cost_model(scenario: Scenario, pool: PoolConfig) -> CostModel:
         spec = SpeculativeConfig(draft_tokens=s.draft_tokens, acceptance_rate=s.acceptance_rate,
                                  method=s.method, draft_model=s.draft_model)
     try:
-        return CostModel(resolve_model(scenario.model), resolve_device(pool.device),
-                         Parallelism(tp=pool.tp, pp=pool.pp, ep=pool.ep),
+        return CostModel(resolve_model(scenario.model), resolve_device(pool.device, pool.stack),
+                         Parallelism(tp=pool.tp, pp=pool.pp, ep=pool.ep, dp_attention=pool.dp_attention),
                          weight_dtype=scenario.weight_dtype, kv_dtype=scenario.kv_dtype,
                          speculative=spec)
     except (ValueError, KeyError) as exc:
         raise ScenarioError(f"pool {pool.name!r}: {exc}") from None
+
+
+def max_num_seqs(pool: PoolConfig, cost: CostModel) -> int:
+    """Requests one instance of `pool` runs at once: the pool's `max_num_seqs`, else
+    its stack's default, else `DEFAULT_MAX_NUM_SEQS`."""
+    return pool.max_num_seqs or cost.max_num_seqs or DEFAULT_MAX_NUM_SEQS
 
 
 def check_fit(scenario: Scenario, pool: PoolConfig, cost: CostModel):
@@ -134,7 +140,7 @@ def build_topology(scenario: Scenario, request_ids: Sequence[int]) -> list[Compo
             decode_names.append(name)
             specs.append(ComponentSpec(name, "devices.engines.decode:DecodeEngine", {
                 "name": name, "cost": costs[p.name], "collector": Ref("collector"),
-                "max_batch": p.max_batch, "kv_block_tokens": p.kv_block_tokens,
+                "max_batch": max_num_seqs(p, costs[p.name]), "kv_block_tokens": p.kv_block_tokens,
                 "admission_policy": p.admission_policy,
                 "memory_reserve_fraction": p.memory_reserve_fraction,
                 "max_reserve_queue": p.max_reserve_queue, "first_token": scenario.first_token,
@@ -149,7 +155,7 @@ def build_topology(scenario: Scenario, request_ids: Sequence[int]) -> list[Compo
             specs.append(ComponentSpec(name, "devices.engines.colocated:ColocatedEngine", {
                 "name": name, "cost": costs[p.name], "collector": Ref("collector"),
                 "chunk_tokens": p.chunk_tokens, "max_queue": p.max_queue,
-                "max_batch": p.max_batch, "kv_block_tokens": p.kv_block_tokens,
+                "max_batch": max_num_seqs(p, costs[p.name]), "kv_block_tokens": p.kv_block_tokens,
                 "prefix_cache": p.prefix_cache, "admission_policy": p.admission_policy,
                 "memory_reserve_fraction": p.memory_reserve_fraction,
                 "max_reserve_queue": p.max_reserve_queue, "first_token": scenario.first_token,

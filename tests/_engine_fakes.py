@@ -90,6 +90,10 @@ class _IterCost:
     comm_s: float = 0.0
     bound: str = "compute"
 
+    @property
+    def device_busy_s(self) -> float:
+        return self.time_s
+
 
 class FakeCost:
     """A small roofline cost model with the CostModel attributes the engines read.
@@ -106,6 +110,7 @@ class FakeCost:
         self.params = params
         self.hidden = hidden
         self.kv_bytes_per_token = kv_bytes_per_token
+        self.kv_held_bytes_per_token = kv_bytes_per_token    # one copy (no TP replication)
         self.weight_bytes = weight_bytes
         self.peak_flops = peak_flops
         self.memory_bandwidth = memory_bandwidth

@@ -28,7 +28,7 @@ max_queue = 64
 name = "decode"
 device = "h100"
 role = "decode"
-max_batch = 32
+max_num_seqs = 32
 
 [[links]]
 name = "kv"
@@ -55,10 +55,10 @@ CASES = {
                 ["pools[1].tp", "greater than or equal to 1"]),
     "tp_as_text": (lambda b: b.replace('role = "decode"', 'role = "decode"\ntp = "8"'),
                    ["pools[1].tp", "valid integer", "got '8'"]),
-    "fractional_batch": (lambda b: b.replace("max_batch = 32", "max_batch = 32.5"),
-                         ["pools[1].max_batch", "valid integer", "got 32.5"]),
-    "negative_batch": (lambda b: b.replace("max_batch = 32", "max_batch = -4"),
-                       ["pools[1].max_batch", "greater than or equal to 1", "got -4"]),
+    "fractional_batch": (lambda b: b.replace("max_num_seqs = 32", "max_num_seqs = 32.5"),
+                         ["pools[1].max_num_seqs", "valid integer", "got 32.5"]),
+    "negative_batch": (lambda b: b.replace("max_num_seqs = 32", "max_num_seqs = -4"),
+                       ["pools[1].max_num_seqs", "greater than or equal to 1", "got -4"]),
     "zero_queue": (lambda b: b.replace("max_queue = 64", "max_queue = 0"),
                    ["pools[0].max_queue", "greater than or equal to 1"]),
     "zero_bandwidth": (lambda b: b.replace("bandwidth_GBps = 50.0", "bandwidth_GBps = 0.0"),
@@ -78,8 +78,8 @@ CASES = {
     "slo_field_in_seconds": (lambda b: b.replace("ttft_ms = 2000.0", "ttft_s = 2.0"),
                              ["unknown field 'slo.ttft_s'", "did you mean 'ttft_ms' (in milliseconds)",
                               "expected one of: ttft_ms, tpot_ms"]),
-    "unknown_pool_field": (lambda b: b.replace("max_batch = 32", "max_bach = 32"),
-                           ["unknown field 'pools[1].max_bach'", "did you mean 'max_batch'"]),
+    "unknown_pool_field": (lambda b: b.replace("max_num_seqs = 32", "max_num_seq = 32"),
+                           ["unknown field 'pools[1].max_num_seq'", "did you mean 'max_num_seqs'"]),
     "bad_fault_target": (lambda b: b + '\n[[faults]]\nkind = "decode_crash"\nat_s = 1.0\ntarget = "decode-3"\n',
                          ["faults[0].target", "decode-0"]),
     "bad_toml": (lambda b: b.replace("tpot_ms = 100.0", "tpot_ms = = 100.0"),

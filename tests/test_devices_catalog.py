@@ -7,10 +7,12 @@ import sys
 
 import pytest
 
-from devices.catalog import (CATALOG_DIR, CatalogError, device_names, get_device, get_model, load_device_file,
-                             load_hf_config, load_model_file, model_names, resolve_device, resolve_model)
+from devices.catalog import (CATALOG_DIR, CatalogError, device_names, device_stacks, get_device, get_model,
+                             load_device_file, load_hf_config, load_model_file, model_names, resolve_device,
+                             resolve_model)
 
-REQUIRED_DEVICES = {"mi300x", "mi355x", "mi455x", "h100", "h200", "b200", "b300", "cs3", "a100"}
+REQUIRED_DEVICES = {"mi300x", "mi325x", "mi355x", "mi455x", "h100", "h200", "b200", "b300", "gb200", "gb300", "cs3",
+                    "a100"}
 REQUIRED_MODELS = {"llama-3.1-8b", "llama-3.1-70b", "llama-3.1-405b", "llama-2-70b", "deepseek-v3", "kimi-k2",
                    "qwen3-235b-a22b", "gpt-oss-120b"}
 
@@ -19,7 +21,8 @@ def test_required_entries_exist_and_load():
     assert REQUIRED_DEVICES <= set(device_names())
     assert REQUIRED_MODELS <= set(model_names())
     for k in device_names():
-        assert get_device(k).key == k
+        # a hardware entry with a default stack means that stack's variant
+        assert get_device(k).key == k or get_device(k).key in device_stacks(k).values()
     for k in model_names():
         assert get_model(k).key == k
 
@@ -29,17 +32,18 @@ def test_cs3_and_a100_figures():
     assert cs3.memory_bytes == 44e9 and cs3.memory_bandwidth_Bps == 21e15
     assert cs3.scale_out_bandwidth_Bps == 150e9 and cs3.peak_w == 23_000
     a100 = get_device("a100")
-    assert a100.memory_bytes == 80e9 and a100.memory_bandwidth_Bps == pytest.approx(2.039e12)
+    assert a100.memory_bytes == 80 * 2 ** 30 and a100.memory_bandwidth_Bps == pytest.approx(2.039e12)
     assert a100.peak_flops == {"bf16": 312e12}
 
 
-@pytest.mark.parametrize("name,key", [("MI455X", "mi455x"), ("CS-3", "cs3"), ("wse-3", "cs3"), ("H100 SXM", "h100"),
+@pytest.mark.parametrize("name,key", [("MI455X", "mi455x-sglang"), ("CS-3", "cs3-2024q4"), ("wse-3", "cs3-2024q4"),
+                                      ("H100 SXM", "h100-sglang"), ("cs3-launch", "cs3-2024-08"),
                                       ("Kimi-K2", "kimi-k2"), ("meta-llama/Llama-3.1-70B-Instruct", "llama-3.1-70b"),
                                       ("LLAMA3.1-70B", "llama-3.1-70b"), ("Llama_2_70B", "llama-2-70b"),
                                       ("deepseek-r1", "deepseek-v3")])
 def test_lookup_is_case_insensitive_and_accepts_aliases(name, key):
     getter = get_device if key in device_names() else get_model
-    assert getter(name).key == key
+    assert getter(name).key == key       # devices: the default stack of the hardware named
 
 
 def test_unknown_names_suggest_the_closest():
@@ -50,10 +54,28 @@ def test_unknown_names_suggest_the_closest():
 
 
 def test_stack_variant_extends_the_hardware():
-    base, new = get_device("cs3"), get_device("cs3-2024q4")
+    base, new = get_device("cs3", stack="2024-08"), get_device("cs3")
+    assert new.key == "cs3-2024q4" and base.key == "cs3-2024-08"      # the current stack is the default
     assert new.memory_bytes == base.memory_bytes and new.peak_flops == base.peak_flops
     assert new.layer_latency_s < base.layer_latency_s and new.pipeline_hop_latency_s == 0
     assert "cs3-launch" not in [a.lower() for a in new.aliases]
+    assert device_stacks("wse-3") == {"2024-08": "cs3-2024-08", "2024q4": "cs3-2024q4"}
+
+
+def test_a_pool_names_its_stack():
+    assert get_device("b200", stack="sglang").key == "b200-sglang"
+    assert get_device("b200", stack="TensorRT-LLM").key == "b200-trtllm"       # framework name
+    assert get_device("b200").key == "b200-trtllm"                             # the default
+    assert get_device("b200-sglang").stack.label == "SGLang 0.5.9"
+    with pytest.raises(CatalogError, match=r"no software stack 'vllm'.*stacks: sglang, trtllm"):
+        get_device("b200", stack="vllm")
+
+
+def test_stack_from_borrows_the_software_terms_only():
+    h100, h200 = get_device("h100"), get_device("h200")
+    assert h100.key == "h100-sglang" and h100.memory_bandwidth_Bps == 3.35e12
+    assert h100.moe_layer_latency_s == h200.moe_layer_latency_s > 0
+    assert h100.efficiency == h200.efficiency and h100.stack == h200.stack
 
 
 def test_every_number_in_the_catalog_has_a_source_comment():
@@ -69,7 +91,7 @@ def test_user_device_file(tmp_path):
     p = tmp_path / "my-gpu.toml"
     p.write_text('extends = "h100"\nname = "My H100"\nmemory_bandwidth_Bps = 4e12\n')
     d = load_device_file(p)
-    assert d.key == "my-gpu" and d.memory_bandwidth_Bps == 4e12 and d.memory_bytes == 80e9
+    assert d.key == "my-gpu" and d.memory_bandwidth_Bps == 4e12 and d.memory_bytes == 80 * 2 ** 30
     assert resolve_device(str(p)).name == "My H100"
 
 

@@ -1,7 +1,10 @@
 """Memory planner: weights, reserve and KV; models that do not fit."""
 
+import re
+
 import pytest
 
+from devices.catalog import get_device
 from devices.costmodel import CostModel, Parallelism, SpeculativeConfig
 from devices.planner import ModelDoesNotFit, format_bytes, plan_memory
 
@@ -11,7 +14,7 @@ def test_kimi_k2_on_four_cs3_says_what_is_needed():
     with pytest.raises(ModelDoesNotFit) as e:
         plan_memory(c)
     msg = str(e.value)
-    assert msg.startswith("Kimi-K2 (fp8) needs 1.03 TB of weights; 4 CS-3 hold 176 GB")
+    assert re.match(r"Kimi-K2 \(fp8\) needs 1.03 TB of weights; 4 CS-3 .*hold 176 GB", msg)
     assert msg.endswith("use at least 24 systems")
 
 
@@ -23,10 +26,10 @@ def test_the_suggested_count_fits():
 
 
 def test_budget_adds_up():
-    c = CostModel("llama-3.1-70b", "h100", Parallelism(tp=4), "fp8", "fp8")
+    c = CostModel("llama-3.1-70b", get_device("h100", stack="roofline"), Parallelism(tp=4), "fp8", "fp8")
     p = plan_memory(c)
-    assert p.capacity_bytes == 4 * 80_000_000_000
-    assert p.reserve_bytes == int(0.1 * 80e9) * 4
+    assert p.capacity_bytes == 4 * 80 * 2 ** 30                 # "80 GB" HBM is 80 GiB
+    assert p.reserve_bytes == int(0.1 * 80 * 2 ** 30) * 4
     assert p.weight_bytes == c.weight_bytes
     assert p.weight_bytes + p.reserve_bytes + p.kv_bytes <= p.capacity_bytes
     assert p.capacity_bytes - (p.weight_bytes + p.reserve_bytes + p.kv_bytes) < 4
@@ -43,11 +46,11 @@ def test_draft_model_weights_and_kv_count():
 
 
 def test_weights_that_leave_no_kv_room():
-    c = CostModel("llama-3.1-70b", "h100", Parallelism(tp=1), "bf16", "bf16")
+    c = CostModel("llama-3.1-70b", get_device("h100", stack="roofline"), Parallelism(tp=1), "bf16", "bf16")
     with pytest.raises(ModelDoesNotFit, match="use at least 2 GPUs"):
         plan_memory(c)
     c = CostModel("llama-3.1-70b", "mi300x", Parallelism(tp=1), "bf16", "bf16")
-    tight = 1 - (c.weight_bytes + 1e6) / 192e9      # leaves 1 MB: less than one KV block
+    tight = 1 - (c.weight_bytes + 1e6) / c.device.memory_bytes      # leaves 1 MB: less than one KV block
     with pytest.raises(ModelDoesNotFit, match="less than one block"):
         plan_memory(c, reserve_fraction=tight)
 
@@ -63,3 +66,16 @@ def test_bad_arguments():
 def test_format_bytes():
     assert format_bytes(1.026e12) == "1.03 TB" and format_bytes(176e9) == "176 GB"
     assert format_bytes(44e9) == "44 GB" and format_bytes(512) == "512 B"
+
+
+def test_mla_kv_is_held_by_every_tp_device_unless_attention_is_data_parallel():
+    tp8 = CostModel("deepseek-v3", "h200", Parallelism(tp=8), "fp8", "fp8")
+    dp8 = CostModel("deepseek-v3", "h200", Parallelism(tp=8, ep=8, dp_attention=True), "fp8", "fp8")
+    a, b = plan_memory(tp8), plan_memory(dp8)
+    assert a.kv_replication == 8 and b.kv_replication == 1
+    assert tp8.kv_held_bytes_per_token == 8 * tp8.kv_bytes_per_token
+    # DP attention keeps 7 more copies of the attention blocks, and 8x the KV tokens
+    assert b.weight_bytes - a.weight_bytes == dp8.replicated_weight_bytes > 0
+    assert b.kv_tokens > 5 * a.kv_tokens
+    llama = CostModel("llama-3.1-70b", "h200", Parallelism(tp=8), "fp8", "fp8")
+    assert llama.kv_replication == 1                    # 8 KV heads over 8 devices: no copies

@@ -8,7 +8,7 @@ import pytest
 from pydantic import ValidationError
 
 from devices.catalog import get_device, get_model, model_names
-from devices.specs import HardwareSpec, ModelSpec
+from devices.specs import CollectiveTable, HardwareSpec, ModelSpec
 
 HARDWARE_MD = Path(__file__).resolve().parents[2] / "shared" / "reference" / "hardware.md"
 
@@ -154,9 +154,34 @@ def test_wafer_peak_uses_the_dense_fraction():
     cs3 = get_device("cs3")
     assert cs3.peak_flops["bf16"] == 125e15
     assert cs3.dense_peak_flops("bf16") == pytest.approx(125e15 * cs3.dense_fraction)
-    assert cs3.kind == "wafer" and cs3.layer_latency_s > 0 and cs3.pipeline_hop_latency_s > 0
-    for key in ("h100", "mi300x", "b300"):
-        assert get_device(key).layer_latency_s == 0 and get_device(key).pipeline_hop_latency_s == 0
+    launch = get_device("cs3", stack="2024-08")
+    assert launch.kind == "wafer" and launch.layer_latency_s > 0 and launch.pipeline_hop_latency_s > 0
+    for key in ("h100", "mi300x", "b300"):       # the hardware alone: no stack latencies
+        hw = get_device(key, stack="roofline")
+        assert hw.layer_latency_s == hw.moe_layer_latency_s == hw.pipeline_hop_latency_s == 0
+        assert get_device(key).moe_layer_latency_s > 0      # its default serving stack has them
+
+
+def test_capacities_in_the_datasheet_unit():
+    # HBM capacities are binary: the "80 GB" H100 and A100 hold 80 GiB
+    for key, gib in (("h100", 80), ("a100", 80), ("h200", 141), ("mi300x", 192), ("b300", 288)):
+        assert get_device(key).memory_bytes == gib * 2 ** 30
+    assert get_device("cs3").memory_bytes == 44e9           # SRAM: 900,000 x 48 KB, decimal
+    with pytest.raises(ValidationError, match="memory_gib or memory_bytes"):
+        HardwareSpec(key="x", name="x", memory_gib=1, memory_bytes=1e9, memory_bandwidth_Bps=1e12,
+                     peak_flops={"bf16": 1e15}, scale_out_bandwidth_Bps=1e10, idle_w=1, peak_w=2)
+
+
+def test_collective_tables_interpolate_in_log2_and_price_bytes():
+    t = CollectiveTable(latency_us={2: 10.0, 8: 30.0}, busbw_GBps={2: 100.0, 8: 100.0})
+    xfer, lat = t.parts("all_reduce", 0.0, 4)
+    assert lat == pytest.approx(20e-6) and xfer == 0          # halfway between 2 and 8 in log2
+    xfer, lat = t.parts("all_reduce", 1e9, 8)
+    assert xfer == pytest.approx(1e9 * 2 * 7 / 8 / 100e9)      # nccl-tests busbw convention
+    assert t.parts("all_gather", 1e9, 8)[0] == pytest.approx(1e9 * 7 / 8 / 100e9)
+    assert t.parts("all_reduce", 1e9, 64)[1] == pytest.approx(30e-6)   # held beyond the table
+    with pytest.raises(ValidationError):
+        CollectiveTable(latency_us={2: 10.0}, busbw_GBps={4: 100.0})
 
 
 def test_every_catalog_model_derives_consistently():

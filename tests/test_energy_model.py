@@ -43,7 +43,9 @@ def test_energy_adds_up_over_devices(split_run):
         st = split_run.stats[spec.name]
         n = spec.kwargs["cost"].parallelism.n_devices
         # Integral of P(t) = idle + (peak - idle) * busy(t) over [0, T], device by device.
-        per_device = h100.idle_w * T + (h100.peak_w - h100.idle_w) * st["busy_s"]
+        # busy: the device's own busy time (its stage's work, without the per-iteration CPU time)
+        assert 0 < st["device_busy_s"] <= st["busy_s"]
+        per_device = h100.idle_w * T + (h100.peak_w - h100.idle_w) * st["device_busy_s"]
         inst = e["instances"][spec.name]
         assert inst["joules_per_device"] == pytest.approx(per_device, rel=1e-12)
         assert inst["joules"] == pytest.approx(n * per_device, rel=1e-12)
@@ -82,7 +84,8 @@ def test_late_request_leaves_the_rack_idle_until_it_arrives():
     busy = sum(i["busy_s"] for i in e["instances"].values())
     h100 = resolve_device("h100")
     assert e["joules"] == pytest.approx(e["idle_power_w"] * e["window_s"] + (h100.peak_w - h100.idle_w) * busy)
-    assert busy < 0.1 and e["mean_power_w"] < e["idle_power_w"] * 1.01
+    # one short request (its prefill and 8 decode steps, ~0.1 s with the stack's latencies) in 20 s
+    assert busy < 0.2 and e["mean_power_w"] < e["idle_power_w"] * 1.02
 
 
 def test_negative_window_is_refused(split_run):

@@ -10,6 +10,7 @@ import math
 import numpy as np
 import pytest
 
+from devices.catalog import get_device
 from devices.costmodel import CostModel, Parallelism
 from devices.engines.decode import DecodeEngine
 from devices.engines.prefill import PrefillEngine
@@ -255,8 +256,11 @@ def test_resend_after_bad_frames_then_failure():
 
 
 def test_kimi_k2_mi455x_prefill_to_cs3_decode_with_preemption():
-    pcost = CostModel("kimi-k2", "mi455x", Parallelism(tp=8, ep=8), weight_dtype="fp8", kv_dtype="fp8")
-    dcost = CostModel("kimi-k2", "cs3", Parallelism(pp=24), weight_dtype="fp8", kv_dtype="fp8")
+    # fast prefill (the hardware's roofline) into the slower August 2024 wafer stack, so
+    # that decode memory fills and preemption runs
+    pcost = CostModel("kimi-k2", get_device("mi455x", stack="roofline"), Parallelism(tp=8, ep=8),
+                      weight_dtype="fp8", kv_dtype="fp8")
+    dcost = CostModel("kimi-k2", "cs3-2024-08", Parallelism(pp=24), weight_dtype="fp8", kv_dtype="fp8")
     reqs = _poisson(40, rate=8.0, prompt_range=(2000, 30_000), output_range=(50, 3000), seed=3,
                     hashes=True)
     kv_block = 16 * dcost.kv_bytes_per_token

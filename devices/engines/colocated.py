@@ -239,7 +239,8 @@ class ColocatedEngine(DecodeEngine):
         self.counts["mixed_iterations"] += steps
         self._t_free = t1           # a decode-only run that follows starts here
         flops, nbytes = sc.work(steps) if n > 1 else (c.flops, c.bytes)
-        self.util.add(t1 - t0, flops, nbytes, iterations=steps)
+        self.util.add(t1 - t0, flops, nbytes, iterations=steps,
+                      device_busy_s=sc.busy(steps) if n > 1 else c.device_busy_s)
         done = []
         for j, take in plan:
             j.computed += take * steps

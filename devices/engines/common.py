@@ -112,22 +112,29 @@ class Utilisation:
     """Busy time, FLOPs and bytes moved by an engine, for MFU/MBU.
 
     MFU = FLOPs / (peak FLOP/s x seconds); MBU = bytes / (bandwidth x seconds). Both are
-    reported over busy time and over the whole elapsed time.
+    reported over busy time and over the whole elapsed time. `busy_s` is the time the
+    instance runs iterations; `device_busy_s` the time each of its devices works
+    (`IterationCost.device_busy_s`: on a pipeline a stage idles while the other stages
+    hold the micro-batches), which sets the dynamic power (rack.energy).
     """
 
-    __slots__ = ("busy_s", "flops", "bytes", "iterations")
+    __slots__ = ("busy_s", "flops", "bytes", "iterations", "device_busy_s")
 
     def __init__(self) -> None:
         self.busy_s = 0.0
         self.flops = 0.0
         self.bytes = 0.0
         self.iterations = 0
+        self.device_busy_s = 0.0
 
-    def add(self, seconds: float, flops: float, nbytes: float, iterations: int = 1) -> None:
+    def add(self, seconds: float, flops: float, nbytes: float, iterations: int = 1,
+            device_busy_s: float | None = None) -> None:
+        """Book `seconds` of iterations; `device_busy_s` defaults to `seconds`."""
         self.busy_s += float(seconds)
         self.flops += float(flops)
         self.bytes += float(nbytes)
         self.iterations += int(iterations)
+        self.device_busy_s += float(seconds if device_busy_s is None else device_busy_s)
 
     def as_dict(self, peak_flops: float, bandwidth: float, elapsed_s: float) -> dict:
         def ratio(x: float, rate: float, s: float) -> float:
@@ -142,6 +149,8 @@ class Utilisation:
             "memory_bandwidth": bandwidth,
             "elapsed_s": elapsed_s,
             "busy_fraction": self.busy_s / elapsed_s if elapsed_s > 0 else 0.0,
+            "device_busy_s": self.device_busy_s,
+            "device_busy_fraction": self.device_busy_s / elapsed_s if elapsed_s > 0 else 0.0,
             "mfu": ratio(self.flops, peak_flops, elapsed_s),
             "mbu": ratio(self.bytes, bandwidth, elapsed_s),
             "mfu_busy": ratio(self.flops, peak_flops, self.busy_s),

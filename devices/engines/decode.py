@@ -204,7 +204,8 @@ class DecodeEngine:
         self.ledger, self.plan = instance_ledger(cost, f"{name}/{memory_label(cost)}",
                                                  memory_reserve_fraction, memory_plan)
         self.kv_capacity_bytes = self.ledger.free_bytes
-        self.pool = KVBlockPool(self.ledger, kv_block_tokens, int(cost.kv_bytes_per_token))
+        # a token's KV in memory: all its copies (MLA's latent on every TP device)
+        self.pool = KVBlockPool(self.ledger, kv_block_tokens, int(cost.kv_held_bytes_per_token))
         self.block_tokens = self.pool.block_tokens
 
         self._waiters: deque[_Waiter] = deque()
@@ -403,8 +404,8 @@ class DecodeEngine:
         if n == 0:
             return self.util
         u = Utilisation()
-        u.add(self.util.busy_s, self.util.flops, self.util.bytes, self.util.iterations)
-        u.add(float(ends[n - 1]) - t0, *sc.work(n), iterations=n)
+        u.add(self.util.busy_s, self.util.flops, self.util.bytes, self.util.iterations, self.util.device_busy_s)
+        u.add(float(ends[n - 1]) - t0, *sc.work(n), iterations=n, device_busy_s=sc.busy(n))
         return u
 
     # ------------------------------------------------------------------ recovery
@@ -630,7 +631,7 @@ class DecodeEngine:
             await self.clock.sleep_until(t1)
             self.lateness.note(t1, self.clock.now())
             self._t_free = t1
-            self.util.add(c.time_s, c.flops, c.bytes)
+            self.util.add(c.time_s, c.flops, c.bytes, device_busy_s=c.device_busy_s)
             self.counts["recompute_tokens"] += int(new.sum())
             for s in recompute:
                 s.recompute = False
@@ -682,7 +683,8 @@ class DecodeEngine:
         if steps:
             self._t_free = float(ends[steps - 1])
             flops, nbytes = sc.work(steps)
-            self.util.add(float(ends[steps - 1]) - t0, flops, nbytes, iterations=steps)
+            self.util.add(float(ends[steps - 1]) - t0, flops, nbytes, iterations=steps,
+                          device_busy_s=sc.busy(steps))
         await self._finish(self._commit(batch, t0, ends, steps))
 
     async def _await_steps(self, t0: float, ends: np.ndarray, sc: StepCosts) -> int:

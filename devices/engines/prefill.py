@@ -158,8 +158,10 @@ class PrefillEngine:
         self.ledger, self.plan = instance_ledger(cost, f"{name}/{memory_label(cost)}",
                                                  memory_reserve_fraction, memory_plan)
         self.kv_capacity_bytes = self.ledger.free_bytes
-        self.pool = KVBlockPool(self.ledger, kv_block_tokens, self.kv_bytes_per_token)
-        self.prefix = PrefixCache(self.ledger, self.kv_bytes_per_token) if prefix_cache else None
+        # a token's KV in memory: all its copies (MLA's latent on every TP device)
+        held = int(cost.kv_held_bytes_per_token)
+        self.pool = KVBlockPool(self.ledger, kv_block_tokens, held)
+        self.prefix = PrefixCache(self.ledger, held) if prefix_cache else None
 
         self._queue: deque[_Job] = deque()
         self._running: list[_Job] = []
@@ -338,7 +340,7 @@ class PrefillEngine:
             await clock.sleep_until(t1)
             self.lateness.note(t1, clock.now())
             t_free = t1
-            self.util.add(c.time_s, c.flops, c.bytes)
+            self.util.add(c.time_s, c.flops, c.bytes, device_busy_s=c.device_busy_s)
             self.tokens_computed += int(new.sum())
             done: list[_Job] = []
             for j, take in plan:

@@ -27,10 +27,18 @@ def _fmt_time(s: float) -> str:
     return f"{s * 1e6:.3g} us"
 
 
+def _split(c) -> dict:
+    """A pass's time split (IterationCost): roofline (compute and memory overlap, the
+    larger counts), collectives (and pipeline hops), the stack's fixed latencies."""
+    return {"compute_s": c.compute_s, "memory_s": c.memory_s, "roofline_s": c.roofline_s,
+            "collectives_s": c.comm_s, "fixed_s": c.fixed_s, "time_s": c.time_s}
+
+
 def build_estimate(model: str, device: str, count: int, tp: Optional[int], pp: Optional[int], ep: int,
                    weight_dtype: str, kv_dtype: str, batch: int, context: int, prompt: int,
                    draft_tokens: int = 0, acceptance_rate: float = 0.7, spec_method: str = "mtp",
-                   draft_model: Optional[str] = None, reserve_fraction: Optional[float] = None) -> dict:
+                   draft_model: Optional[str] = None, reserve_fraction: Optional[float] = None,
+                   stack: Optional[str] = None, dp_attention: bool = False) -> dict:
     """The estimate as a plain dict (what `--json` prints).
 
     Raises:
@@ -39,20 +47,24 @@ def build_estimate(model: str, device: str, count: int, tp: Optional[int], pp: O
     """
     import numpy as np
 
-    from devices.costmodel import CostModel, SpeculativeConfig
+    from devices.catalog import resolve_device
+    from devices.costmodel import CostModel, Parallelism, SpeculativeConfig
     from devices.planner import ModelDoesNotFit, plan_memory
     from devices.validation import default_parallelism
 
     for name, v in (("batch", batch), ("context", context), ("prompt", prompt)):
         if v < 1:
             raise ValueError(f"--{name} must be >= 1, got {v}")
-    par = default_parallelism(device, count, tp, pp, ep)
+    dev = resolve_device(device, stack)
+    par = default_parallelism(dev, count, tp, pp, ep)
+    if dp_attention:
+        par = Parallelism(tp=par.tp, pp=par.pp, ep=par.ep, dp_attention=True)
     spec = None
     if draft_tokens:
         spec = SpeculativeConfig(draft_tokens, acceptance_rate, spec_method, draft_model)
-    cost = CostModel(model, device, par, weight_dtype=weight_dtype, kv_dtype=kv_dtype, speculative=spec)
+    cost = CostModel(model, dev, par, weight_dtype=weight_dtype, kv_dtype=kv_dtype, speculative=spec)
     out: dict = {"instance": cost.describe(), "model_name": cost.model.name, "device_name": cost.device.name,
-                 "software_stack": cost.device.software_stack}
+                 "stack": cost.device.stack_label, "software_stack": cost.device.software_stack}
     try:
         plan = plan_memory(cost, reserve_fraction=reserve_fraction)
     except ModelDoesNotFit as e:
@@ -70,7 +82,7 @@ def build_estimate(model: str, device: str, count: int, tp: Optional[int], pp: O
     out["prefill"] = {
         "prompt_tokens": prompt,
         "single": {"time_s": one.time_s, "tokens_per_s": prompt / one.time_s, "bound": one.bound,
-                   "mfu": one.flops / (one.time_s * cost.peak_flops)},
+                   "mfu": one.flops / (one.time_s * cost.peak_flops), "split": _split(one)},
         "batch": {"requests": batch, "time_s": many.time_s, "tokens_per_s": batch * prompt / many.time_s,
                   "bound": many.bound, "mfu": many.flops / (many.time_s * cost.peak_flops),
                   "comm_s": many.comm_s},
@@ -82,7 +94,7 @@ def build_estimate(model: str, device: str, count: int, tp: Optional[int], pp: O
         "tpot_s": step.time_s / cost.tokens_per_step, "tokens_per_s_per_user": per_user,
         "tokens_per_s": batch * per_user, "bound": step.bound, "comm_s": step.comm_s,
         "compute_s": step.compute_s, "memory_s": step.memory_s, "comm_bw_s": step.comm_bw_s,
-        "latency_s": step.latency_s,
+        "latency_s": step.latency_s, "split": _split(step),
         "mfu": step.flops / (step.time_s * cost.peak_flops),
         "mbu": step.bytes / (step.time_s * cost.memory_bandwidth),
     }
@@ -101,8 +113,9 @@ def _print_tables(est: dict) -> None:
              f"(tp={inst['tp']} pp={inst['pp']} ep={inst['ep']}, weights {inst['weight_dtype']}, "
              f"KV {inst['kv_dtype']}, compute {inst['compute_dtype']})")
     con.print(f"[bold]{title}[/bold]")
-    if est.get("software_stack"):
-        con.print(f"software stack: {est['software_stack']}")
+    if est.get("stack") or est.get("software_stack"):
+        con.print(f"software stack: {est.get('stack') or est['software_stack']}"
+                  + (f" ({est['software_stack']})" if est.get("stack") and est.get("software_stack") else ""))
     if "speculative" in inst:
         s = inst["speculative"]
         con.print(f"speculative decoding: {s['method']} ({s['draft_model']}), k={s['draft_tokens']}, "
@@ -136,19 +149,31 @@ def _print_tables(est: dict) -> None:
     con.print(t)
     con.print(f"peak {_fmt_rate(inst['peak_flops'], 'FLOP/s')} ({inst['compute_dtype']}, dense), "
               f"memory bandwidth {_fmt_rate(inst['memory_bandwidth_Bps'], 'B/s')}")
-    con.print(f"decode step terms: compute {_fmt_time(d['compute_s'])}, memory {_fmt_time(d['memory_s'])}, "
-              f"link transfers {_fmt_time(d['comm_bw_s'])}, fixed latencies {_fmt_time(d['latency_s'])} "
-              f"(time in communication {_fmt_time(d['comm_s'])})")
+    t = Table(title="Where a step's time goes (roofline = max(compute, memory): they overlap)")
+    for col in ("pass", "compute", "memory", "collectives", "fixed latencies", "total"):
+        t.add_column(col, justify="left" if col == "pass" else "right")
+    for label, s in ((f"prefill 1 x {p['prompt_tokens']:,}", p["single"]["split"]),
+                     (f"decode {d['batch']} @ {d['context']:,}", d["split"])):
+        roof = "compute" if s["compute_s"] >= s["memory_s"] else "memory"
+        cells = {k: _fmt_time(s[f"{k}_s"]) + (" *" if k == roof else "") for k in ("compute", "memory")}
+        t.add_row(label, cells["compute"], cells["memory"], _fmt_time(s["collectives_s"]), _fmt_time(s["fixed_s"]),
+                  _fmt_time(s["time_s"]))
+    con.print(t)
+    con.print("* the binding roofline term; collectives: all-reduce / all-to-all / pipeline hops "
+              "(measured latency + bandwidth); fixed: the stack's per-layer, per-MoE-layer and per-iteration latencies")
 
 
 @app.command("estimate")
 def estimate(
     model: str = typer.Option(..., "--model", "-m", help="catalog model (e.g. kimi-k2), HF config.json or TOML path"),
     device: str = typer.Option(..., "--device", "-d", help="catalog device (e.g. cs3, mi455x) or TOML path"),
+    stack: Optional[str] = typer.Option(None, "--stack", "-s", help="software stack of the device (e.g. sglang, "
+                                        "trtllm, vllm, 2024q4; default: the device's default stack)"),
     count: int = typer.Option(1, "--count", "-n", help="devices in the instance (= tp x pp)"),
     tp: Optional[int] = typer.Option(None, "--tp", help="tensor parallel degree (default: count on GPUs)"),
     pp: Optional[int] = typer.Option(None, "--pp", help="pipeline stages (default: count on wafer systems)"),
     ep: int = typer.Option(1, "--ep", help="expert parallel degree (divides tp)"),
+    dp_attention: bool = typer.Option(False, "--dp-attention", help="data-parallel attention over the tp devices"),
     weight_dtype: str = typer.Option("fp8", "--weight-dtype", help="bf16 | fp8 | fp4"),
     kv_dtype: str = typer.Option("fp8", "--kv-dtype", help="bf16 | fp8 | fp4"),
     batch: int = typer.Option(1, "--batch", "-b", help="decode batch (and prefill batch) size"),
@@ -166,7 +191,8 @@ def estimate(
 
     try:
         est = build_estimate(model, device, count, tp, pp, ep, weight_dtype, kv_dtype, batch, context, prompt,
-                             draft_tokens, acceptance_rate, spec_method, draft_model, reserve_fraction)
+                             draft_tokens, acceptance_rate, spec_method, draft_model, reserve_fraction,
+                             stack, dp_attention)
     except (CatalogError, ValueError) as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2)

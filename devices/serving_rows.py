@@ -1,0 +1,369 @@
+"""Measured serving rows (shared/reference/gpu-calibration.csv) and what they deploy.
+
+A row is one benchmark point: `concurrency` closed-loop users (a user sends its next
+request when the previous one ends) send prompts of `isl` tokens asking for `osl`
+tokens to a deployment (hardware, GPU count, TP/EP, data-parallel attention, precision,
+framework, speculative decoding, disaggregated prefill/decode pools), and the
+benchmark reports median TPOT, median TTFT and total tokens/s per GPU.
+
+`load_serving_rows(path)` reads exactly the CSV layout of gpu-calibration.csv (the
+column names of `COLUMNS`; extra columns are refused so a misspelt one is not
+silently ignored), so anyone can add measured rows. `deployment(row)` turns a row
+into plain data the runner builds a scenario from (rack.validation_runs) and that
+`closed_loop_estimate` prices with the cost model alone (a formula-level check, used
+to fit the stacks: scripts/fit_gpu_stacks.py). The authoritative figures are the
+engine replays of rack.validation_runs.
+
+Assumptions, each stated where it is used:
+- request lengths are drawn uniformly in [0.8, 1.0] x the nominal isl/osl: InferenceX
+  runs the SGLang/vLLM `benchmark_serving.py` random dataset with
+  --random-range-ratio (RANDOM_RANGE_RATIO in its launch scripts), and the recorded
+  latencies imply ~917 output tokens for osl 1024 (gpu-calibration.md), i.e. a mean
+  of 0.9 x nominal; outputs run to their drawn length (--ignore-eos);
+- "fp4" rows serve FP4 weights with an FP8 KV cache (the NVFP4 / MXFP4 DeepSeek-R1
+  checkpoints), "fp8" rows FP8 weights and KV;
+- "mtp" rows speculate with DeepSeek's MTP head, 3 draft tokens at acceptance 0.77:
+  TensorRT-LLM's DeepSeek-R1 MTP ablation measured 2.82 accepted tokens per step with
+  3 MTP layers (row T7 of gpu-calibration.md), and (1 - a^4) / (1 - a) = 2.82 gives
+  a = 0.77;
+- a disaggregated row's workers are instances: prefill_gpus / prefill_workers GPUs
+  each (likewise decode); when that exceeds the row's TP with data-parallel
+  attention, the instance runs attention data-parallel over its GPUs and the experts
+  expert-parallel over them (SGLang --enable-dp-attention with EP = DP).
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .catalog import CatalogError, resolve_device
+from .costmodel import CostModel, Parallelism, SpeculativeConfig
+
+#: Columns of gpu-calibration.csv, in order (units in the names).
+COLUMNS = (
+    "id", "hardware", "gpus_total", "tp", "ep", "dp_attention", "prefill_gpus", "prefill_workers",
+    "prefill_tp", "prefill_ep", "prefill_dp_attention", "decode_gpus", "decode_workers", "decode_tp",
+    "decode_ep", "decode_dp_attention", "model", "precision", "framework", "image_tag", "spec_decoding",
+    "disaggregated", "isl_tokens", "osl_tokens", "concurrency_requests", "median_tpot_ms", "median_ttft_ms",
+    "tokens_per_s_per_user", "total_tokens_per_s_per_gpu", "output_tokens_per_s_per_gpu",
+    "input_tokens_per_s_per_prefill_gpu", "date", "source", "notes",
+)
+#: Length draws: uniform in [LENGTH_LOW, 1] x nominal (see the module docstring).
+LENGTH_LOW = 0.8
+#: MTP rows: draft tokens and acceptance rate (row T7, see the module docstring).
+MTP_DRAFT_TOKENS, MTP_ACCEPTANCE = 3, 0.77
+#: Framework names of the CSV -> catalog stack keys.
+FRAMEWORK_STACKS = {"sglang": "sglang", "dynamo-sglang": "sglang", "trt": "trtllm", "trtllm": "trtllm",
+                    "dynamo-trt": "trtllm", "vllm": "vllm", "dynamo-vllm": "vllm"}
+
+
+@dataclass(frozen=True)
+class ServingRow:
+    """One measured row (units in the field names; None where the CSV cell is empty)."""
+
+    id: str
+    hardware: str
+    gpus_total: int
+    model: str
+    precision: str
+    framework: str
+    spec_decoding: str
+    disaggregated: bool
+    isl_tokens: int
+    osl_tokens: int
+    concurrency_requests: int
+    median_tpot_ms: float
+    median_ttft_ms: float
+    total_tokens_per_s_per_gpu: float
+    tp: int | None = None
+    ep: int | None = None
+    dp_attention: bool = False
+    prefill_gpus: int | None = None
+    prefill_workers: int | None = None
+    prefill_tp: int | None = None
+    prefill_ep: int | None = None
+    prefill_dp_attention: bool = False
+    decode_gpus: int | None = None
+    decode_workers: int | None = None
+    decode_tp: int | None = None
+    decode_ep: int | None = None
+    decode_dp_attention: bool = False
+    image_tag: str = ""
+    tokens_per_s_per_user: float | None = None
+    output_tokens_per_s_per_gpu: float | None = None
+    input_tokens_per_s_per_prefill_gpu: float | None = None
+    date: str = ""
+    source: str = ""
+    notes: str = ""
+
+    @property
+    def curve(self) -> str:
+        """The curve the row belongs to: hardware, framework, precision, parallelism,
+        speculation and lengths fixed, concurrency varying (InferenceX's grouping)."""
+        par = (f"P{self.prefill_gpus}/D{self.decode_gpus}" if self.disaggregated
+               else f"TP{self.tp}" + (f" EP{self.ep}" if (self.ep or 1) > 1 else ""))
+        spec = "" if self.spec_decoding in ("", "none") else f" {self.spec_decoding}"
+        return (f"{self.hardware} {self.framework} {self.precision} {par}{spec} "
+                f"{self.isl_tokens}/{self.osl_tokens}")
+
+
+_INT = {"gpus_total", "tp", "ep", "prefill_gpus", "prefill_workers", "prefill_tp", "prefill_ep", "decode_gpus",
+        "decode_workers", "decode_tp", "decode_ep", "isl_tokens", "osl_tokens", "concurrency_requests"}
+_FLOAT = {"median_tpot_ms", "median_ttft_ms", "tokens_per_s_per_user", "total_tokens_per_s_per_gpu",
+          "output_tokens_per_s_per_gpu", "input_tokens_per_s_per_prefill_gpu"}
+_BOOL = {"dp_attention", "prefill_dp_attention", "decode_dp_attention", "disaggregated"}
+_REQUIRED = {"id", "hardware", "gpus_total", "model", "precision", "framework", "disaggregated", "isl_tokens",
+             "osl_tokens", "concurrency_requests", "median_tpot_ms", "median_ttft_ms",
+             "total_tokens_per_s_per_gpu"}
+
+
+def _cell(path: Path, line: int, col: str, text: str) -> Any:
+    text = text.strip()
+    if text == "":
+        if col in _REQUIRED:
+            raise CatalogError(f"{path}:{line}: column {col!r} is empty (required)")
+        return False if col in _BOOL else None
+    try:
+        if col in _INT:
+            v = float(text)
+            if not v.is_integer() or v < 1:
+                raise ValueError
+            return int(v)
+        if col in _FLOAT:
+            v = float(text)
+            if not (math.isfinite(v) and v > 0):
+                raise ValueError
+            return v
+    except ValueError:
+        kind = "a positive integer" if col in _INT else "a positive number"
+        raise CatalogError(f"{path}:{line}: column {col!r}: expected {kind}, got {text!r}") from None
+    if col in _BOOL:
+        if text.lower() not in ("true", "false", "yes", "no"):
+            raise CatalogError(f"{path}:{line}: column {col!r}: expected true or false, got {text!r}")
+        return text.lower() in ("true", "yes")
+    return text
+
+
+def load_serving_rows(path: str | Path) -> list[ServingRow]:
+    """The rows of a CSV in gpu-calibration.csv's layout (`COLUMNS`, header required).
+
+    Raises:
+        CatalogError: missing file, a missing or unknown column (named), or a cell
+            that is empty where required or not of its type (file, line and column).
+    """
+    path = Path(path)
+    try:
+        f = open(path, newline="")
+    except OSError as e:
+        raise CatalogError(f"{path}: cannot read serving rows: {e.strerror or e}") from None
+    with f:
+        reader = csv.DictReader(f)
+        header = reader.fieldnames or []
+        missing = [c for c in COLUMNS if c not in header]
+        unknown = [c for c in header if c not in COLUMNS]
+        if missing or unknown:
+            raise CatalogError(f"{path}: header does not have gpu-calibration.csv's columns: "
+                               + "; ".join(x for x in (f"missing {missing}" if missing else "",
+                                                      f"unknown {unknown}" if unknown else "") if x))
+        rows = []
+        for line, raw in enumerate(reader, 2):
+            if not any((v or "").strip() for v in raw.values()):
+                continue
+            rows.append(ServingRow(**{c: _cell(path, line, c, raw[c] or "") for c in COLUMNS}))
+    if not rows:
+        raise CatalogError(f"{path}: no rows")
+    return rows
+
+
+@dataclass(frozen=True)
+class PoolPlan:
+    """One pool of a row's deployment: `instances` instances of `parallelism`."""
+
+    role: str                  # "both" | "prefill" | "decode"
+    instances: int
+    parallelism: Parallelism
+
+    @property
+    def gpus(self) -> int:
+        return self.instances * self.parallelism.n_devices
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """What a row deploys, as the cost model and the runner need it."""
+
+    model: str
+    device: str
+    stack: str
+    weight_dtype: str
+    kv_dtype: str
+    pools: tuple[PoolPlan, ...]
+    speculative: SpeculativeConfig | None
+    concurrency: int
+    isl: int
+    osl: int
+
+    @property
+    def gpus(self) -> int:
+        return sum(p.gpus for p in self.pools)
+
+    def cost(self, pool: PoolPlan, device=None) -> CostModel:
+        """The cost model of one instance of `pool` (`device`: a spec to use instead
+        of the catalog's, e.g. while fitting)."""
+        dev = device if device is not None else resolve_device(self.device, self.stack)
+        return CostModel(self.model, dev, pool.parallelism, weight_dtype=self.weight_dtype,
+                         kv_dtype=self.kv_dtype, speculative=self.speculative)
+
+
+def _pool(row: ServingRow, role: str) -> PoolPlan:
+    gpus, workers = getattr(row, f"{role}_gpus"), getattr(row, f"{role}_workers") or 1
+    tp, ep = getattr(row, f"{role}_tp") or 1, getattr(row, f"{role}_ep") or 1
+    dp = getattr(row, f"{role}_dp_attention")
+    if gpus is None or gpus % workers:
+        raise CatalogError(f"row {row.id}: {role}_gpus ({gpus}) must be a multiple of {role}_workers ({workers})")
+    per = gpus // workers
+    if per != tp:
+        if not dp:
+            raise CatalogError(f"row {row.id}: {per} {role} GPUs per worker but {role}_tp = {tp} without "
+                               "data-parallel attention")
+        tp, ep = per, per      # attention DP over the worker's GPUs, experts EP over them
+    return PoolPlan(role, workers, Parallelism(tp=tp, ep=ep, dp_attention=bool(dp) and tp > 1))
+
+
+def deployment(row: ServingRow) -> Deployment:
+    """The deployment of a row (see the module docstring for the assumptions).
+
+    Raises:
+        CatalogError: an unknown framework, precision or speculative-decoding method,
+            or a GPU count the parallelism does not divide.
+    """
+    stack = FRAMEWORK_STACKS.get(row.framework.lower())
+    if stack is None:
+        raise CatalogError(f"row {row.id}: unknown framework {row.framework!r} "
+                           f"(known: {', '.join(sorted(FRAMEWORK_STACKS))})")
+    if row.precision not in ("fp8", "fp4", "bf16"):
+        raise CatalogError(f"row {row.id}: precision must be bf16, fp8 or fp4, got {row.precision!r}")
+    spec = None
+    if row.spec_decoding not in ("", "none"):
+        if row.spec_decoding != "mtp":
+            raise CatalogError(f"row {row.id}: spec_decoding {row.spec_decoding!r} is not modelled (mtp or none)")
+        spec = SpeculativeConfig(MTP_DRAFT_TOKENS, MTP_ACCEPTANCE, "mtp")
+    if row.disaggregated:
+        pools = (_pool(row, "prefill"), _pool(row, "decode"))
+    else:
+        tp = row.tp or row.gpus_total
+        if row.gpus_total % tp:
+            raise CatalogError(f"row {row.id}: gpus_total ({row.gpus_total}) is not a multiple of tp ({tp})")
+        pools = (PoolPlan("both", row.gpus_total // tp,
+                          Parallelism(tp=tp, ep=row.ep or 1, dp_attention=row.dp_attention and tp > 1)),)
+    return Deployment(model=row.model, device=row.hardware, stack=stack, weight_dtype=row.precision,
+                      kv_dtype="fp8" if row.precision == "fp4" else row.precision, pools=pools,
+                      speculative=spec, concurrency=row.concurrency_requests, isl=row.isl_tokens,
+                      osl=row.osl_tokens)
+
+
+def mean_lengths(dep: Deployment) -> tuple[float, float]:
+    """Mean prompt and output tokens of the row's length draws."""
+    f = (1.0 + LENGTH_LOW) / 2
+    return dep.isl * f, dep.osl * f
+
+
+def closed_loop_estimate(dep: Deployment, device=None, iterations: int = 60) -> dict:
+    """Steady state of `dep.concurrency` closed-loop users, from the cost model alone.
+
+    Colocated pool (one of its instances gets concurrency / instances users):
+      the decode batch B steps in s(B) (cost.decode_step at the mean context); X
+      requests/s complete; each new prompt is prefilled in a pass of its own (stacks
+      without `mixed_prefill`: k waiting prompts batched per pass, k = max(1, X (s +
+      pf)), the pass taking pf(k)); decode runs in the time prefill leaves: TPOT = s /
+      tps / (1 - f), f = X / k x pf(k) the prefill share of time; TTFT = s / 2 + pf(k)
+      (the step in flight, then the prompt's pass). With `mixed_prefill` a share q =
+      X t of the iterations fuses one prompt with the decode step (t_mix), the mean
+      iteration t = (1 - q) s + q t_mix: TPOT = t / tps, TTFT = t / 2 + t_mix.
+    Disaggregated: prefill instances serve X prompts/s (TTFT = pf + an M/D/1 queue
+      wait + the decode engine's first step); decode steps are not interrupted.
+    Closed loop: N = X x (TTFT + (O - 1) x TPOT) users, B = X x (O - 1) x TPOT in
+    decode (Little's law); solved by damped fixed-point iteration on B.
+
+    Returns {"tpot_s", "ttft_s", "throughput_per_gpu" (input + output tokens/s per GPU),
+    "batch", "requests_per_s"}.
+    """
+    P, O = mean_lengths(dep)
+    by_role = {p.role: p for p in dep.pools}
+    if "both" in by_role:
+        pool = by_role["both"]
+        cost = dep.cost(pool, device)
+        n_users = dep.concurrency / pool.instances
+        dec_cost, pf_cost = cost, cost
+    else:
+        pool = by_role["decode"]
+        dec_cost = dep.cost(pool, device)
+        pf_cost = dep.cost(by_role["prefill"], device)
+        n_users = dep.concurrency / pool.instances
+    tps = dec_cost.tokens_per_step
+    cap = dec_cost.max_num_seqs or 10 ** 9
+    ctx = P + O / 2
+
+    def step(b: float) -> float:
+        b = max(1, int(round(b)))
+        return dec_cost.decode_step(np.full(b, ctx)).time_s
+
+    def prefill(k: float) -> float:
+        k = max(1.0, k)
+        whole = int(k)
+        chunks = [P] * whole + ([P * (k - whole)] if k > whole else [])
+        return pf_cost.prefill(np.array(chunks), 0).time_s
+
+    B = min(n_users, cap)
+    X = 0.0
+    out: dict = {}
+    for _ in range(iterations):
+        s = step(B)
+        if "both" in by_role:
+            if cost.device.mixed_prefill:
+                # a share q of the iterations carries one prompt (fused with the decode step)
+                t_mix = cost.mixed(np.array([P]), np.zeros(1), np.full(max(1, int(round(B))), ctx)).time_s
+                t = s
+                for _ in range(20):
+                    q = min(1.0, X * t)
+                    t = (1 - q) * s + q * t_mix
+                tpot = t / tps
+                ttft = t / 2 + t_mix
+            else:
+                k = max(1.0, X * (s + prefill(1.0)))
+                pf = prefill(k)
+                frac = min(0.95, X / k * pf)
+                tpot = s / tps / (1.0 - frac)
+                ttft = s / 2 + pf
+        else:
+            pf = prefill(1.0)
+            rho = min(0.95, X * pf / by_role["prefill"].instances)
+            ttft = pf + rho * pf / (2 * (1 - rho)) + s
+            tpot = s / tps
+        ttft += pf_cost.device.request_latency_s      # the front end's share of the client's TTFT
+        e2e = ttft + (O - 1) * tpot
+        X_new = n_users / e2e
+        B_new = min(cap, X_new * (O - 1) * tpot)
+        X = X_new if X == 0.0 else 0.5 * (X + X_new)
+        B = 0.5 * (B + max(B_new, 1.0))
+        out = {"tpot_s": tpot, "ttft_s": ttft, "batch": B, "requests_per_s": X * pool.instances}
+    out["throughput_per_gpu"] = out["requests_per_s"] * (P + O) / dep.gpus
+    return out
+
+
+def measured(row: ServingRow) -> dict:
+    """The row's figures in the units of `closed_loop_estimate` (seconds, tokens/s/GPU)."""
+    return {"tpot_s": row.median_tpot_ms / 1e3, "ttft_s": row.median_ttft_ms / 1e3,
+            "throughput_per_gpu": row.total_tokens_per_s_per_gpu}
+
+
+__all__ = [
+    "COLUMNS", "Deployment", "FRAMEWORK_STACKS", "LENGTH_LOW", "MTP_ACCEPTANCE", "MTP_DRAFT_TOKENS", "PoolPlan",
+    "ServingRow", "closed_loop_estimate", "deployment", "load_serving_rows", "mean_lengths", "measured",
+]

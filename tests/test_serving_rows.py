@@ -1,0 +1,105 @@
+"""Measured serving rows: the CSV layout, the deployment a row means, its closed-loop
+replay through the engines, and `rack validate` over them."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from devices.catalog import CatalogError
+from devices.serving_rows import COLUMNS, closed_loop_estimate, deployment, load_serving_rows, mean_lengths
+import rack.cli
+from rack.cli.app import app
+from rack.validation_runs import replay_row, row_requests, row_scenario
+from rack.validation_table import SERVING_ROWS, serving_rows, summarize
+
+rack.cli._register_commands()
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "reference" / "gpu-calibration.csv"
+
+
+@pytest.fixture(scope="module")
+def rows():
+    return {r.id: r for r in serving_rows()}
+
+
+@pytest.mark.skipif(not SHARED.exists(), reason="shared/reference/gpu-calibration.csv not beside the repo")
+def test_built_in_rows_are_every_row_of_the_reference_csv():
+    assert [r.id for r in load_serving_rows(SHARED)] == [r.id for r in load_serving_rows(SERVING_ROWS)]
+    assert SHARED.read_text() == SERVING_ROWS.read_text()
+
+
+def test_reader_names_file_line_and_column(tmp_path):
+    src = SERVING_ROWS.read_text().splitlines()
+    bad = tmp_path / "bad.csv"
+    bad.write_text("\n".join([src[0], src[1].replace(",10.28,", ",fast,")]) + "\n")
+    with pytest.raises(CatalogError, match=r"bad\.csv:2: column 'median_tpot_ms': expected a positive number"):
+        load_serving_rows(bad)
+    bad.write_text(src[0].replace("median_tpot_ms", "tpot") + "\n" + src[1] + "\n")
+    with pytest.raises(CatalogError, match=r"missing \['median_tpot_ms'\].*unknown \['tpot'\]"):
+        load_serving_rows(bad)
+    with pytest.raises(CatalogError, match="cannot read"):
+        load_serving_rows(tmp_path / "absent.csv")
+
+
+def test_deployments(rows):
+    d = deployment(rows["C01"])
+    assert (d.device, d.stack, d.weight_dtype, d.kv_dtype, d.gpus) == ("h200", "sglang", "fp8", "fp8", 8)
+    assert d.pools[0].role == "both" and d.pools[0].parallelism.tp == 8 and d.speculative is None
+    fp4 = deployment(rows["C23"])
+    assert (fp4.stack, fp4.weight_dtype, fp4.kv_dtype) == ("trtllm", "fp4", "fp8")
+    assert deployment(rows["C33"]).speculative.tokens_per_step == pytest.approx(2.82, abs=0.01)
+    dis = deployment(rows["C36"])
+    assert [(p.role, p.instances, p.parallelism.tp) for p in dis.pools] == [("prefill", 1, 8), ("decode", 9, 8)]
+    gb = deployment(rows["C39"])           # 4 GPUs per worker, tp 1 with DP attention
+    assert all(p.parallelism.dp_attention and p.parallelism.tp == 4 == p.parallelism.ep for p in gb.pools)
+    assert mean_lengths(d) == pytest.approx((0.9 * 1024, 0.9 * 1024))
+
+
+def test_requests_and_scenario_of_a_row(rows):
+    dep = deployment(rows["C36"])
+    reqs = row_requests(dep, per_user=10)
+    assert len(reqs) == 10 and all(820 <= r.prompt_tokens <= 1024 and 820 <= r.output_tokens <= 1024 for r in reqs)
+    sc = row_scenario(rows["C36"])
+    assert [p.role for p in sc.pools] == ["prefill", "decode"] and sc.links[0].src == "prefill"
+    assert all(p.stack == "sglang" for p in sc.pools)
+    assert sc.fixed_stages and sc.fixed_stages[0].name == "api_server"
+
+
+def test_replay_reads_what_the_benchmark_reads(rows):
+    rr = replay_row(rows["C01"])
+    assert rr.details["requests"] == 40 and rr.details["gpus"] == 8
+    # the engines and the closed-loop formula agree on the same deployment
+    est = closed_loop_estimate(deployment(rows["C01"]))
+    assert rr.predicted["tpot_s"] == pytest.approx(est["tpot_s"], rel=0.15)
+    assert rr.predicted["throughput_per_gpu"] == pytest.approx(est["throughput_per_gpu"], rel=0.15)
+    # more users: a bigger batch, slower per user, more per GPU
+    rr64 = replay_row(rows["C05"])
+    assert rr64.predicted["tpot_s"] > rr.predicted["tpot_s"]
+    assert rr64.predicted["throughput_per_gpu"] > 3 * rr.predicted["throughput_per_gpu"]
+    s = summarize([rr, rr64])
+    assert set(s.median) == {"tpot_s", "ttft_s", "throughput_per_gpu"}
+
+
+def test_validate_cli_reads_a_csv_and_plots(tmp_path):
+    src = SERVING_ROWS.read_text().splitlines()
+    mine = tmp_path / "mine.csv"
+    mine.write_text("\n".join([src[0], src[1], src[5]]) + "\n")          # C01 and C05: one curve
+    r = CliRunner().invoke(app, ["validate", "--rows", str(mine), "--json", "--plot", str(tmp_path / "plots")])
+    assert r.exit_code in (0, 1), r.output
+    import json
+    out = json.loads(r.stdout)
+    assert [x["id"] for x in out["serving_rows"]] == ["C01", "C05"] and out["figures"] == []
+    files = sorted(p.name for p in (tmp_path / "plots").iterdir())
+    assert files == ["curve-h200-sglang-fp8-tp8-1024-1024.png", "parity.png"]
+    bad = tmp_path / "bad.csv"
+    bad.write_text("id,hardware\nX,h200\n")
+    r = CliRunner().invoke(app, ["validate", "--rows", str(bad)])
+    assert r.exit_code == 2 and "missing" in r.output
+
+
+def test_columns_match_the_reference_header():
+    with open(SERVING_ROWS, newline="") as f:
+        assert tuple(next(csv.reader(f))) == COLUMNS
