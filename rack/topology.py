@@ -1,9 +1,10 @@
-"""From a scenario to components: which component objects a run needs, their
-constructor arguments, and which peers each one talks to.
+"""From a scenario to components: which cores a run needs, their constructor
+arguments, and which peers each one talks to.
 
-The result is runtime-neutral: a list of `ComponentSpec`, whose keyword arguments
-refer to peers through `Ref(name)` placeholders. The virtual runtime replaces a
-`Ref` with the peer object; the Ray runtime with an actor proxy. Everything that can
+The result is driver-neutral: a list of `ComponentSpec`, whose keyword arguments
+refer to peers through `Ref(name)` placeholders; a driver builds each core with its
+peers' names (cores talk by messages, `workloads.core`), and the Ray driver also
+connects each actor to the actors it sends to. Everything that can
 be checked before a component starts is checked here (the model fits every pool,
 every route exists), so a bad scenario fails before any actor is created.
 """
@@ -32,15 +33,19 @@ class Ref:
 
 @dataclass
 class ComponentSpec:
-    """One component to place: `factory` is "module:Class"; `kwargs` may hold Refs
-    (also inside dicts and lists); `resources` are Ray custom resources for its actor."""
+    """One core to place: `factory` is "module:Class" (a `workloads.core.Core`);
+    `kwargs` may hold Refs to peers (also inside dicts and lists; a driver passes their
+    names); `resources` are Ray custom resources for its actor; `weight_load_s`: a
+    crash target (`rack.faults`), rebuilt after a crash and reloading its weights for
+    that long (None: not restartable)."""
 
     name: str
     factory: str
     kwargs: dict[str, Any]
-    kind: str                      # collector | router | interconnect | prefill | decode | both
+    kind: str                      # collector | router | interconnect | prefill | decode | both | faults
     pool: str | None = None
     resources: dict[str, float] = field(default_factory=dict)
+    weight_load_s: float | None = None
 
     def refs(self) -> set[str]:
         """Names of the peers this component needs."""
@@ -122,8 +127,8 @@ def build_topology(scenario: Scenario, request_ids: Sequence[int]) -> list[Compo
     Raises ScenarioError (pool, field and what is needed) before anything starts.
     """
     specs: list[ComponentSpec] = [ComponentSpec(
-        "collector", "rack.collector:Collector", {"request_ids": list(request_ids)}, "collector",
-        resources=dict(scenario.placement.collector))]
+        "collector", "rack.collector:Collector", {"request_ids": list(request_ids), "notify": [Ref("router")]},
+        "collector", resources=dict(scenario.placement.collector))]
     decoders = [p for p in scenario.pools if p.role == "decode"]
     prefillers = [p for p in scenario.pools if p.role == "prefill"]
     colocated = [p for p in scenario.pools if p.role == "both"]
@@ -175,7 +180,7 @@ def build_topology(scenario: Scenario, request_ids: Sequence[int]) -> list[Compo
                 raise ScenarioError(f"links: more than one link from {key[0]} to {key[1]}: {path}")
         specs.append(ComponentSpec("interconnect", "interconnect.component:Interconnect", {
             "links": links, "routes": routes,
-            "receivers": {d: Ref(d) for d in decode_names},
+            "receivers": [Ref(d) for d in decode_names],
             "payload_scale": scenario.payload_scale,
         }, "interconnect", resources=dict(scenario.placement.interconnect)))
 
@@ -185,7 +190,8 @@ def build_topology(scenario: Scenario, request_ids: Sequence[int]) -> list[Compo
             prefill_names.append(name)
             specs.append(ComponentSpec(name, "devices.engines.prefill:PrefillEngine", {
                 "name": name, "cost": costs[p.name], "collector": Ref("collector"),
-                "interconnect": Ref("interconnect"), "decode": {d: Ref(d) for d in decode_names},
+                "interconnect": Ref("interconnect"), "decode": [Ref(d) for d in decode_names],
+                "router": Ref("router"),
                 "chunk_tokens": p.chunk_tokens, "max_queue": p.max_queue,
                 "kv_block_tokens": p.kv_block_tokens, "prefix_cache": p.prefix_cache,
                 "payload_scale": scenario.payload_scale, "layer_group": scenario.layer_group,
@@ -195,19 +201,20 @@ def build_topology(scenario: Scenario, request_ids: Sequence[int]) -> list[Compo
 
     kv_fit = {}
     for p in scenario.pools:
-        fit = kv_fit_of(check_fit(scenario, p, costs[p.name]), costs[p.name].kv_bytes_per_token,
+        # a token's KV in memory with all its copies, as the engines' block pools hold it
+        fit = kv_fit_of(check_fit(scenario, p, costs[p.name]), costs[p.name].kv_held_bytes_per_token,
                         p.kv_block_tokens)
         kv_fit.update({n: fit for n in instance_names(p)})
     r = scenario.router
     specs.append(ComponentSpec("router", "rack.router:Router", {
         "collector": Ref("collector"),
-        "prefill": {n: Ref(n) for n in prefill_names},
+        "prefill": [Ref(n) for n in prefill_names],
         "decode_targets": decode_names,
-        "local": {n: Ref(n) for n in local_names},
+        "local": [Ref(n) for n in local_names],
         "policy": r.policy,
         "max_outstanding_tokens": r.max_outstanding_tokens,
         "local_prefill_threshold_tokens": r.local_prefill_threshold_tokens,
-        "decoders": {d: Ref(d) for d in decode_names},
+        "decoders": [Ref(d) for d in decode_names],
         "max_context_tokens": context_limit(scenario), "context_overflow": scenario.context_overflow,
         "kv_fit": kv_fit,
     }, "router", resources=dict(scenario.placement.router)))
