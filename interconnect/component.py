@@ -384,8 +384,9 @@ class Interconnect(Core):
             break
         return frames
 
-    def stats(self) -> dict:
-        """Counters since construction, as plain (picklable) values (read by the driver).
+    def stats(self, now: float | None = None) -> dict:
+        """Counters since construction, as plain (picklable) values (read by the driver;
+        `now` is not needed: the counters run on model time).
 
         Returns {"elapsed_s", "payload_scale", "transfers", "in_flight",
         "bytes_logical", "bytes_shipped", "checksum_failures" (bad frames reported by

@@ -45,13 +45,15 @@ def run_topology_virtual(specs: Sequence[ComponentSpec], requests: Sequence[Any]
     def done() -> bool:
         return cores["collector"].all_ended() and all(c.is_idle() for c in cores.values())
 
-    def records() -> dict:
+    def records(salvage: bool = False) -> dict:
         stats, missing = {}, []
         for spec in specs:
             if spec.kind in STATS_KINDS:
                 try:
                     stats[spec.name] = cores[spec.name].stats(driver.now)
                 except Exception:  # noqa: BLE001 - a core left inconsistent by its failure
+                    if not salvage:
+                        raise
                     missing.append(spec.name)
         return {"snapshot": cores["collector"].snapshot(), "stats": stats, "stats_missing": missing,
                 "router": cores["router"].counts(), "lateness": {}, "now": driver.now}
@@ -59,7 +61,7 @@ def run_topology_virtual(specs: Sequence[ComponentSpec], requests: Sequence[Any]
     try:
         driver.run(done)
     except ComponentError as exc:
-        exc.partial = records()
+        exc.partial = records(salvage=True)
         raise
     finally:
         _LAST_COUNTERS.clear()
@@ -69,7 +71,7 @@ def run_topology_virtual(specs: Sequence[ComponentSpec], requests: Sequence[Any]
         err = VirtualTimeDeadlock(
             "virtual-time deadlock: nothing is left to happen but "
             + "; ".join(filter(None, (_open_requests(cores["collector"]), driver.waiting()))))
-        err.partial = records()
+        err.partial = records(salvage=True)
         raise err
     return records()
 
