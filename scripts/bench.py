@@ -3,7 +3,7 @@
 Run: .venv/bin/python scripts/bench.py [--json] [--repeat N] [--quick] [--skip-ray] ...
 """
 
-from rack.bench import main
+from rack.analysis.bench import main
 
 if __name__ == "__main__":
     main()

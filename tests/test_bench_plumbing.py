@@ -9,7 +9,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from rack import bench as B
+from rack.analysis import bench as B
 from rack.runtime.virtual import last_loop_counters, run_virtual
 
 WINDOW = (0.0, 10.0)

@@ -11,7 +11,7 @@ from _engine_fakes import FakeCollector, FakeCost, GB, frames_for, plan
 from devices.engines.decode import DecodeEngine
 from devices.engines.prefill import PrefillEngine
 from interconnect.component import PeerLost
-from rack.faults import faults_section
+from rack.analysis.faults import faults_section
 from rack.runtime.virtual import run_virtual
 from workloads.request import Request
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from rack.runner import run_scenario
-from rack.scenario import parse_scenario
+from rack.wiring.runner import run_scenario
+from rack.wiring.scenario import parse_scenario
 from workloads import Request
 
 pytestmark = pytest.mark.ray

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from rack.runner import run_scenario
-from rack.scenario import load_scenario
+from rack.wiring.runner import run_scenario
+from rack.wiring.scenario import load_scenario
 from workloads import load_requests
 
 pytestmark = pytest.mark.ray

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from rack.collector import Collector
-from rack.router import Router
+from rack.serving.collector import Collector
+from rack.serving.router import Router
 from rack.runtime.virtual import run_virtual
 from workloads import Request
 

@@ -114,7 +114,7 @@ class Utilisation:
     reported over busy time and over the whole elapsed time. `busy_s` is the time the
     instance runs iterations; `device_busy_s` the time each of its devices works
     (`IterationCost.device_busy_s`: on a pipeline a stage idles while the other stages
-    hold the micro-batches), which sets the dynamic power (rack.energy).
+    hold the micro-batches), which sets the dynamic power (rack.analysis.energy).
     """
 
     __slots__ = ("busy_s", "flops", "bytes", "iterations", "device_busy_s")

@@ -165,7 +165,7 @@ class DecodeEngine(Core):
             "prefill" (the prefill instance streams it at the end of the prompt; this
             engine generates the rest). See `_Seq`.
         loading_until_s: the engine runs no step before this emulated time (a restarted
-            instance reloading its weights, `rack.faults`); None: ready at once.
+            instance reloading its weights, `rack.wiring.faults`); None: ready at once.
     Raises ValueError on out-of-range arguments; `planner.ModelDoesNotFit` if the
     weights do not fit.
     """

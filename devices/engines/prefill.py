@@ -128,7 +128,7 @@ class PrefillEngine(Core):
         first_token: "decode" or "prefill": who sends the client its first token (module
             docstring); must match the decode engines' setting.
         loading_until_s: no iteration starts before this emulated time (a restarted
-            instance reloading its weights, `rack.faults`); None: ready at once.
+            instance reloading its weights, `rack.wiring.faults`); None: ready at once.
     Raises ValueError on out-of-range arguments; `planner.ModelDoesNotFit` if the
     weights do not fit the instance.
     """

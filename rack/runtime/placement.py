@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 from typing import Any, Callable
 
-from rack.topology import ComponentSpec, Ref
+from rack.wiring.topology import ComponentSpec, Ref
 
 
 def load_factory(path: str) -> Callable[..., Any]:
@@ -29,7 +29,7 @@ def resolve_refs(value: Any, lookup: Callable[[str], Any]) -> Any:
 
 def construct(spec: ComponentSpec, loading_until_s: float | None = None) -> Any:
     """The core of `spec`, its peers given by name; `loading_until_s`: a restarted
-    core that reloads its weights until then (`rack.faults`)."""
+    core that reloads its weights until then (`rack.wiring.faults`)."""
     kwargs = resolve_refs(spec.kwargs, lambda name: name)
     if loading_until_s is not None:
         kwargs["loading_until_s"] = loading_until_s

@@ -43,10 +43,10 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from rack.topology import ComponentSpec
+from rack.wiring.topology import ComponentSpec
 from workloads.core import BROADCAST
 
-from .errors import ComponentError, locate
+from .errors import ComponentError, RayRunError, locate
 from .placement import construct, load_factory
 from .virtual import work_of
 
@@ -424,8 +424,6 @@ class CoreHost:
     async def _rebuild(self) -> None:
         args = await _ray().get_actor(self._registry).recall.remote(self.name)
         if args is None:
-            from .ray_runtime import RayRunError
-
             raise RayRunError(f"component {self.name!r} restarted but its build arguments were not kept")
         await self.build(*args)
 

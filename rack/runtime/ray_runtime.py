@@ -38,21 +38,15 @@ import time
 import uuid
 from typing import Any, Callable, Sequence
 
-from rack.topology import ComponentSpec
+from rack.wiring.topology import ComponentSpec
 
-from .errors import ComponentError
-from .parallel import RunFailed
+from .errors import ComponentError, RayRunError, RunFailed
 from .ray_host import CoreHost, _ray
 
 # Ray's predefined resources: not the custom ones a scenario pins components with.
 _PREDEFINED = ("CPU", "GPU", "memory", "object_store_memory")
 # Round trips used to measure another host's clock offset (the fastest one wins).
 _CLOCK_PROBES = 5
-
-
-class RayRunError(RuntimeError):
-    """The Ray run could not start (missing resources, actors not placed in time) or
-    did not finish in time."""
 
 
 def ensure_ray(address: str | None = None, num_cpus: int | None = None) -> bool:
@@ -237,7 +231,7 @@ def run_topology_ray(specs: Sequence[ComponentSpec], requests: Sequence[Any], *,
                      think_time_s: float = 0.0) -> dict:
     """Place one actor per core, replay `requests`, and gather the records.
 
-    max_concurrency, think_time_s: closed-loop replay (`rack.router.Router.start`).
+    max_concurrency, think_time_s: closed-loop replay (`rack.serving.router.Router.start`).
 
     Returns the same dict as `run_topology_virtual` plus "loop_type", "nodes"
     (component -> Ray node id, read inside each actor) and "ray": {"actors": {name:
@@ -271,7 +265,7 @@ def run_topology_ray(specs: Sequence[ComponentSpec], requests: Sequence[Any], *,
             if spec.kind == "collector":
                 opts["name"] = registry_name    # keeps the engines' build arguments
             elif spec.weight_load_s is not None:
-                opts["max_restarts"] = 4        # a crash target is restarted (rack.faults)
+                opts["max_restarts"] = 4        # a crash target is restarted (rack.wiring.faults)
                 registry = registry_name
             actors[spec.name] = Host.options(**opts).remote(spec.name, registry)
         span = max((r.arrival_s for r in requests), default=0.0)

@@ -6,8 +6,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from rack.collector import EVENTS
-from rack.topology import ComponentSpec
+from rack.serving.collector import EVENTS
+from rack.wiring.topology import ComponentSpec
 
 from .errors import ComponentError
 from .placement import construct
@@ -24,7 +24,7 @@ def run_topology_virtual(specs: Sequence[ComponentSpec], requests: Sequence[Any]
     """Run every core in this process on virtual time until each request ended and
     every core is idle.
 
-    max_concurrency, think_time_s: closed-loop replay (`rack.router.Router.start`).
+    max_concurrency, think_time_s: closed-loop replay (`rack.serving.router.Router.start`).
 
     Returns {"snapshot": collector records, "stats": {component: stats dict},
     "router": router counts, "lateness": {} (virtual time is never late), "now":

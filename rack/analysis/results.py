@@ -6,7 +6,7 @@
 measured until then), `error` (aborted runs only: component, t_s, request_id, type,
 message, components_without_stats; docs/robustness.md), `requests`, `latency`,
 `throughput`, `goodput`, `kv_transfer`, `memory`, `utilization`, `emulation`,
-`provenance`, `energy`, `cost`, `breakdown` (see rack.energy and rack.breakdown).
+`provenance`, `energy`, `cost`, `breakdown` (see rack.analysis.energy and rack.analysis.breakdown).
 `requests.csv` has one row per request: id, prompt/output tokens,
 outcome, reason, preemptions, ttft_s, tpot_s, e2e_s, meets_slo and every lifecycle
 time (t_arrival ... t_completion, emulated seconds; empty when it did not happen).

@@ -69,9 +69,9 @@ def replay_speed(trace: str, scenario: str | None, *, repeat: int = 3,
     "loop_iterations", "timers", "output_tokens", "output_scale", "window"}.
     Raises whatever loading the trace or the scenario raises.
     """
-    from rack.runner import run_scenario
+    from rack.wiring.runner import run_scenario
     from rack.runtime.virtual import last_loop_counters
-    from rack.scenario import load_scenario
+    from rack.wiring.scenario import load_scenario
     from workloads import load_requests
 
     sc = load_scenario(scenario)
@@ -239,8 +239,8 @@ def ray_pacing_run(trace: str, scenario: str | None, *, dilation: float | None =
     "lateness_p50_us", "lateness_p99_us", "lateness_max_us", "lateness_n",
     "p99_over_tpot" (p99 lateness / median TPOT, both emulated s), "by_actor", "wall_s"}.
     """
-    from rack.runner import run_scenario
-    from rack.scenario import load_scenario
+    from rack.wiring.runner import run_scenario
+    from rack.wiring.scenario import load_scenario
     from workloads import load_requests
 
     sc = load_scenario(scenario)
@@ -287,7 +287,7 @@ def pacing_section(trace: str = "mooncake-excerpt", scenario: str | None = None,
     None if none passed or no dilation met the target), "target"}.
     """
     from rack.runtime.ray_runtime import _ray, ensure_ray
-    from rack.scenario import load_scenario
+    from rack.wiring.scenario import load_scenario
 
     limit = TARGETS["lateness_p99_over_tpot"]
 
@@ -571,7 +571,7 @@ def to_json(result: dict) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:  # pragma: no cover - thin wrapper
-    """`python -m rack.bench` / scripts/bench.py: the same as `rack bench`."""
+    """`python -m rack.analysis.bench` / scripts/bench.py: the same as `rack bench`."""
     from rack.cli import _register_commands
     from rack.cli.app import app
 

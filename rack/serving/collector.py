@@ -108,12 +108,12 @@ class Collector(Core):
 
     def note_fault(self, now: float, index: int, record: dict) -> None:
         """Keep the fault injector's record of fault `index` (replacing an earlier one);
-        it is returned under "faults" by `snapshot` (see rack.faults)."""
+        it is returned under "faults" by `snapshot` (see rack.wiring.faults)."""
         self.faults[int(index)] = dict(record)
 
     def note_truncated(self, now: float, items: Iterable[tuple[int, int]]) -> None:
         """Record (request id, output tokens served) of requests whose output the router
-        truncated to the context limit (`rack.admission`); in the snapshot under
+        truncated to the context limit (`rack.serving.admission`); in the snapshot under
         "output_tokens_served"."""
         for rid, n in items:
             self.truncated[int(rid)] = int(n)

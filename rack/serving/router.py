@@ -10,7 +10,7 @@ Policies (`RouterConfig.policy`):
   arrival tick the router adds the prompts it places itself.
 Admission: a request is rejected ("router_queue_full") when every prefill instance
 already has more than `max_outstanding_tokens` prompt tokens of work outstanding.
-Before that, at arrival (`rack.admission`): a request over the model's context limit
+Before that, at arrival (`rack.serving.admission`): a request over the model's context limit
 is rejected ("prompt_exceeds_context", "exceeds_context") or has its output truncated
 (`context_overflow = "truncate"`); a request whose KV can never fit any instance it
 could go to is rejected ("prompt_exceeds_kv_capacity", "exceeds_decode_kv_capacity"),
@@ -34,7 +34,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from rack.admission import KVFit, context_verdict
+from rack.serving.admission import KVFit, context_verdict
 from workloads.core import Core
 
 
@@ -54,8 +54,8 @@ class Router(Core):
         decoders: decode instance names (`holding`), used only by `recover`.
         max_context_tokens: the model's context limit (the scenario's `max_model_len`
             or the model's own); None: no limit.
-        context_overflow: "reject" or "truncate" (`rack.admission.context_verdict`).
-        kv_fit: `rack.admission.KVFit` of instances by name (prefill, decode and
+        context_overflow: "reject" or "truncate" (`rack.serving.admission.context_verdict`).
+        kv_fit: `rack.serving.admission.KVFit` of instances by name (prefill, decode and
             colocated); an instance without one is assumed to fit every request.
         name: the core's name ("router").
     Raises ValueError on an unknown policy or overflow rule, or no prefill instance.
@@ -93,7 +93,7 @@ class Router(Core):
         # outstanding prompt tokens per prefill instance, as last reported (`load`);
         # an instance that is down counts as full until it reports again
         self._load = {n: 0 for n in self.prefill}
-        # Fault recovery: where each request was sent (rack.faults, docs/robustness.md).
+        # Fault recovery: where each request was sent (rack.wiring.faults, docs/robustness.md).
         self.decoders = list(decoders)
         self._inst_names = self.prefill + self.local
         self._inst_idx = {n: i for i, n in enumerate(self._inst_names)}
