@@ -334,11 +334,15 @@ class PrefillEngine(Core):
     def waiting_for(self) -> str:
         if self.is_idle():
             return ""
-        states: dict[str, int] = {}
-        for j in self._handoff.values():
-            states[j.state] = states.get(j.state, 0) + 1
-        return (f"{len(self._queue)} queued, {len(self._running)} prefilling, handoffs {states}"
-                + (", an iteration in progress" if self._iter is not None else ""))
+        parts = [f"handoff of request {j.req.id} waits for "
+                 + (f"{j.target} ({j.state})" if j.state in ("reserving", "transferring") else
+                    "the collector (is it still open?)" if j.state == "checking" else "a back-off")
+                 for j in list(self._handoff.values())[:3]]
+        if len(self._handoff) > 3:
+            parts.append(f"{len(self._handoff) - 3} more handoff(s)")
+        if self._queue or self._running:
+            parts.append(f"{len(self._queue)} queued, {len(self._running)} prefilling")
+        return ", ".join(parts)
 
     def stats(self, now: float) -> dict:
         """Counters and gauges at emulated time `now` (plain values and numpy arrays;

@@ -119,7 +119,8 @@ def summary_text(results: dict) -> str:
     if pc:
         lines.append(f"prefix cache: {pc['lookups']} lookups, hit ratio {pc['hit_ratio']:.3f} of "
                      f"{pc['hit_blocks'] + pc['miss_blocks']} full blocks (ideal "
-                     f"{pc['ideal_hit_ratio']:.3f}: an unbounded cache shared by every instance), "
+                     + (f"{pc['ideal_hit_ratio']:.3f}" if pc["ideal_hit_ratio"] is not None else "unknown")
+                     + ": an unbounded cache shared by every instance), "
                      f"{pc['hit_tokens']:,} prompt tokens served from cache")
     for pool, m in results["memory"].items():
         u = results["utilization"].get(pool, {})

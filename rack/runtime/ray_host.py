@@ -176,6 +176,7 @@ class CoreHost:
         self._registry = registry
         self._kept: dict[str, tuple] = {}
         self._crashes: dict[str, float] = {}
+        self._crash_counts: dict[str, int] = {}
         self._rebuilding: asyncio.Future | None = None
         self._restarted = False
         if registry is not None:
@@ -409,6 +410,11 @@ class CoreHost:
     async def keep_crash(self, name: str, at_s: float) -> None:
         """Registry role: `name` crashed at emulated time `at_s`."""
         self._crashes[name] = at_s
+        self._crash_counts[name] = self._crash_counts.get(name, 0) + 1
+
+    async def crash_counts(self) -> dict[str, int]:
+        """Registry role: crashes per component (its restarts)."""
+        return dict(self._crash_counts)
 
     async def recall(self, name: str) -> tuple | None:
         """Registry role: `name`'s build arguments (None if none), with the time its

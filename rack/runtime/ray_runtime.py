@@ -302,6 +302,10 @@ def run_topology_ray(specs: Sequence[ComponentSpec], requests: Sequence[Any], *,
             router_counts = ray.get(actors["router"].query.remote("counts"), timeout=60)
             stats = dict(zip(engine_names, ray.get(
                 [actors[n].query.remote("stats") for n in engine_names], timeout=60)))
+            crashes = ray.get(actors["collector"].crash_counts.remote(), timeout=60)
+            for s in specs:
+                if s.weight_load_s is not None and s.name in stats:   # a crash target
+                    stats[s.name]["restarts"] = crashes.get(s.name, 0)
         except ComponentError as err:
             err.partial = _partial(ray, actors, engine_names, epoch, dilation)
             raise

@@ -45,23 +45,29 @@ def run_topology_virtual(specs: Sequence[ComponentSpec], requests: Sequence[Any]
     def done() -> bool:
         return cores["collector"].all_ended() and all(c.is_idle() for c in cores.values())
 
-    def records(salvage: bool = False) -> dict:
+    def records(salvage: bool = False, failed: str | None = None) -> dict:
         stats, missing = {}, []
         for spec in specs:
             if spec.kind in STATS_KINDS:
+                if spec.name == failed:         # its state is whatever the error left
+                    missing.append(spec.name)
+                    continue
                 try:
                     stats[spec.name] = cores[spec.name].stats(driver.now)
                 except Exception:  # noqa: BLE001 - a core left inconsistent by its failure
                     if not salvage:
                         raise
                     missing.append(spec.name)
+                    continue
+                if spec.weight_load_s is not None:      # a crash target: how often it restarted
+                    stats[spec.name]["restarts"] = driver.incarnation[spec.name]
         return {"snapshot": cores["collector"].snapshot(), "stats": stats, "stats_missing": missing,
                 "router": cores["router"].counts(), "lateness": {}, "now": driver.now}
 
     try:
         driver.run(done)
     except ComponentError as exc:
-        exc.partial = records(salvage=True)
+        exc.partial = records(salvage=True, failed=exc.component)
         raise
     finally:
         _LAST_COUNTERS.clear()

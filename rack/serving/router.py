@@ -105,6 +105,8 @@ class Router(Core):
         self._pos: dict[int, int] = {}            # request id -> position
         self._recoveries: dict[str, int] = {}     # recover() calls per instance
         self._pending: dict[int, dict] = {}       # recoveries waiting for replies, by tag
+        self._redispatches = 0                    # re-dispatch rounds so far
+        self._redispatched: dict[int, int] = {}   # request id -> round of its last re-dispatch
         self._tags = itertools.count()
         self.recovered = 0
         # replay state
@@ -331,11 +333,13 @@ class Router(Core):
             raise KeyError(f"router.recover: {instance!r} is not a prefill or decode instance; "
                            f"known: {self.prefill} / {self.decode_targets}")
         self._recoveries[instance] = self._recoveries.get(instance, 0) + 1
+        if instance in self._load:
+            self._load[instance] = 0          # back, restarted empty (`peer_lost` marked it down)
         key = next(self._tags)
         ids = [self._requests[p].id for p in np.flatnonzero(col == idx).tolist()]
         self._pending[key] = {"instance": instance, "role": role, "col": col, "idx": idx,
                               "reply_to": reply_to, "tag": tag, "phase": "open", "cand": [],
-                              "held": set(), "waiting": set()}
+                              "held": set(), "waiting": set(), "since": self._redispatches}
         self.send(self.collector, "open_among", ids, self.name, ("recover", key))
 
     def open_ids(self, now: float, tag: Any, ids: list[int]) -> None:
@@ -399,8 +403,10 @@ class Router(Core):
     def _redispatch(self, now: float, key: int, lost: list[int]) -> None:
         r = self._pending.pop(key)
         instance, role, col, idx = r["instance"], r["role"], r["col"], r["idx"]
-        # only those still routed to `instance` (a later recovery may have moved them)
-        lost = [i for i in lost if col[self._pos[i]] == idx]
+        # only those still routed to `instance` (a later recovery may have moved them),
+        # and not re-dispatched by another recovery since this one began: that one's
+        # submission may have reached its instance after this one asked it
+        lost = [i for i in lost if col[self._pos[i]] == idx and self._redispatched.get(i, -1) <= r["since"]]
         others = [n for n in self.prefill if n != instance] or [instance]
         per_instance: dict[str, list] = {}
         for k, rid in enumerate(lost):
@@ -413,6 +419,9 @@ class Router(Core):
             per_instance.setdefault(name, []).append((self._requests[pos], target))
             self._note_route(pos, name, target if d >= 0 else None)
         if per_instance:
+            self._redispatches += 1
+            for rid in lost:
+                self._redispatched[rid] = self._redispatches
             self.recovered += len(lost)
             self.send(self.collector, "note_recovery", {"instance": instance, "t": now, "ids": list(lost)})
             for nm, items in per_instance.items():

@@ -126,9 +126,12 @@ def _prefix_cache_section(stats: dict, requests: Sequence[Any]) -> dict | None:
     tot = {k: int(sum(c.get(k, 0) for c in caches)) for k in
            ("lookups", "hit_blocks", "miss_blocks", "hit_tokens", "miss_tokens", "evicted_blocks")}
     looked = tot["hit_blocks"] + tot["miss_blocks"]
-    ideal_hit, ideal_looked = ideal_prefix_hits(requests)
+    try:
+        ideal_hit, ideal_looked = ideal_prefix_hits(requests)
+    except TypeError:       # hashes that are not hashes (requests built in code): no ideal
+        ideal_hit = ideal_looked = 0
     return {**tot, "hit_ratio": tot["hit_blocks"] / looked if looked else 0.0,
-            "ideal_hit_ratio": ideal_hit / ideal_looked if ideal_looked else 0.0}
+            "ideal_hit_ratio": ideal_hit / ideal_looked if ideal_looked else None}
 
 
 def _trace_counts(trace_info: dict | None) -> dict:
