@@ -119,7 +119,7 @@ class _Seq:
     """
 
     __slots__ = ("req", "first_token_s", "prompt", "n_out", "total", "ctx0", "kv0", "emitted",
-                 "rem", "steps", "start", "done", "order", "times", "recompute", "shared")
+                 "rem", "steps", "start", "order", "times", "recompute", "shared")
 
     def __init__(self, req, first_token_s: float | None) -> None:
         self.req = req
@@ -133,8 +133,8 @@ class _Seq:
         self.emitted = 0          # decode tokens emitted before the current stint
         self.rem = 0              # tokens to emit in the current stint
         self.steps = 0            # steps the current stint needs
-        self.start = 0            # global index of the stint's first step
-        self.done = 0             # steps done in the current stint
+        self.start = 0            # global index of the stint's first step (steps done in the
+                                  # stint: the engine's step count minus this, `_done`)
         self.order = 0            # admission order (preemption picks the largest)
         self.times: list[np.ndarray] = []   # token times of ended stints
         self.recompute = False
@@ -216,6 +216,13 @@ class DecodeEngine(Core):
         self._reservations: dict[int, _Waiter] = {}
         self._ready: deque[_Seq] = deque()
         self._batch: list[_Seq] = []
+        # The batch as arrays, in the order of `_batch` (advanced per event, not per
+        # request): each request's context at its stint's start (ctx0 + tokens before
+        # the stint), its stint's first global step, tokens and steps of the stint.
+        self._a_base = np.zeros(0, np.int64)
+        self._a_start = np.zeros(0, np.int64)
+        self._a_rem = np.zeros(0, np.int64)
+        self._a_steps = np.zeros(0, np.int64)
         self._waiting_ids: set[int] = set()
         self._order = 0
         self._pending_events: list[tuple] = []
@@ -472,10 +479,15 @@ class DecodeEngine(Core):
         """Free a finished request's KV."""
         self.pool.free(s.req.id)
 
+    def _done(self, s: _Seq) -> int:
+        """Steps `s` has taken part in since its stint started (the batch moves together,
+        so it is the engine's step count since then)."""
+        return len(self._t_end) - s.start
+
     def _kv_now(self, s: _Seq, extra_steps: int = 0) -> int:
         """KV tokens of `s` held here (not in shared prefix-cache entries) after
-        `extra_steps` more steps of its current stint."""
-        made = s.emitted + int(emitted_after(s.done + extra_steps, s.rem, self.tps))
+        `extra_steps` more steps of its current stint (none when it is not in one)."""
+        made = s.emitted + (int(emitted_after(self._done(s) + extra_steps, s.rem, self.tps)) if s.rem else 0)
         return max(s.prompt, s.kv0 + made) - s.shared
 
     def _overflow_step(self, horizon: int) -> int | None:
@@ -484,8 +496,8 @@ class DecodeEngine(Core):
         B = self.block_tokens
         kv0 = np.fromiter((s.kv0 - s.shared + s.emitted for s in batch), np.int64, len(batch))
         low = np.fromiter((s.prompt - s.shared for s in batch), np.int64, len(batch))
-        rem = np.fromiter((s.rem for s in batch), np.int64, len(batch))
-        done = np.fromiter((s.done for s in batch), np.int64, len(batch))
+        rem = self._a_rem
+        done = len(self._t_end) - self._a_start
         held = np.fromiter((self.pool.held_blocks(s.req.id) for s in batch), np.int64, len(batch))
         need_h = -(-np.maximum(low, kv0 + emitted_after(done + horizon, rem, self.tps)) // B)
         cnt = np.maximum(0, need_h - held)
@@ -511,9 +523,10 @@ class DecodeEngine(Core):
                 raise AssertionError(f"{self.name}: planned KV growth does not fit")  # pragma: no cover
 
     def _preempt_newest(self, t: float) -> None:
-        victim = max(self._batch, key=lambda s: s.order)
-        self._batch.remove(victim)
+        # the newest is the last: the batch keeps admission order
+        victim = self._batch[-1]
         self._end_stint(victim)
+        self._batch_keep(np.arange(len(self._batch)) < len(self._batch) - 1)
         self._release_kv(victim)
         victim.recompute = True
         victim.shared = 0
@@ -529,7 +542,7 @@ class DecodeEngine(Core):
         `limit`; under "preempt" books their KV growth, preempting if even one step
         does not fit."""
         while self._batch:
-            horizon = min(min(s.steps - s.done for s in self._batch), self.max_steps_per_wake)
+            horizon = min(int((self._a_start + self._a_steps).min()) - len(self._t_end), self.max_steps_per_wake)
             if limit is not None:
                 horizon = min(horizon, limit)
             if self.policy == "reserve":
@@ -549,7 +562,7 @@ class DecodeEngine(Core):
     # ------------------------------------------------------------------ token timing
     def _stint_times(self, s: _Seq) -> np.ndarray:
         """Token times of `s`'s current stint so far (spec tokens spread over a step)."""
-        d = s.done
+        d = self._done(s)
         if d == 0:
             return np.empty(0)
         ends = self._t_end.slice(s.start, s.start + d)
@@ -564,8 +577,8 @@ class DecodeEngine(Core):
 
     def _end_stint(self, s: _Seq) -> None:
         s.times.append(self._stint_times(s))
-        s.emitted += int(emitted_after(s.done, s.rem, self.tps))
-        s.done = s.rem = s.steps = 0
+        s.emitted += int(emitted_after(self._done(s), s.rem, self.tps))
+        s.rem = s.steps = 0
 
     # ------------------------------------------------------------------ the engine's turns
     def _kick(self, now: float) -> None:
@@ -652,12 +665,12 @@ class DecodeEngine(Core):
         """Move ready requests into the batch (step boundary); recompute preempted ones
         (the batch stalls for one prefill iteration: True, with a wake-up at its end)."""
         recompute: list[_Seq] = []
+        first = len(self._batch)
         while self._ready and len(self._batch) < self.max_batch:
             s = self._ready.popleft()
             s.rem = s.total - s.emitted
             s.steps = steps_for(s.rem, self.tps)
             s.start = len(self._t_end)
-            s.done = 0
             self._order += 1
             s.order = self._order
             self._batch.append(s)
@@ -668,6 +681,13 @@ class DecodeEngine(Core):
             # a re-admission after preemption re-sends decode_admit (the collector keeps
             # the latest time of a redone stage)
             self._pending_events.append((s.req.id, "decode_admit", t))
+        if len(self._batch) > first:
+            new = self._batch[first:]
+            n = len(new)
+            self._a_base = np.concatenate((self._a_base, np.fromiter((s.ctx0 + s.emitted for s in new), np.int64, n)))
+            self._a_start = np.concatenate((self._a_start, np.fromiter((s.start for s in new), np.int64, n)))
+            self._a_rem = np.concatenate((self._a_rem, np.fromiter((s.rem for s in new), np.int64, n)))
+            self._a_steps = np.concatenate((self._a_steps, np.fromiter((s.steps for s in new), np.int64, n)))
         self.batch_peak = max(self.batch_peak, len(self._batch))
         if not recompute:
             return False
@@ -736,15 +756,18 @@ class DecodeEngine(Core):
         self._finish(self._commit(batch, t0, ends, steps))
 
     def _contexts(self, batch: list[_Seq]) -> np.ndarray:
-        """Context of each request at its next step: prompt + tokens so far (the last
-        one is the step's input; `_Seq.ctx0`)."""
-        if self.tps == 1.0:
-            # emitted_after(done, rem, 1.0) = min(done, rem), inline: this runs for every
-            # request of every run
-            return np.fromiter((s.ctx0 + s.emitted + (s.done if s.done < s.rem else s.rem)
-                                for s in batch), np.int64, len(batch))
-        return np.fromiter((s.ctx0 + s.emitted + emitted_after(s.done, s.rem, self.tps)
-                            for s in batch), np.int64, len(batch))
+        """Context of each request of the batch (`batch` is `_batch`) at its next step:
+        prompt + tokens so far (the last one is the step's input; `_Seq.ctx0`)."""
+        done = len(self._t_end) - self._a_start
+        return self._a_base + emitted_after(done, self._a_rem, self.tps)
+
+    def _batch_keep(self, keep: np.ndarray) -> None:
+        """Keep the requests of the batch where `keep` is True (order kept)."""
+        self._batch = [s for s, k in zip(self._batch, keep.tolist()) if k]
+        self._a_base = self._a_base[keep]
+        self._a_start = self._a_start[keep]
+        self._a_rem = self._a_rem[keep]
+        self._a_steps = self._a_steps[keep]
 
     def _finish(self, finished: list) -> None:
         if not finished:
@@ -775,10 +798,10 @@ class DecodeEngine(Core):
         self._batch_seconds += len(batch) * (t_last - t0)
         self._step_seconds += t_last - t0
         finished = []
-        keep = []
-        for s in batch:
-            s.done += steps
-            if s.done >= s.steps:
+        over = (len(self._t_end) - self._a_start) >= self._a_steps
+        if over.any():
+            for i in np.flatnonzero(over).tolist():
+                s = batch[i]
                 self._end_stint(s)
                 if s.first_token_s is None:      # the client's first token was this engine's
                     times = np.concatenate(s.times)
@@ -794,10 +817,8 @@ class DecodeEngine(Core):
                 self.counts["tokens_generated"] += s.total
                 self._pending_events.append((s.req.id, "completion", t_last))
                 finished.append((s, t_last, itl))
-            else:
-                keep.append(s)
-        self._batch = keep
-        self._shrink(keep)
+            self._batch_keep(~over)
+        self._shrink(self._batch)
         if finished or len(self._t_end) - self._t_end.base > (1 << 16):
             self._compact_log()
         return finished
