@@ -70,7 +70,7 @@ def replay_speed(trace: str, scenario: str | None, *, repeat: int = 3,
     Raises whatever loading the trace or the scenario raises.
     """
     from rack.wiring.runner import run_scenario
-    from rack.runtime.virtual import last_loop_counters
+    from rack.runtime.virtual_run import last_run_counters as last_loop_counters
     from rack.wiring.scenario import load_scenario
     from workloads import load_requests
 
