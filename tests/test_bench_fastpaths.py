@@ -137,23 +137,28 @@ def _reference_run(cores) -> tuple[float, int, int]:
     """The virtual driver's order (rack.runtime.virtual), written as plainly as possible
     with a sorted list for its heap: messages first in, first out, each core's sent
     after its call returns; then the earliest wake request, ties to the one made first.
-    A core's request stands until it asks for another time (a replaced request is
-    dropped when it reaches the head of the line, as the heap's lazy deletion does, so
-    a core that asks again for a time whose old entry is still queued keeps that entry's
-    place); a wake-up never moves time back. Returns (time reached, messages, wake-ups)."""
+    A core's request stands until it asks for another time; a request replaced since is
+    dropped (a core that asks anew, even for a time it had asked for before, takes a new
+    place in line); a wake-up never moves time back. Returns (time reached, messages,
+    wake-ups)."""
     now, seq, queue, line = 0.0, 0, deque(), []
-    asked = {nm: math.inf for nm in cores}
+    asked = {nm: (math.inf, -1) for nm in cores}
     n_msg = n_wake = 0
 
     def after(nm):
         nonlocal seq
-        queue.extend(cores[nm].outbox)
+        for dst, method, args in cores[nm].outbox:
+            if dst.startswith(BROADCAST):                  # every core but the sender that handles it
+                queue.extend((other, method, args) for other in cores
+                             if other != nm and hasattr(cores[other], method))
+            else:
+                queue.append((dst, method, args))
         cores[nm].outbox.clear()
-        if cores[nm].wake_at != asked[nm]:
-            asked[nm] = cores[nm].wake_at
-            if asked[nm] < math.inf:
-                line.append((asked[nm], seq, nm))
-                seq += 1
+        if cores[nm].wake_at != asked[nm][0]:
+            asked[nm] = (cores[nm].wake_at, seq)
+            if asked[nm][0] < math.inf:
+                line.append((asked[nm][0], seq, nm))
+            seq += 1
 
     for nm in cores:
         after(nm)
@@ -164,12 +169,12 @@ def _reference_run(cores) -> tuple[float, int, int]:
             getattr(cores[dst], method)(now, *args)
             after(dst)
         line.sort()
-        while line and asked[line[0][2]] != line[0][0]:
+        while line and asked[line[0][2]][1] != line[0][1]:
             line.pop(0)                                    # replaced since
         if not line:
             return now, n_msg, n_wake
         t, _, nm = line.pop(0)
-        asked[nm] = math.inf
+        asked[nm] = (math.inf, -1)
         now = max(now, t)
         n_wake += 1
         cores[nm].on_wake(now)

@@ -274,7 +274,7 @@ class CoreHost:
             out = list(core.outbox)
             core.outbox.clear()
             for dst, method, args in out:
-                if dst == BROADCAST:
+                if dst[0] == BROADCAST:         # to every other core
                     for name in self.peers:
                         if name != self.name:
                             self._send(name, method, args)

@@ -8,7 +8,8 @@ Order (deterministic, documented so runs repeat bit for bit):
    sent them returns; a message to `workloads.core.BROADCAST` goes to every other
    core that handles it, in topology order;
 2. when the queue is empty, the earliest wake-up is taken from the heap (ties: the
-   one requested first) and time jumps to it; the core's `on_wake(now)` runs, and its
+   one requested first; a core that changes its wake time asks anew and loses its
+   place) and time jumps to it; the core's `on_wake(now)` runs, and its
    messages are delivered (step 1) before the next wake-up.
 
 A core asks for a wake-up by setting `wake_at`; the driver reads it after every call
@@ -68,7 +69,9 @@ class VirtualDriver:
         self.now = 0.0
         self._queue: deque = deque()          # (dst, method, args)
         self._heap: list = []                 # (t, seq, name)
-        self._asked: dict[str, float] = {n: math.inf for n in self.cores}   # wake time in the heap
+        # the wake time each core asked for and the order of that request: a heap entry
+        # counts only if it is that very request (a core that asks again loses its place)
+        self._asked: dict[str, tuple[float, int]] = {n: (math.inf, -1) for n in self.cores}
         self._seq = 0
         self._rebuild = rebuild
         self._load_s = dict(weight_load_s or {})
@@ -101,9 +104,9 @@ class VirtualDriver:
                     dst, method, args = popleft()
                     fn = handlers.get((dst, method))
                     if fn is None:
-                        if dst == BROADCAST:
+                        if dst[0] == BROADCAST:         # to every core but the sender
                             for name in cores:
-                                if hasattr(cores[name], method):
+                                if name != dst[1:] and hasattr(cores[name], method):
                                     queue.append((name, method, args))
                             continue
                         if method in DRIVER_METHODS:
@@ -120,23 +123,23 @@ class VirtualDriver:
                         queue.extend(core.outbox)
                         core.outbox.clear()
                     t = core.wake_at
-                    if t != asked[dst]:
-                        asked[dst] = t
+                    if t != asked[dst][0]:
+                        asked[dst] = (t, self._seq)
                         if t < inf:
                             push(heap, (t, self._seq, dst))
-                            self._seq += 1
+                        self._seq += 1
                 if done():
                     return self.now
                 while heap:
-                    t, _, name = heap[0]
-                    if asked[name] != t:
+                    t, seq, name = heap[0]
+                    if asked[name][1] != seq:
                         pop(heap)               # superseded by a later request of the core
                         continue
                     break
                 else:
                     return self.now
                 t, _, name = pop(heap)
-                asked[name] = inf
+                asked[name] = (inf, -1)
                 if t > self.now:
                     self.now = t
                 core = cores[name]
@@ -156,11 +159,11 @@ class VirtualDriver:
             self._queue.extend(core.outbox)
             core.outbox.clear()
         t = core.wake_at
-        if t != self._asked[name]:
-            self._asked[name] = t
+        if t != self._asked[name][0]:
+            self._asked[name] = (t, self._seq)
             if t < math.inf:
                 heapq.heappush(self._heap, (t, self._seq, name))
-                self._seq += 1
+            self._seq += 1
 
     def _error(self, name: str, exc: Exception) -> ComponentError:
         _, rid = locate(exc, {name: self.cores[name]})
@@ -182,7 +185,7 @@ class VirtualDriver:
         for key in [k for k in self._handlers if k[0] == dst]:
             del self._handlers[key]             # bound to the dead core (the loop holds this dict)
         self.incarnation[dst] += 1
-        self._asked[dst] = math.inf           # the old core's wake-up is void
+        self._asked[dst] = (math.inf, -1)     # the old core's wake-up is void
         self._after(dst, new)
 
     # ------------------------------------------------------------------ reading
