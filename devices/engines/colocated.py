@@ -136,6 +136,9 @@ class ColocatedEngine(DecodeEngine):
             "tokens_cached": self.tokens_cached,
             "prefix_cache": self.prefix.stats.as_dict() if self.prefix else None,
             "prefix_cache_entries": len(self.prefix) if self.prefix else 0,
+            # bytes a cached token holds (all its copies): the cache's size in tokens is
+            # at most kv_capacity_bytes / this
+            "prefix_cache_bytes_per_token": self.prefix.kv_bytes_per_token if self.prefix else None,
         })
         return out
 
