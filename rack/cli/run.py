@@ -9,6 +9,7 @@ from typing import List, Optional
 import typer
 
 from rack.cli._checks import check_positive, fail, prepare_out_dir, report_failure
+from rack.cli._routing import POLICY_OPTION, WEIGHT_OPTION, with_routing
 from rack.cli.app import app
 from rack.cli.load import LoadOptions, load_options
 
@@ -65,6 +66,8 @@ def run(
                                               "KIND:TARGET@AT_S[+DURATION_S][,factor=F][,count=N][,seed=S], KIND one of "
                                               "decode_crash, prefill_crash, link_degrade, link_flap, frame_corrupt "
                                               "(docs/robustness.md)"),
+    router_policy: Optional[str] = POLICY_OPTION,
+    prefix_weight: Optional[float] = WEIGHT_OPTION,
     load: Optional[LoadOptions] = None,
 ) -> None:
     """Replay a trace through the emulated rack and report TTFT, TPOT, ITL, goodput, KV traffic."""
@@ -82,6 +85,7 @@ def run(
             typer.echo(f"warning: {name} applies to the ray runtime only; the virtual runtime ignores it", err=True)
     sc, loaded = load_inputs(scenario, trace, window, rate_scale, max_requests, output_scale,
                              skip_bad_rows, load, dilation=dilation, payload_scale=payload_scale)
+    sc = with_routing([sc], router_policy, prefix_weight)[0]
     reqs = loaded.requests
     if fault:
         from rack.wiring.faults import parse_fault_option

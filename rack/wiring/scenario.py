@@ -298,6 +298,14 @@ class Scenario(_Strict):
                 return p
         raise KeyError(name)
 
+    def with_router(self, **changes) -> "Scenario":
+        """A copy with `[router]` fields replaced (None: kept), validated again; e.g.
+        `with_router(policy="prefix_aware")`. Raises ScenarioError for a bad value."""
+        given = {k: v for k, v in changes.items() if v is not None}
+        if not given:
+            return self
+        return self.with_overrides(router={**self.router.model_dump(), **given})
+
     def with_overrides(self, **changes) -> "Scenario":
         """A copy with top-level fields replaced (validated again)."""
         data = self.model_dump()
