@@ -62,7 +62,9 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from devices.engines.common import (
+    EventSeries,
     admit_with_prefix,
+    record_series,
     prefix_lookup,
     plan_chunk,
     enqueue_batch,
@@ -203,6 +205,7 @@ class PrefillEngine(Core):
         self.util = Utilisation()
         self.lateness = Lateness()
         self.memory = TimeSeries()
+        self.series = EventSeries()           # gauges at events (rack.analysis.timeseries)
         self.counts = {"submitted": 0, "rejected": 0, "failed": 0, "prefilled": 0,
                        "completed_at_first_token": 0, "handoffs_done": 0,
                        "handoffs_refused": 0, "transfer_failed": 0, "resends": 0,
@@ -233,6 +236,7 @@ class PrefillEngine(Core):
                                f"known: {sorted(self.decode)}")
         if enqueue_batch(self, now, items, self._refusal, self._new_job):
             self._poke(now)
+            self._sample(now)
         self._report_load()
 
     def _refusal(self, req, target):
@@ -384,6 +388,7 @@ class PrefillEngine(Core):
             "tokens_cached": self.tokens_cached,
             "prefix_cache": self.prefix.stats.as_dict() if self.prefix else None,
             "prefix_cache_entries": len(self.prefix) if self.prefix else 0,
+            "timeseries": self.series.as_dict(),
             # bytes a cached token holds (all its copies): the cache's size in tokens is
             # at most kv_capacity_bytes / this
             "prefix_cache_bytes_per_token": self.prefix.kv_bytes_per_token if self.prefix else None,
@@ -415,6 +420,9 @@ class PrefillEngine(Core):
         if load != self._reported:
             self._reported = load
             self.send(self.router, "load", self.name, load)
+
+    def _sample(self, t: float) -> None:
+        record_series(self, t, len(self._queue), len(self._running))
 
     def _publish_kv_events(self) -> None:
         """Send the router the prefix cache's changes since the last call (if any)."""
@@ -448,8 +456,10 @@ class PrefillEngine(Core):
         self._publish_kv_events()          # admissions may have evicted blocks
         if not plan:
             self._t_free = None
+            self._sample(now)
             return
         t0 = now if self._t_free is None else self._t_free
+        self._sample(t0)
         new = np.fromiter((take for _, take in plan), dtype=np.int64, count=len(plan))
         cached = np.fromiter((j.cached + j.computed for j, _ in plan), dtype=np.int64,
                              count=len(plan))
@@ -555,6 +565,7 @@ class PrefillEngine(Core):
                                    req.block_size)
                 self._publish_kv_events()
         self.memory.add(now, self.ledger.used)
+        self._sample(now)
         self._poke(now)
 
 
