@@ -5,6 +5,7 @@ for the README; the test suite checks a slice: tests/test_prefix_routing.py).
     python scripts/bench_routing.py                          # mooncake_conv, default scenario
     python scripts/bench_routing.py --max-requests 1500
     python scripts/bench_routing.py --policy prefix_aware --prefix-weight 1 --prefix-weight 3
+    python scripts/bench_routing.py --prefill-instances 4     # twice the default's prefill pool
 
 Every policy runs the same requests through the same scenario (only `[router] policy`
 and `prefix_weight` change) on the virtual runtime. Printed per run: the achieved hit
@@ -39,14 +40,21 @@ def main(argv: list[str] | None = None) -> int:
                     help="policy to run (repeatable) [all]")
     ap.add_argument("--prefix-weight", action="append", type=float,
                     help="prefix_aware's weight (repeatable) [1]")
+    ap.add_argument("--prefill-instances", type=int, default=None,
+                    help="instances of every prefill pool (more prefix-cache capacity) [the scenario's]")
     args = ap.parse_args(argv)
     reqs = load_requests(args.trace)
     if args.max_requests:
         reqs = reqs[: args.max_requests]
     base = load_scenario(args.scenario)
+    if args.prefill_instances:
+        pools = [{**p.model_dump(), **({"instances": args.prefill_instances} if p.role == "prefill" else {})}
+                 for p in base.pools]
+        base = base.with_overrides(pools=pools)
     runs = [(p, w) for p in (args.policy or POLICIES)
             for w in ((args.prefix_weight or [1.0]) if p == "prefix_aware" else [None])]
-    print(f"{len(reqs)} requests of {args.trace} through {base.name} (virtual runtime)")
+    pre = sum(p.instances for p in base.pools if p.role == "prefill")
+    print(f"{len(reqs)} requests of {args.trace} through {base.name} ({pre} prefill instances; virtual runtime)")
     print(f"{'policy':<32}{'hit ratio':>10}{'TTFT p50':>10}{'TTFT p99':>10}{'evicted':>10}{'wall s':>8}")
     pc = None
     for policy, w in runs:
