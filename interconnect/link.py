@@ -215,6 +215,9 @@ class FairShareNetwork:
         self._seq = 0
         self._changes: list[float] = []  # heap of capacity-change times > now
         self._finished: list[tuple[Hashable, float]] = []
+        # the earliest (finish_at, seq, flow) at the current rates; drain times change
+        # only when rates are recomputed, so it is found there, once per event
+        self._next: tuple[float, int, _Flow] | None = None
 
     # ------------------------------------------------------------------ queries
 
@@ -260,11 +263,8 @@ class FairShareNetwork:
         """(time, flow id) of the earliest drain at the current rates, or None if no flow
         can finish at the current rates. Exact unless a flow arrives or a capacity change
         (see `next_event_time`) comes first."""
-        best: _Flow | None = None
-        for f in self._flows.values():
-            if f.finish_at < math.inf and (best is None or (f.finish_at, f.seq) < (best.finish_at, best.seq)):
-                best = f
-        return None if best is None else (best.finish_at, best.fid)
+        nxt = self._next
+        return None if nxt is None else (nxt[0], nxt[2].fid)
 
     def next_event_time(self) -> float:
         """Time of the next internal event (a drain or a capacity change), math.inf if
@@ -272,8 +272,7 @@ class FairShareNetwork:
         lazily otherwise)."""
         if not self._flows:
             return math.inf
-        nc = self.next_completion()
-        t = nc[0] if nc else math.inf
+        t = self._next[0] if self._next is not None else math.inf
         if self._changes:
             t = min(t, self._changes[0])
         return t
@@ -404,8 +403,7 @@ class FairShareNetwork:
         if t < self.now:
             raise ValueError(f"time went backwards: {t!r} < now {self.now!r}")
         while True:
-            nc = self.next_completion()
-            t_drain = nc[0] if nc else math.inf
+            t_drain = self._next[0] if self._next is not None else math.inf
             t_change = self._changes[0] if self._changes else math.inf
             te = min(t_drain, t_change)
             if te > t:
@@ -458,6 +456,7 @@ class FairShareNetwork:
                     for other in f.path:
                         residual[other] -= smallest
                         unfrozen_on[other] -= 1
+        nxt = None
         for f in self._flows.values():
             if f.remaining <= 0:
                 f.finish_at = self.now
@@ -465,6 +464,9 @@ class FairShareNetwork:
                 f.finish_at = self.now + f.remaining / f.rate
             else:
                 f.finish_at = math.inf
+            if f.finish_at < math.inf and (nxt is None or (f.finish_at, f.seq) < nxt[:2]):
+                nxt = (f.finish_at, f.seq, f)
+        self._next = nxt
         for name, ln in self._links.items():
             util = sum(f.rate for f in ln.flows.values()) / ln.nominal
             if ln.series and ln.series[-1][0] == self.now:
