@@ -323,7 +323,10 @@ class FairShareNetwork:
             ln = self._links[name]
             ln.flows[flow_id] = f
             ln.peak_flows = max(ln.peak_flows, len(ln.flows))
-        self._recompute()
+        if len(self._flows) == 1:
+            self._alone(f)
+        else:
+            self._recompute()
 
     def remove_flow(self, flow_id: Hashable, t: float) -> float:
         """Cancel an active flow at time `t`; returns the bytes it had not moved.
@@ -437,6 +440,14 @@ class FairShareNetwork:
                 ln.busy_s += dt
         self.now = t
 
+    def _alone(self, f: _Flow) -> None:
+        """Rates when `f` is the only flow: progressive filling gives it the smallest
+        capacity on its path (the closed form of `_recompute` for one flow; most
+        handoffs start on an idle network)."""
+        f.rate = min(self._links[name].capacity for name in f.path)
+        self._set_drain_times()
+        self._note_utilisation()
+
     def _recompute(self) -> None:
         """Max-min fair rates by progressive filling, then projected drain times."""
         residual = {name: ln.capacity for name, ln in self._links.items()}
@@ -456,6 +467,11 @@ class FairShareNetwork:
                     for other in f.path:
                         residual[other] -= smallest
                         unfrozen_on[other] -= 1
+        self._set_drain_times()
+        self._note_utilisation()
+
+    def _set_drain_times(self) -> None:
+        """Each flow's projected drain time at its current rate, and the earliest."""
         nxt = None
         for f in self._flows.values():
             if f.remaining <= 0:
@@ -467,7 +483,10 @@ class FairShareNetwork:
             if f.finish_at < math.inf and (nxt is None or (f.finish_at, f.seq) < nxt[:2]):
                 nxt = (f.finish_at, f.seq, f)
         self._next = nxt
-        for name, ln in self._links.items():
+
+    def _note_utilisation(self) -> None:
+        """Append each link's utilisation to its series when it changed."""
+        for ln in self._links.values():
             util = sum(f.rate for f in ln.flows.values()) / ln.nominal
             if ln.series and ln.series[-1][0] == self.now:
                 ln.series[-1] = (self.now, util)
