@@ -656,7 +656,7 @@ class DecodeEngine(Core):
         something was started."""
         if self._extra_work(t):
             return True
-        k = self._plan(t)
+        k = self._plan(t, self._run_limit())
         self._grant(t)
         self._flush_events()
         self.memory.add(t, self.ledger.used)
@@ -730,6 +730,12 @@ class DecodeEngine(Core):
         """Hook at each batch boundary before decode-only steps; True if it started an
         iteration (the colocated engine runs mixed prefill+decode iterations here)."""
         return False
+
+    def _run_limit(self) -> int | None:
+        """Hook: most decode steps the next run may take before the batch must be formed
+        anew (None: no bound; the colocated engine stops at its scheduler's next
+        receive of new requests)."""
+        return None
 
     def _flush_events(self) -> None:
         if self._pending_events:
