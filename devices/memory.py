@@ -305,12 +305,6 @@ class KVBlockPool:
 
 
 @dataclass
-class _Entry:
-    nbytes: int
-    pins: int = 0
-
-
-@dataclass
 class PrefixCacheStats:
     """Counters of a `PrefixCache` (blocks are hash blocks, tokens = blocks * block size)."""
     lookups: int = 0
@@ -338,6 +332,10 @@ class PrefixCache:
     useless without the head), as vLLM does.
 
     Keys are (block_size, hash), so traces with different block sizes never collide.
+
+    State: `_lru` maps each key to its entry's bytes, least recently used first; `_pins`
+    maps each pinned key to its pin count (a key absent from it is unpinned); an
+    eviction books all the bytes it frees in one ledger call.
     """
 
     def __init__(self, ledger: MemoryLedger, kv_bytes_per_token: int,
@@ -345,7 +343,8 @@ class PrefixCache:
         self.ledger = ledger
         self.kv_bytes_per_token = _as_bytes(kv_bytes_per_token, "PrefixCache.kv_bytes_per_token")
         self.category = ledger._check_cat(category)
-        self._lru: OrderedDict[tuple[int, int], _Entry] = OrderedDict()
+        self._lru: OrderedDict[tuple[int, int], int] = OrderedDict()
+        self._pins: dict[tuple[int, int], int] = {}
         self._pinned_by: dict[Hashable, list[tuple[int, int]]] = {}
         self._unpinned_bytes = 0
         self.stats = PrefixCacheStats()
@@ -364,13 +363,18 @@ class PrefixCache:
 
     def match(self, hashes: Sequence[int], block_size: int) -> int:
         """Length of the longest leading run of `hashes` present (no side effects)."""
-        n = 0
-        bs = int(block_size)
+        return len(self._run(hashes, int(block_size)))
+
+    def _run(self, hashes: Sequence[int], bs: int) -> list[tuple[int, int]]:
+        """Keys of the longest leading run of `hashes` present."""
+        lru = self._lru
+        keys = []
         for h in hashes:
-            if (bs, h) not in self._lru:
+            key = (bs, h)
+            if key not in lru:
                 break
-            n += 1
-        return n
+            keys.append(key)
+        return keys
 
     def acquire(self, owner: Hashable, hashes: Sequence[int], block_size: int,
                 count: bool = True) -> int:
@@ -382,19 +386,22 @@ class PrefixCache:
         if owner in self._pinned_by:
             raise ValueError(f"PrefixCache: {owner!r} already holds pinned blocks")
         bs = int(block_size)
-        n = self.match(hashes, bs)
-        keys = [(bs, h) for h in hashes[:n]]
-        for key in reversed(keys):
-            entry = self._lru[key]
-            if entry.pins == 0:
-                self._unpinned_bytes -= entry.nbytes
-            entry.pins += 1
-            self._lru.move_to_end(key)
+        keys = self._run(hashes, bs)
         if keys:
+            lru, pins = self._lru, self._pins
+            touch = lru.move_to_end
+            unpinned = 0
+            for key in reversed(keys):
+                n = pins.get(key, 0)
+                if not n:
+                    unpinned += lru[key]
+                pins[key] = n + 1
+                touch(key)
+            self._unpinned_bytes -= unpinned
             self._pinned_by[owner] = keys
         if count:
-            self.count_lookup(n, len(hashes), bs)
-        return n
+            self.count_lookup(len(keys), len(hashes), bs)
+        return len(keys)
 
     def count_lookup(self, hit_blocks: int, looked_up_blocks: int, block_size: int) -> None:
         """Add one lookup of `looked_up_blocks` blocks, `hit_blocks` of them hits."""
@@ -407,12 +414,19 @@ class PrefixCache:
 
     def release(self, owner: Hashable) -> int:
         """Unpin `owner`'s blocks; return how many were pinned (0 if none)."""
-        keys = self._pinned_by.pop(owner, [])
+        keys = self._pinned_by.pop(owner, None)
+        if not keys:
+            return 0
+        lru, pins = self._lru, self._pins
+        unpinned = 0
         for key in keys:
-            entry = self._lru[key]
-            entry.pins -= 1
-            if entry.pins == 0:
-                self._unpinned_bytes += entry.nbytes
+            n = pins[key] - 1
+            if n:
+                pins[key] = n
+            else:
+                del pins[key]
+                unpinned += lru[key]
+        self._unpinned_bytes += unpinned
         return len(keys)
 
     def insert(self, hashes: Iterable[int], block_size: int) -> int:
@@ -423,19 +437,22 @@ class PrefixCache:
         nbytes = self.entry_bytes(bs)
         lru = self._lru
         keys = [(bs, h) for h in hashes]
-        fresh = list(dict.fromkeys(key for key in keys if key not in lru))
+        fresh = dict.fromkeys(key for key in keys if key not in lru)
         need = nbytes * len(fresh)
         if need <= self.ledger.free_bytes:
             # Everything fits without evicting (the common case): what the loop below
-            # would do, booked at once instead of block by block.
+            # would do, booked at once instead of block by block. Touching the keys
+            # last-to-first adds each fresh one where the loop's final touches put it.
             if need:
                 self.ledger.alloc(self.category, need)
-                for key in fresh:
-                    lru[key] = _Entry(nbytes)
                 self._unpinned_bytes += need
                 self.stats.inserted_blocks += len(fresh)
+            touch = lru.move_to_end
             for key in reversed(keys):
-                lru.move_to_end(key)
+                if key in lru:
+                    touch(key)
+                else:
+                    lru[key] = nbytes
             return len(fresh)
         added: list[tuple[int, int]] = []
         protected: set[tuple[int, int]] = set()
@@ -448,7 +465,7 @@ class PrefixCache:
             if not self.make_room(nbytes, protect=protected):
                 break
             self.ledger.alloc(self.category, nbytes)
-            lru[key] = _Entry(nbytes)
+            lru[key] = nbytes
             self._unpinned_bytes += nbytes
             new += 1
             added.append(key)
@@ -462,25 +479,29 @@ class PrefixCache:
         """Evict LRU unpinned entries until the ledger has `nbytes` free; return whether
         it has (nothing is evicted if it cannot). Keys in `protect` are not evicted."""
         need = _as_bytes(nbytes, "PrefixCache.make_room")
-        if self.ledger.free_bytes >= need:
+        free = self.ledger.free_bytes
+        if free >= need:
             return True
-        protected = protect
+        if free + self._unpinned_bytes < need:
+            return False                    # even evicting every unpinned entry falls short
+        pins = self._pins
         victims = []
-        freed = self.ledger.free_bytes
-        for key, entry in self._lru.items():
+        freed = free
+        for key, size in self._lru.items():
             if freed >= need:
                 break
-            if entry.pins or key in protected:
+            if key in pins or key in protect:
                 continue
             victims.append(key)
-            freed += entry.nbytes
+            freed += size
         if freed < need:
             return False
+        lru = self._lru
         for key in victims:
-            entry = self._lru.pop(key)
-            self.ledger.free(self.category, entry.nbytes)
-            self._unpinned_bytes -= entry.nbytes
-            self.stats.evicted_blocks += 1
+            del lru[key]
+        self.ledger.free(self.category, freed - free)
+        self._unpinned_bytes -= freed - free
+        self.stats.evicted_blocks += len(victims)
         return True
 
     def evictable_bytes(self) -> int:
@@ -489,6 +510,10 @@ class PrefixCache:
 
     def clear(self) -> None:
         """Drop every unpinned entry."""
-        for key in [k for k, e in self._lru.items() if not e.pins]:
-            self.ledger.free(self.category, self._lru.pop(key).nbytes)
+        pins = self._pins
+        victims = [k for k in self._lru if k not in pins]
+        freed = 0
+        for key in victims:
+            freed += self._lru.pop(key)
+        self.ledger.free(self.category, freed)
         self._unpinned_bytes = 0
