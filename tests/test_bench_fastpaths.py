@@ -150,6 +150,37 @@ def test_decode_steps_affine_path_equals_the_general_pass(model, device, par):
             np.testing.assert_allclose(fast.work(m), (fast.flops[:m].sum(), fast.bytes[:m].sum()), rtol=1e-12)
 
 
+def test_decode_steps_when_the_compute_and_memory_lines_cross():
+    """A large batch of short contexts starts compute-bound and becomes memory-bound
+    (KV reads grow faster than attention FLOPs): `decode_steps` takes the larger line
+    step by step, as the general pass does."""
+    cm = CostModel("llama-2-70b", "a100", Parallelism(tp=2), "fp8", "fp8")
+    ctx = np.random.default_rng(4).integers(1, 64, 200)
+    n = 30_000
+    full = cm._decode_dict(ctx.astype(float), np.arange(n, dtype=float))
+    assert full["compute"][0] > full["memory"][0] and full["compute"][-1] < full["memory"][-1]
+    fast = cm.decode_steps(ctx, n)
+    np.testing.assert_allclose(fast.time_s, full["time"], rtol=1e-12, atol=0)
+    assert fast.bound == "compute"
+
+
+@pytest.mark.parametrize("model,device,par", MODELS)
+def test_memoized_pass_terms_give_what_fresh_terms_give(model, device, par):
+    """Prefill, mixed and decode iterations priced by a model that has seen other
+    iterations (its terms per token count memoized) equal those of a fresh model."""
+    rng = np.random.default_rng(5)
+    for spec in (None, SpeculativeConfig(2, 0.7)):
+        seasoned = CostModel(model, device, par, "fp8", "fp8", speculative=spec)
+        for _ in range(12):
+            n = rng.integers(1, 3000, int(rng.integers(1, 4)))
+            n[0] = 8192 if rng.random() < 0.5 else n[0]        # repeated token counts: memo hits
+            c = rng.integers(0, 20_000, n.size)
+            ctx = rng.integers(1, 30_000, int(rng.integers(1, 20)))
+            for call in (lambda m: m.prefill(n, c), lambda m: m.mixed(n, c, ctx), lambda m: m.decode_step(ctx)):
+                call(seasoned)
+                assert call(seasoned) == call(CostModel(model, device, par, "fp8", "fp8", speculative=spec))
+
+
 def _entry(h: FrameHeader) -> tuple:
     return (h.request_id, h.layer_start, h.layer_end, h.token_start, h.token_end, h.dtype, h.shape,
             h.logical_bytes, h.payload_bytes)
