@@ -12,7 +12,7 @@ import pytest
 
 from devices.costmodel import CostModel, Parallelism, SpeculativeConfig
 from devices.engines.decode import _count_bad_frames
-from interconnect.codec import (FrameError, FrameHeader, KVFrames, _HEADERS, _LAYOUTS, scan_kv_frames, corrupt_frame,
+from interconnect.codec import (FrameError, FrameHeader, KVFrames, _LAYOUTS, scan_kv_frames, corrupt_frame,
                                 decode_frame, encode_frame, make_kv_frames, peek_header, verify_kv_frames)
 from rack.runtime.virtual import LoopClock, VirtualTimeLoop
 
@@ -49,14 +49,13 @@ def test_cost_model_scalar_paths_equal_array_paths(model, device, par):
             assert cm._bound(lean) == cm._bound(full)
 
 
-def test_frame_header_cache_returns_what_parsing_returns():
+def test_recorded_headers_return_what_parsing_returns():
     frames = make_kv_frames(77, 3000, 35_136, 61, 8, 1e-3, seed=3)
-    seeded = [peek_header(f) for f in frames]              # from make_kv_frames' cache entries
-    _HEADERS.clear()
+    recorded = scan_kv_frames(frames, True)                # from make_kv_frames' header records
     parsed = [peek_header(f) for f in frames]              # parsed afresh
-    assert seeded == parsed
+    assert recorded == [_entry(h) for h in parsed] == scan_kv_frames(list(frames), True)
     assert [decode_frame(f)[0] for f in frames] == parsed
-    # a frame built by encode_frame (no cache seeding) parses to its header
+    # a frame built by encode_frame (no header record) parses to its header
     h = FrameHeader(request_id=5, layer_start=0, layer_end=8, token_start=0, token_end=10, dtype="bf16",
                     shape=(8, 10, 4), logical_bytes=640)
     got, body = decode_frame(encode_frame(h, np.arange(64, dtype=np.uint8)))
@@ -210,15 +209,17 @@ def test_batched_frame_scan_equals_per_frame_decoding():
         g = f.copy()
         g[pos] ^= 0x41
         variants.append(g)
-    for cold in (False, True):
-        for v in variants:
-            if cold:
-                _HEADERS.clear()
-            payload = [frames[0], v, frames[3]]
-            assert scan_kv_frames(payload, True) == _one_by_one(payload, True)
-            if cold:
-                _HEADERS.clear()
-            assert scan_kv_frames(payload, False) == _one_by_one(payload, False)
+    for v in variants:
+        payload = [frames[0], v, frames[3]]
+        assert scan_kv_frames(payload, True) == _one_by_one(payload, True)
+        assert scan_kv_frames(payload, False) == _one_by_one(payload, False)
+    # the same byte flips in place, in an intact payload read through its header records
+    for pos in range(hend + 13):
+        payload = make_kv_frames(300, 700, 35_136, 61, 8, 1e-3, seed=4)
+        payload[2][pos] ^= 0x41
+        assert payload.intact()
+        assert scan_kv_frames(payload, True) == _one_by_one(list(payload), True)
+        assert scan_kv_frames(payload, False) == _one_by_one(list(payload), False)
 
 
 def test_every_corrupted_body_byte_is_caught():
@@ -245,7 +246,6 @@ def test_cached_layouts_give_the_frames_a_fresh_layout_gives():
     other = make_kv_frames(2**40, 1234, 35_136, 61, 8, 1e-3, seed=1)                  # longer request id
     assert first == again
     assert verify_kv_frames(other)[1] == 0
-    _HEADERS.clear()                                                                  # parsed afresh
     fields = [_entry(peek_header(f))[1:] for f in first]
     assert [_entry(peek_header(f)) for f in other] == [(2**40, *rest) for rest in fields]
 
