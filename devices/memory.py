@@ -118,10 +118,19 @@ class MemoryLedger:
     def try_alloc(self, category: str, nbytes: int) -> bool:
         """Book `nbytes` under `category` if they fit; return whether they were booked."""
         cat = self._check_cat(category)
-        n = _as_bytes(nbytes, f"ledger {self.name!r} alloc {cat}")
-        if n > self.capacity - self._used:
+        # (a plain int passes first: the error message is only formatted for a bad count)
+        n = nbytes if type(nbytes) is int and nbytes >= 0 else \
+            _as_bytes(nbytes, f"ledger {self.name!r} alloc {cat}")
+        used = self._used + n
+        if used > self.capacity:
             return False
-        self._add(cat, n)
+        self._used = used
+        if used > self._peak:
+            self._peak = used
+        held = self._held[cat] + n
+        self._held[cat] = held
+        if held > self._cat_peak[cat]:
+            self._cat_peak[cat] = held
         return True
 
     def alloc(self, category: str, nbytes: int) -> None:
@@ -134,7 +143,8 @@ class MemoryLedger:
     def free(self, category: str, nbytes: int) -> None:
         """Release `nbytes` from `category`; raise `LedgerUnderflow` if it holds fewer."""
         cat = self._check_cat(category)
-        n = _as_bytes(nbytes, f"ledger {self.name!r} free {cat}")
+        n = nbytes if type(nbytes) is int and nbytes >= 0 else \
+            _as_bytes(nbytes, f"ledger {self.name!r} free {cat}")
         if n > self._held[cat]:
             raise LedgerUnderflow(
                 f"ledger {self.name!r}: cannot free {n} bytes of {cat!r}: "
@@ -149,7 +159,8 @@ class MemoryLedger:
         holds fewer than `nbytes`.
         """
         s, d = self._check_cat(src), self._check_cat(dst)
-        n = _as_bytes(nbytes, f"ledger {self.name!r} move {s}->{d}")
+        n = nbytes if type(nbytes) is int and nbytes >= 0 else \
+            _as_bytes(nbytes, f"ledger {self.name!r} move {s}->{d}")
         if n > self._held[s]:
             raise LedgerUnderflow(
                 f"ledger {self.name!r}: cannot move {n} bytes from {s!r}: it holds {self._held[s]}")
@@ -159,14 +170,6 @@ class MemoryLedger:
             self._cat_peak[d] = self._held[d]
 
     # -- internals ---------------------------------------------------------------
-    def _add(self, cat: str, n: int) -> None:
-        self._held[cat] += n
-        self._used += n
-        if self._used > self._peak:
-            self._peak = self._used
-        if self._held[cat] > self._cat_peak[cat]:
-            self._cat_peak[cat] = self._held[cat]
-
     def _check_cat(self, category: str) -> str:
         if category not in self._held:
             raise ValueError(f"ledger {self.name!r}: unknown category {category!r}; "
