@@ -1,5 +1,5 @@
 """`rack bench`: speed of the emulator itself (replay speed, event cost, Ray pacing,
-KV codec and KV link throughput); see rack.bench and docs/bench.md."""
+KV codec and KV link throughput); see rack.analysis.bench and docs/bench.md."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ def bench(
     outputs, Ray pacing lateness, KV codec and KV link throughput."""
     import sys
 
-    from rack import bench as B
+    from rack.analysis import bench as B
     from workloads import parse_window
 
     try:

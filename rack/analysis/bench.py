@@ -5,8 +5,8 @@ Five measurements, each figure the median of `repeat` runs:
 - replay speed (virtual runtime): whole traces (Azure conversation 2023, 19,366
   requests; Mooncake conversation, 12,031) through the default scenario and through a
   plain GPU deployment (`a100-llama2-70b`): wall s, requests per wall s, emulated s per
-  wall s, events per request (event-loop callbacks: a component wake-up, i.e. a task
-  step or a timer firing; `rack.runtime.virtual.last_loop_counters`);
+  wall s, events per request (the virtual driver's handler calls and wake-ups,
+  `rack.runtime.virtual_run.last_run_counters`);
 - event cost: the same replay with every output length doubled, wall-time ratio (the
   emulator's work should follow requests and batch changes, not tokens: DESIGN.md
   "Cost: events, not tokens");
@@ -65,13 +65,13 @@ def replay_speed(trace: str, scenario: str | None, *, repeat: int = 3,
     Returns {"trace", "scenario", "requests", "completed", "rejected", "failed",
     "load_s" (reading the trace, once), "wall_s" (median of the runs of
     `run_scenario`, metrics included), "wall_s_runs", "cpu_s" (median), "emulated_s",
-    "requests_per_wall_s", "emulated_s_per_wall_s", "events", "events_per_request",
-    "loop_iterations", "timers", "output_tokens", "output_scale", "window"}.
+    "requests_per_wall_s", "emulated_s_per_wall_s", "events" (messages + wake-ups),
+    "events_per_request", "messages", "wakeups", "output_tokens", "output_scale", "window"}.
     Raises whatever loading the trace or the scenario raises.
     """
-    from rack.runner import run_scenario
-    from rack.runtime.virtual import last_loop_counters
-    from rack.scenario import load_scenario
+    from rack.wiring.runner import run_scenario
+    from rack.runtime.virtual_run import last_run_counters
+    from rack.wiring.scenario import load_scenario
     from workloads import load_requests
 
     sc = load_scenario(scenario)
@@ -90,7 +90,7 @@ def replay_speed(trace: str, scenario: str | None, *, repeat: int = 3,
         out = run_scenario(sc, reqs, runtime="virtual")
         walls.append(time.perf_counter() - w0)
         cpus.append(time.process_time() - c0)
-    loop = last_loop_counters()
+    loop = last_run_counters()
     r = out.results
     wall = _median(walls)
     n = len(reqs)
@@ -103,7 +103,7 @@ def replay_speed(trace: str, scenario: str | None, *, repeat: int = 3,
         "emulated_s": emu, "requests_per_wall_s": n / wall, "emulated_s_per_wall_s": emu / wall,
         "events": int(loop.get("callbacks", 0)),
         "events_per_request": loop.get("callbacks", 0) / n,
-        "loop_iterations": int(loop.get("iterations", 0)), "timers": int(loop.get("timers", 0)),
+        "messages": int(loop.get("messages", 0)), "wakeups": int(loop.get("wakeups", 0)),
         "output_tokens": int(r["throughput"]["output_tokens"]),
         "output_scale": output_scale, "window": list(window) if window else None,
     }
@@ -239,8 +239,8 @@ def ray_pacing_run(trace: str, scenario: str | None, *, dilation: float | None =
     "lateness_p50_us", "lateness_p99_us", "lateness_max_us", "lateness_n",
     "p99_over_tpot" (p99 lateness / median TPOT, both emulated s), "by_actor", "wall_s"}.
     """
-    from rack.runner import run_scenario
-    from rack.scenario import load_scenario
+    from rack.wiring.runner import run_scenario
+    from rack.wiring.scenario import load_scenario
     from workloads import load_requests
 
     sc = load_scenario(scenario)
@@ -287,7 +287,7 @@ def pacing_section(trace: str = "mooncake-excerpt", scenario: str | None = None,
     None if none passed or no dilation met the target), "target"}.
     """
     from rack.runtime.ray_runtime import _ray, ensure_ray
-    from rack.scenario import load_scenario
+    from rack.wiring.scenario import load_scenario
 
     limit = TARGETS["lateness_p99_over_tpot"]
 
@@ -571,7 +571,7 @@ def to_json(result: dict) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:  # pragma: no cover - thin wrapper
-    """`python -m rack.bench` / scripts/bench.py: the same as `rack bench`."""
+    """`python -m rack.analysis.bench` / scripts/bench.py: the same as `rack bench`."""
     from rack.cli import _register_commands
     from rack.cli.app import app
 
