@@ -18,7 +18,10 @@ Speed (see scripts/bench_codec.py): encoding allocates (or reuses) one output bu
 writes the header, then copies the body in cache-sized chunks while hashing each chunk
 just written (it is still in L2), so the body crosses main memory once for read and
 once for write, like a plain memcpy. Decoding parses only the header and returns the
-body as a zero-copy view after one hash pass over it.
+body as a zero-copy view after one hash pass over it. A request's payload (`KVFrames`,
+all frames in one buffer) is checked in one call (`scan_kv_frames`): in the process
+that made it, each header is compared with the record `make_kv_frames` kept of it
+instead of being parsed; elsewhere (after pickling) each header is one msgpack call.
 """
 
 from __future__ import annotations
