@@ -336,6 +336,11 @@ class PrefixCache:
 
     Keys are (block_size, hash), so traces with different block sizes never collide.
 
+    `journal`: None (default), or a list to which every change of the cached set is
+    appended as ("stored", [keys]) or ("removed", [keys]), in order: the KV events an
+    engine publishes to a KV-aware router (as vLLM's BlockStored / BlockRemoved events
+    feed Dynamo's KV router). The owner drains it.
+
     State: `_lru` maps each key to its entry's bytes, least recently used first; `_pins`
     maps each pinned key to its pin count (a key absent from it is unpinned); an
     eviction books all the bytes it frees in one ledger call.
@@ -351,6 +356,7 @@ class PrefixCache:
         self._pinned_by: dict[Hashable, list[tuple[int, int]]] = {}
         self._unpinned_bytes = 0
         self.stats = PrefixCacheStats()
+        self.journal: list | None = None
 
     def __len__(self) -> int:
         return len(self._lru)
@@ -450,6 +456,8 @@ class PrefixCache:
                 self.ledger.alloc(self.category, need)
                 self._unpinned_bytes += need
                 self.stats.inserted_blocks += len(fresh)
+                if self.journal is not None:
+                    self.journal.append(("stored", list(fresh)))
             touch = lru.move_to_end
             for key in reversed(keys):
                 if key in lru:
@@ -459,6 +467,7 @@ class PrefixCache:
             return len(fresh)
         added: list[tuple[int, int]] = []
         protected: set[tuple[int, int]] = set()
+        stored: list[tuple[int, int]] = []
         new = 0
         for key in keys:
             if key in lru:
@@ -471,9 +480,12 @@ class PrefixCache:
             lru[key] = nbytes
             self._unpinned_bytes += nbytes
             new += 1
+            stored.append(key)
             added.append(key)
             protected.add(key)
         self.stats.inserted_blocks += new
+        if self.journal is not None and new:
+            self.journal.append(("stored", stored))
         for key in reversed(added):
             lru.move_to_end(key)
         return new
@@ -505,6 +517,8 @@ class PrefixCache:
         self.ledger.free(self.category, freed - free)
         self._unpinned_bytes -= freed - free
         self.stats.evicted_blocks += len(victims)
+        if self.journal is not None:
+            self.journal.append(("removed", victims))
         return True
 
     def evictable_bytes(self) -> int:
@@ -520,3 +534,5 @@ class PrefixCache:
             freed += self._lru.pop(key)
         self.ledger.free(self.category, freed)
         self._unpinned_bytes = 0
+        if self.journal is not None and victims:
+            self.journal.append(("removed", victims))

@@ -102,6 +102,7 @@ class _ReferenceCache:
         self.order: list[int] = []
         self.pins: dict[int, int] = {}
         self.owners: dict[int, list[int]] = {}
+        self.journal: list = []
 
     def touch(self, keys: list[int]) -> None:
         for k in reversed(keys):            # last-to-first: the head ends most recent
@@ -121,6 +122,8 @@ class _ReferenceCache:
         for k in victims:
             self.order.remove(k)
         self.free = freed
+        if victims:
+            self.journal.append(("removed", victims))
         return True
 
     def insert(self, hashes: list[int]) -> int:
@@ -130,7 +133,10 @@ class _ReferenceCache:
             self.order += fresh
             self.free -= len(fresh) * self.entry
             self.touch(keys)
+            if fresh:
+                self.journal.append(("stored", fresh))
             return len(fresh)
+        stored = []
         for k in keys:
             if k not in self.order:
                 if not self.make_room(self.entry, protected):
@@ -138,9 +144,12 @@ class _ReferenceCache:
                 self.order.append(k)
                 self.free -= self.entry
                 new += 1
+                stored.append(k)
             added.append(k)
             protected.add(k)
         self.touch(added)
+        if stored:
+            self.journal.append(("stored", stored))
         return new
 
     def acquire(self, owner: int, hashes: list[int]) -> int:
@@ -168,11 +177,12 @@ class _ReferenceCache:
     st.tuples(st.just("release"), owners),
     st.tuples(st.just("make_room"), st.integers(0, 14))), max_size=50))
 def test_prefix_cache_follows_the_reference_lru(capacity, script):
-    """Hits, insertions, evictions and the LRU order itself are those of the plain
-    reference, after every operation."""
+    """Hits, insertions, evictions, the KV events and the LRU order itself are those of
+    the plain reference, after every operation."""
     entry = HASH_BLOCK * KV_PER_TOKEN
     ledger = MemoryLedger(capacity * entry, "prop")
     cache, ref = PrefixCache(ledger, KV_PER_TOKEN), _ReferenceCache(capacity * entry, entry)
+    cache.journal = []
     for op in script:
         kind = op[0]
         if kind == "insert":
@@ -188,3 +198,4 @@ def test_prefix_cache_follows_the_reference_lru(capacity, script):
         assert [h for _, h in cache._lru] == ref.order
         assert ledger.free_bytes == ref.free
         assert cache.evictable_bytes() == entry * sum(1 for k in ref.order if not ref.pins.get(k))
+        assert [(kind, [h for _, h in keys]) for kind, keys in cache.journal] == ref.journal
