@@ -1,0 +1,128 @@
+"""Run the study and write findings.md, its figures and study.json.
+
+    from rack.study.run import run_study, write_study
+    results = run_study(StudyConfig.full(), command="python scripts/study.py")
+    write_study(results, "docs/findings.md")
+
+`write_study` can also rebuild the page from a saved study.json (`load_results`), so
+the text and figures can be regenerated without rerunning anything.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Optional
+
+from rack.study import experiments as E
+from rack.study.config import A100, A100_PD, CONDITIONAL, GPU72, GPU_ONLY, GPU_PD, SPLIT, SPLIT72, WAFER, StudyConfig
+
+#: Every shipped scenario the study can run (their provisioned figures go in study.json).
+ALL = (GPU_ONLY, GPU72, WAFER, SPLIT, SPLIT72, CONDITIONAL, GPU_PD, A100, A100_PD)
+
+#: (results key, experiment); `bandwidth` also reads the load sweep's capacities.
+EXPERIMENTS = (("shipped", E.shipped), ("load", E.load), ("prompt", E.prompt_length),
+               ("output", E.output_length), ("bandwidth", E.bandwidth), ("agentic", E.agentic),
+               ("tpot", E.tpot_slo), ("gpu_pd", E.gpu_disaggregation))
+
+
+def deployments(names) -> dict:
+    """{name: {"description", "slo", "pools": {pool: {device, kind, role, devices}},
+    "peak_w", "usd_per_hour"}} of shipped scenarios (no run: their provisioned figures)."""
+    from devices.catalog import resolve_device
+    from rack.compare import provisioned
+    from rack.scenario import load_scenario
+
+    out = {}
+    for n in dict.fromkeys(names):
+        s = load_scenario(n)
+        prov = provisioned(s)
+        out[n] = {"description": s.description, "slo": s.slo.model_dump(),
+                  "peak_w": prov["peak_w"], "usd_per_hour": prov["usd_per_hour"],
+                  "pools": {p.name: {"device": prov["pools"][p.name]["device"], "role": p.role,
+                                     "kind": resolve_device(p.device).kind,
+                                     "devices": prov["pools"][p.name]["devices"]} for p in s.pools}}
+    return out
+
+
+def _git_commit() -> str:
+    here = Path(__file__).resolve().parent
+    try:
+        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True, text=True,
+                             timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
+                               capture_output=True, text=True, timeout=10, check=True).stdout.strip()
+        return rev + (" with uncommitted changes" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def command_line(argv: Optional[list] = None) -> str:
+    """How this process was started, as a user would type it."""
+    argv = list(sys.argv if argv is None else argv)
+    prog = f"python {argv[0]}" if argv[0].endswith(".py") else Path(argv[0]).name
+    return " ".join([prog, *argv[1:]])
+
+
+def run_study(cfg: StudyConfig, *, command: str, log: Callable[[str], None] = lambda m: None) -> dict:
+    """Every experiment of `cfg`; returns the results (JSON-ready) with "meta" (command,
+    date, version, git commit, wall time, trace hashes), "config", "deployments" and
+    one key per experiment."""
+    from rack import __version__
+
+    t0 = time.perf_counter()
+    results: dict = {"config": cfg.as_dict(), "timings_s": {}}
+    for key, fn in EXPERIMENTS:
+        t = time.perf_counter()
+        results[key] = fn(cfg, log, results["load"]) if key == "bandwidth" else fn(cfg, log)
+        results["timings_s"][key] = time.perf_counter() - t
+        log(f"{key}: done in {results['timings_s'][key]:.0f} s")
+    results["deployments"] = deployments([*cfg.shipped, *cfg.main, *ALL])
+    results["meta"] = {"command": command, "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+                       "version": __version__, "commit": _git_commit(), "python": platform.python_version(),
+                       "platform": platform.platform(), "wall_s": time.perf_counter() - t0,
+                       "traces": E.provenance(cfg)}
+    return results
+
+
+def palette_order(results: dict) -> list[str]:
+    """Deployment names in a fixed order, so each keeps its colour in every figure."""
+    cfg = results["config"]
+    return list(dict.fromkeys([*cfg["shipped"], *cfg["main"]]))
+
+
+def write_study(results: dict, md_path: Path | str, fig_dir: Optional[Path | str] = None) -> dict:
+    """Write study.json and the figures into `fig_dir` (default: `md_path` without its
+    suffix, e.g. docs/findings/) and the page at `md_path`. Returns {"md", "json",
+    "figures": {key: path}}."""
+    from rack.results import to_json
+    from rack.study.figures import write_figures
+    from rack.study.findings import render
+
+    md_path = Path(md_path)
+    fig_dir = Path(fig_dir) if fig_dir is not None else md_path.with_suffix("")
+    fig_dir.mkdir(parents=True, exist_ok=True)
+    (fig_dir / "study.json").write_text(to_json(results) + "\n")
+    figures = write_figures(results, fig_dir, palette_order(results))
+    md_path.write_text(render(results, figures, _relative(fig_dir, md_path.parent).as_posix()))
+    return {"md": md_path, "json": fig_dir / "study.json", "figures": {k: fig_dir / v for k, v in figures.items()}}
+
+
+def _relative(path: Path, start: Path) -> Path:
+    import os
+
+    return Path(os.path.relpath(path.resolve(), start.resolve()))
+
+
+def load_results(path: Path | str) -> dict:
+    """A study.json written by `write_study`."""
+    return json.loads(Path(path).read_text())
+
+
+__all__ = ["EXPERIMENTS", "command_line", "deployments", "load_results", "palette_order", "run_study",
+           "write_study"]
