@@ -19,8 +19,10 @@ def study(
     workers: int = typer.Option(2, "--workers", min=1, help="parallel processes for the sweeps (1: in this process)"),
     render_only: bool = typer.Option(False, "--render-only", help="rebuild the page and figures from the folder's study.json, running nothing"),
     no_progress: bool = typer.Option(False, "--no-progress", help="no progress bars"),
+    resume: bool = typer.Option(False, "--resume", help="reuse the experiments already finished by an interrupted run with the same settings (FIGURES/checkpoints/)"),
 ) -> None:
     """Run the split-versus-colocated study and write findings.md, its figures and study.json."""
+    import shutil
     import time
 
     from rack.cli.run import fail
@@ -30,6 +32,8 @@ def study(
     fig_dir = figures if figures is not None else out.with_suffix("")
     if out.exists() and out.is_dir():
         fail(f"--out {out}: is a directory; expected the path of a Markdown file")
+    if not resume and not render_only and (fig_dir / "checkpoints").is_dir():
+        shutil.rmtree(fig_dir / "checkpoints")
     if render_only:
         src = fig_dir / "study.json"
         if not src.is_file():
@@ -40,8 +44,10 @@ def study(
                StudyConfig.full(workers=workers, progress=not no_progress))
         t0 = time.perf_counter()
         log = (lambda m: typer.echo(f"[study {time.perf_counter() - t0:5.0f} s] {m}", err=True))
-        results = run_study(cfg, command=command_line(), log=log)
+        results = run_study(cfg, command=command_line(), log=log, checkpoints=fig_dir / "checkpoints")
     out.parent.mkdir(parents=True, exist_ok=True)
     paths = write_study(results, out, fig_dir)
+    if (fig_dir / "checkpoints").is_dir():      # study.json now holds everything
+        shutil.rmtree(fig_dir / "checkpoints")
     typer.echo(f"wrote {paths['md']}, {paths['json']} and {len(paths['figures'])} figures in {fig_dir}"
                + ("" if render_only else f" ({results['meta']['wall_s']:.0f} s)"))

@@ -44,7 +44,7 @@ class StudyConfig:
     """One study's inputs (see the module docstring). Rates of trace workloads are
     multiples of the trace's own rate; rates of synthetic workloads are req/s."""
 
-    quick: bool = False
+    quick_mode: bool = False                # StudyConfig.quick(): a smoke test, not the study
     target: float = 0.9                    # SLO attainment that defines a sustained rate (DistServe)
     workers: int = 2
     progress: bool = True
@@ -56,8 +56,9 @@ class StudyConfig:
     window: tuple = (0.0, 600.0)
     rate_scales: tuple = ladder(0.25, 256)
     # prompt and output length: synthetic Poisson traffic, fixed lengths
-    synthetic_n: int = 300
-    synthetic_rates: tuple = ladder(0.25, 512)
+    synthetic_n: int = 400                 # requests per point, or
+    synthetic_duration_s: float = 12.0     # this many seconds of arrivals, whichever is more
+    synthetic_rates: tuple = ladder(0.25, 256)
     prompt_lengths: tuple = (1024, 4096, 16384, 65536)
     prompt_output_tokens: int = 256
     output_lengths: tuple = (32, 128, 512, 2048)
@@ -93,9 +94,9 @@ class StudyConfig:
     def quick(cls, workers: int = 1, progress: bool = False) -> "StudyConfig":
         """Every experiment on tiny inputs: a smoke test of the whole pipeline."""
         return replace(
-            cls(), quick=True, workers=workers, progress=progress,
+            cls(), quick_mode=True, workers=workers, progress=progress,
             excerpt_window=(0.0, 20.0), window=(0.0, 30.0), rate_scales=(1.0, 8.0),
-            synthetic_n=30, synthetic_rates=(1.0, 16.0), prompt_lengths=(1024, 16384),
+            synthetic_n=30, synthetic_duration_s=2.0, synthetic_rates=(1.0, 16.0), prompt_lengths=(1024, 16384),
             output_lengths=(32, 512), bandwidths=(1.0, 400.0), agentic_duration_s=300.0,
             agentic_rate_scales=(1.0, 8.0), tpot_slos_ms=(2.0,), tpot_rate_scales=(1.0, 8.0),
             tpot_scenarios=(WAFER, SPLIT72), pd_ratios=((2, 2),), pd_tpot_ms=(80.0,),

@@ -143,7 +143,8 @@ def _length_axis(cfg: StudyConfig, log: Log, param: str, values: Sequence[int], 
     for v in values:
         lengths = {**fixed, param: int(v)}
         log(f"{param} {v}: {len(scs)} deployments x {len(cfg.synthetic_rates)} rates")
-        wl = Workload(kind="synthetic", rate_per_s=1.0, n=cfg.synthetic_n, seed=0, **lengths)
+        wl = Workload(kind="synthetic", rate_per_s=1.0, n=cfg.synthetic_n, duration_s=cfg.synthetic_duration_s,
+                      seed=0, **lengths)
         out[str(int(v))] = capacity(scs, wl, cfg.synthetic_rates, cfg, base_rate=1.0)
     return {"param": param, "fixed": fixed, "values": out}
 

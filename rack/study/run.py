@@ -69,18 +69,73 @@ def command_line(argv: Optional[list] = None) -> str:
     return " ".join([prog, *argv[1:]])
 
 
-def run_study(cfg: StudyConfig, *, command: str, log: Callable[[str], None] = lambda m: None) -> dict:
+def json_path_of(value, path: str = "") -> Optional[str]:
+    """Where in `value` (dicts, lists) the first value JSON cannot hold sits, or None."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            found = json_path_of(v, f"{path}.{k}")
+            if found:
+                return found
+        return None
+    if isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            found = json_path_of(v, f"{path}[{i}]")
+            if found:
+                return found
+        return None
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError):
+        return f"{path} ({type(value).__name__})"
+    return None
+
+
+def _checkpoint(folder: Optional[Path], key: str, cfg: StudyConfig):
+    """(path of experiment `key`'s checkpoint, its saved result if it was made with the
+    same configuration, else None)."""
+    if folder is None:
+        return None, None
+    path = folder / f"{key}.json"
+    if path.is_file():
+        saved = json.loads(path.read_text())
+        if saved.get("config") == json.loads(json.dumps(cfg.as_dict())):
+            return path, saved["result"]
+    return path, None
+
+
+def run_study(cfg: StudyConfig, *, command: str, log: Callable[[str], None] = lambda m: None,
+              checkpoints: Optional[Path | str] = None) -> dict:
     """Every experiment of `cfg`; returns the results (JSON-ready) with "meta" (command,
     date, version, git commit, wall time, trace hashes), "config", "deployments" and
-    one key per experiment."""
+    one key per experiment.
+
+    checkpoints: a folder where each experiment's result is saved as it finishes
+    (<key>.json, with the configuration); an experiment whose checkpoint was made with
+    the same configuration is read back instead of run again (an interrupted study
+    resumes). Raises TypeError naming the value if a result cannot be saved as JSON.
+    """
     from rack import __version__
+    from rack.results import to_json
 
     t0 = time.perf_counter()
+    folder = Path(checkpoints) if checkpoints is not None else None
+    if folder is not None:
+        folder.mkdir(parents=True, exist_ok=True)
     results: dict = {"config": cfg.as_dict(), "timings_s": {}}
     for key, fn in EXPERIMENTS:
         t = time.perf_counter()
+        path, saved = _checkpoint(folder, key, cfg)
+        if saved is not None:
+            results[key] = saved
+            log(f"{key}: read back from {path}")
+            continue
         results[key] = fn(cfg, log, results["load"]) if key == "bandwidth" else fn(cfg, log)
         results["timings_s"][key] = time.perf_counter() - t
+        bad = json_path_of(results[key], key)
+        if bad:
+            raise TypeError(f"study result {bad} cannot be written as JSON")
+        if path is not None:
+            path.write_text(to_json({"config": cfg.as_dict(), "result": results[key]}))
         log(f"{key}: done in {results['timings_s'][key]:.0f} s")
     results["deployments"] = deployments([*cfg.shipped, *cfg.main, *ALL])
     results["meta"] = {"command": command, "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
