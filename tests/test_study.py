@@ -86,6 +86,10 @@ def test_pair_verdicts():
     assert A.pair_metric(c(2.0, True), c(4.0), "capacity")["verdict"] == "undetermined"
     assert A.pair_metric(c(None), c(4.0), "capacity")["verdict"] == "loses"
     assert A.pair_metric(c(4.0), c(None), "tokens_per_joule")["verdict"] == "wins"
+    # tokens/J of a deployment read below its capacity (it held every rate): a loss is not proven
+    assert A.pair_metric(c(8.0, True, tpj=1.0), c(4.0, tpj=2.0), "tokens_per_joule")["verdict"] == "undetermined"
+    assert A.pair_metric(c(4.0, tpj=2.0), c(8.0, True, tpj=1.0), "tokens_per_joule")["verdict"] == "undetermined"
+    assert A.pair_metric(c(8.0, True, tpj=3.0), c(4.0, tpj=2.0), "tokens_per_joule")["verdict"] == "wins"
     # $/Mtok: lower is better, the ratio is the other's cost over ours
     m = A.pair_metric(c(1.0, usd=2.0), c(1.0, usd=4.0), "usd_per_mtok")
     assert m["ratio"] == pytest.approx(2.0) and m["verdict"] == "wins"

@@ -69,7 +69,12 @@ def pair_metric(a: dict, b: dict, metric: str) -> dict:
     if not va or not vb:
         return {"ratio": None, "verdict": "undetermined", "why": "no figure"}
     ratio = va / vb if METRICS[metric] else vb / va
-    return {"ratio": ratio, "verdict": verdict(ratio), "why": ""}
+    v = verdict(ratio)
+    # A deployment that held every rate tried was read below its capacity, where its
+    # idle hardware still weighs on tokens/J and $/Mtok: a loss of its is not proven.
+    if (a["held_all"] and v == "loses") or (b["held_all"] and v == "wins"):
+        return {"ratio": ratio, "verdict": "undetermined", "why": "read below a capacity not reached"}
+    return {"ratio": ratio, "verdict": v, "why": ""}
 
 
 def present_pairs(names: Iterable[str]) -> list[tuple[str, str]]:

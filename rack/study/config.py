@@ -72,13 +72,13 @@ class StudyConfig:
     # TPOT targets tighter than the scenarios' 80 ms (interactive speeds the wafer sells)
     tpot_slos_ms: tuple = (10.0, 2.0, 1.0)
     tpot_rate_scales: tuple = ladder(0.5, 128, 1)
-    tpot_scenarios: tuple = (WAFER, SPLIT, SPLIT72)
+    tpot_scenarios: tuple = (WAFER, SPLIT72)
     # GPU-only disaggregation at equal GPU count: (prefill, decode) instance counts
     pd_ratios: tuple = ((1, 3), (2, 2), (3, 1))
     pd_tpot_ms: tuple = (80.0, 20.0)        # the scenario's SLO, and a tighter one
-    pd_rate_scales: tuple = ladder(0.125, 8)
+    pd_rate_scales: tuple = ladder(0.25, 8)
     llama_trace: str = "azure_conv"
-    llama_window: tuple = (0.0, 600.0)
+    llama_window: tuple = (0.0, 300.0)
     llama_pd_ratios: tuple = ((2, 6), (4, 4), (6, 2))
     llama_tpot_ms: tuple = (200.0, 100.0)
     llama_rate_scales: tuple = ladder(0.125, 4)

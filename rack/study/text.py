@@ -42,8 +42,11 @@ def x(v: Optional[float]) -> str:
 
 
 def ms(v: Optional[float]) -> str:
-    """Seconds as milliseconds, 3 significant digits."""
-    return "-" if v is None else f"{v * 1e3:.3g}"
+    """Seconds as milliseconds: 3 significant digits, whole milliseconds from 100 ms
+    (as `rack compare`'s table)."""
+    if v is None:
+        return "-"
+    return f"{v * 1e3:,.0f}" if v >= 0.1 else f"{v * 1e3:.3g}"
 
 
 def secs(v: Optional[float]) -> str:
@@ -70,11 +73,26 @@ def span(values: Iterable[Optional[float]], fmt=x) -> str:
     return fmt(v[0]) if fmt(v[0]) == fmt(v[-1]) else f"{fmt(v[0])} to {fmt(v[-1])}"
 
 
-def verdict_phrase(groups: dict, unit: str, noun: str) -> str:
+def runs(values: Sequence[str], order: Sequence[str]) -> list[str]:
+    """`values` (a subset of `order`) with every run of three or more neighbours in
+    `order` written "a to b": ["1x", "2x to 16x"]."""
+    pos = {v: i for i, v in enumerate(order)}
+    idx = sorted(pos[v] for v in values)
+    out, start = [], 0
+    for k in range(1, len(idx) + 1):
+        if k == len(idx) or idx[k] != idx[k - 1] + 1:
+            block = idx[start:k]
+            out += ([f"{order[block[0]]} to {order[block[-1]]}"] if len(block) >= 3
+                    else [order[i] for i in block])
+            start = k
+    return out
+
+
+def verdict_phrase(groups: dict, unit: str, noun: str, order: Optional[Sequence[str]] = None) -> str:
     """A pair's verdicts along an axis ({"wins": [...], ...}) as a clause: "wins at 1024
     and 4096 prompt tokens; loses at 65536 prompt tokens", or "loses at every prompt
     length tried" (`noun`). Every value appears once; "undetermined" values are named
-    as such."""
+    as such. `order` (every value of the axis in order) shortens runs to "a to b"."""
     parts = []
     total = sum(len(v) for v in groups.values())
     for key, word in (("wins", "wins"), ("loses", "loses"), ("tie", "ties"),
@@ -82,11 +100,12 @@ def verdict_phrase(groups: dict, unit: str, noun: str) -> str:
         vals = groups.get(key) or []
         if not vals:
             continue
+        shown = runs(vals, order) if order else vals
         where = f"at every {noun} tried" if len(vals) == total and total > 1 else \
-            "at " + listing(vals) + (f" {unit}" if unit else "")
+            "at " + listing(shown) + (f" {unit}" if unit else "")
         parts.append(f"{word} {where}")
     return "; ".join(parts) if parts else "no data"
 
 
-__all__ = ["cap", "code", "listing", "ms", "num", "pct", "rate", "secs", "span", "tpj", "usd",
+__all__ = ["cap", "code", "listing", "ms", "num", "pct", "rate", "runs", "secs", "span", "tpj", "usd",
            "verdict_phrase", "x"]
