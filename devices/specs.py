@@ -187,7 +187,7 @@ class HardwareSpec(_Spec):
     the GPU waits for); `pipeline_hop_latency_s` per hop between pipeline stages;
     `request_latency_s` per request, outside the GPUs: the serving front end's HTTP,
     tokenisation and streaming of the first token, which a client's TTFT holds (a
-    fixed stage, `rack.breakdown`, in the replays of measured rows).
+    fixed stage, `rack.analysis.breakdown`, in the replays of measured rows).
     Collectives come from `collectives` (measured tables, per fabric and group size)
     within the scale-up domain, else from the alpha-beta link figures.
 

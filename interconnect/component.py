@@ -1,40 +1,39 @@
-"""`Interconnect`: the throttled KV link between prefill and decode, as an async component.
+"""`Interconnect`: the throttled KV link between prefill and decode, as a core
+(`workloads.core`: a synchronous state machine; it never reads a clock).
 
 A transfer of F frames carrying B logical bytes from `src` to `dst`:
 
 1. waits F x per_message_s of the route (sender's per-message work; link stays free);
-2. enters the shared `FairShareNetwork` as a flow of B bytes and waits (on an
-   asyncio.Event, through the clock) until its last byte has crossed the route's links
-   at its max-min fair rate, which changes whenever other flows start or drain or a
-   link is degraded or flapped;
+2. enters the shared `FairShareNetwork` as a flow of B bytes until its last byte has
+   crossed the route's links at its max-min fair rate, which changes whenever other
+   flows start or drain or a link is degraded or flapped;
 3. waits the route's propagation latency;
-4. hands the frames to the receiver, `await receivers[dst].receive_kv(req, frames,
-   first_token_s)`, which verifies every frame and returns the number of bad ones.
+4. hands the frames to the receiver (`receive_kv`), which verifies every frame and
+   replies the number of bad ones; the sender then gets `transfer_done`.
 
-The formula and the sources of link figures are in `interconnect.link`. One driver
-coroutine advances the network from event to event (a flow start or drain, a capacity
-change) and wakes the transfers whose bytes have drained: the work is O(events), never
-O(bytes). The network model runs on model time (the exact event times), so host
-lateness on the wall-clock runtime delays wake-ups but does not change the modelled
-transfer times; on a virtual-time loop the run is deterministic.
-
-The component reads time only through its `clock` and never imports Ray.
+The formula and the sources of link figures are in `interconnect.link`. The core's
+wake time is the earliest of its transfers' phase ends and the network's next event (a
+flow start or drain, a capacity change): the work is O(events), never O(bytes); an
+uncontended transfer is one flow whose drain time the network computes in closed
+form. The network model runs on model time (the exact event times), so host lateness
+on the wall-clock driver delays wake-ups but does not change the modelled transfer
+times; on the virtual driver the run is deterministic.
 """
 
 from __future__ import annotations
 
-import asyncio
+import heapq
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Hashable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
 
 from interconnect.codec import FrameError, corrupt_frame, payload_size, scan_kv_frames
 from interconnect.link import FairShareNetwork, LinkSpec, PathCost, path_cost
+from workloads.core import Core
 
 if TYPE_CHECKING:
-    from workloads.clock import Clock
     from workloads.request import Request
 
 __all__ = ["Interconnect", "InterconnectConfigError", "PeerLost", "TransferError", "TransferResult"]
@@ -86,29 +85,44 @@ class TransferResult:
         return self.end_s - self.start_s
 
 
-class Interconnect:
-    """The throttled KV interconnect component.
+class _Transfer:
+    """One transfer in flight (see `Interconnect.transfer`)."""
 
-    clock: a `workloads.clock.Clock`.
+    __slots__ = ("req", "frames", "logical", "shipped", "src", "dst", "path", "cost", "t0",
+                 "wire_start", "wire_end", "t_end", "first_token_s", "tag")
+
+    def __init__(self, req, frames, logical, shipped, src, dst, path, cost, t0, first_token_s, tag) -> None:
+        self.req, self.frames, self.logical, self.shipped = req, frames, logical, shipped
+        self.src, self.dst, self.path, self.cost = src, dst, path, cost
+        self.t0, self.first_token_s, self.tag = t0, first_token_s, tag
+        self.wire_start = self.wire_end = self.t_end = t0
+
+
+class Interconnect(Core):
+    """The throttled KV interconnect (a core: `workloads.core`).
+
     links: the links (unique names; `LinkSpec`).
     routes: (src endpoint, dst endpoint) -> path, a non-empty list of link names,
         each link at most once.
-    receivers: dst endpoint -> handle with `async receive_kv(req, frames,
-        first_token_s) -> int` (number of bad frames); every route's dst must be here.
+    receivers: names of the dst endpoints (cores with a `receive_kv` handler that
+        replies `kv_received(now, tag, bad_frames)`, -1 when it holds no reservation);
+        every route's dst must be one.
     payload_scale: fraction of logical KV bytes the senders ship, in (0, 1]; frames
         whose body size disagrees with it are rejected (TransferError).
+    name: the core's name ("interconnect").
     Raises InterconnectConfigError naming the bad route, link or endpoint.
     """
 
     def __init__(
         self,
         *,
-        clock: Clock,
         links: Sequence[LinkSpec],
         routes: Mapping[tuple[str, str], Sequence[str]],
-        receivers: Mapping[str, Any],
+        receivers: Sequence[str],
         payload_scale: float,
+        name: str = "interconnect",
     ) -> None:
+        super().__init__(name)
         specs = list(links)
         if not specs:
             raise InterconnectConfigError("Interconnect needs at least one link")
@@ -121,6 +135,7 @@ class Interconnect:
             by_name[spec.name] = spec
         if not isinstance(payload_scale, (int, float)) or not (0.0 < payload_scale <= 1.0):
             raise InterconnectConfigError(f"payload_scale must be in (0, 1], got {payload_scale!r}")
+        receivers = set(receivers)
         self._routes: dict[tuple[str, str], tuple[str, ...]] = {}
         self._costs: dict[tuple[str, str], PathCost] = {}
         for key, path in routes.items():
@@ -142,21 +157,14 @@ class Interconnect:
                 )
             self._routes[(src, dst)] = path
             self._costs[(src, dst)] = path_cost([by_name[name] for name in path])
-        self._clock = clock
         self._specs = by_name
-        self._receivers = dict(receivers)
         self.payload_scale = float(payload_scale)
-        self._t0 = clock.now()
+        self._t0 = 0.0
         self._net = FairShareNetwork(specs, t0=self._t0)
-        self._waiters: dict[int, asyncio.Event] = {}
-        self._drained: dict[int, float] = {}
-        self._next_fid = 0
-        self._wake = asyncio.Event()
-        self._driver: asyncio.Future | None = None
-        self._driver_error: BaseException | None = None
-        self._in_flight = 0
-        self._idle = asyncio.Event()
-        self._idle.set()
+        self._transfers: dict[int, _Transfer] = {}     # in flight, by transfer id (= flow id)
+        self._timers: list[tuple[float, int, int, str]] = []   # (t, seq, transfer id, phase)
+        self._seq = 0
+        self._next_tid = 0
         # accounting
         self._link_transfers = {name: 0 for name in by_name}
         self._link_logical = {name: 0 for name in by_name}
@@ -174,28 +182,27 @@ class Interconnect:
         self._frames_corrupted = 0
         self._lost_transfers = 0
 
-    # ------------------------------------------------------------------ public API
+    # ------------------------------------------------------------------ handlers
 
     @property
     def routes(self) -> dict[tuple[str, str], tuple[str, ...]]:
         """(src, dst) -> path of link names."""
         return dict(self._routes)
 
-    async def transfer(
-        self,
-        req: Request,
-        frames: list[np.ndarray],
-        logical_bytes: int,
-        src: str,
-        dst: str,
-        *,
-        first_token_s: float | None = None,
-    ) -> TransferResult:
+    def transfer(self, now: float, req: Request, frames: list[np.ndarray], logical_bytes: int,
+                 src: str, dst: str, first_token_s: float | None = None, tag: Any = None) -> None:
         """Ship `frames` (a request's KV, `logical_bytes` bytes of it) from `src` to `dst`.
 
-        Returns when the receiver has taken the frames, with the `TransferResult`.
-        first_token_s: passed through to `receive_kv` (when the sender produced the first
-        token); defaults to the transfer's start time.
+        F frames carrying B logical bytes: (1) F x per_message_s of the route (the
+        sender's per-message work; the link stays free); (2) a flow of B bytes in the
+        shared `FairShareNetwork` until its last byte has crossed the route's links at
+        its max-min fair rate (which changes whenever other flows start or drain or a
+        link is degraded or flapped); (3) the route's propagation latency; (4) the
+        frames go to the receiver, `dst.receive_kv(now, req, frames, first_token_s,
+        self.name, tid)`, which verifies every frame and replies the number of bad ones.
+        Then `src.transfer_done(now, tag, TransferResult)` (None when the receiver held
+        no reservation: it restarted, the bytes crossed for nothing).
+        first_token_s: passed through to `receive_kv`; defaults to the transfer's start.
         Raises TransferError for an unknown route, a negative size, or frames whose
         headers name another request, sum to another logical size or carry a body that
         does not match `payload_scale` (frames with unreadable headers are left for the
@@ -213,75 +220,66 @@ class Interconnect:
         logical_bytes = int(logical_bytes)
         shipped = self._check_frames(req, frames, logical_bytes)
         cost = self._costs[key]
-        clock = self._clock
-        t0 = clock.now()
-        self._in_flight += 1
-        self._idle.clear()
-        try:
-            t_wire = t0 + len(frames) * cost.per_message_s
-            if t_wire > t0:
-                await clock.sleep_until(t_wire)
-            if logical_bytes > 0:
-                # model time, not the clock: host lateness must not stretch the transfer
-                wire_start = max(t_wire, self._net.now)
-                wire_end = await self._cross(path, logical_bytes, wire_start)
-            else:
-                wire_start = wire_end = t_wire
-            t_end = wire_end + cost.latency_s
-            await clock.sleep_until(t_end)
-            receiver = self._receivers[dst]
-            if self._corruption:
-                frames = self._inject_corruption(req.id, frames, path, t_end)
-            try:
-                bad = await receiver.receive_kv(req, frames, t0 if first_token_s is None else first_token_s)
-            except PeerLost:
-                # the receiver restarted: the bytes crossed for nothing; the sender re-sends
-                self._lost_transfers += 1
-                for name in path:
-                    self._link_lost[name] += logical_bytes
-                raise
-        finally:
-            self._in_flight -= 1
-            if self._in_flight == 0:
-                self._idle.set()
+        tid = self._next_tid
+        self._next_tid += 1
+        tr = _Transfer(req, frames, logical_bytes, shipped, src, dst, path, cost, now,
+                       now if first_token_s is None else first_token_s, tag)
+        self._transfers[tid] = tr
+        t_wire = now + len(frames) * cost.per_message_s
+        if t_wire > now:
+            self._at(t_wire, tid, "wire")
+        else:
+            self._enter_wire(tid, t_wire)
+        self._settle(now)
+
+    def kv_received(self, now: float, tid: int, bad: int) -> None:
+        """The receiver's reply to `receive_kv`: bad frames, or -1 when it held no
+        reservation for the request (it restarted)."""
+        tr = self._transfers.pop(tid)
+        if bad < 0:
+            # the receiver restarted: the bytes crossed for nothing; the sender re-sends
+            self._lost_transfers += 1
+            for name in tr.path:
+                self._link_lost[name] += tr.logical
+            self.send(tr.src, "transfer_done", tr.tag, None)
+            return
         bad = int(bad)
         if bad == 0 and self._corrupted_rids:
-            rule = self._corrupted_rids.pop(req.id, None)
+            rule = self._corrupted_rids.pop(tr.req.id, None)
             if rule is not None:
                 rule["recovered"] += 1      # the re-sent payload arrived intact
         self._n_transfers += 1
-        self._total_logical += logical_bytes
-        self._total_shipped += shipped
-        self._durations.append(t_end - t0)
+        self._total_logical += tr.logical
+        self._total_shipped += tr.shipped
+        self._durations.append(tr.t_end - tr.t0)
         self._checksum_failures += bad
         self._failed_transfers += bad > 0
-        for name in path:
+        for name in tr.path:
             self._link_transfers[name] += 1
-            self._link_logical[name] += logical_bytes
-            self._link_shipped[name] += shipped
-        return TransferResult(
-            request_id=req.id, src=src, dst=dst, path=path, start_s=t0, wire_start_s=wire_start,
-            wire_end_s=wire_end, end_s=t_end, n_frames=len(frames), logical_bytes=logical_bytes,
-            payload_bytes=shipped, bad_frames=bad,
-        )
+            self._link_logical[name] += tr.logical
+            self._link_shipped[name] += tr.shipped
+        self.send(tr.src, "transfer_done", tr.tag, TransferResult(
+            request_id=tr.req.id, src=tr.src, dst=tr.dst, path=tr.path, start_s=tr.t0,
+            wire_start_s=tr.wire_start, wire_end_s=tr.wire_end, end_s=tr.t_end,
+            n_frames=len(tr.frames), logical_bytes=tr.logical, payload_bytes=tr.shipped, bad_frames=bad))
 
-    async def degrade(self, link: str, factor: float, start: float, end: float) -> None:
+    def degrade(self, now: float, link: str, factor: float, start: float, end: float) -> None:
         """Scale `link`'s bandwidth by `factor` in (0, 1] during [start, end) (emulated
         seconds; the part before now is ignored). Flows crossing it slow down, then
         resume. Raises ValueError / KeyError (unknown link) from the network model."""
-        self._sync()
+        self._advance(max(now, self._net.now))
         self._net.degrade(link, factor, start, end)
-        self._poke()
+        self._settle(now)
 
-    async def flap(self, link: str, start: float, end: float) -> None:
+    def flap(self, now: float, link: str, start: float, end: float) -> None:
         """Take `link` down during [start, end): flows crossing it stop and resume at
         `end` (flows still in their per-message or latency phase are not affected)."""
-        self._sync()
+        self._advance(max(now, self._net.now))
         self._net.flap(link, start, end)
-        self._poke()
+        self._settle(now)
 
-    async def corrupt(self, count: int, seed: int = 0, start: float = 0.0, end: float = math.inf,
-                      link: str | None = None, tag: int = 0) -> None:
+    def corrupt(self, now: float, count: int, seed: int = 0, start: float = 0.0, end: float = math.inf,
+                link: str | None = None, tag: int = 0) -> None:
         """Fault injection: flip one byte of one frame (`codec.corrupt_frame`) in each of
         the next `count` (>= 1) payloads delivered during [start, end) (emulated s) over
         `link` (None: any link), at most once per request, so its re-send arrives intact.
@@ -295,6 +293,72 @@ class Interconnect:
         self._corruption.append({"tag": tag, "left": int(count), "seed": int(seed), "start": float(start),
                                  "end": float(end), "link": link, "corrupted": 0, "recovered": 0,
                                  "hit": set()})
+
+    def on_wake(self, now: float) -> None:
+        self._settle(now)
+
+    def is_idle(self) -> bool:
+        return not self._transfers
+
+    def waiting_for(self) -> str:
+        if not self._transfers:
+            return ""
+        return f"{len(self._transfers)} transfer(s) in flight (e.g. request {next(iter(self._transfers.values())).req.id})"
+
+    # ------------------------------------------------------------------ progress
+    def _at(self, t: float, tid: int, phase: str) -> None:
+        heapq.heappush(self._timers, (t, self._seq, tid, phase))
+        self._seq += 1
+
+    def _enter_wire(self, tid: int, t_wire: float) -> None:
+        """The per-message phase ended at `t_wire`: the bytes start to cross."""
+        tr = self._transfers[tid]
+        if tr.logical > 0:
+            # model time, not the clock: host lateness must not stretch the transfer
+            tr.wire_start = max(t_wire, self._net.now)
+            self._net.add_flow(tid, tr.path, tr.logical, tr.wire_start)
+            self._drained(self._net.advance(self._net.now))
+        else:
+            tr.wire_start = tr.wire_end = t_wire
+            tr.t_end = t_wire + tr.cost.latency_s
+            self._at(tr.t_end, tid, "deliver")
+
+    def _drained(self, drained: list[tuple[Any, float]]) -> None:
+        for tid, t in drained:
+            tr = self._transfers[tid]
+            tr.wire_end = t
+            tr.t_end = t + tr.cost.latency_s
+            self._at(tr.t_end, tid, "deliver")
+
+    def _advance(self, t: float) -> None:
+        self._drained(self._net.advance(t))
+
+    def _settle(self, now: float) -> None:
+        """Do everything due by `now` (timers and network events, in time order), then
+        set `wake_at` to the next one."""
+        net, timers = self._net, self._timers
+        while True:
+            t_net = net.next_event_time() if net.n_flows else math.inf
+            t_timer = timers[0][0] if timers else math.inf
+            if t_net <= now and t_net <= t_timer:
+                self._advance(max(t_net, net.now))
+                continue
+            if t_timer > now:
+                break
+            t, _, tid, phase = heapq.heappop(timers)
+            if phase == "wire":
+                self._enter_wire(tid, t)
+            else:
+                self._deliver(tid, t)
+        self.wake_at = min(net.next_event_time() if net.n_flows else math.inf,
+                           timers[0][0] if timers else math.inf)
+
+    def _deliver(self, tid: int, t: float) -> None:
+        tr = self._transfers[tid]
+        frames = tr.frames
+        if self._corruption:
+            frames = self._inject_corruption(tr.req.id, frames, tr.path, t)
+        self.send(tr.dst, "receive_kv", tr.req, frames, tr.first_token_s, self.name, tid)
 
     def _inject_corruption(self, request_id: int, frames: list, path: tuple[str, ...], t: float) -> list:
         """`frames`, with one frame replaced by a corrupted copy if an armed rule applies."""
@@ -320,25 +384,22 @@ class Interconnect:
             break
         return frames
 
-    async def drain(self) -> None:
-        """Return when no transfer is in flight."""
-        await self._clock.wait_until(self._idle, None)
-
-    async def stats(self) -> dict:
-        """Counters since construction, as plain (picklable) values.
+    def stats(self, now: float | None = None) -> dict:
+        """Counters since construction, as plain (picklable) values (read by the driver;
+        `now` is not needed: the counters run on model time).
 
         Returns {"elapsed_s", "payload_scale", "transfers", "in_flight",
         "bytes_logical", "bytes_shipped", "checksum_failures" (bad frames reported by
         receivers), "failed_transfers" (transfers with >= 1 bad frame),
-        "lost_transfers" (the receiver had restarted: PeerLost), "frames_corrupted" and
+        "lost_transfers" (the receiver had restarted), "frames_corrupted" and
         "corruption" (list of {"tag", "corrupted", "recovered", "left"}, see `corrupt`),
         "transfer_time_s" (list of per-transfer durations, s), "links": {name: {
         "bandwidth_Bps", "latency_s", "per_message_s", "transfers", "bytes_logical"
         (completed transfers), "bytes_shipped", "bytes_lost" (transfers whose receiver
-        had restarted), "bytes_carried" (incl. partial progress), "busy_s", "utilisation" (bytes_carried / (bandwidth x elapsed)),
-        "peak_flows", "series" (list of [t, utilisation] at flow events)}}}.
+        had restarted), "bytes_carried" (incl. partial progress), "busy_s", "utilisation"
+        (bytes_carried / (bandwidth x elapsed)), "peak_flows", "series" (list of [t,
+        utilisation] at flow events)}}}.
         """
-        self._sync()
         usage = self._net.usage()
         links = {}
         for name, u in usage.items():
@@ -361,7 +422,7 @@ class Interconnect:
             "elapsed_s": self._net.now - self._t0,
             "payload_scale": self.payload_scale,
             "transfers": self._n_transfers,
-            "in_flight": self._in_flight,
+            "in_flight": len(self._transfers),
             "bytes_logical": self._total_logical,
             "bytes_shipped": self._total_shipped,
             "checksum_failures": self._checksum_failures,
@@ -414,72 +475,3 @@ class Interconnect:
                     f"says {logical_bytes}"
                 )
         return shipped
-
-    async def _cross(self, path: tuple[str, ...], nbytes: int, t: float) -> float:
-        """Move `nbytes` over `path` starting at model time `t`; returns the drain time."""
-        fid = self._next_fid
-        self._next_fid += 1
-        event = asyncio.Event()
-        self._waiters[fid] = event
-        self._net.add_flow(fid, path, nbytes, t)
-        self._dispatch(self._net.advance(self._net.now))
-        self._poke()
-        try:
-            await self._clock.wait_until(event, None)
-        except BaseException:
-            # cancelled: take the flow off the links so it stops holding bandwidth
-            self._waiters.pop(fid, None)
-            if fid not in self._drained:
-                try:
-                    self._net.remove_flow(fid, self._model_now())
-                except KeyError:
-                    pass
-                self._dispatch(self._net.advance(self._net.now))
-                self._poke()
-            self._drained.pop(fid, None)
-            raise
-        if fid not in self._drained:
-            raise RuntimeError("interconnect driver failed") from self._driver_error
-        return self._drained.pop(fid)
-
-    def _model_now(self) -> float:
-        # never behind the network (it may sit at an event time the clock has just
-        # passed or, on a wall clock that fires timers a hair early, not quite reached)
-        return max(self._clock.now(), self._net.now)
-
-    def _sync(self) -> None:
-        self._dispatch(self._net.advance(self._model_now()))
-
-    def _dispatch(self, drained: list[tuple[Hashable, float]]) -> None:
-        for fid, t in drained:
-            self._drained[fid] = t
-            event = self._waiters.pop(fid, None)
-            if event is not None:
-                event.set()
-
-    def _poke(self) -> None:
-        """Wake the driver (the next event time changed) or start it."""
-        if not self._net.n_flows:
-            return
-        self._wake.set()
-        if self._driver is None or self._driver.done():
-            self._driver = asyncio.ensure_future(self._drive())
-
-    async def _drive(self) -> None:
-        # The driver lives as long as the component: with no flow it waits for the next
-        # `_poke` (starting a task per transfer cost more than the transfer's bookkeeping).
-        net = self._net
-        try:
-            while True:
-                t_next = net.next_event_time() if net.n_flows else math.inf
-                self._wake.clear()
-                fired = await self._clock.wait_until(self._wake, None if math.isinf(t_next) else t_next)
-                t = self._model_now()
-                if not fired:
-                    t = max(t, t_next)  # the deadline passed: process it at its exact time
-                self._dispatch(net.advance(t))
-        except BaseException as e:
-            self._driver_error = e
-            for event in self._waiters.values():
-                event.set()
-            raise

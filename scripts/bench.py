@@ -1,9 +1,9 @@
-"""Benchmark the emulator itself: the same as `rack bench` (see rack/bench.py, docs/bench.md).
+"""Benchmark the emulator itself: the same as `rack bench` (see rack/analysis/bench.py, docs/bench.md).
 
 Run: .venv/bin/python scripts/bench.py [--json] [--repeat N] [--quick] [--skip-ray] ...
 """
 
-from rack.bench import main
+from rack.analysis.bench import main
 
 if __name__ == "__main__":
     main()

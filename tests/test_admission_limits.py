@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rack.admission import KVFit, context_verdict
-from rack.runner import run_scenario
-from rack.scenario import ScenarioError, load_scenario, parse_scenario, check_hardware
+from rack.serving.admission import KVFit, context_verdict
+from rack.wiring.runner import run_scenario
+from rack.wiring.scenario import ScenarioError, load_scenario, parse_scenario, check_hardware
 from workloads import Request
 
 
@@ -73,7 +73,7 @@ def test_max_model_len_cannot_exceed_the_model(llama2):
 
 def test_request_too_large_for_decode_kv_is_rejected_at_admission():
     sc = load_scenario("helios-cs3-kimi-k2")
-    from rack.topology import check_fit, cost_model
+    from rack.wiring.topology import check_fit, cost_model
 
     decode = sc.pool("decode")
     cost = cost_model(sc, decode)
@@ -100,7 +100,7 @@ def test_request_too_large_for_decode_kv_is_rejected_at_admission():
 
 def test_prompt_too_large_for_every_prefill_instance_is_rejected():
     sc = load_scenario("gpu-only-kimi-k2")
-    from rack.topology import check_fit, cost_model
+    from rack.wiring.topology import check_fit, cost_model
 
     pool = sc.pools[0]
     cost = cost_model(sc, pool)

@@ -1,11 +1,12 @@
 """The speed-ups behind `rack bench` change no result: every fast path gives, bit for
 bit, what the general path gives (cost model scalar paths, codec header cache and
-single-buffer frames, the virtual loop's order of callbacks)."""
+single-buffer frames, the virtual driver's order of messages and wake-ups)."""
 
 from __future__ import annotations
 
-import asyncio
+import math
 import pickle
+from collections import deque
 
 import numpy as np
 import pytest
@@ -14,7 +15,8 @@ from devices.costmodel import CostModel, Parallelism, SpeculativeConfig
 from devices.engines.decode import _count_bad_frames
 from interconnect.codec import (FrameError, FrameHeader, KVFrames, _HEADERS, _LAYOUTS, scan_kv_frames, corrupt_frame,
                                 decode_frame, encode_frame, make_kv_frames, peek_header, verify_kv_frames)
-from rack.runtime.virtual import LoopClock, VirtualTimeLoop
+from rack.runtime.virtual import VirtualDriver
+from workloads.core import BROADCAST, Core
 
 MODELS = [("llama-2-70b", "a100", Parallelism(tp=2)), ("kimi-k2", "mi455x", Parallelism(tp=8, ep=8)),
           ("kimi-k2", "cs3", Parallelism(pp=28)), ("gpt-oss-120b", "h100", Parallelism(tp=2)),
@@ -87,46 +89,150 @@ def test_kv_frames_pickle_as_one_buffer_and_fall_back_when_changed():
     assert type(again) is list and verify_kv_frames(again)[:2] == (7, 1)
 
 
-class _StockLoop(VirtualTimeLoop):
-    """The virtual loop with asyncio's own iteration and handle creation."""
+class _Tracer(Core):
+    """A core of a random program: every call is logged; then, drawn from its own
+    generator, it may send a message to a random core and asks to wake at once (after
+    this instant's messages), a little later on a coarse grid (ties are frequent), or
+    leaves its request as it was; a message may also cancel its request (a superseded
+    heap entry). The program ends when its budget of calls is spent."""
 
-    _run_once = asyncio.base_events.BaseEventLoop._run_once
-    call_soon = asyncio.base_events.BaseEventLoop.call_soon
-    call_at = asyncio.base_events.BaseEventLoop.call_at
+    def __init__(self, name, peers, log, budget, seed):
+        super().__init__(name)
+        self.peers, self.log, self.budget = peers, log, budget
+        self.rng = np.random.default_rng(seed)
+        self.wake_at = float(self.rng.integers(0, 3)) * 0.25
 
+    def _act(self, now, what, choices):
+        self.log.append((now, self.name, what))
+        self.budget[0] -= 1
+        if self.budget[0] <= 0:
+            self.wake_at = math.inf
+            return
+        if self.rng.integers(0, 2):
+            self.send(self.peers[int(self.rng.integers(len(self.peers)))], "poke", (self.name, len(self.log)))
+        choice = choices[int(self.rng.integers(0, len(choices)))]
+        if choice == "now":
+            self.wake_at = now
+        elif choice == "later":
+            self.wake_at = now + float(self.rng.integers(1, 3)) * 0.25
+        elif choice == "cancel":
+            self.wake_at = math.inf
 
-def _trace(loop_cls) -> list:
-    """Wake-up order of a program with simultaneous timers, events, deadlines, tasks."""
-    order = []
+    def poke(self, now, what):
+        self._act(now, what, ("now", "later", "later", "keep", "cancel"))
 
-    async def main(clock):
-        async def sleeper(i, t):
-            await clock.sleep_until(t)
-            order.append((i, clock.now()))
-
-        tasks = [asyncio.ensure_future(sleeper(i, float(i % 3))) for i in range(12)]
-        ev = asyncio.Event()
-
-        async def waiter(k):
-            fired = await clock.wait_until(ev, 1.5 + 0.25 * (k % 2))
-            order.append((f"w{k}", fired, clock.now()))
-
-        ws = [asyncio.ensure_future(waiter(k)) for k in range(4)]
-        await clock.sleep_until(1.5)
-        ev.set()
-        await asyncio.gather(*tasks, *ws)
-        order.append(("end", clock.now()))
-
-    loop = loop_cls()
-    try:
-        loop.run_until_complete(main(LoopClock(loop)))
-    finally:
-        loop.close()
-    return order
+    def on_wake(self, now):
+        self._act(now, "wake", ("now", "later", "later", "later", "keep"))
 
 
-def test_virtual_loop_runs_callbacks_in_the_stock_order():
-    assert _trace(VirtualTimeLoop) == _trace(_StockLoop)
+def _program(seed, n=5, budget=1000):
+    log: list = []
+    names = [f"c{i}" for i in range(n)]
+    left = [budget]                 # calls left, shared by the cores
+    cores = {nm: _Tracer(nm, names, log, left, seed * 100 + i) for i, nm in enumerate(names)}
+    return cores, log
+
+
+def _reference_run(cores) -> tuple[float, int, int]:
+    """The virtual driver's order (rack.runtime.virtual), written as plainly as possible
+    with a sorted list for its heap: messages first in, first out, each core's sent
+    after its call returns; then the earliest wake request, ties to the one made first.
+    A core's request stands until it asks for another time; a request replaced since is
+    dropped (a core that asks anew, even for a time it had asked for before, takes a new
+    place in line); a wake-up never moves time back. Returns (time reached, messages,
+    wake-ups)."""
+    now, seq, queue, line = 0.0, 0, deque(), []
+    asked = {nm: (math.inf, -1) for nm in cores}
+    n_msg = n_wake = 0
+
+    def after(nm):
+        nonlocal seq
+        for dst, method, args in cores[nm].outbox:
+            if dst.startswith(BROADCAST):                  # every core but the sender that handles it
+                queue.extend((other, method, args) for other in cores
+                             if other != nm and hasattr(cores[other], method))
+            else:
+                queue.append((dst, method, args))
+        cores[nm].outbox.clear()
+        if cores[nm].wake_at != asked[nm][0]:
+            asked[nm] = (cores[nm].wake_at, seq)
+            if asked[nm][0] < math.inf:
+                line.append((asked[nm][0], seq, nm))
+            seq += 1
+
+    for nm in cores:
+        after(nm)
+    while True:
+        while queue:
+            dst, method, args = queue.popleft()
+            n_msg += 1
+            getattr(cores[dst], method)(now, *args)
+            after(dst)
+        line.sort()
+        while line and asked[line[0][2]][1] != line[0][1]:
+            line.pop(0)                                    # replaced since
+        if not line:
+            return now, n_msg, n_wake
+        t, _, nm = line.pop(0)
+        asked[nm] = (math.inf, -1)
+        now = max(now, t)
+        n_wake += 1
+        cores[nm].on_wake(now)
+        after(nm)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_virtual_driver_runs_in_the_documented_order(seed):
+    """The driver's loop (a heap with superseded entries left in place, handlers looked
+    up once) delivers and wakes in the order its docstring states, call for call."""
+    cores, log = _program(seed)
+    drv = VirtualDriver(cores)
+    drv.run(lambda: False)
+    ref_cores, ref_log = _program(seed)
+    now, n_msg, n_wake = _reference_run(ref_cores)
+    assert len(log) >= 1000 and len({t for t, _, _ in log}) > 10
+    assert log == ref_log
+    assert (drv.now, drv.messages, drv.wakeups) == (now, n_msg, n_wake)
+
+
+class _Ear(Core):
+    def __init__(self, name, log, wake):
+        super().__init__(name)
+        self.log, self.wake_at = log, wake
+
+    def hear(self, now, what):
+        self.log.append((now, self.name, what))
+
+    def on_wake(self, now):
+        self.log.append((now, self.name, "wake"))
+        self.wake_at = math.inf
+
+
+class _Mouth(Core):
+    """Speaks once at t=1 (to e2, then to everyone) and asks to wake again at once."""
+
+    def __init__(self, log):
+        super().__init__("m")
+        self.log, self.wake_at = log, 1.0
+
+    def on_wake(self, now):
+        self.log.append((now, self.name, "wake"))
+        spoke = sum(1 for _, nm, _ in self.log if nm == "m") > 1
+        self.wake_at = math.inf if spoke else now        # again at this instant, after its messages
+        if not spoke:
+            self.send("e2", "hear", "direct")
+            self.send(BROADCAST, "hear", "all")
+
+
+def test_virtual_driver_order_by_hand():
+    """Messages come before wake-ups of the same instant; a broadcast reaches the other
+    cores that handle it in topology order; equal wake times go to the one requested
+    first."""
+    log: list = []
+    cores = {"m": _Mouth(log), "e1": _Ear("e1", log, 1.0), "e2": _Ear("e2", log, 0.5)}
+    VirtualDriver(cores).run(lambda: False)
+    assert log == [(0.5, "e2", "wake"), (1.0, "m", "wake"), (1.0, "e2", "direct"), (1.0, "e1", "all"),
+                   (1.0, "e2", "all"), (1.0, "e1", "wake"), (1.0, "m", "wake")]
 
 
 @pytest.mark.parametrize("model,device,par", MODELS)

@@ -5,25 +5,54 @@ every test runs on a few seconds of the shipped excerpt."""
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 from typer.testing import CliRunner
 
-from rack import bench as B
-from rack.runtime.virtual import last_loop_counters, run_virtual
+from rack.analysis import bench as B
+from rack.runtime.virtual import VirtualDriver
+from rack.runtime.virtual_run import last_run_counters
+from workloads.core import Core
 
 WINDOW = (0.0, 10.0)
 
 
-def test_loop_counters_count_wakeups():
-    async def main(clock):
-        for t in (1.0, 2.0, 3.0):
-            await clock.sleep_until(t)
+class _Ticker(Core):
+    """Wakes at 1, 2 and 3 s and tells itself each time."""
 
-    run_virtual(main)
-    c = last_loop_counters()
-    assert c["timers"] == 3 and c["virtual_s"] == 3.0
-    assert c["callbacks"] >= c["timers"] and c["iterations"] >= 1
+    def __init__(self):
+        super().__init__("ticker")
+        self.wake_at = 1.0
+        self.heard = 0
+
+    def tick(self, now):
+        self.heard += 1
+
+    def on_wake(self, now):
+        self.send(self.name, "tick")
+        self.wake_at = now + 1.0 if now < 3.0 else math.inf
+
+
+def test_driver_counters_count_messages_and_wakeups():
+    drv = VirtualDriver({"ticker": _Ticker()})
+    drv.run(lambda: False)
+    assert drv.wakeups == 3 and drv.messages == 3 and drv.now == 3.0
+    assert drv.cores["ticker"].heard == 3
+
+
+def test_last_run_counters_of_a_replay():
+    from rack.wiring.runner import run_scenario
+    from rack.wiring.scenario import load_scenario
+    from workloads import load_requests
+
+    reqs = load_requests("mooncake-excerpt", window=(0.0, 2.0))
+    out = run_scenario(load_scenario(None), reqs, runtime="virtual")
+    c = last_run_counters()
+    assert c["callbacks"] == c["messages"] + c["wakeups"]
+    assert c["virtual_s"] == out.results["emulation"]["emulated_s"] > 0
+    # the router's start and every request's submission are messages; it wakes per arrival tick
+    assert c["messages"] > len(reqs) and c["wakeups"] >= len({r.arrival_s for r in reqs}) - 1
 
 
 def test_replay_speed_row():
@@ -109,3 +138,37 @@ def test_cli_rejects_a_bad_window():
     _register_commands()
     res = CliRunner().invoke(app, ["bench", "--skip-ray", "--window", "nonsense"])
     assert res.exit_code == 2
+
+
+# ---------------------------------------------------------------------------- --baseline
+def test_baseline_section_compares_two_checkouts_in_one_run():
+    """The same code as its own baseline (a checkout path): both sides replay the same
+    window in subprocesses and agree on what they served; the ratio is baseline/current."""
+    from rack.analysis import bench_baseline as BB
+
+    root = str(BB.project_root())
+    out = BB.baseline_section(root, ["mooncake-excerpt"], "helios-cs3-kimi-k2", repeat=1, window=WINDOW)
+    rows = out["traces"]["mooncake-excerpt"]
+    for key in ("x1", "x2"):
+        r = rows[key]
+        assert r["completed"]["baseline"] == r["completed"]["current"] > 0
+        assert r["ttft_p50_s"]["baseline"] == r["ttft_p50_s"]["current"]
+        assert r["speedup"] == pytest.approx(r["baseline_wall_s"] / r["current_wall_s"])
+    assert set(rows["doubled_output_ratio"]) == {"baseline", "current"}
+    chk = B.checks({"baseline": out})["baseline.mooncake-excerpt.speedup"]
+    assert chk["ok"] is None and chk["na"] == "window"
+
+
+def test_baseline_bad_ref_is_refused_before_measuring(tmp_path):
+    from rack.analysis.bench_baseline import check_ref
+
+    with pytest.raises(ValueError, match="neither a directory nor a git revision"):
+        check_ref("no-such-revision-xyz")
+    with pytest.raises(ValueError, match="no rack/ package"):
+        check_ref(str(tmp_path))
+    from rack.cli import _register_commands
+    from rack.cli.app import app
+
+    _register_commands()
+    res = CliRunner().invoke(app, ["bench", "--baseline", "no-such-revision-xyz", "--quick"])
+    assert res.exit_code == 2 and "--baseline no-such-revision-xyz" in res.output

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from rack.scenario import load_scenario
-from rack.topology import build_topology
+from rack.wiring.scenario import load_scenario
+from rack.wiring.topology import build_topology
 
 
 def test_a100_llama2_scenario_is_eight_tp2_colocated_replicas():

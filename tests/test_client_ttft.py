@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rack.runner import run_scenario
-from rack.scenario import load_scenario
-from rack.sweep import with_link_bandwidth
+from rack.wiring.runner import run_scenario
+from rack.wiring.scenario import load_scenario
+from rack.analysis.sweep import with_link_bandwidth
 from workloads import Request, load_requests
 
 REFERENCE = Path(__file__).parent / "data" / "reference_first_token_prefill.json"
@@ -71,8 +71,8 @@ def test_halving_the_link_at_idle_moves_ttft_by_the_added_transfer_time_only(spl
 def test_a_request_waiting_for_decode_memory_gets_it_in_its_ttft():
     # a decode engine with room for one such request at a time (reserve policy books
     # prompt + output - 1 tokens): the second waits for the first to complete
-    from rack.scenario import parse_scenario
-    from rack.topology import check_fit, cost_model
+    from rack.wiring.scenario import parse_scenario
+    from rack.wiring.topology import check_fit, cost_model
 
     sc = load_scenario("helios-cs3-kimi-k2")
     decode = sc.pool("decode")

@@ -9,9 +9,9 @@ from typer.testing import CliRunner
 
 import rack.cli
 from rack.cli.app import app
-from rack.runner import run_scenario
-from rack.scenario import ScenarioError, load_scenario, parse_scenario
-from rack.topology import build_topology
+from rack.wiring.runner import run_scenario
+from rack.wiring.scenario import ScenarioError, load_scenario, parse_scenario
+from rack.wiring.topology import build_topology
 from workloads import Request
 
 BASE = """\
@@ -137,7 +137,7 @@ def test_custom_device_file_with_zero_capacity(tmp_path):
 
 
 def _parsed(model: str = "llama-3.1-8b", decode_device: str = "h100"):
-    from rack.scenario import tomllib
+    from rack.wiring.scenario import tomllib
 
     data = tomllib.loads(BASE)
     data["model"] = model

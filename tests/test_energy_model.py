@@ -8,10 +8,11 @@ import math
 import pytest
 
 from devices.catalog import resolve_device
-from rack.energy import (DEFAULT_CAPEX_USD, CostSettings, cost_section, device_price, energy_section,
+from rack.wiring.settings import CostSettings
+from rack.analysis.energy import (DEFAULT_CAPEX_USD, cost_section, device_price, energy_section,
                          pool_rates)
-from rack.runner import run_scenario
-from rack.scenario import Scenario, load_scenario
+from rack.wiring.runner import run_scenario
+from rack.wiring.scenario import Scenario, load_scenario
 from workloads import FixedLengths, PoissonArrivals, Request, synthesize
 
 

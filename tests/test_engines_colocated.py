@@ -3,18 +3,15 @@ baselines): mixed iterations, event skipping, prefix cache sharing, preemption."
 
 from __future__ import annotations
 
-import asyncio
-
 import numpy as np
 import pytest
 
 from devices.catalog import get_device
 from devices.costmodel import CostModel
 from devices.engines.colocated import ColocatedEngine
-from rack.runtime.virtual import run_virtual
 from workloads.request import Request
 
-from _engine_fakes import FakeCollector, plan
+from _engine_fakes import Client, FakeCollector, plan, run_cores, submissions
 
 
 def llama(device):
@@ -24,28 +21,15 @@ def llama(device):
 def _run(requests, cost, in_order=False, **kw):
     """Submit `requests` at their arrival times (or, with `in_order`, all at once in list
     order), drain, return (collector, engine, stats)."""
-    out = {}
-
-    async def main(clock):
-        col = FakeCollector(clock)
-        eng = ColocatedEngine(name="gpu0", clock=clock, cost=cost, collector=col,
-                              **{"max_batch": 64, "chunk_tokens": 4096, **kw})
-
-        async def arrive(r):
-            await clock.sleep_until(r.arrival_s)
-            await col.event(r.id, "arrival", clock.now())
-            await eng.submit(r, "gpu0")
-
-        if in_order:
-            for r in requests:
-                await eng.submit(r, "gpu0")
-        else:
-            await asyncio.gather(*(arrive(r) for r in requests))
-        await eng.drain()
-        out.update(col=col, eng=eng, stats=await eng.stats())
-
-    run_virtual(main)
-    return out["col"], out["eng"], out["stats"]
+    col = FakeCollector()
+    eng = ColocatedEngine(name="gpu0", cost=cost, collector=col.name,
+                          **{"max_batch": 64, "chunk_tokens": 4096, **kw})
+    if in_order:
+        script = [(0.0, "gpu0", "submit_many", [(r, "gpu0")]) for r in requests]
+    else:
+        script = submissions(requests, "gpu0", "gpu0", col.name)
+    drv = run_cores([col, Client(script), eng])
+    return col, eng, eng.stats(drv.now)
 
 
 def _poisson(n, rate, seed, prompt=(100, 6000), output=(2, 300), shared_blocks=0, bs=512):

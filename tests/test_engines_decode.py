@@ -10,11 +10,9 @@ import pytest
 
 from devices.engines.decode import DecodeEngine
 from interconnect.codec import corrupt_frame, make_kv_frames
-from rack.runtime.virtual import run_virtual
 from workloads.request import Request
 
-from _engine_fakes import GB, FakeCollector, FakeCost, plan  # tests/ helper module
-from _engine_fakes import deliver as _deliver
+from _engine_fakes import GB, Client, FakeCollector, FakeCost, deliveries, plan, run_cores  # tests/ helpers
 from _engine_fakes import frames_for as _frames
 from _engine_fakes import make_requests as _reqs
 from _engine_fakes import run_decode as _run
@@ -79,22 +77,14 @@ def test_wakeups_bounded_by_batch_changes_with_staggered_arrivals():
 
 def test_admission_mid_run_happens_at_a_step_boundary():
     cost = FakeCost()
-    out = {}
-
-    async def main(clock):
-        col = FakeCollector(clock)
-        eng = DecodeEngine(name="d", clock=clock, cost=cost, collector=col, max_batch=8,
-                           memory_plan=plan(40 * GB, cost.weight_bytes))
-        a = Request(id=0, arrival_s=0, prompt_tokens=500, output_tokens=200)
-        b = Request(id=1, arrival_s=0, prompt_tokens=500, output_tokens=20)
-        await _deliver(eng, cost, a)
-        await clock.sleep_until(0.0123456)
-        await _deliver(eng, cost, b)
-        await eng.drain()
-        out.update(col=col, stats=await eng.stats())
-
-    run_virtual(main)
-    col = out["col"]
+    col = FakeCollector()
+    eng = DecodeEngine(name="d", cost=cost, collector=col.name, max_batch=8,
+                       memory_plan=plan(40 * GB, cost.weight_bytes))
+    a = Request(id=0, arrival_s=0, prompt_tokens=500, output_tokens=200)
+    b = Request(id=1, arrival_s=0, prompt_tokens=500, output_tokens=20)
+    script, deliver = deliveries("d", cost, [a, b], [0.0, 0.0123456])
+    drv = run_cores([col, eng, Client(script, deliver=deliver)])
+    stats = eng.stats(drv.now)
     t_admit = col.times("decode_admit")[1]
     token_times_a = np.cumsum(col.outcomes[0]["itl_s"])         # first token at 0
     assert t_admit >= 0.0123456
@@ -102,7 +92,7 @@ def test_admission_mid_run_happens_at_a_step_boundary():
     assert t_admit - 0.0123456 < np.max(col.outcomes[0]["itl_s"])  # within one step
     # b's first decode token is one step after its admission
     assert col.outcomes[1]["itl_s"].shape == (19,)
-    assert out["stats"]["wakeups"] <= 5
+    assert stats["wakeups"] <= 5
 
 
 def test_speculative_decoding_uses_expected_tokens_per_step():
@@ -156,64 +146,61 @@ def test_request_too_large_for_decode_fails():
     cost = FakeCost()
     capacity = cost.weight_bytes + 100 * 16 * cost.kv_bytes_per_token
     reqs = [Request(id=0, arrival_s=0, prompt_tokens=1500, output_tokens=200)]
-    out = {}
-
-    async def main(clock):
-        col = FakeCollector(clock)
-        eng = DecodeEngine(name="d", clock=clock, cost=cost, collector=col, max_batch=4,
-                           memory_plan=plan(capacity, cost.weight_bytes))
-        out["ok"] = await eng.reserve_kv(reqs[0], 1500)
-        await eng.drain()
-        out["col"] = col
-
-    run_virtual(main)
-    assert out["ok"] is False
-    assert out["col"].outcomes[0]["outcome"] == "failed"
-    assert out["col"].outcomes[0]["reason"] == "exceeds_decode_kv_capacity"
+    col = FakeCollector()
+    eng = DecodeEngine(name="d", cost=cost, collector=col.name, max_batch=4,
+                       memory_plan=plan(capacity, cost.weight_bytes))
+    client = Client([(0.0, "d", "reserve_kv", reqs[0], 1500, 0.0, "client")])
+    run_cores([col, eng, client])
+    assert client.of("kv_reserved") == [(0, "refused")]          # the old `reserve_kv` returned False
+    assert col.outcomes[0]["outcome"] == "failed"
+    assert col.outcomes[0]["reason"] == "exceeds_decode_kv_capacity"
 
 
 def test_bad_frames_are_counted_never_used():
     cost = FakeCost()
     req = Request(id=7, arrival_s=0, prompt_tokens=300, output_tokens=5)
+    col = FakeCollector()
+    eng = DecodeEngine(name="d", cost=cost, collector=col.name, max_batch=4,
+                       memory_plan=plan(40 * GB, cost.weight_bytes))
+    frames = _frames(cost, req)
+    bad = [corrupt_frame(frames[0]), frames[1], corrupt_frame(frames[2], seed=3)] + frames[3:]
+    other = make_kv_frames(8, 300, cost.kv_bytes_per_token, cost.model.layers, 8, 1e-5)
     out = {}
-
-    async def main(clock):
-        col = FakeCollector(clock)
-        eng = DecodeEngine(name="d", clock=clock, cost=cost, collector=col, max_batch=4,
-                           memory_plan=plan(40 * GB, cost.weight_bytes))
-        await eng.reserve_kv(req, 300)
-        frames = _frames(cost, req)
-        bad = [corrupt_frame(frames[0]), frames[1], corrupt_frame(frames[2], seed=3)] + frames[3:]
-        out["bad"] = await eng.receive_kv(req, bad, 0.0)
-        out["missing"] = await eng.receive_kv(req, frames[:-1], 0.0)
-        other = make_kv_frames(8, 300, cost.kv_bytes_per_token, cost.model.layers, 8, 1e-5)
-        out["wrong_req"] = await eng.receive_kv(req, other, 0.0)
-        out["held"] = eng.ledger.held("reserved")
-        await eng.abort_kv(req, "kv_checksum")
-        await eng.drain()
-        out.update(col=col, stats=await eng.stats())
-
-    run_virtual(main)
-    assert out["bad"] == 2 and out["missing"] == 1 and out["wrong_req"] == len(
+    client = Client([
+        (0.0, "d", "reserve_kv", req, 300, None, "client"),
+        (0.0, "d", "receive_kv", req, bad, 0.0, "client", "bad"),
+        (0.0, "d", "receive_kv", req, frames[:-1], 0.0, "client", "missing"),
+        (0.0, "d", "receive_kv", req, other, 0.0, "client", "wrong_req"),
+        (1.0, lambda now: out.update(held=eng.ledger.held("reserved"))),
+        (1.0, "d", "abort_kv", req, "kv_checksum"),
+    ])
+    drv = run_cores([col, eng, client])
+    stats = eng.stats(drv.now)
+    got = dict(client.of("kv_received"))
+    assert got["bad"] == 2 and got["missing"] == 1 and got["wrong_req"] == len(
         make_kv_frames(8, 300, 131_072, 32, 8, 1e-5))
     assert out["held"] > 0
-    o = out["col"].outcomes[7]
+    o = col.outcomes[7]
     assert o["outcome"] == "failed" and o["reason"] == "kv_checksum"
-    assert out["col"].count("decode_admit") == 0
-    assert out["stats"]["memory"]["used_bytes"] == out["stats"]["memory"]["held_bytes"]["weights"]
+    assert col.count("decode_admit") == 0
+    assert stats["memory"]["used_bytes"] == stats["memory"]["held_bytes"]["weights"]
 
 
-def test_receive_without_reservation_is_an_error():
+def test_receive_without_reservation_is_refused():
+    """KV for a request this engine holds no reservation for (never reserved, or lost in
+    a restart) is never used: the reply is -1 (the sender lost the exchange; the old
+    engine raised PeerLost, "without a reservation"), nothing is admitted or held."""
     cost = FakeCost()
     req = Request(id=1, arrival_s=0, prompt_tokens=10, output_tokens=5)
-
-    async def main(clock):
-        eng = DecodeEngine(name="d", clock=clock, cost=cost, collector=FakeCollector(),
-                           max_batch=4, memory_plan=plan(40 * GB, cost.weight_bytes))
-        with pytest.raises(RuntimeError, match="without a reservation"):
-            await eng.receive_kv(req, _frames(cost, req), 0.0)
-
-    run_virtual(main)
+    col = FakeCollector()
+    eng = DecodeEngine(name="d", cost=cost, collector=col.name, max_batch=4,
+                       memory_plan=plan(40 * GB, cost.weight_bytes))
+    client = Client([(0.0, "d", "receive_kv", req, _frames(cost, req), 0.0, "client", "t")])
+    drv = run_cores([col, eng, client])
+    assert client.of("kv_received") == [("t", -1)]
+    stats = eng.stats(drv.now)
+    assert stats["admitted"] == 0 and col.events_log == [] and col.outcomes == {}
+    assert stats["memory"]["used_bytes"] == stats["memory"]["held_bytes"]["weights"]
 
 
 def test_max_batch_caps_the_batch():
@@ -227,10 +214,10 @@ def test_max_batch_caps_the_batch():
 def test_bad_arguments():
     cost = FakeCost()
     with pytest.raises(ValueError, match="admission_policy"):
-        DecodeEngine(name="d", clock=None, cost=cost, collector=None, max_batch=4,
+        DecodeEngine(name="d", cost=cost, collector="collector", max_batch=4,
                      admission_policy="swap", memory_plan=plan(40 * GB, cost.weight_bytes))
     with pytest.raises(ValueError, match="max_batch"):
-        DecodeEngine(name="d", clock=None, cost=cost, collector=None, max_batch=0,
+        DecodeEngine(name="d", cost=cost, collector="collector", max_batch=0,
                      memory_plan=plan(40 * GB, cost.weight_bytes))
 
 

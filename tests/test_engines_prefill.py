@@ -4,7 +4,6 @@ bounds, handoff, exactly-once outcomes."""
 
 from __future__ import annotations
 
-import asyncio
 import math
 
 import numpy as np
@@ -14,8 +13,7 @@ from devices.catalog import get_device
 from devices.costmodel import CostModel, Parallelism
 from devices.engines.decode import DecodeEngine
 from devices.engines.prefill import PrefillEngine
-from rack.runtime.virtual import run_virtual
-from _engine_fakes import DirectInterconnect, FakeCollector, plan
+from _engine_fakes import Client, DirectInterconnect, FakeCollector, plan, run_cores, submissions
 from workloads.request import Request
 
 SCALE = 1e-5     # payload_scale: ship 10 ppm of the KV bytes (logical sizes stay exact)
@@ -44,38 +42,24 @@ def llama_cs3():
     return CostModel("llama-3.1-8b", "cs3", weight_dtype="bf16", kv_dtype="bf16")
 
 
-def _system(clock, pcost, dcost, *, prefill_kw=None, decode_kw=None, link_kw=None):
-    col = FakeCollector(clock)
-    decode = DecodeEngine(name="wafer0", clock=clock, cost=dcost, collector=col,
+def _system(pcost, dcost, *, prefill_kw=None, decode_kw=None, link_kw=None):
+    col = FakeCollector()
+    decode = DecodeEngine(name="wafer0", cost=dcost, collector=col.name,
                           **{"max_batch": 64, **(decode_kw or {})})
-    ic = DirectInterconnect(clock, {"wafer0": decode}, **(link_kw or {}))
-    prefill = PrefillEngine(name="gpu0", clock=clock, cost=pcost, collector=col,
-                            interconnect=ic, decode={"wafer0": decode},
+    ic = DirectInterconnect(**(link_kw or {}))
+    prefill = PrefillEngine(name="gpu0", cost=pcost, collector=col.name,
+                            interconnect=ic.name, decode=["wafer0"],
                             **{"chunk_tokens": 8192, "max_queue": 1000, "payload_scale": SCALE,
                                **(prefill_kw or {})})
     return col, prefill, decode, ic
 
 
 def _replay(requests, pcost, dcost, **kw):
-    """Submit `requests` at their arrival times, drain everything, return results."""
-    out = {}
-
-    async def main(clock):
-        col, prefill, decode, ic = _system(clock, pcost, dcost, **kw)
-
-        async def arrive(r):
-            await clock.sleep_until(r.arrival_s)
-            await col.event(r.id, "arrival", clock.now())
-            await prefill.submit(r, "wafer0")
-
-        await asyncio.gather(*(arrive(r) for r in requests))
-        await prefill.drain()
-        await decode.drain()
-        out.update(col=col, prefill=prefill, decode=decode, ic=ic,
-                   pstats=await prefill.stats(), dstats=await decode.stats())
-
-    run_virtual(main)
-    return out
+    """Submit `requests` at their arrival times, run until idle, return results."""
+    col, prefill, decode, ic = _system(pcost, dcost, **kw)
+    drv = run_cores([col, Client(submissions(requests, "gpu0", "wafer0", col.name)), prefill, ic, decode])
+    return dict(col=col, prefill=prefill, decode=decode, ic=ic,
+                pstats=prefill.stats(drv.now), dstats=decode.stats(drv.now))
 
 
 def _poisson(n, rate, prompt_range, output_range, seed=0, hashes=False, bs=512):
@@ -284,29 +268,14 @@ def test_with_the_real_interconnect_component():
 
     pcost, dcost = llama_h100(), llama_cs3()
     reqs = _poisson(20, rate=50.0, prompt_range=(1000, 8000), output_range=(2, 50), seed=5)
-    out = {}
-
-    async def main(clock):
-        col = FakeCollector(clock)
-        decode = DecodeEngine(name="wafer0", clock=clock, cost=dcost, collector=col, max_batch=64)
-        ic = Interconnect(clock=clock, links=[LinkSpec(name="kv0", bandwidth_GBps=10.0)],
-                          routes={("gpu0", "wafer0"): ["kv0"]}, receivers={"wafer0": decode},
-                          payload_scale=SCALE)
-        prefill = PrefillEngine(name="gpu0", clock=clock, cost=pcost, collector=col, interconnect=ic,
-                                decode={"wafer0": decode}, payload_scale=SCALE)
-
-        async def arrive(r):
-            await clock.sleep_until(r.arrival_s)
-            await prefill.submit(r, "wafer0")
-
-        await asyncio.gather(*(arrive(r) for r in reqs))
-        await prefill.drain()
-        await decode.drain()
-        await ic.drain()
-        out.update(col=col, ic=await ic.stats(), pstats=await prefill.stats(),
-                   dstats=await decode.stats())
-
-    run_virtual(main)
+    col = FakeCollector()
+    decode = DecodeEngine(name="wafer0", cost=dcost, collector=col.name, max_batch=64)
+    ic = Interconnect(links=[LinkSpec(name="kv0", bandwidth_GBps=10.0)],
+                      routes={("gpu0", "wafer0"): ["kv0"]}, receivers=["wafer0"], payload_scale=SCALE)
+    prefill = PrefillEngine(name="gpu0", cost=pcost, collector=col.name, interconnect=ic.name,
+                            decode=["wafer0"], payload_scale=SCALE)
+    drv = run_cores([col, Client(submissions(reqs, "gpu0", "wafer0")), prefill, ic, decode])
+    out = dict(col=col, ic=ic.stats(drv.now), pstats=prefill.stats(drv.now), dstats=decode.stats(drv.now))
     col = out["col"]
     _check_exactly_once_and_memory(out, reqs)
     assert out["ic"]["transfers"] == len(reqs)

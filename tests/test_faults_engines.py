@@ -1,137 +1,124 @@
-"""The engines' side of fault recovery, one engine at a time: PeerLost re-sends and their
-limit, reservations dropped for a lost sender, a halted engine failing its waiting
-callers, the decode reservation-queue bound, and the results' failure accounting."""
+"""The engines' side of fault recovery, one engine at a time: a lost decode peer's
+re-sends and their limit, reservations dropped for a lost sender, a crashed engine
+forgetting what it held, the decode reservation-queue bound, and the results' failure
+accounting."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from _engine_fakes import FakeCollector, FakeCost, GB, frames_for, plan
+from _engine_fakes import Client, FakeCollector, FakeCost, GB, frames_for, plan, run_cores
 from devices.engines.decode import DecodeEngine
 from devices.engines.prefill import PrefillEngine
-from interconnect.component import PeerLost
-from rack.faults import faults_section
-from rack.runtime.virtual import run_virtual
+from rack.analysis.faults import faults_section
+from workloads.core import BROADCAST, Core
 from workloads.request import Request
 
 
-class Collector(FakeCollector):
-    async def open_among(self, ids):
-        return [i for i in ids if i not in self.outcomes]
+class DeadDecode(Core):
+    """A decode peer that is never there: every `reserve_kv` is lost, as the prefill
+    engine learns it in one of three ways (`mode`): "lost", the engine answers
+    `kv_reserved(rid, "lost")` (it restarted and dropped the reservation); "send_failed",
+    the driver could not deliver the message (Ray: the actor is down); "peer_lost", the
+    fault injector's broadcast that the engine died while the reservation waited."""
 
-
-class DeadDecode:
-    """A decode peer that is never there (every call: PeerLost)."""
-
-    def __init__(self):
+    def __init__(self, mode, name="d0"):
+        super().__init__(name)
+        self.mode = mode
         self.calls = 0
 
-    async def reserve_kv(self, req, kv_tokens, first_token_s=None):
+    def reserve_kv(self, now, req, kv_tokens, first_token_s, src):
         self.calls += 1
-        raise PeerLost("decode-0 is down")
+        if self.mode == "lost":
+            self.send(src, "kv_reserved", req.id, "lost")
+        elif self.mode == "send_failed":
+            self.send(src, "send_failed", self.name, "reserve_kv", (req, kv_tokens, first_token_s, src))
+        else:
+            self.send(BROADCAST, "peer_lost", self.name)
 
 
-class NoLink:
-    async def transfer(self, *a, **k):  # pragma: no cover - never reached
+class NoLink(Core):
+    def __init__(self):
+        super().__init__("interconnect")
+
+    def transfer(self, now, *a):  # pragma: no cover - never reached
         raise AssertionError("nothing to ship")
 
 
-def test_prefill_gives_up_after_max_peer_retries_and_frees_the_kv():
+@pytest.mark.parametrize("mode", ["lost", "send_failed", "peer_lost"])
+def test_prefill_gives_up_after_max_peer_retries_and_frees_the_kv(mode):
     cost = FakeCost()
     req = Request(id=3, arrival_s=0.0, prompt_tokens=2000, output_tokens=10)
-    out = {}
-
-    async def main(clock):
-        col = Collector(clock)
-        dead = DeadDecode()
-        eng = PrefillEngine(name="p0", clock=clock, cost=cost, collector=col, interconnect=NoLink(),
-                            decode={"d0": dead}, memory_plan=plan(80 * GB, cost.weight_bytes),
-                            max_peer_retries=3, payload_scale=1e-5)
-        await eng.submit(req, "d0")
-        await eng.drain()
-        out.update(col=col, dead=dead, stats=await eng.stats(), t=clock.now())
-
-    run_virtual(main)
-    o = out["col"].outcomes[3]
+    col, dead = FakeCollector(), DeadDecode(mode)
+    eng = PrefillEngine(name="p0", cost=cost, collector=col.name, interconnect="interconnect",
+                        decode=["d0"], memory_plan=plan(80 * GB, cost.weight_bytes),
+                        max_peer_retries=3, payload_scale=1e-5)
+    drv = run_cores([col, Client([(0.0, "p0", "submit_many", [(req, "d0")])]), eng, NoLink(), dead])
+    o = col.outcomes[3]
     assert o["outcome"] == "failed" and o["reason"] == "decode_unavailable"
-    assert out["dead"].calls == 4                        # the first try + 3 re-sends
-    st = out["stats"]
+    assert dead.calls == 4                               # the first try + 3 re-sends
+    st = eng.stats(drv.now)
     assert st["peer_lost"] == 4 and st["kv_resent_after_restart"] == 3
     assert st["memory"]["held_bytes"].get("kv", 0) == 0   # the KV was freed
-    assert out["t"] >= 1e-3 + 2e-3                        # it backed off between tries
+    assert drv.now >= 1e-3 + 2e-3                         # it backed off between tries
 
 
-def test_dropped_and_halted_reservations_raise_peer_lost_in_their_callers():
-    import asyncio
-
+def test_dropped_reservations_are_lost_to_their_senders_and_a_crash_forgets_them():
     cost = FakeCost()
     big = [Request(id=i, arrival_s=0.0, prompt_tokens=100_000, output_tokens=2) for i in range(3)]
-    out = {}
+    col = FakeCollector()
 
-    def engine(clock, col):
+    def engine(loading_until_s=None):
         # room for one request's KV: the second and third wait
-        return DecodeEngine(name="d0", clock=clock, cost=cost, collector=col, max_batch=4,
-                            memory_plan=plan(cost.weight_bytes + 14 * GB, cost.weight_bytes))
+        return DecodeEngine(name="d0", cost=cost, collector=col.name, max_batch=4,
+                            memory_plan=plan(cost.weight_bytes + 14 * GB, cost.weight_bytes),
+                            loading_until_s=loading_until_s)
 
-    async def main(clock):
-        col = Collector(clock)
-        eng = engine(clock, col)
-        results = {}
-
-        async def reserve(r):
-            try:
-                results[r.id] = await eng.reserve_kv(r, r.prompt_tokens, first_token_s=0.0)
-            except PeerLost as exc:
-                results[r.id] = exc
-
-        tasks = [asyncio.ensure_future(reserve(r)) for r in big]
-        await clock.sleep_until(0.001)
-        assert results == {0: True} and eng.waiting_peak == 2
-        assert await eng.holding([0, 1, 2]) == [0, 1, 2]         # reservations count as held
-        assert await eng.holding([1], drop_reserved=True) == []   # request 1's sender died
-        await clock.sleep_until(0.002)
-        assert isinstance(results[1], PeerLost) and 2 not in results
-        eng.halt()                                                 # the engine itself dies
-        await asyncio.gather(*tasks)
-        assert isinstance(results[2], PeerLost)
-        fresh = engine(clock, col)                                 # as restarted: knows nothing
-        with pytest.raises(PeerLost, match="without a reservation"):
-            await fresh.receive_kv(big[0], frames_for(cost, big[0]), 0.0)
-        with pytest.raises(PeerLost):
-            await fresh.abort_kv(big[0])
-        out["stats"] = await eng.stats()
-
-    run_virtual(main)
-    assert out["stats"]["reservations_dropped"] == 1
+    eng = engine()
+    seen = {}
+    client = Client([
+        *[(0.0, "d0", "reserve_kv", r, r.prompt_tokens, 0.0, "client") for r in big],
+        (0.001, lambda now: seen.update(at_1ms=list(client.of("kv_reserved")), peak=eng.waiting_peak)),
+        (0.001, "d0", "holding", [0, 1, 2], False, "client", "all"),
+        (0.001, "d0", "holding", [1], True, "client", "drop"),          # request 1's sender died
+        (0.002, lambda now: seen.update(at_2ms=list(client.of("kv_reserved")))),
+        (0.002, "d0", "crash", None),                                    # the engine itself dies
+        (0.003, "d0", "receive_kv", big[0], frames_for(cost, big[0]), 0.0, "client", "after"),
+        (0.003, "d0", "abort_kv", big[0], "kv_checksum"),
+        (0.003, "d0", "holding", [0, 1, 2], False, "client", "fresh"),
+    ])
+    drv = run_cores([col, eng, client], rebuild=lambda name, until: engine(until))
+    assert seen["at_1ms"] == [(0, "granted")] and seen["peak"] == 2
+    held = {tag: ids for tag, _, ids in client.of("held")}
+    assert held["all"] == [0, 1, 2]                                      # reservations count as held
+    assert held["drop"] == []
+    assert seen["at_2ms"] == [(0, "granted"), (1, "lost")]               # its waiting sender is told
+    assert eng.stats(drv.now)["reservations_dropped"] == 1
+    # restarted (the driver's crash: a fresh core that knows nothing)
+    fresh = drv.cores["d0"]
+    assert fresh is not eng and drv.incarnation["d0"] == 1
+    assert held["fresh"] == []                                           # request 2's wait is gone too
+    assert client.of("kv_received") == [("after", -1)]                   # no reservation: the sender lost it
+    assert col.outcomes[0] == {"outcome": "failed", "reason": "kv_checksum", "itl_s": None, "t": 0.003}
+    assert fresh.stats(drv.now)["memory"]["held_bytes"].get("reserved", 0) == 0
 
 
 def test_decode_reservation_queue_is_bounded():
     cost = FakeCost()
     reqs = [Request(id=i, arrival_s=0.0, prompt_tokens=100_000, output_tokens=2) for i in range(6)]
-    out = {}
-
-    async def main(clock):
-        import asyncio
-
-        col = Collector(clock)
-        eng = DecodeEngine(name="d0", clock=clock, cost=cost, collector=col, max_batch=4,
-                           memory_plan=plan(cost.weight_bytes + 14 * GB, cost.weight_bytes),
-                           max_reserve_queue=2)
-        got = await asyncio.gather(*(asyncio.wait_for(eng.reserve_kv(r, r.prompt_tokens, 0.0), 10)
-                                     for r in reqs[:1]))
-        waiting = [asyncio.ensure_future(eng.reserve_kv(r, r.prompt_tokens, 0.0)) for r in reqs[1:3]]
-        await clock.sleep_until(0.001)
-        refused = [await eng.reserve_kv(r, r.prompt_tokens, 0.0) for r in reqs[3:]]
-        out.update(got=got, refused=refused, col=col, peak=eng.waiting_peak)
-        for t in waiting:
-            t.cancel()
-
-    run_virtual(main)
-    assert out["got"] == [True] and out["refused"] == [False, False, False]
-    assert out["peak"] == 2
+    col = FakeCollector()
+    eng = DecodeEngine(name="d0", cost=cost, collector=col.name, max_batch=4,
+                       memory_plan=plan(cost.weight_bytes + 14 * GB, cost.weight_bytes),
+                       max_reserve_queue=2)
+    client = Client([(0.0 if r.id < 3 else 0.001, "d0", "reserve_kv", r, r.prompt_tokens, 0.0, "client")
+                     for r in reqs])
+    drv = run_cores([col, eng, client], idle=False)      # 1 and 2 wait for memory for ever
+    got = client.of("kv_reserved")
+    assert got[0] == (0, "granted") and got[1:] == [(3, "refused"), (4, "refused"), (5, "refused")]
+    assert eng.waiting_peak == 2 and eng.stats(drv.now)["waiting_reservations"] == 2
     for i in (3, 4, 5):
-        o = out["col"].outcomes[i]
+        o = col.outcomes[i]
         assert (o["outcome"], o["reason"]) == ("rejected", "decode_queue_full")
 
 

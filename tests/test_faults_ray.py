@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from rack.runner import run_scenario
-from rack.scenario import parse_scenario
+from rack.wiring.runner import run_scenario
+from rack.wiring.scenario import parse_scenario
 from workloads import Request
 
 pytestmark = pytest.mark.ray
@@ -34,7 +34,7 @@ def test_killed_decode_actor_is_restarted_and_its_requests_recovered(ray_session
     assert f["injected"] == f["recovered"] == 1 and f["requests_failed"] == 0
     (rec,) = f["list"]
     before, after = rec["incarnations"]
-    assert rec["restarted"] and before["pid"] != after["pid"]      # a new process
+    assert rec["restarted"] and before != after       # a new process (on Ray the incarnation is its pid)
     assert rec["back_at_s"] > rec["applied_at_s"]                   # it was down a while
     # The KV that was at the decode engine was lost with it and re-prefilled.
     assert f["requests_redispatched"] > 0 and f["requests_recovered"] == f["requests_redispatched"]

@@ -7,8 +7,8 @@ import pytest
 
 from rack.runtime.cluster import ClusterError, NodeSpec, parse_node_spec
 from rack.runtime.parallel import MapTimeout, RunFailed, map_virtual_runs, virtual_results
-from rack.scenario import ScenarioError, load_scenario, parse_scenario
-from rack.topology import ComponentSpec, build_topology
+from rack.wiring.scenario import ScenarioError, load_scenario, parse_scenario
+from rack.wiring.topology import ComponentSpec, build_topology
 from workloads import load_requests
 
 

@@ -13,8 +13,8 @@ import time
 
 import pytest
 
-from rack.runner import run_scenario
-from rack.scenario import load_scenario
+from rack.wiring.runner import run_scenario
+from rack.wiring.scenario import load_scenario
 from workloads import load_requests
 
 pytestmark = pytest.mark.ray
@@ -136,7 +136,7 @@ def test_sweep_runs_as_ray_tasks_and_matches_local(cluster):
 
 
 def test_compare_runs_as_ray_tasks_and_matches_local(cluster):
-    from rack.compare import run_compare
+    from rack.analysis.compare import run_compare
 
     reqs = load_requests("mooncake-excerpt", window=(0, 1), output_scale=0.1)
     names = ["helios-cs3-kimi-k2", "gpu-only-kimi-k2"]

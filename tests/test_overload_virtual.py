@@ -15,8 +15,8 @@ import numpy as np
 import psutil
 import pytest
 
-from rack.runner import run_scenario
-from rack.scenario import parse_scenario
+from rack.wiring.runner import run_scenario
+from rack.wiring.scenario import parse_scenario
 from workloads import PoissonArrivals, UniformLengths, synthesize
 
 MAX_QUEUE = 64            # prefill requests waiting per instance

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rack.runner import run_scenario
-from rack.scenario import parse_scenario
+from rack.wiring.runner import run_scenario
+from rack.wiring.scenario import parse_scenario
 from workloads import Request
 
 OUTCOMES = {"completed", "rejected", "failed"}

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from rack.runner import run_scenario
-from rack.scenario import load_scenario
+from rack.wiring.runner import run_scenario
+from rack.wiring.scenario import load_scenario
 from workloads import load_requests
 
 pytestmark = pytest.mark.ray
@@ -62,7 +62,7 @@ def test_kv_payload_by_reference_round_trip(ray_session):
     import asyncio
 
     from interconnect.codec import corrupt_frame, make_kv_frames, verify_kv_frames
-    from rack.runtime.ray_runtime import _resolve_payloads, _store_payloads, _StoredPayload
+    from rack.runtime.ray_host import _resolve_payloads, _store_payloads, _StoredPayload
 
     frames = make_kv_frames(7, 3000, 35_136, 61, 8, 1e-3)
     stored = _store_payloads((1, frames, "x"))

@@ -4,28 +4,30 @@ from __future__ import annotations
 
 import pytest
 
-from rack.collector import Collector
-from rack.router import Router
-from rack.runtime.virtual import run_virtual
+from rack.serving.collector import Collector
+from rack.serving.router import Router
+from rack.runtime.virtual import VirtualDriver
 from workloads import Request
+from workloads.core import Core
 
 
-class FakeInstance:
-    def __init__(self, clock, load=0):
-        self.clock = clock
+class FakeInstance(Core):
+    """A prefill-capable instance: records what it is sent and reports its outstanding
+    prompt tokens to the router (`load`), at construction and on every submission, as
+    the engines do."""
+
+    def __init__(self, name, load=0, router="router"):
+        super().__init__(name)
+        self.router = router
         self.load = load
         self.got = []
+        self.send(router, "load", name, load)
 
-    async def submit(self, req, target):
-        self.got.append((req.id, target, self.clock.now()))
-        self.load += req.prompt_tokens
-
-    async def submit_many(self, items):
+    def submit_many(self, now, items):
         for req, target in items:
-            await self.submit(req, target)
-
-    async def outstanding_tokens(self):
-        return self.load
+            self.got.append((req.id, target, now))
+            self.load += req.prompt_tokens
+        self.send(self.router, "load", self.name, self.load)
 
 
 def reqs(n, prompt=100, t=0.0, dt=0.0):
@@ -33,21 +35,23 @@ def reqs(n, prompt=100, t=0.0, dt=0.0):
 
 
 def run(make_router, requests):
-    async def main(clock):
-        coll = Collector(clock=clock, request_ids=[r.id for r in requests])
-        router, insts = make_router(clock, coll)
-        await router.run(requests)
-        return coll, insts
-
-    return run_virtual(main)
+    """Run the router built by `make_router(collector name)` -> (router, instances) with
+    a collector until every request was sent; returns (collector, instances)."""
+    coll = Collector(request_ids=[r.id for r in requests])
+    router, insts = make_router(coll.name)
+    drv = VirtualDriver({c.name: c for c in (router, coll, *insts)})
+    drv.post("router", "start", list(requests), None, 0.0)
+    drv.run(lambda: router.is_idle())
+    assert router.is_idle()
+    return coll, insts
 
 
 def test_requests_are_dispatched_at_their_arrival_times():
     rs = reqs(4, dt=0.5)
 
-    def make(clock, coll):
-        a = FakeInstance(clock)
-        return Router(clock=clock, collector=coll, prefill={"p0": a}, decode_targets=["d0"]), [a]
+    def make(coll):
+        a = FakeInstance("p0")
+        return Router(collector=coll, prefill=["p0"], decode_targets=["d0"]), [a]
 
     coll, (a,) = run(make, rs)
     assert [t for _, _, t in a.got] == [0.0, 0.5, 1.0, 1.5]
@@ -56,9 +60,9 @@ def test_requests_are_dispatched_at_their_arrival_times():
 
 
 def test_round_robin_alternates():
-    def make(clock, coll):
-        a, b = FakeInstance(clock), FakeInstance(clock)
-        return Router(clock=clock, collector=coll, prefill={"a": a, "b": b}, decode_targets=["d"],
+    def make(coll):
+        a, b = FakeInstance("a"), FakeInstance("b")
+        return Router(collector=coll, prefill=["a", "b"], decode_targets=["d"],
                       policy="round_robin"), [a, b]
 
     _, (a, b) = run(make, reqs(6))
@@ -66,9 +70,9 @@ def test_round_robin_alternates():
 
 
 def test_least_outstanding_work_balances_tokens():
-    def make(clock, coll):
-        a, b = FakeInstance(clock, load=1000), FakeInstance(clock, load=0)
-        return Router(clock=clock, collector=coll, prefill={"a": a, "b": b}, decode_targets=["d"]), [a, b]
+    def make(coll):
+        a, b = FakeInstance("a", load=1000), FakeInstance("b", load=0)
+        return Router(collector=coll, prefill=["a", "b"], decode_targets=["d"]), [a, b]
 
     _, (a, b) = run(make, reqs(12))
     # b starts 1000 tokens lighter: it takes the first 10 requests of 100 tokens, then they alternate.
@@ -76,9 +80,9 @@ def test_least_outstanding_work_balances_tokens():
 
 
 def test_rejects_when_every_instance_is_over_the_bound():
-    def make(clock, coll):
-        a = FakeInstance(clock)
-        return Router(clock=clock, collector=coll, prefill={"a": a}, decode_targets=["d"],
+    def make(coll):
+        a = FakeInstance("a")
+        return Router(collector=coll, prefill=["a"], decode_targets=["d"],
                       max_outstanding_tokens=250), [a]
 
     coll, (a,) = run(make, reqs(5))
@@ -89,10 +93,10 @@ def test_rejects_when_every_instance_is_over_the_bound():
 def test_short_prompts_go_to_the_colocated_pool():
     rs = [Request(id=i, arrival_s=0.0, prompt_tokens=p, output_tokens=4) for i, p in enumerate([50, 5000, 100, 8000])]
 
-    def make(clock, coll):
-        gpu, wafer = FakeInstance(clock), FakeInstance(clock)
-        return Router(clock=clock, collector=coll, prefill={"gpu": gpu}, decode_targets=["wafer"],
-                      local={"wafer": wafer}, local_prefill_threshold_tokens=100), [gpu, wafer]
+    def make(coll):
+        gpu, wafer = FakeInstance("gpu"), FakeInstance("wafer")
+        return Router(collector=coll, prefill=["gpu"], decode_targets=["wafer"],
+                      local=["wafer"], local_prefill_threshold_tokens=100), [gpu, wafer]
 
     _, (gpu, wafer) = run(make, rs)
     assert [i for i, *_ in wafer.got] == [0, 2] and [i for i, *_ in gpu.got] == [1, 3]
@@ -100,4 +104,4 @@ def test_short_prompts_go_to_the_colocated_pool():
 
 def test_bad_policy_is_refused():
     with pytest.raises(ValueError, match="router policy"):
-        Router(clock=None, collector=None, prefill={"a": object()}, decode_targets=[], policy="random")
+        Router(collector="collector", prefill=["a"], decode_targets=[], policy="random")

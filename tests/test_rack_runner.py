@@ -7,9 +7,9 @@ import json
 import numpy as np
 import pytest
 
-from rack.results import to_json, write_results
-from rack.runner import run_scenario
-from rack.scenario import load_scenario
+from rack.analysis.results import to_json, write_results
+from rack.wiring.runner import run_scenario
+from rack.wiring.scenario import load_scenario
 from workloads import Request, load_requests
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rack.runner import run_scenario
-from rack.scenario import load_scenario
+from rack.wiring.runner import run_scenario
+from rack.wiring.scenario import load_scenario
 from workloads import Request
 
 

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from devices.costmodel import CostModel, Parallelism
-from rack.runner import run_scenario
-from rack.scenario import ScenarioError, load_scenario, parse_scenario
-from rack.topology import build_topology
+from rack.wiring.runner import run_scenario
+from rack.wiring.scenario import ScenarioError, load_scenario, parse_scenario
+from rack.wiring.topology import build_topology
 from workloads import Request
 
 
@@ -37,7 +37,7 @@ def test_pool_stack_and_max_num_seqs_default_from_the_stack():
 
 def test_unknown_stack_names_the_field():
     sc = _scenario(stack="tgi")
-    from rack.scenario import check_hardware
+    from rack.wiring.scenario import check_hardware
     with pytest.raises(ScenarioError, match=r"pools\[0\]\.stack.*no software stack 'tgi'.*sglang"):
         check_hardware(sc, "t.toml")
 

@@ -9,8 +9,8 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from rack.scenario import parse_scenario
-from rack.sweep import Workload, prompt_sweep, rate_sweep
+from rack.wiring.scenario import parse_scenario
+from rack.analysis.sweep import Workload, prompt_sweep, rate_sweep
 
 # The hardware's roofline stack: the sweeps' mechanics on the dynamics they were tuned on.
 COLOC = dict(name="toy-coloc", model="llama-3.1-8b", weight_dtype="bf16", kv_dtype="bf16",
@@ -60,7 +60,7 @@ def test_prompt_sweep_names_no_winner_within_one_percent():
     b = parse_scenario({**COLOC, "name": "toy-coloc-twin"})      # the same rack: a tie
     res = prompt_sweep([a, b], [512], rate_per_s=2.0, output_tokens=16, n=20, workers=1, progress=False)
     assert res.summary["best"] == {512: "tie"}
-    from rack.sweep import summary_lines
+    from rack.analysis.sweep import summary_lines
 
     assert "512 prompt tokens: no winner (the best goodputs are within 1%)" in summary_lines(res)
 
@@ -68,7 +68,7 @@ def test_prompt_sweep_names_no_winner_within_one_percent():
 def test_goodput_is_the_offered_rate_where_every_request_meets_the_slo():
     # the shipped excerpt through the split rack at several rates (done-when of the
     # client-metrics issue): steady-state goodput equals the offered rate at 100%
-    from rack.scenario import load_scenario
+    from rack.wiring.scenario import load_scenario
 
     wl = Workload(kind="trace", trace="mooncake-excerpt")
     # prefill on the MI455X's roofline: with SGLang's calibrated prompt passes the

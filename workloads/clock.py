@@ -1,15 +1,14 @@
-"""The emulated clock that every component reads time through.
+"""Emulated time: seconds since the run's epoch, as float64, and the span over which
+that keeps its precision.
 
-Components never call `time.time()` or `asyncio.sleep`; they are given a `Clock`.
-The virtual runtime's clock jumps to the next timer; the Ray runtime's clock is the
-wall clock divided by a dilation factor (see `rack.runtime`).
+Cores never read a clock (`workloads.core`): a driver hands them the emulated time.
+The virtual driver's time jumps from event to event; the Ray driver's is the wall
+clock divided by a dilation factor (see `rack.runtime`).
 """
 
 from __future__ import annotations
 
-import asyncio
 import math
-from typing import Protocol, runtime_checkable
 
 RESOLUTION_S = 1e-6
 """The finest emulated-time step the project promises to keep (1 us): TTFT, TPOT and
@@ -39,24 +38,3 @@ def check_time_span(t_s: float, what: str = "the last arrival") -> None:
         f"{step:.3g} s, coarser than {RESOLUTION_S * 1e6:g} us: TTFT, TPOT and ITL would be "
         f"rounded (the limit is {MAX_EMULATED_S:.4g} s, ~272 years); check the trace's time "
         "unit, or replay part of it (--window)")
-
-
-@runtime_checkable
-class Clock(Protocol):
-    """Emulated time in seconds since the run's epoch."""
-
-    def now(self) -> float:
-        """Current emulated time (s)."""
-        ...
-
-    async def sleep_until(self, t: float) -> None:
-        """Return at emulated time >= `t` (s); at once if `t` is in the past."""
-        ...
-
-    async def wait_until(self, event: asyncio.Event, t: float | None) -> bool:
-        """Wait until `event` is set or emulated time `t` (s) is reached.
-
-        `t=None` waits for the event only. Returns True if the event was set (it is
-        not cleared), False if the deadline came first.
-        """
-        ...

@@ -52,8 +52,10 @@ class Core:
         self.wake_at: float = INF
 
     def send(self, dst: str, method: str, *args: Any) -> None:
-        """Queue `method(*args)` for core `dst` (after this call returns)."""
-        self.outbox.append((dst, method, args))
+        """Queue `method(*args)` for core `dst` (after this call returns); `BROADCAST`:
+        for every other core (the destination then carries the sender's name, so that a
+        driver can leave the sender out)."""
+        self.outbox.append((BROADCAST + self.name if dst == BROADCAST else dst, method, args))
 
     def on_wake(self, now: float) -> None:
         """Emulated time reached `wake_at` (or later): do what is due."""

@@ -59,7 +59,7 @@ class _Job:
 class ColocatedEngine(DecodeEngine):
     """Prefill + decode on one instance (see the module docstring).
 
-    Keyword args: as `DecodeEngine` (name, clock, cost, collector, max_batch,
+    Keyword args: as `DecodeEngine` (name, cost, collector, max_batch,
     kv_block_tokens, admission_policy, memory_reserve_fraction, memory_plan,
     max_steps_per_wake, max_reserve_queue, first_token (for KV shipped here by a prefill
     pool: conditional disaggregation), loading_until_s), plus
@@ -69,7 +69,7 @@ class ColocatedEngine(DecodeEngine):
     `max_batch` bounds the requests being prefilled or decoded at once.
     """
 
-    def __init__(self, *, name: str, clock: Any, cost: Any, collector: Any,
+    def __init__(self, *, name: str, cost: Any, collector: str,
                  chunk_tokens: int = 8192, max_queue: int = 1024, max_batch: int = 256,
                  kv_block_tokens: int = 16, prefix_cache: bool = True,
                  admission_policy: AdmissionPolicy = "reserve",
@@ -80,7 +80,7 @@ class ColocatedEngine(DecodeEngine):
             raise ValueError(f"ColocatedEngine {name!r}: chunk_tokens must be >= 1, got {chunk_tokens}")
         if int(max_queue) < 0:
             raise ValueError(f"ColocatedEngine {name!r}: max_queue must be >= 0, got {max_queue}")
-        super().__init__(name=name, clock=clock, cost=cost, collector=collector,
+        super().__init__(name=name, cost=cost, collector=collector,
                          max_batch=max_batch, kv_block_tokens=kv_block_tokens,
                          admission_policy=admission_policy,
                          memory_reserve_fraction=memory_reserve_fraction,
@@ -97,18 +97,15 @@ class ColocatedEngine(DecodeEngine):
         self.tokens_cached = 0
         self.counts.update({"submitted": 0, "rejected": 0, "prefilled": 0,
                             "completed_at_first_token": 0, "mixed_iterations": 0})
+        self._mixed: tuple | None = None      # the mixed iteration(s) in progress (see `_extra_work`)
 
-    # ------------------------------------------------------------------ peer API
-    async def submit(self, req, decode_target: str | None = None) -> None:
-        """Queue `req` (prefill then decode here; `decode_target` is ignored). Returns at
-        once; ends the request itself when rejected or when it can never fit."""
-        await self.submit_many([(req, decode_target)])
-
-    async def submit_many(self, items) -> None:
-        """`submit` for a list of (request, decode_target) pairs arriving together."""
-        # A new prompt cuts a decode-only run at the next step boundary (_admit_event).
-        await enqueue_batch(self, items, self._refusal, lambda req, _target: _Job(req),
-                            self._admit_event)
+    # ------------------------------------------------------------------ handlers
+    def submit_many(self, now: float, items) -> None:
+        """Queue (request, decode_target) pairs arriving together (prefill then decode
+        here; the target is ignored); ends a request itself when rejected or when it can
+        never fit. A new prompt cuts a decode-only run at the next step boundary."""
+        if enqueue_batch(self, now, items, self._refusal, lambda req, _target: _Job(req)):
+            self._kick(now)
 
     def _refusal(self, req, target):
         if self.pool.bytes_for(req.prompt_tokens) > self.kv_capacity_bytes:
@@ -117,19 +114,19 @@ class ColocatedEngine(DecodeEngine):
             return ("failed", "exceeds_decode_kv_capacity")
         return None
 
-    async def outstanding_tokens(self) -> int:
-        """Prompt tokens still to prefill (queued ones counted whole)."""
-        return sum(j.remaining for j in self._prefilling) + sum(j.req.prompt_tokens for j in self._queue)
-
-    async def holding(self, ids, drop_reserved: bool = False) -> list[int]:
+    def holding(self, now: float, ids, drop_reserved: bool, reply_to: str, tag: Any) -> None:
         """As `DecodeEngine.holding`, plus the prompts queued or being prefilled here."""
-        held = await super().holding(ids, drop_reserved)
         want = set(int(i) for i in ids)
-        held += [j.req.id for j in (*self._queue, *self._prefilling) if j.req.id in want]
-        return held
+        mine = [j.req.id for j in (*self._queue, *self._prefilling) if j.req.id in want]
+        super().holding(now, ids, drop_reserved, reply_to, tag)
+        dst, method, (tag_, name, held) = self.outbox.pop()
+        self.send(dst, method, tag_, name, held + mine)
 
-    async def stats(self) -> dict:
-        out = await super().stats()
+    def is_idle(self) -> bool:
+        return super().is_idle() and not (self._queue or self._prefilling)
+
+    def stats(self, now: float) -> dict:
+        out = super().stats(now)
         out.update({
             "role": "both",
             "queue_len": len(self._queue),
@@ -161,9 +158,6 @@ class ColocatedEngine(DecodeEngine):
                 self.prefix.insert(req.block_hashes[: req.prompt_tokens // req.block_size],
                                    req.block_size)
 
-    def _is_idle(self) -> bool:
-        return super()._is_idle() and not (self._queue or self._prefilling)
-
     # ------------------------------------------------------------------ prefill part
     def _try_admit(self, job: _Job) -> bool:
         """Book `job`'s KV (after a prefix-cache lookup); False (nothing held) if it
@@ -189,17 +183,16 @@ class ColocatedEngine(DecodeEngine):
     def _schedule(self, budget: int) -> list[tuple[_Job, int]]:
         return plan_chunk(self._prefilling, self._queue, budget, self._try_admit)
 
-    async def _extra_work(self) -> bool:
+    def _extra_work(self, t: float) -> bool:
         """Mixed iterations (decode step + prefill chunk) if a prompt can progress: one,
         or a fused run of them while one prompt takes the whole budget without finishing
-        (see `_fusable`)."""
+        (see `_fusable`). Started at `t`; True if one was."""
         if not (self._prefilling or self._queue):
             return False
         budget = self.chunk_tokens - len(self._batch)
         if budget <= 0:
             return False
-        clock = self.clock
-        t0 = clock.now()
+        t0 = t
         run = self._fusable(budget)
         k = self._plan(t0, limit=run) if self._batch else 0   # may preempt (policy "preempt")
         plan = self._schedule(budget)
@@ -212,35 +205,56 @@ class ColocatedEngine(DecodeEngine):
             job = plan[0][0]
             sc = self.cost.mixed_steps(budget, job.cached + job.computed, ctx, n)
             ends = t0 + np.cumsum(sc.time_s)
+            c = None
         else:
             new = np.fromiter((take for _, take in plan), np.int64, len(plan))
             cached = np.fromiter((j.cached + j.computed for j, _ in plan), np.int64, len(plan))
             c = self.cost.mixed(new, cached, ctx)
             ends = np.array([t0 + c.time_s])
+            sc = None
         for j, _ in plan:
             if not j.started:
                 j.started = True
                 self._pending_events.append((j.req.id, "prefill_start", t0))
         self.memory.add(t0, self.ledger.used)
         self.batch_series.add(t0, len(batch))
-        await self._flush_events()
+        self._flush_events()
+        self._mixed = (t0, ends, sc, c, batch, plan, n)
         if n > 1:
-            steps = await self._await_steps(t0, ends, sc)  # an admission cuts the run
+            self._begin_run(t0, ends, sc, batch, "mixed")     # an admission cuts the run
         else:
-            await clock.sleep_until(float(ends[0]))
-            self.lateness.note(float(ends[0]), clock.now())
+            self._run = None
+            self._phase = "mixed"
+            self._wake_at(float(ends[0]))
+        return True
+
+    def _end_mixed(self, now: float) -> float:
+        """The mixed iteration(s) ended: book them, complete what finished; returns
+        where the next turn starts."""
+        t0, ends, sc, c, batch, plan, n = self._mixed
+        self._mixed = None
+        if n > 1:
+            steps = self._run_steps
             self.wakeups += 1
+            self.lateness.note(float(ends[steps - 1]) if steps else t0, now)
+            self._run = None
+        else:
             steps = 1
+            self.lateness.note(float(ends[0]), now)
+            self.wakeups += 1
         finished = self._commit(batch, t0, ends, steps) if batch else []
         if steps == 0:
-            await self._finish(finished)
-            return True
+            self._finish(finished)
+            return t0
         t1 = float(ends[steps - 1])
         self.counts["mixed_iterations"] += steps
         self._t_free = t1           # a decode-only run that follows starts here
-        flops, nbytes = sc.work(steps) if n > 1 else (c.flops, c.bytes)
-        self.util.add(t1 - t0, flops, nbytes, iterations=steps,
-                      device_busy_s=sc.busy(steps) if n > 1 else c.device_busy_s)
+        if n > 1:
+            flops, nbytes = sc.work(steps)
+            busy = sc.busy(steps)
+        else:
+            flops, nbytes, busy = c.flops, c.bytes, c.device_busy_s
+        self.util.add(t1 - t0, flops, nbytes, iterations=steps, device_busy_s=busy)
         done = []
         for j, take in plan:
             j.computed += take * steps
@@ -263,13 +277,12 @@ class ColocatedEngine(DecodeEngine):
                     single.append(s)
                 else:
                     self._ready.append(s)
-        await self._finish(finished)
+        self._finish(finished)
         for s in single:
-            await self.collector.finish(s.req.id, "completed", itl_s=np.empty(0), t=t1)
+            self.send(self.collector, "finish", s.req.id, "completed", None, np.empty(0), t1)
         if single:
-            self._grant()
-        self._note_idle()
-        return True
+            self._grant(t1)
+        return t1
 
     def _fusable(self, budget: int) -> int:
         """How many coming iterations the first prompt in progress takes the whole

@@ -1,12 +1,11 @@
 """Helpers shared by the serving engines: growable logs, speculative-step arithmetic,
 utilisation and lateness meters, the instance's memory ledger from the planner.
 
-Nothing here touches time or peers; the engines own their loops.
+Nothing here reads a clock; the engines (cores) own their scheduling.
 """
 
 from __future__ import annotations
 
-import asyncio
 import math
 from typing import Any
 
@@ -115,7 +114,7 @@ class Utilisation:
     reported over busy time and over the whole elapsed time. `busy_s` is the time the
     instance runs iterations; `device_busy_s` the time each of its devices works
     (`IterationCost.device_busy_s`: on a pipeline a stage idles while the other stages
-    hold the micro-batches), which sets the dynamic power (rack.energy).
+    hold the micro-batches), which sets the dynamic power (rack.analysis.energy).
     """
 
     __slots__ = ("busy_s", "flops", "bytes", "iterations", "device_busy_s")
@@ -232,34 +231,16 @@ def model_layers(cost: Any) -> int:
     raise AttributeError(f"cannot find the layer count of model {model!r}")
 
 
-def spawn(coro, errors: list) -> asyncio.Future:
-    """ensure_future(coro), recording an exception (not cancellation) in `errors` so the
-    engine's `drain`/`stats` re-raise it instead of losing it."""
-    # the running loop's create_task: ensure_future's type dispatch costs more than
-    # the task itself on this path (one task per KV handoff)
-    fut = asyncio.get_running_loop().create_task(coro)
+def enqueue_batch(engine: Any, now: float, items, refuse, make_job) -> bool:
+    """Queue several requests at once (one router tick), for any engine core with a
+    FCFS `_queue`, `counts`, `queue_peak`, `max_queue` and `collector`; returns whether
+    any was queued (the caller then schedules its next iteration).
 
-    def done(f: asyncio.Future) -> None:
-        if not f.cancelled() and f.exception() is not None:
-            errors.append(f.exception())
-
-    fut.add_done_callback(done)
-    return fut
-
-
-async def enqueue_batch(engine: Any, items, refuse, make_job, wake: asyncio.Event) -> None:
-    """Queue several requests at once (one router tick), for any engine with a FCFS
-    `_queue`, `counts`, `queue_peak`, `_idle`, `clock` and `collector`.
-
-    All admissible requests are queued before the engine's loop can run, so a tick's
-    requests share the first iteration on both runtimes (on Ray an await between two
-    submissions would let the loop start with the first one alone); their
-    `prefill_queued` events go to the collector in one message. `refuse(req, target)`
-    returns None or (outcome, reason) for a request that must end at once;
-    `make_job(req, target)` builds the queue entry.
+    `refuse(req, target)` returns None or (outcome, reason) for a request that must end
+    at once; `make_job(req, target)` builds the queue entry. The queued requests'
+    `prefill_queued` events go to the collector in one message, then the outcomes of
+    the refused ones.
     """
-    engine._start()
-    now = engine.clock.now()
     queued, ends = [], []
     for req, target in items:
         engine.counts["submitted"] += 1
@@ -274,11 +255,10 @@ async def enqueue_batch(engine: Any, items, refuse, make_job, wake: asyncio.Even
         queued.append((req.id, "prefill_queued", now))
     if queued:
         engine.queue_peak = max(engine.queue_peak, len(engine._queue))
-        engine._idle.clear()
-        wake.set()
-        await engine.collector.events(queued)
+        engine.send(engine.collector, "events", queued)
     for rid, (outcome, reason) in ends:
-        await engine.collector.finish(rid, outcome, reason=reason, t=now)
+        engine.send(engine.collector, "finish", rid, outcome, reason, None, now)
+    return bool(queued)
 
 
 def prefix_lookup(prefix: Any, req: Any) -> tuple[tuple, int, int]:
@@ -334,5 +314,5 @@ def ceil_div(a: int, b: int) -> int:
 
 __all__ = [
     "GrowingArray", "Lateness", "TimeSeries", "Utilisation", "ceil_div", "emitted_after",
-    "instance_ledger", "memory_label", "model_layers", "spawn", "steps_for",
+    "enqueue_batch", "instance_ledger", "memory_label", "model_layers", "steps_for",
 ]

@@ -31,10 +31,18 @@ the request to the batch at the next step boundary. Two admission policies:
 Time: events, not tokens. Between batch-changing events (admission, completion,
 preemption) the batch is fixed, so the engine asks `cost.decode_steps(context_lens, k)`
 for the next k step times at once, k = steps until the earliest completion (at most
-`max_steps_per_wake`, then it continues), and waits until the last of them or an
-admission. Woken early, it counts the steps finished by now with `np.searchsorted`,
-finishes the step in progress and rebuilds the batch there. `wakeups` counts the
-loop's wake-ups: it grows with batch changes, not with output tokens.
+`max_steps_per_wake`, then it continues), and asks to be woken at the last of them.
+An admission during the run cuts it: the engine counts the steps finished by then with
+`np.searchsorted`, lets the step in progress finish and rebuilds the batch there.
+`wakeups` counts the runs it ended: it grows with batch changes, not with output tokens.
+
+A core (`workloads.core`): handlers `reserve_kv` (replies `kv_reserved(request id,
+"granted" | "refused" | "lost")` to the sender), `receive_kv` (replies
+`kv_received(tag, bad frames)`, -1 without a reservation), `abort_kv`, `holding`
+(replies `held`); it sends lifecycle events and outcomes to the collector. A handler
+that lets a request into the batch does not act at once: it asks for a wake-up at the
+current time, so every message of that instant is in before the next batch forms (the
+virtual driver delivers messages before wake-ups).
 
 Speculative decoding: the cost model's `tokens_per_step` (expected tokens per
 verification step, >= 1) is used as a deterministic expectation. Step j of a stint
@@ -54,7 +62,7 @@ TPOT = (E2E - TTFT) / (n - 1) (DESIGN.md metric definitions).
 
 from __future__ import annotations
 
-import asyncio
+import math
 from collections import deque
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -69,12 +77,11 @@ from devices.engines.common import (
     instance_ledger,
     memory_label,
     model_layers,
-    spawn,
     steps_for,
 )
 from devices.memory import KVBlockPool
 from interconnect.codec import scan_kv_frames
-from interconnect.component import PeerLost
+from workloads.core import Core
 
 if TYPE_CHECKING:
     from devices.costmodel import StepCosts
@@ -82,22 +89,23 @@ if TYPE_CHECKING:
 AdmissionPolicy = Literal["reserve", "preempt"]
 #: Who sends the client a split request's first output token (DecodeEngine docstring).
 FirstToken = Literal["decode", "prefill"]
+#: `_first_end` of an empty batch: a step index no run reaches.
+_NEVER = 1 << 62
 
 
 class _Waiter:
     """A memory reservation waiting in FIFO order (external request or preempted seq)."""
 
-    __slots__ = ("req", "kv_tokens", "blocks", "first_token_s", "event", "granted", "seq", "lost")
+    __slots__ = ("req", "kv_tokens", "blocks", "first_token_s", "src", "granted", "seq")
 
-    def __init__(self, req, kv_tokens: int, blocks: int, first_token_s, seq=None) -> None:
+    def __init__(self, req, kv_tokens: int, blocks: int, first_token_s, seq=None, src: str | None = None) -> None:
         self.req = req
         self.kv_tokens = kv_tokens
         self.blocks = blocks
         self.first_token_s = first_token_s
-        self.event = asyncio.Event() if seq is None else None
+        self.src = src          # the sender to reply to (external reservations)
         self.granted = False
         self.seq = seq
-        self.lost = False       # dropped (engine halted, or the sender's state was lost)
 
 
 class _Seq:
@@ -113,7 +121,7 @@ class _Seq:
     """
 
     __slots__ = ("req", "first_token_s", "prompt", "n_out", "total", "ctx0", "kv0", "emitted",
-                 "rem", "steps", "start", "done", "order", "times", "recompute", "shared")
+                 "rem", "steps", "start", "order", "times", "recompute", "shared")
 
     def __init__(self, req, first_token_s: float | None) -> None:
         self.req = req
@@ -127,23 +135,22 @@ class _Seq:
         self.emitted = 0          # decode tokens emitted before the current stint
         self.rem = 0              # tokens to emit in the current stint
         self.steps = 0            # steps the current stint needs
-        self.start = 0            # global index of the stint's first step
-        self.done = 0             # steps done in the current stint
+        self.start = 0            # global index of the stint's first step (steps done in the
+                                  # stint: the engine's step count minus this, `_done`)
         self.order = 0            # admission order (preemption picks the largest)
         self.times: list[np.ndarray] = []   # token times of ended stints
         self.recompute = False
         self.shared = 0           # prompt tokens whose KV lives in (pinned) prefix-cache entries
 
 
-class DecodeEngine:
+class DecodeEngine(Core):
     """A decode instance (see the module docstring for the behaviour).
 
     Keyword args:
-        name: instance name (ledger messages, stats).
-        clock: a `workloads.clock.Clock`.
+        name: instance name (the core's name; ledger messages, stats).
         cost: the instance's `devices.costmodel.CostModel` (its `tokens_per_step`
             carries speculative decoding).
-        collector: handle with async `event`, `events`, `finish`.
+        collector: the collector's name.
         max_batch: most requests in the running batch, >= 1.
         kv_block_tokens: tokens per paged KV block, >= 1.
         admission_policy: "reserve" or "preempt" (module docstring).
@@ -160,16 +167,17 @@ class DecodeEngine:
             "prefill" (the prefill instance streams it at the end of the prompt; this
             engine generates the rest). See `_Seq`.
         loading_until_s: the engine runs no step before this emulated time (a restarted
-            instance reloading its weights, `rack.faults`); None: ready at once.
+            instance reloading its weights, `rack.wiring.faults`); None: ready at once.
     Raises ValueError on out-of-range arguments; `planner.ModelDoesNotFit` if the
     weights do not fit.
     """
 
-    def __init__(self, *, name: str, clock: Any, cost: Any, collector: Any, max_batch: int = 256,
+    def __init__(self, *, name: str, cost: Any, collector: str, max_batch: int = 256,
                  kv_block_tokens: int = 16, admission_policy: AdmissionPolicy = "reserve",
                  memory_reserve_fraction: float | None = None, memory_plan: Any = None,
                  max_steps_per_wake: int = 4096, max_reserve_queue: int | None = None,
                  first_token: FirstToken = "prefill", loading_until_s: float | None = None) -> None:
+        super().__init__(name)
         if first_token not in ("decode", "prefill"):
             raise ValueError(f"DecodeEngine {name!r}: first_token must be 'decode' or 'prefill', "
                              f"got {first_token!r}")
@@ -180,7 +188,6 @@ class DecodeEngine:
                              f"got {max_reserve_queue}")
         self.max_reserve_queue = None if max_reserve_queue is None else int(max_reserve_queue)
         self.waiting_peak = 0                  # most external reservations waiting at once
-        self._finishing: set[int] = set()      # completed, collector.finish not yet returned
         if int(max_batch) < 1:
             raise ValueError(f"DecodeEngine {name!r}: max_batch must be >= 1, got {max_batch}")
         if admission_policy not in ("reserve", "preempt"):
@@ -191,8 +198,6 @@ class DecodeEngine:
         tps = float(cost.tokens_per_step)
         if not tps >= 1.0:
             raise ValueError(f"DecodeEngine {name!r}: cost.tokens_per_step must be >= 1, got {tps}")
-        self.name = name
-        self.clock = clock
         self.cost = cost
         self.collector = collector
         self.max_batch = int(max_batch)
@@ -213,21 +218,33 @@ class DecodeEngine:
         self._reservations: dict[int, _Waiter] = {}
         self._ready: deque[_Seq] = deque()
         self._batch: list[_Seq] = []
-        self._reserving = 0                    # reserve_kv calls in progress
+        # The batch as arrays, in the order of `_batch` (advanced per event, not per
+        # request): each request's context at its stint's start (ctx0 + tokens before
+        # the stint), its stint's first global step, tokens of the stint and the global
+        # step at which the stint ends; `_first_end`: the earliest of those ends (no
+        # request can finish before it, so a run that stops short needs no check).
+        self._a_base = np.zeros(0, np.int64)
+        self._a_start = np.zeros(0, np.int64)
+        self._a_rem = np.zeros(0, np.int64)
+        self._a_end = np.zeros(0, np.int64)
+        self._first_end = _NEVER
         self._waiting_ids: set[int] = set()
         self._order = 0
         self._pending_events: list[tuple] = []
         self._t_free: float | None = None     # end of the last step while busy
-        self._admit_event = asyncio.Event()
-        self._idle = asyncio.Event()
-        self._idle.set()
-        self._loop_task: asyncio.Future | None = None
-        self._errors: list[BaseException] = []
+        # what the engine is doing: "idle" (nothing to run), "loading" (weights),
+        # "run" (a run of decode steps), "stall" (a recompute prefill), "mixed" (the
+        # colocated engine's prefill chunks); `_due` is when it ends
+        self._phase = "idle"
+        self._due = math.inf
+        self._kicked = False                  # something may enter the batch: form it anew
+        self._run: tuple | None = None        # (t0, ends, StepCosts, batch) of the run in progress
+        self._run_steps = 0                   # steps of `_run` that will have run when it ends
+        self._stall: tuple | None = None      # (IterationCost, [seqs]) of a recompute prefill
 
         self._t_start = GrowingArray(4096)     # global step log (emulated s)
         self._t_end = GrowingArray(4096)
         self.util = Utilisation()
-        self._in_run: tuple | None = None       # (t0, ends, StepCosts) while a run of steps is awaited
         self.lateness = Lateness()
         self.memory = TimeSeries()
         self.batch_series = TimeSeries()
@@ -238,85 +255,73 @@ class DecodeEngine:
         self.counts = {"reserved": 0, "admitted": 0, "completed": 0, "failed": 0,
                        "preemptions": 0, "recompute_tokens": 0, "bad_frames": 0,
                        "tokens_generated": 0}
+        if loading_until_s is not None:
+            self._phase, self._due = "loading", float(loading_until_s)
+            self.wake_at = self._due
 
-    # ------------------------------------------------------------------ peer API
-    async def reserve_kv(self, req, kv_tokens: int, first_token_s: float | None = None) -> bool:
-        """Reserve memory for `req`'s incoming KV of `kv_tokens` tokens; return when
-        reserved (True). Waits FIFO behind earlier reservations.
+    # ------------------------------------------------------------------ handlers
+    def reserve_kv(self, now: float, req, kv_tokens: int, first_token_s: float | None, src: str) -> None:
+        """Reserve memory for `req`'s incoming KV of `kv_tokens` tokens; replies
+        `src.kv_reserved(request id, status)` when reserved ("granted"), waiting FIFO
+        behind earlier reservations.
 
         Under "reserve" the final footprint (kv_tokens + output_tokens - 1 tokens) is
         booked, under "preempt" the kv_tokens only. If the final footprint exceeds the
         whole KV capacity the request can never run here: it is ended as failed
-        ("exceeds_decode_kv_capacity") and False is returned (the sender just frees its
-        copy). `first_token_s` (optional) is kept for `receive_kv`.
+        ("exceeds_decode_kv_capacity") and "refused" is replied (the sender just frees
+        its copy); so is a request refused because the reservation queue is full
+        ("rejected"/"decode_queue_full") or whose KV is here already.
+        `first_token_s` (optional) is kept for `receive_kv`. Raises RuntimeError for a
+        request reserved twice.
         """
-        self._start()
+        rid = req.id
         final = int(kv_tokens) + req.output_tokens - 1
         if self.pool.bytes_for(final) > self.kv_capacity_bytes:
             self.counts["failed"] += 1
-            await self.collector.finish(req.id, "failed", reason="exceeds_decode_kv_capacity",
-                                        t=self.clock.now())
-            return False
-        if req.id in self._reservations or req.id in self._waiting_ids:
-            raise RuntimeError(f"DecodeEngine {self.name!r}: request {req.id} reserved twice")
-        if self.counts.get("reservations_dropped") and req.id in self._decoding_ids():
+            self.send(self.collector, "finish", rid, "failed", "exceeds_decode_kv_capacity", None, now)
+            self.send(src, "kv_reserved", rid, "refused")
+            return
+        if rid in self._reservations or rid in self._waiting_ids:
+            raise RuntimeError(f"DecodeEngine {self.name!r}: request {rid} reserved twice")
+        if self.counts.get("reservations_dropped") and rid in self._decoding_ids():
             # After a recovery dropped reservations, a stale payload of this request may
             # have been admitted already: its KV is here, so there is nothing to reserve.
-            return False
+            self.send(src, "kv_reserved", rid, "refused")
+            return
         if self.max_reserve_queue is not None and \
                 len(self._waiters) - self._n_internal >= self.max_reserve_queue:
             self.counts["reserve_rejected"] = self.counts.get("reserve_rejected", 0) + 1
-            await self.collector.finish(req.id, "rejected", reason="decode_queue_full", t=self.clock.now())
-            return False
+            self.send(self.collector, "finish", rid, "rejected", "decode_queue_full", None, now)
+            self.send(src, "kv_reserved", rid, "refused")
+            return
         tokens = final if self.policy == "reserve" else int(kv_tokens)
-        w = _Waiter(req, int(kv_tokens), self.pool.blocks_for(tokens), first_token_s)
-        self._reserving += 1
-        self._idle.clear()
-        self._waiting_ids.add(req.id)
-        try:
-            self._waiters.append(w)
-            self._grant()
-            if not w.granted:
-                self.waiting_peak = max(self.waiting_peak, len(self._waiters) - self._n_internal)
-                await self.clock.wait_until(w.event, None)
-        except BaseException:
-            # cancelled while waiting (the caller died): the waiter must not be granted later
-            if not w.granted and not w.lost:
-                try:
-                    self._waiters.remove(w)
-                except ValueError:
-                    pass
-                self._grant()       # it may have blocked the head of the FIFO
-            raise
-        finally:
-            self._reserving -= 1
-            self._waiting_ids.discard(req.id)
-        if w.lost:
-            raise PeerLost(f"DecodeEngine {self.name!r}: the reservation of request {req.id} was "
-                           "dropped (engine restarted or the sender's state was lost)")
-        self.counts["reserved"] += 1
-        await self.collector.event(req.id, "kv_reserved", self.clock.now())
-        return True
+        w = _Waiter(req, int(kv_tokens), self.pool.blocks_for(tokens), first_token_s, src=src)
+        self._waiting_ids.add(rid)
+        self._waiters.append(w)
+        self._grant(now)
+        if not w.granted:
+            self.waiting_peak = max(self.waiting_peak, len(self._waiters) - self._n_internal)
 
-    async def receive_kv(self, req, frames: list, first_token_s: float | None = None) -> int:
-        """Verify every frame of `req`'s KV; return the number of bad frames.
+    def receive_kv(self, now: float, req, frames: list, first_token_s: float | None,
+                   reply_to: str, tag: Any) -> None:
+        """Verify every frame of `req`'s KV; reply `reply_to.kv_received(tag, bad)`.
 
         A frame is bad if it fails its checksum or structure check, names another
         request, or covers another token range; missing layers count as bad too. Bad
-        frames are never used: the reservation stays, so the sender may re-send (or call
+        frames are never used: the reservation stays, so the sender may re-send (or
         `abort_kv`). With 0 bad frames the request joins the batch at the next step
-        boundary. Raises RuntimeError if `req` has no reservation here.
+        boundary. Without a reservation here (this engine restarted since) the reply is
+        -1: the sender lost the exchange.
         """
-        self._start()
         w = self._reservations.get(req.id)
         if w is None:
-            # PeerLost (a RuntimeError): after a restart the sender's reservation is gone
-            raise PeerLost(f"DecodeEngine {self.name!r}: receive_kv for request {req.id} "
-                           "without a reservation (call reserve_kv first; lost if this engine restarted)")
+            self.send(reply_to, "kv_received", tag, -1)
+            return
         bad = _count_bad_frames(req.id, w.kv_tokens, self.n_layers, frames)
         if bad:
             self.counts["bad_frames"] += bad
-            return bad
+            self.send(reply_to, "kv_received", tag, bad)
+            return
         del self._reservations[req.id]
         t_first = None
         if self.first_token == "prefill":
@@ -330,40 +335,68 @@ class DecodeEngine:
             # Nothing to decode (a router normally never sends these here).
             self.pool.free(req.id)
             self.counts["completed"] += 1
-            await self.collector.finish(req.id, "completed", itl_s=np.empty(0), t=seq.first_token_s)
-            self._grant()
-            self._note_idle()
-            return 0
+            self.send(self.collector, "finish", req.id, "completed", None, np.empty(0), seq.first_token_s)
+            self.send(reply_to, "kv_received", tag, 0)
+            self._grant(now)
+            return
         self._ready.append(seq)
+        self.send(reply_to, "kv_received", tag, 0)
         if len(self._batch) < self.max_batch:
-            self._admit_event.set()
-        return 0
+            self._kick(now)
 
-    async def abort_kv(self, req, reason: str = "kv_checksum") -> None:
-        """Drop `req`'s reservation (its KV never arrived intact) and end it as failed."""
+    def abort_kv(self, now: float, req, reason: str = "kv_checksum") -> None:
+        """Drop `req`'s reservation (its KV never arrived intact) and end it as failed
+        (also when this engine restarted since and holds none)."""
         w = self._reservations.pop(req.id, None)
-        if w is None:
-            raise PeerLost(f"DecodeEngine {self.name!r}: abort_kv for request {req.id} "
-                           "without a reservation (lost if this engine restarted)")
-        self.ledger.free("reserved", w.blocks * self.pool.block_bytes)
+        if w is not None:
+            self.ledger.free("reserved", w.blocks * self.pool.block_bytes)
         self.counts["failed"] += 1
-        await self.collector.finish(req.id, "failed", reason=reason, t=self.clock.now())
-        self._grant()
-        self._note_idle()
+        self.send(self.collector, "finish", req.id, "failed", reason, None, now)
+        self._grant(now)
 
-    async def drain(self) -> None:
-        """Return when nothing is reserved, waiting, ready or running; re-raise a
-        background task's exception."""
-        self._raise_errors()
-        while not self._is_idle():
-            self._idle.clear()
-            await self.clock.wait_until(self._idle, None)
-            self._raise_errors()
+    def holding(self, now: float, ids, drop_reserved: bool, reply_to: str, tag: Any) -> None:
+        """Reply `reply_to.held(tag, name, ids)`: which of request `ids` this engine
+        holds: KV received (ready, running, preempted) or, unless `drop_reserved`, a
+        reservation. With `drop_reserved` the reservations of `ids` (waiting or granted)
+        are dropped instead (their sender lost its state and the router re-dispatches
+        them): memory freed, a waiting reservation's sender told "lost". For the
+        router's recovery."""
+        want = set(int(i) for i in ids)
+        held = [i for i in self._decoding_ids() if i in want]
+        if drop_reserved:
+            dropped = 0
+            for rid in [r for r in self._reservations if r in want]:
+                w = self._reservations.pop(rid)
+                self.ledger.free("reserved", w.blocks * self.pool.block_bytes)
+                dropped += 1
+            for w in [w for w in self._waiters if w.seq is None and w.req.id in want]:
+                self._waiters.remove(w)
+                self._waiting_ids.discard(w.req.id)
+                self.send(w.src, "kv_reserved", w.req.id, "lost")
+                dropped += 1
+            if dropped:
+                self.counts["reservations_dropped"] = self.counts.get("reservations_dropped", 0) + dropped
+                self._grant(now)
+        else:
+            held += [r for r in self._reservations if r in want]
+            held += [w.req.id for w in self._waiters if w.seq is None and w.req.id in want]
+        self.send(reply_to, "held", tag, self.name, held)
 
-    async def stats(self) -> dict:
-        """Counters and gauges (plain values and numpy arrays; picklable)."""
-        self._raise_errors()
-        now = self.clock.now()
+    # ------------------------------------------------------------------ driver reads
+    def is_idle(self) -> bool:
+        return not (self._waiters or self._reservations or self._ready or self._batch
+                    or self._phase in ("run", "stall", "mixed"))
+
+    def waiting_for(self) -> str:
+        if self.is_idle():
+            return ""
+        return (f"{self._phase}: {len(self._batch)} running, {len(self._ready)} ready, "
+                f"{len(self._waiters)} reservation(s) waiting for memory, "
+                f"{len(self._reservations)} reserved awaiting KV")
+
+    def stats(self, now: float) -> dict:
+        """Counters and gauges at emulated time `now` (plain values and numpy arrays;
+        picklable)."""
         mt, mv = self.memory.as_arrays()
         bt, bv = self.batch_series.as_arrays()
         out = {
@@ -397,9 +430,9 @@ class DecodeEngine:
     def _util_now(self, now: float) -> Utilisation:
         """`util` plus the steps of the run in progress that have ended by `now` (they
         are booked when the run ends; a crash or a stats call can come first)."""
-        if self._in_run is None:
+        if self._run is None:
             return self.util
-        t0, ends, sc = self._in_run
+        t0, ends, sc, _ = self._run
         n = int(np.searchsorted(ends, now, side="right"))
         if n == 0:
             return self.util
@@ -408,57 +441,15 @@ class DecodeEngine:
         u.add(float(ends[n - 1]) - t0, *sc.work(n), iterations=n, device_busy_s=sc.busy(n))
         return u
 
-    # ------------------------------------------------------------------ recovery
-    async def holding(self, ids, drop_reserved: bool = False) -> list[int]:
-        """Which of request `ids` this engine holds: KV received (ready, running,
-        preempted, completing) or, unless `drop_reserved`, a reservation. With
-        `drop_reserved` the reservations of `ids` (waiting or granted) are dropped
-        instead (their sender lost its state and the router re-dispatches them): memory
-        freed, a waiting `reserve_kv` raises PeerLost. For the router's recovery."""
-        want = set(int(i) for i in ids)
-        held = [i for i in self._decoding_ids() if i in want]
-        if drop_reserved:
-            dropped = 0
-            for rid in [r for r in self._reservations if r in want]:
-                w = self._reservations.pop(rid)
-                self.ledger.free("reserved", w.blocks * self.pool.block_bytes)
-                dropped += 1
-            for w in [w for w in self._waiters if w.seq is None and w.req.id in want]:
-                self._waiters.remove(w)
-                w.lost = True
-                w.event.set()
-                dropped += 1
-            if dropped:
-                self.counts["reservations_dropped"] = self.counts.get("reservations_dropped", 0) + dropped
-                self._grant()
-                self._note_idle()
-        else:
-            held += [r for r in self._reservations if r in want]
-            held += [w.req.id for w in self._waiters if w.seq is None and w.req.id in want]
-        return held
-
     def _decoding_ids(self) -> set[int]:
-        """Ids whose KV is here: ready, in the batch, preempted (waiting), completing."""
+        """Ids whose KV is here: ready, in the batch, preempted (waiting)."""
         out = {s.req.id for s in self._ready}
         out.update(s.req.id for s in self._batch)
         out.update(w.req.id for w in self._waiters if w.seq is not None)
-        out.update(self._finishing)
         return out
 
-    def halt(self) -> None:
-        """Stop as if the process died (virtual-time fault injection; a Ray actor is
-        killed instead): the loop stops and every `reserve_kv` waiting here raises
-        PeerLost in its caller. The object must not be used afterwards."""
-        if self._loop_task is not None:
-            self._loop_task.cancel()
-        for w in self._waiters:
-            if w.seq is None:
-                w.lost = True
-                w.event.set()
-        self._waiters.clear()
-
     # ------------------------------------------------------------------ memory
-    def _grant(self) -> None:
+    def _grant(self, now: float) -> None:
         """Grant waiting reservations in FIFO order while they fit."""
         while self._waiters:
             w = self._waiters[0]
@@ -470,13 +461,16 @@ class DecodeEngine:
             if w.seq is None:
                 self.ledger.alloc("reserved", nbytes)
                 self._reservations[w.req.id] = w
-                w.event.set()
+                self._waiting_ids.discard(w.req.id)
+                self.counts["reserved"] += 1
+                self.send(self.collector, "event", w.req.id, "kv_reserved", now)
+                self.send(w.src, "kv_reserved", w.req.id, "granted")
             else:
                 self._n_internal -= 1
                 self.pool.allocate(w.req.id, w.blocks)
                 self._ready.appendleft(w.seq)
                 if len(self._batch) < self.max_batch:
-                    self._admit_event.set()
+                    self._kick(now)
 
     def _available_bytes(self) -> int:
         """Bytes KV could get now (free, plus what a cache could give up)."""
@@ -490,10 +484,15 @@ class DecodeEngine:
         """Free a finished request's KV."""
         self.pool.free(s.req.id)
 
+    def _done(self, s: _Seq) -> int:
+        """Steps `s` has taken part in since its stint started (the batch moves together,
+        so it is the engine's step count since then)."""
+        return len(self._t_end) - s.start
+
     def _kv_now(self, s: _Seq, extra_steps: int = 0) -> int:
         """KV tokens of `s` held here (not in shared prefix-cache entries) after
-        `extra_steps` more steps of its current stint."""
-        made = s.emitted + int(emitted_after(s.done + extra_steps, s.rem, self.tps))
+        `extra_steps` more steps of its current stint (none when it is not in one)."""
+        made = s.emitted + (int(emitted_after(self._done(s) + extra_steps, s.rem, self.tps)) if s.rem else 0)
         return max(s.prompt, s.kv0 + made) - s.shared
 
     def _overflow_step(self, horizon: int) -> int | None:
@@ -502,8 +501,8 @@ class DecodeEngine:
         B = self.block_tokens
         kv0 = np.fromiter((s.kv0 - s.shared + s.emitted for s in batch), np.int64, len(batch))
         low = np.fromiter((s.prompt - s.shared for s in batch), np.int64, len(batch))
-        rem = np.fromiter((s.rem for s in batch), np.int64, len(batch))
-        done = np.fromiter((s.done for s in batch), np.int64, len(batch))
+        rem = self._a_rem
+        done = len(self._t_end) - self._a_start
         held = np.fromiter((self.pool.held_blocks(s.req.id) for s in batch), np.int64, len(batch))
         need_h = -(-np.maximum(low, kv0 + emitted_after(done + horizon, rem, self.tps)) // B)
         cnt = np.maximum(0, need_h - held)
@@ -529,9 +528,10 @@ class DecodeEngine:
                 raise AssertionError(f"{self.name}: planned KV growth does not fit")  # pragma: no cover
 
     def _preempt_newest(self, t: float) -> None:
-        victim = max(self._batch, key=lambda s: s.order)
-        self._batch.remove(victim)
+        # the newest is the last: the batch keeps admission order
+        victim = self._batch[-1]
         self._end_stint(victim)
+        self._batch_keep(np.arange(len(self._batch)) < len(self._batch) - 1)
         self._release_kv(victim)
         victim.recompute = True
         victim.shared = 0
@@ -547,7 +547,7 @@ class DecodeEngine:
         `limit`; under "preempt" books their KV growth, preempting if even one step
         does not fit."""
         while self._batch:
-            horizon = min(min(s.steps - s.done for s in self._batch), self.max_steps_per_wake)
+            horizon = min(self._first_end - len(self._t_end), self.max_steps_per_wake)
             if limit is not None:
                 horizon = min(horizon, limit)
             if self.policy == "reserve":
@@ -567,7 +567,7 @@ class DecodeEngine:
     # ------------------------------------------------------------------ token timing
     def _stint_times(self, s: _Seq) -> np.ndarray:
         """Token times of `s`'s current stint so far (spec tokens spread over a step)."""
-        d = s.done
+        d = self._done(s)
         if d == 0:
             return np.empty(0)
         ends = self._t_end.slice(s.start, s.start + d)
@@ -582,37 +582,100 @@ class DecodeEngine:
 
     def _end_stint(self, s: _Seq) -> None:
         s.times.append(self._stint_times(s))
-        s.emitted += int(emitted_after(s.done, s.rem, self.tps))
-        s.done = s.rem = s.steps = 0
+        s.emitted += int(emitted_after(self._done(s), s.rem, self.tps))
+        s.rem = s.steps = 0
 
-    # ------------------------------------------------------------------ loop
-    def _start(self) -> None:
-        if self._loop_task is None:
-            self._loop_task = spawn(self._loop(), self._errors)
-            self._loop_task.add_done_callback(lambda _f: self._idle.set())
+    # ------------------------------------------------------------------ the engine's turns
+    def _kick(self, now: float) -> None:
+        """Something may join the batch (admission): form the batch anew at the next step
+        boundary. Idle: at once (after this instant's messages). Running: the run is cut
+        at the step boundary at or after `now` (the step in progress finishes)."""
+        self._kicked = True
+        if self._phase == "idle":
+            self._wake_at(now)
+        elif self._phase in ("run", "mixed") and self._run is not None:
+            t0, ends, _, _ = self._run
+            if self._run_steps == ends.shape[0] and now < ends[-1]:
+                n = int(np.searchsorted(ends, now, side="right"))
+                if now == t0 or (n > 0 and ends[n - 1] == now):
+                    self._run_steps = n                       # at a step boundary
+                    self._wake_at(now)
+                else:
+                    self._run_steps = n + 1                   # the step in progress finishes
+                    self._wake_at(float(ends[n]))
 
-    def _raise_errors(self) -> None:
-        if self._errors:
-            raise RuntimeError(f"DecodeEngine {self.name!r}: a background task failed") from self._errors[0]
+    def _wake_at(self, t: float) -> None:
+        self._due = t
+        self.wake_at = t
 
-    def _is_idle(self) -> bool:
-        return bool(self._errors) or not (self._waiters or self._reservations or self._ready
-                                          or self._batch or self._reserving)
+    def on_wake(self, now: float) -> None:
+        if now < self._due:
+            return
+        phase, t = self._phase, self._due
+        self._due = self.wake_at = math.inf
+        if phase == "run":
+            self._end_run(now)
+            t = self._body_time(t)
+        elif phase == "stall":
+            self._end_stall(now, t)
+            if self._after_admit(t):
+                return
+            t = None
+        elif phase == "mixed":
+            t = self._end_mixed(now)
+            if t is None:
+                return
+        elif phase == "loading":
+            pass                                    # weights loaded: serve from `t`
+        else:  # idle, kicked
+            self.wakeups += 1
+            t = now
+        if t is not None:
+            self._body(t)
 
-    def _note_idle(self) -> None:
-        if self._is_idle():
-            self._idle.set()
+    def _body_time(self, t: float) -> float:
+        """Where the next turn starts after a run: its last step's end (`t`), or the
+        run's start if it was cut before its first step."""
+        return t
 
-    async def _admit_ready(self) -> None:
-        """Move ready requests into the batch (step boundary); recompute preempted ones."""
-        now = self.clock.now()
+    def _body(self, t: float) -> None:
+        """One turn of the scheduler at emulated time `t` (a step boundary): admit ready
+        requests, then run mixed iterations (colocated), a run of decode steps, or idle."""
+        self._kicked = False
+        self._phase = "busy"
+        if self._admit_ready(t):
+            return                                  # a recompute prefill stalls the batch
+        self._after_admit(t)
+
+    def _after_admit(self, t: float) -> bool:
+        """`_body` after the admissions: mixed iterations, decode steps or idle; True when
+        something was started."""
+        if self._extra_work(t):
+            return True
+        k = self._plan(t)
+        self._grant(t)
+        self._flush_events()
+        self.memory.add(t, self.ledger.used)
+        self.batch_series.add(t, len(self._batch))
+        if k == 0:
+            self._t_free = None
+            self._phase = "idle"
+            if self._kicked:                        # something arrived meanwhile
+                self._wake_at(t)
+            return False
+        self._start_run(t, k)
+        return True
+
+    def _admit_ready(self, t: float) -> bool:
+        """Move ready requests into the batch (step boundary); recompute preempted ones
+        (the batch stalls for one prefill iteration: True, with a wake-up at its end)."""
         recompute: list[_Seq] = []
+        first = len(self._batch)
         while self._ready and len(self._batch) < self.max_batch:
             s = self._ready.popleft()
             s.rem = s.total - s.emitted
             s.steps = steps_for(s.rem, self.tps)
             s.start = len(self._t_end)
-            s.done = 0
             self._order += 1
             s.order = self._order
             self._batch.append(s)
@@ -622,137 +685,105 @@ class DecodeEngine:
                 self.counts["admitted"] += 1
             # a re-admission after preemption re-sends decode_admit (the collector keeps
             # the latest time of a redone stage)
-            self._pending_events.append((s.req.id, "decode_admit", now))
+            self._pending_events.append((s.req.id, "decode_admit", t))
+        if len(self._batch) > first:
+            new = self._batch[first:]
+            n = len(new)
+            self._a_base = np.concatenate((self._a_base, np.fromiter((s.ctx0 + s.emitted for s in new), np.int64, n)))
+            self._a_start = np.concatenate((self._a_start, np.fromiter((s.start for s in new), np.int64, n)))
+            self._a_rem = np.concatenate((self._a_rem, np.fromiter((s.rem for s in new), np.int64, n)))
+            self._a_end = np.concatenate((self._a_end, np.fromiter((s.start + s.steps for s in new), np.int64, n)))
+            self._first_end = min(self._first_end, min(s.start + s.steps for s in new))
         self.batch_peak = max(self.batch_peak, len(self._batch))
-        if recompute:
-            new = np.array([self._kv_now(s) for s in recompute], dtype=np.int64)
-            c = self.cost.prefill(new, np.zeros_like(new))
-            t1 = now + c.time_s
-            await self.clock.sleep_until(t1)
-            self.lateness.note(t1, self.clock.now())
-            self._t_free = t1
-            self.util.add(c.time_s, c.flops, c.bytes, device_busy_s=c.device_busy_s)
-            self.counts["recompute_tokens"] += int(new.sum())
-            for s in recompute:
-                s.recompute = False
+        if not recompute:
+            return False
+        new = np.array([self._kv_now(s) for s in recompute], dtype=np.int64)
+        c = self.cost.prefill(new, np.zeros_like(new))
+        self._stall = (c, recompute)
+        self._phase = "stall"
+        self._wake_at(t + c.time_s)
+        return True
 
-    async def _flush_events(self) -> None:
-        if self._pending_events:
-            ev, self._pending_events = self._pending_events, []
-            await self.collector.events(ev)
+    def _end_stall(self, now: float, t1: float) -> None:
+        c, recompute = self._stall
+        self._stall = None
+        self.lateness.note(t1, now)
+        self._t_free = t1
+        self.util.add(c.time_s, c.flops, c.bytes, device_busy_s=c.device_busy_s)
+        new = sum(self._kv_now(s) for s in recompute)
+        self.counts["recompute_tokens"] += int(new)
+        for s in recompute:
+            s.recompute = False
 
-    async def _extra_work(self) -> bool:
-        """Hook run at each batch boundary before decode-only steps; True if it ran an
+    def _extra_work(self, t: float) -> bool:
+        """Hook at each batch boundary before decode-only steps; True if it started an
         iteration (the colocated engine runs mixed prefill+decode iterations here)."""
         return False
 
-    async def _loop(self) -> None:
-        clock = self.clock
-        if self.loading_until_s is not None and clock.now() < self.loading_until_s:
-            await clock.sleep_until(self.loading_until_s)     # weights still loading
-        while True:
-            self._admit_event.clear()
-            await self._admit_ready()
-            if await self._extra_work():
-                continue
-            t0 = clock.now()
-            k = self._plan(t0)
-            self._grant()
-            await self._flush_events()
-            self.memory.add(t0, self.ledger.used)
-            self.batch_series.add(t0, len(self._batch))
-            if k == 0:
-                self._note_idle()
-                self._t_free = None
-                await clock.wait_until(self._admit_event, None)
-                self.wakeups += 1
-                continue
-            await self._run_steps(k)
+    def _flush_events(self) -> None:
+        if self._pending_events:
+            ev, self._pending_events = self._pending_events, []
+            self.send(self.collector, "events", ev)
 
-    async def _run_steps(self, k: int) -> None:
-        """Run up to k decode steps of the current batch, cut short at the step boundary
-        after an admission; then record them and complete finished requests."""
-        clock = self.clock
+    def _start_run(self, t: float, k: int) -> None:
+        """Start a run of up to k decode steps of the current batch (cut short at the
+        step boundary after an admission, `_kick`)."""
         batch = list(self._batch)
         sc = self.cost.decode_steps(self._contexts(batch), k)
-        # While busy, the next step starts where the last one ended, not after the
-        # collector round trips in between (wall time on the Ray runtime).
-        t0 = clock.now() if self._t_free is None else self._t_free
+        # While busy, the next step starts where the last one ended.
+        t0 = t if self._t_free is None else self._t_free
         ends = t0 + np.cumsum(sc.time_s)
-        steps = await self._await_steps(t0, ends, sc)
+        self._begin_run(t0, ends, sc, batch, "run")
+
+    def _begin_run(self, t0: float, ends: np.ndarray, sc: Any, batch: list, phase: str) -> None:
+        """Wait for a run of steps (step i ends at ends[i]); an admission already pending
+        cuts it before its first step (the batch is formed anew at t0)."""
+        self._run = (t0, ends, sc, batch)
+        self._phase = phase
+        if self._kicked:
+            self._run_steps = 0
+            self._wake_at(t0)
+        else:
+            self._run_steps = ends.shape[0]
+            self._wake_at(float(ends[-1]))
+
+    def _end_run(self, now: float) -> None:
+        """The run ended (or was cut): book its steps, complete finished requests."""
+        t0, ends, sc, batch = self._run
+        steps = self._run_steps
+        self.wakeups += 1
+        self.lateness.note(float(ends[steps - 1]) if steps else t0, now)
+        self._run = None
         if steps:
             self._t_free = float(ends[steps - 1])
             flops, nbytes = sc.work(steps)
             self.util.add(float(ends[steps - 1]) - t0, flops, nbytes, iterations=steps,
                           device_busy_s=sc.busy(steps))
-        await self._finish(self._commit(batch, t0, ends, steps))
-
-    async def _await_steps(self, t0: float, ends: np.ndarray, sc: StepCosts) -> int:
-        """Wait for a run of steps (the first starts at t0, step i ends at ends[i], `sc`
-        their costs) to end, or for an admission to cut it at the next step boundary;
-        returns the number of steps that ran (0 if cut before the first began). The
-        caller books their work; until then `stats` counts the steps already ended."""
-        clock = self.clock
-        self._in_run = (t0, ends, sc)
-        try:
-            fired = await clock.wait_until(self._admit_event, float(ends[-1]))
-            self.wakeups += 1
-            now = clock.now()
-            steps = ends.shape[0]
-            if fired and now < ends[-1]:
-                n = int(np.searchsorted(ends, now, side="right"))
-                if now == t0 or (n > 0 and ends[n - 1] == now):
-                    steps = n                       # woken exactly at a step boundary
-                else:
-                    steps = n + 1                   # finish the step in progress
-                    await clock.sleep_until(float(ends[n]))
-                    self.lateness.note(float(ends[n]), clock.now())
-            else:
-                self.lateness.note(float(ends[-1]), now)
-        finally:
-            self._in_run = None
-        return steps
+        self._finish(self._commit(batch, t0, ends, steps))
 
     def _contexts(self, batch: list[_Seq]) -> np.ndarray:
-        """Context of each request at its next step: prompt + tokens so far (the last
-        one is the step's input; `_Seq.ctx0`)."""
-        if self.tps == 1.0:
-            # emitted_after(done, rem, 1.0) = min(done, rem), inline: this runs for every
-            # request of every run
-            return np.fromiter((s.ctx0 + s.emitted + (s.done if s.done < s.rem else s.rem)
-                                for s in batch), np.int64, len(batch))
-        return np.fromiter((s.ctx0 + s.emitted + emitted_after(s.done, s.rem, self.tps)
-                            for s in batch), np.int64, len(batch))
+        """Context of each request of the batch (`batch` is `_batch`) at its next step:
+        prompt + tokens so far (the last one is the step's input; `_Seq.ctx0`)."""
+        done = len(self._t_end) - self._a_start
+        return self._a_base + emitted_after(done, self._a_rem, self.tps)
 
-    async def _finish(self, finished: list) -> None:
+    def _batch_keep(self, keep: np.ndarray) -> None:
+        """Keep the requests of the batch where `keep` is True (order kept)."""
+        self._batch = [s for s, k in zip(self._batch, keep.tolist()) if k]
+        self._a_base = self._a_base[keep]
+        self._a_start = self._a_start[keep]
+        self._a_rem = self._a_rem[keep]
+        self._a_end = self._a_end[keep]
+        self._first_end = int(self._a_end.min()) if self._a_end.shape[0] else _NEVER
+
+    def _finish(self, finished: list) -> None:
         if not finished:
-            await self._flush_events()
+            self._flush_events()
             return
-        # Held (for `holding`) until the collector has the outcome: a recovery that
-        # asks between the two must not take a finished request for a lost one.
-        ids = [s.req.id for s, _, _ in finished]
-        self._finishing.update(ids)
-        try:
-            # Made together, awaited in turn: on Ray an actor call is sent when it is
-            # made, so the events and every outcome travel in one round trip rather
-            # than one per request (the loop waits for them before its next run).
-            calls = []
-            if self._pending_events:
-                ev, self._pending_events = self._pending_events, []
-                calls.append(self.collector.events(ev))
-            calls += [self.collector.finish(s.req.id, "completed", itl_s=itl, t=t)
-                      for s, t, itl in finished]
-            for i, call in enumerate(calls):
-                try:
-                    await call
-                except BaseException:
-                    for rest in calls[i + 1:]:      # not sent on the virtual runtime
-                        if asyncio.iscoroutine(rest):
-                            rest.close()
-                    raise
-        finally:
-            self._finishing.difference_update(ids)
-        self._grant()
+        self._flush_events()
+        for s, t, itl in finished:
+            self.send(self.collector, "finish", s.req.id, "completed", None, itl, t)
+        self._grant(self._t_free if self._t_free is not None else finished[-1][1])
 
     def _commit(self, batch: list[_Seq], t0: float, ends: np.ndarray, steps: int) -> list:
         """Record `steps` finished steps of `batch` (step i ends at ends[i], the first
@@ -774,10 +805,10 @@ class DecodeEngine:
         self._batch_seconds += len(batch) * (t_last - t0)
         self._step_seconds += t_last - t0
         finished = []
-        keep = []
-        for s in batch:
-            s.done += steps
-            if s.done >= s.steps:
+        if len(self._t_end) >= self._first_end:
+            over = len(self._t_end) >= self._a_end
+            for i in np.flatnonzero(over).tolist():
+                s = batch[i]
                 self._end_stint(s)
                 if s.first_token_s is None:      # the client's first token was this engine's
                     times = np.concatenate(s.times)
@@ -793,10 +824,8 @@ class DecodeEngine:
                 self.counts["tokens_generated"] += s.total
                 self._pending_events.append((s.req.id, "completion", t_last))
                 finished.append((s, t_last, itl))
-            else:
-                keep.append(s)
-        self._batch = keep
-        self._shrink(keep)
+            self._batch_keep(~over)
+        self._shrink(self._batch)
         if finished or len(self._t_end) - self._t_end.base > (1 << 16):
             self._compact_log()
         return finished

@@ -35,6 +35,15 @@ one output token is complete at its first token: this engine finishes it itself 
 ships nothing; under "decode" it is shipped like any other (its one token is the
 decode engine's).
 
+A core (`workloads.core`). The handoff is a small protocol per request: `reserve_kv`
+to the decode engine (it replies `kv_reserved` with "granted", "refused" or "lost"),
+`transfer` to the interconnect (it replies `transfer_done`), and `abort_kv` after
+payloads that stayed bad. The engine reports its outstanding prompt tokens to the
+router (`load`) whenever they change, for the least-loaded policy. If the decode
+engine restarts (`peer_lost`, or a message that could not be delivered) while a
+request's KV is still here, it is sent again after a back-off (the collector is asked
+first whether the request ended meanwhile).
+
 Outcomes decided here: "rejected"/"prefill_queue_full" when the queue is at
 `max_queue`; "failed"/"prompt_exceeds_kv_capacity" when the prompt's KV alone exceeds
 the instance's whole KV capacity (it could never be admitted).
@@ -42,9 +51,10 @@ the instance's whole KV capacity (it could never be admitted).
 
 from __future__ import annotations
 
-import asyncio
+import heapq
+import math
 from collections import deque
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -59,17 +69,17 @@ from devices.engines.common import (
     instance_ledger,
     memory_label,
     model_layers,
-    spawn,
 )
 from devices.memory import KVBlockPool, PrefixCache
 from interconnect.codec import make_kv_frames
-from interconnect.component import PeerLost
+from workloads.core import Core
 
 
 class _Job:
-    """A request inside the prefill engine."""
+    """A request inside the prefill engine (queued, prefilling, then handing off)."""
 
-    __slots__ = ("req", "target", "cached", "computed", "started")
+    __slots__ = ("req", "target", "cached", "computed", "started", "t_first", "state",
+                 "attempt", "losses")
 
     def __init__(self, req, target: str) -> None:
         self.req = req
@@ -77,22 +87,27 @@ class _Job:
         self.cached = 0        # prompt tokens served by the prefix cache
         self.computed = 0      # prompt tokens computed so far
         self.started = False   # prefill_start sent
+        self.t_first = 0.0     # end of the prompt (the first token's time under "prefill")
+        self.state = "queued"  # queued, running, reserving, transferring, backoff, checking
+        self.attempt = 0       # payloads sent in this handoff (re-sends after bad frames)
+        self.losses = 0        # times the decode engine lost the request (restarts)
 
     @property
     def remaining(self) -> int:
         return self.req.prompt_tokens - self.cached - self.computed
 
 
-class PrefillEngine:
+class PrefillEngine(Core):
     """A prefill instance (see the module docstring for the behaviour).
 
     Keyword args:
-        name: instance name (used as `src` of transfers and in ledger messages).
-        clock: a `workloads.clock.Clock`.
+        name: instance name (the core's name; `src` of transfers, ledger messages).
         cost: the instance's `devices.costmodel.CostModel`.
-        collector: handle with async `event`, `events`, `finish` (docs/interfaces.md).
-        interconnect: handle with async `transfer(req, frames, logical_bytes, src, dst)`.
-        decode: decode engine handles by name (targets of `submit`).
+        collector: the collector's name.
+        interconnect: the interconnect's name.
+        decode: names of the decode engines (targets of `submit_many`).
+        router: the router's name (told this engine's outstanding prompt tokens,
+            `load`), or None.
         chunk_tokens: token budget of one iteration (vLLM's max_num_batched_tokens;
             8192 is a common setting for prefill instances), >= 1.
         max_queue: queued (not yet admitted) requests beyond which `submit` rejects, >= 0.
@@ -108,23 +123,24 @@ class PrefillEngine:
             the request fails with reason "kv_checksum", >= 0.
         kv_seed: varies the (deterministic) payload bytes.
         max_peer_retries: times a handoff is tried again after the decode engine lost
-            the request (PeerLost: it died or restarted) before the request fails with
-            reason "decode_unavailable", >= 0.
+            the request (it died or restarted) before the request fails with reason
+            "decode_unavailable", >= 0.
         first_token: "decode" or "prefill": who sends the client its first token (module
             docstring); must match the decode engines' setting.
         loading_until_s: no iteration starts before this emulated time (a restarted
-            instance reloading its weights, `rack.faults`); None: ready at once.
+            instance reloading its weights, `rack.wiring.faults`); None: ready at once.
     Raises ValueError on out-of-range arguments; `planner.ModelDoesNotFit` if the
     weights do not fit the instance.
     """
 
-    def __init__(self, *, name: str, clock: Any, cost: Any, collector: Any, interconnect: Any,
-                 decode: Mapping[str, Any], chunk_tokens: int = 8192, max_queue: int = 1024,
-                 kv_block_tokens: int = 16, prefix_cache: bool = True,
+    def __init__(self, *, name: str, cost: Any, collector: str, interconnect: str,
+                 decode: Sequence[str], router: str | None = None, chunk_tokens: int = 8192,
+                 max_queue: int = 1024, kv_block_tokens: int = 16, prefix_cache: bool = True,
                  payload_scale: float = 1e-3, layer_group: int = 8,
                  memory_reserve_fraction: float | None = None, memory_plan: Any = None,
                  max_resends: int = 1, kv_seed: int = 0, max_peer_retries: int = 8,
                  first_token: str = "prefill", loading_until_s: float | None = None) -> None:
+        super().__init__(name)
         if first_token not in ("decode", "prefill"):
             raise ValueError(f"PrefillEngine {name!r}: first_token must be 'decode' or 'prefill', "
                              f"got {first_token!r}")
@@ -140,12 +156,11 @@ class PrefillEngine:
             raise ValueError(f"PrefillEngine {name!r}: max_resends must be >= 0, got {max_resends}")
         if int(layer_group) < 1:
             raise ValueError(f"PrefillEngine {name!r}: layer_group must be >= 1, got {layer_group}")
-        self.name = name
-        self.clock = clock
         self.cost = cost
         self.collector = collector
         self.interconnect = interconnect
-        self.decode = dict(decode)
+        self.decode = list(decode)
+        self.router = router
         self.chunk_tokens = int(chunk_tokens)
         self.max_queue = int(max_queue)
         self.payload_scale = float(payload_scale)
@@ -165,15 +180,15 @@ class PrefillEngine:
 
         self._queue: deque[_Job] = deque()
         self._running: list[_Job] = []
-        self._handoffs = 0                 # requests between first token and KV freed
-        self._wake = asyncio.Event()       # new work or freed memory
-        self._idle = asyncio.Event()
-        self._idle.set()
-        self._loop_task: asyncio.Future | None = None
-        self._errors: list[BaseException] = []
-        self._tasks: set[asyncio.Future] = set()
-        self._in_handoff: set[int] = set()     # ids whose KV is held here until handed off
+        self._handoff: dict[int, _Job] = {}   # request id -> job whose KV is held here until handed off
         self.max_peer_retries = max(0, int(max_peer_retries))
+        # the iteration in progress: (t0, t1, plan, IterationCost), or None
+        self._iter: tuple | None = None
+        self._t_free: float | None = None     # end of the previous iteration when back to back
+        self._plan_at = math.inf              # when to form the next iteration (idle engine)
+        self._retries: list[tuple[float, int, int]] = []   # (t, seq, request id): back-offs
+        self._seq = 0
+        self._reported: int | None = None     # outstanding tokens last told the router
 
         self.util = Utilisation()
         self.lateness = Lateness()
@@ -185,70 +200,153 @@ class PrefillEngine:
         self.tokens_computed = 0
         self.tokens_cached = 0
         self.queue_peak = 0
+        self._report_load()
 
-    # ------------------------------------------------------------------ peer API
+    # ------------------------------------------------------------------ handlers
     @staticmethod
     def warm_up() -> None:
         """Build the codec's cached payload block now (tens of ms the first time), so
-        that the first transfer of a wall-clock run does not stall the engine's loop."""
+        that the first transfer of a wall-clock run does not stall the engine."""
         make_kv_frames(0, 1, 64, 1, 1, 1.0)
 
-    async def submit(self, req, decode_target: str) -> None:
-        """Queue `req` for prefill; its KV will go to decode engine `decode_target`.
+    def submit_many(self, now: float, items) -> None:
+        """Queue (request, decode_target) pairs arriving together for prefill; each
+        request's KV will go to its decode target.
 
-        Returns at once. Ends the request itself when it is rejected (queue full) or
-        can never fit (prompt KV above the instance's KV capacity). Raises KeyError for
-        an unknown `decode_target` when the request needs decode.
+        Ends a request itself when it is rejected (queue full) or can never fit (prompt
+        KV above the instance's KV capacity). Raises KeyError for an unknown decode
+        target.
         """
-        await self.submit_many([(req, decode_target)])
-
-    async def submit_many(self, items) -> None:
-        """`submit` for a list of (request, decode_target) pairs arriving together."""
         for req, target in items:
-            if req.output_tokens > 1 and target not in self.decode:
+            if target not in self.decode and (req.output_tokens > 1 or self.first_token == "decode"):
                 raise KeyError(f"PrefillEngine {self.name!r}: unknown decode target {target!r}; "
                                f"known: {sorted(self.decode)}")
-        await enqueue_batch(self, items, self._refusal, _Job, self._wake)
+        if enqueue_batch(self, now, items, self._refusal, _Job):
+            self._poke(now)
+        self._report_load()
 
     def _refusal(self, req, target):
         if self.pool.bytes_for(req.prompt_tokens) > self.kv_capacity_bytes:
             return ("failed", "prompt_exceeds_kv_capacity")
         return None
 
-    async def outstanding_tokens(self) -> int:
+    def outstanding_tokens(self) -> int:
         """Prompt tokens still to compute (queued + running; queued ones counted whole,
         before any prefix-cache hit). For the router's least-loaded policy."""
         return sum(j.remaining for j in self._running) + sum(j.req.prompt_tokens for j in self._queue)
 
-    async def holding(self, ids, drop_reserved: bool = False) -> list[int]:
-        """Which of request `ids` are here: queued, being prefilled, or holding their KV
-        until it is handed off (`drop_reserved` is for decode engines: ignored). For the
-        router's recovery after a peer restarted."""
+    def kv_reserved(self, now: float, request_id: int, status: str) -> None:
+        """The decode engine's answer to `reserve_kv`: "granted", "refused" (it ended
+        the request: it can never fit there, its queue is full, or its KV is there
+        already) or "lost" (it dropped the reservation: restarted, or a recovery)."""
+        job = self._handoff.get(request_id)
+        if job is None or job.state != "reserving":
+            return
+        if status == "granted":
+            self._send_payload(now, job)
+        elif status == "refused":
+            self.counts["handoffs_refused"] += 1
+            self._end_handoff(now, job)
+        else:
+            self._lost(now, job)
+
+    def transfer_done(self, now: float, request_id: int, result: Any) -> None:
+        """The interconnect's report of one payload (`TransferResult`, or None when the
+        receiver had restarted and held no reservation)."""
+        job = self._handoff.get(request_id)
+        if job is None or job.state != "transferring":
+            return
+        if result is None:
+            self._lost(now, job)
+            return
+        t_end = getattr(result, "end_s", None)
+        self.send(self.collector, "event", request_id, "transfer_end", now if t_end is None else float(t_end))
+        if not _transfer_failed(result):
+            self.counts["handoffs_done"] += 1
+            self._end_handoff(now, job)
+            return
+        if job.attempt < self.max_resends:
+            self.counts["resends"] += 1
+            job.attempt += 1
+            self._send_payload(now, job)
+            return
+        # Still bad after the re-sends: the receiver drops its reservation and ends the
+        # request (a bad frame is never used).
+        self.counts["transfer_failed"] += 1
+        self.send(job.target, "abort_kv", job.req, "kv_checksum")
+        self._end_handoff(now, job)
+
+    def open_ids(self, now: float, request_id: int, ids: list[int]) -> None:
+        """The collector's answer: is the request whose KV the decode engine lost still
+        open? Then its KV is sent again; else the handoff ends."""
+        job = self._handoff.get(request_id)
+        if job is None or job.state != "checking":
+            return
+        if not ids:
+            self._end_handoff(now, job)          # it ended meanwhile (e.g. its KV did arrive)
+            return
+        self.counts["kv_resent_after_restart"] += 1
+        self._reserve(now, job)
+
+    def peer_lost(self, now: float, name: str) -> None:
+        """Core `name` died: handoffs waiting for its reservation lost it."""
+        for job in [j for j in self._handoff.values() if j.target == name and j.state == "reserving"]:
+            self._lost(now, job)
+
+    def send_failed(self, now: float, dst: str, method: str, args: tuple) -> None:
+        """A message could not be delivered (its destination was down, Ray driver; or
+        restarted before taking it, virtual driver)."""
+        if method == "reserve_kv":
+            job = self._handoff.get(args[0].id)
+            if job is not None and job.state == "reserving":
+                self._lost(now, job)
+        elif method == "abort_kv":
+            # the receiver restarted meanwhile: end the request here
+            self.send(self.collector, "finish", args[0].id, "failed", args[1], None, now)
+
+    def holding(self, now: float, ids, drop_reserved: bool, reply_to: str, tag: Any) -> None:
+        """Reply `reply_to.held(tag, name, ids)`: which of `ids` are here (queued,
+        prefilling, or holding their KV until it is handed off); `drop_reserved` is for
+        decode engines. For the router's recovery after a peer restarted."""
         want = set(int(i) for i in ids)
         held = [j.req.id for j in (*self._queue, *self._running) if j.req.id in want]
-        return held + [i for i in self._in_handoff if i in want]
+        held += [i for i in self._handoff if i in want]
+        self.send(reply_to, "held", tag, self.name, held)
 
-    def halt(self) -> None:
-        """Stop as if the process died (virtual-time fault injection; a Ray actor is
-        killed instead): the loop and every handoff stop where they are (a handoff
-        waiting on a peer is cancelled there). The object must not be used afterwards."""
-        for task in [self._loop_task, *self._tasks]:
-            if task is not None:
-                task.cancel()
+    def on_wake(self, now: float) -> None:
+        if self._iter is not None and now >= self._iter[1]:
+            self._end_iteration(now)
+        if self._iter is None and now >= self._plan_at:
+            self._plan_at = math.inf
+            self._start_iteration(now)
+        while self._retries and self._retries[0][0] <= now:
+            _, _, rid = heapq.heappop(self._retries)
+            job = self._handoff.get(rid)
+            if job is not None and job.state == "backoff":
+                self._check_open(job)
+        self._set_wake()
+        self._report_load()
 
-    async def drain(self) -> None:
-        """Return when nothing is queued, running or being handed off; re-raise a
-        background task's exception."""
-        self._raise_errors()
-        while not self._is_idle():
-            self._idle.clear()
-            await self.clock.wait_until(self._idle, None)
-            self._raise_errors()
+    # ------------------------------------------------------------------ driver reads
+    def is_idle(self) -> bool:
+        return not (self._queue or self._running or self._handoff or self._iter is not None)
 
-    async def stats(self) -> dict:
-        """Counters and gauges (plain values and numpy arrays; picklable)."""
-        self._raise_errors()
-        now = self.clock.now()
+    def waiting_for(self) -> str:
+        if self.is_idle():
+            return ""
+        parts = [f"handoff of request {j.req.id} waits for "
+                 + (f"{j.target} ({j.state})" if j.state in ("reserving", "transferring") else
+                    "the collector (is it still open?)" if j.state == "checking" else "a back-off")
+                 for j in list(self._handoff.values())[:3]]
+        if len(self._handoff) > 3:
+            parts.append(f"{len(self._handoff) - 3} more handoff(s)")
+        if self._queue or self._running:
+            parts.append(f"{len(self._queue)} queued, {len(self._running)} prefilling")
+        return ", ".join(parts)
+
+    def stats(self, now: float) -> dict:
+        """Counters and gauges at emulated time `now` (plain values and numpy arrays;
+        picklable)."""
         t, used = self.memory.as_arrays()
         out = {
             "name": self.name,
@@ -261,7 +359,7 @@ class PrefillEngine:
             "queue_len": len(self._queue),
             "queue_peak": self.queue_peak,
             "running": len(self._running),
-            "handoffs_in_flight": self._handoffs,
+            "handoffs_in_flight": len(self._handoff),
             "tokens_computed": self.tokens_computed,
             "tokens_cached": self.tokens_cached,
             "prefix_cache": self.prefix.stats.as_dict() if self.prefix else None,
@@ -272,22 +370,28 @@ class PrefillEngine:
         out.update(self.lateness.as_dict())
         return out
 
-    # ------------------------------------------------------------------ internals
-    def _start(self) -> None:
-        if self._loop_task is None:
-            self._loop_task = spawn(self._loop(), self._errors)
-            self._loop_task.add_done_callback(lambda _f: self._idle.set())
+    # ------------------------------------------------------------------ iterations
+    def _poke(self, now: float) -> None:
+        """New work or freed memory: form the next iteration at `now` (after this
+        instant's messages; weights first if still loading) unless one is running."""
+        if self._iter is None:
+            t = now if self.loading_until_s is None else max(now, self.loading_until_s)
+            self._plan_at = min(self._plan_at, t)
+            self._set_wake()
 
-    def _raise_errors(self) -> None:
-        if self._errors:
-            raise RuntimeError(f"PrefillEngine {self.name!r}: a background task failed") from self._errors[0]
+    def _set_wake(self) -> None:
+        t = self._iter[1] if self._iter is not None else self._plan_at
+        if self._retries:
+            t = min(t, self._retries[0][0])
+        self.wake_at = t
 
-    def _is_idle(self) -> bool:
-        return bool(self._errors) or not (self._queue or self._running or self._handoffs)
-
-    def _note_idle(self) -> None:
-        if self._is_idle():
-            self._idle.set()
+    def _report_load(self) -> None:
+        if self.router is None:
+            return
+        load = self.outstanding_tokens()
+        if load != self._reported:
+            self._reported = load
+            self.send(self.router, "load", self.name, load)
 
     def _try_admit(self, job: _Job) -> bool:
         """Allocate the KV of `job`'s uncached prompt (after a prefix-cache lookup),
@@ -303,145 +407,123 @@ class PrefillEngine:
                 self.prefix.release(req.id)
             return False
         admit_with_prefix(self, job, hashes, hit, cached)
+        job.state = "running"
         return True
 
-    def _schedule(self) -> list[tuple[_Job, int]]:
-        """The next iteration's (job, new tokens) list: continuing requests first, then
-        FCFS admissions while budget and memory last."""
-        return plan_chunk(self._running, self._queue, self.chunk_tokens, self._try_admit)
-
-    async def _loop(self) -> None:
-        clock = self.clock
-        if self.loading_until_s is not None and clock.now() < self.loading_until_s:
-            await clock.sleep_until(self.loading_until_s)     # weights still loading
-        t_free = None       # end of the previous iteration when running back to back
-        while True:
-            self._wake.clear()
-            plan = self._schedule()
-            if not plan:
-                self._note_idle()
-                await clock.wait_until(self._wake, None)
-                t_free = None
-                continue
-            # Back-to-back iterations start when the previous one ended, not after the
-            # collector round trips in between (which take wall time on the Ray runtime).
-            t0 = clock.now() if t_free is None else t_free
-            new = np.fromiter((take for _, take in plan), dtype=np.int64, count=len(plan))
-            cached = np.fromiter((j.cached + j.computed for j, _ in plan), dtype=np.int64,
-                                 count=len(plan))
-            c = self.cost.prefill(new, cached)
-            t1 = t0 + c.time_s
-            starts = [(j.req.id, "prefill_start", t0) for j, _ in plan if not j.started]
-            for j, _ in plan:
-                j.started = True
-            self.memory.add(t0, self.ledger.used)
-            if starts:
-                await self.collector.events(starts)
-            await clock.sleep_until(t1)
-            self.lateness.note(t1, clock.now())
-            t_free = t1
-            self.util.add(c.time_s, c.flops, c.bytes, device_busy_s=c.device_busy_s)
-            self.tokens_computed += int(new.sum())
-            done: list[_Job] = []
-            for j, take in plan:
-                j.computed += take
-                if j.remaining == 0:
-                    done.append(j)
-            if done:
-                ids = {id(j) for j in done}
-                self._running = [j for j in self._running if id(j) not in ids]
-                self.counts["prefilled"] += len(done)
-                self._handoffs += len(done)
-                names = ("prefill_end", "first_token") if self.first_token == "prefill" else ("prefill_end",)
-                await self.collector.events([(j.req.id, nm, t1) for j in done for nm in names])
-                for j in done:
-                    self._in_handoff.add(j.req.id)      # held from now on (see `holding`)
-                    task = spawn(self._handoff(j, t1), self._errors)
-                    self._tasks.add(task)
-                    task.add_done_callback(self._tasks.discard)
-
-    async def _handoff(self, job: _Job, t_first: float) -> None:
-        """Pull protocol: decode reserves, the interconnect ships, then free the KV.
-
-        If the decode engine dies or restarts meanwhile (PeerLost), the KV is still
-        here: it is sent again (after a back-off, as a restarting engine may not be up
-        yet) up to `max_peer_retries` times, unless the request has ended meanwhile;
-        then the request fails with reason "decode_unavailable"."""
-        req = job.req
-        try:
-            if req.output_tokens == 1 and self.first_token == "prefill":
-                # Done at its first token: nothing to decode, nothing to ship.
-                self.counts["completed_at_first_token"] += 1
-                await self.collector.finish(req.id, "completed", itl_s=np.empty(0), t=t_first)
-                return
-            for lost in range(self.max_peer_retries + 1):
-                try:
-                    await self._ship(job, t_first)
-                    return
-                except PeerLost:
-                    self.counts["peer_lost"] += 1
-                    if lost == self.max_peer_retries:
-                        break
-                    if lost:
-                        await self.clock.sleep_until(self.clock.now() + min(0.5, 1e-3 * 2 ** (lost - 1)))
-                    if not await self.collector.open_among([req.id]):
-                        return          # it ended meanwhile (e.g. its KV did arrive before the loss)
-                    self.counts["kv_resent_after_restart"] += 1
-            self.counts["failed"] += 1
-            await self.collector.finish(req.id, "failed", reason="decode_unavailable", t=self.clock.now())
-        finally:
-            self._in_handoff.discard(req.id)
-            self._release(job)
-
-    async def _ship(self, job: _Job, t_first: float) -> None:
-        """One handoff attempt: reserve, transfer (re-sending bad payloads), or abort.
-        Raises PeerLost if the decode engine lost the request's reservation."""
-        req = job.req
-        target = self.decode[job.target]
-        ok = await target.reserve_kv(req, req.prompt_tokens, first_token_s=t_first)
-        if ok is False:
-            # The decode engine ended the request (it can never fit there, or its
-            # reservation queue is full) or already holds its KV.
-            self.counts["handoffs_refused"] += 1
+    def _start_iteration(self, now: float) -> None:
+        """Plan and start one chunked-prefill iteration: continuing requests first, then
+        FCFS admissions while budget and memory last. Back-to-back iterations start
+        when the previous one ended."""
+        plan = plan_chunk(self._running, self._queue, self.chunk_tokens, self._try_admit)
+        if not plan:
+            self._t_free = None
             return
-        logical = req.prompt_tokens * self.kv_bytes_per_token
-        for attempt in range(self.max_resends + 1):
-            frames = make_kv_frames(req.id, req.prompt_tokens, self.kv_bytes_per_token,
-                                    self.n_layers, self.layer_group, self.payload_scale,
-                                    kv_dtype=self.cost.kv_dtype, seed=self.kv_seed + attempt)
-            await self.collector.event(req.id, "transfer_start", self.clock.now())
-            result = await self.interconnect.transfer(req, frames, logical, src=self.name,
-                                                      dst=job.target, first_token_s=t_first)
-            t_end = getattr(result, "end_s", None)
-            await self.collector.event(req.id, "transfer_end",
-                                       self.clock.now() if t_end is None else float(t_end))
-            if not _transfer_failed(result):
-                self.counts["handoffs_done"] += 1
-                break
-            if attempt < self.max_resends:
-                self.counts["resends"] += 1
-        else:
-            # Still bad after the re-sends: the receiver drops its reservation and
-            # ends the request (a bad frame is never used).
-            self.counts["transfer_failed"] += 1
-            try:
-                await target.abort_kv(req, "kv_checksum")
-            except PeerLost:        # the receiver restarted meanwhile: end it here
-                await self.collector.finish(req.id, "failed", reason="kv_checksum", t=self.clock.now())
+        t0 = now if self._t_free is None else self._t_free
+        new = np.fromiter((take for _, take in plan), dtype=np.int64, count=len(plan))
+        cached = np.fromiter((j.cached + j.computed for j, _ in plan), dtype=np.int64,
+                             count=len(plan))
+        c = self.cost.prefill(new, cached)
+        t1 = t0 + c.time_s
+        starts = [(j.req.id, "prefill_start", t0) for j, _ in plan if not j.started]
+        for j, _ in plan:
+            j.started = True
+        self.memory.add(t0, self.ledger.used)
+        if starts:
+            self.send(self.collector, "events", starts)
+        self._iter = (t0, t1, plan, c, new)
 
-    def _release(self, job: _Job) -> None:
+    def _end_iteration(self, now: float) -> None:
+        t0, t1, plan, c, new = self._iter
+        self._iter = None
+        self.lateness.note(t1, now)
+        self._t_free = t1
+        self.util.add(c.time_s, c.flops, c.bytes, device_busy_s=c.device_busy_s)
+        self.tokens_computed += int(new.sum())
+        done: list[_Job] = []
+        for j, take in plan:
+            j.computed += take
+            if j.remaining == 0:
+                done.append(j)
+        if done:
+            ids = {id(j) for j in done}
+            self._running = [j for j in self._running if id(j) not in ids]
+            self.counts["prefilled"] += len(done)
+            names = ("prefill_end", "first_token") if self.first_token == "prefill" else ("prefill_end",)
+            self.send(self.collector, "events", [(j.req.id, nm, t1) for j in done for nm in names])
+            for j in done:
+                j.t_first = t1
+                self._handoff[j.req.id] = j      # held from now on (see `holding`)
+        # the next iteration is formed before the handoffs start (back to back)
+        self._start_iteration(t1)
+        for j in done:
+            self._begin_handoff(t1, j)
+
+    # ------------------------------------------------------------------ handoff
+    def _begin_handoff(self, now: float, job: _Job) -> None:
+        """Pull protocol: decode reserves, the interconnect ships, then the KV is freed.
+        Under "prefill" a one-token request is complete at its first token."""
+        req = job.req
+        if req.output_tokens == 1 and self.first_token == "prefill":
+            # Done at its first token: nothing to decode, nothing to ship.
+            self.counts["completed_at_first_token"] += 1
+            self.send(self.collector, "finish", req.id, "completed", None, np.empty(0), job.t_first)
+            self._end_handoff(now, job)
+            return
+        self._reserve(now, job)
+
+    def _reserve(self, now: float, job: _Job) -> None:
+        job.state = "reserving"
+        job.attempt = 0
+        self.send(job.target, "reserve_kv", job.req, job.req.prompt_tokens, job.t_first, self.name)
+
+    def _send_payload(self, now: float, job: _Job) -> None:
+        req = job.req
+        job.state = "transferring"
+        logical = req.prompt_tokens * self.kv_bytes_per_token
+        frames = make_kv_frames(req.id, req.prompt_tokens, self.kv_bytes_per_token,
+                                self.n_layers, self.layer_group, self.payload_scale,
+                                kv_dtype=self.cost.kv_dtype, seed=self.kv_seed + job.attempt)
+        self.send(self.collector, "event", req.id, "transfer_start", now)
+        self.send(self.interconnect, "transfer", req, frames, logical, self.name, job.target,
+                  job.t_first, req.id)
+
+    def _lost(self, now: float, job: _Job) -> None:
+        """The decode engine lost the request (it died or restarted): the KV is still
+        here, so it is sent again after a back-off (a restarting engine may not be up
+        yet), unless the request ended meanwhile; after `max_peer_retries` losses the
+        request fails with reason "decode_unavailable"."""
+        self.counts["peer_lost"] += 1
+        k = job.losses
+        job.losses += 1
+        if k == self.max_peer_retries:
+            self.counts["failed"] += 1
+            self.send(self.collector, "finish", job.req.id, "failed", "decode_unavailable", None, now)
+            self._end_handoff(now, job)
+            return
+        if k:
+            job.state = "backoff"
+            heapq.heappush(self._retries, (now + min(0.5, 1e-3 * 2 ** (k - 1)), self._seq, job.req.id))
+            self._seq += 1
+            self._set_wake()
+        else:
+            self._check_open(job)
+
+    def _check_open(self, job: _Job) -> None:
+        job.state = "checking"
+        self.send(self.collector, "open_among", [job.req.id], self.name, job.req.id)
+
+    def _end_handoff(self, now: float, job: _Job) -> None:
         """Free a handed-off request's KV; its full prompt blocks join the prefix cache."""
         req = job.req
+        del self._handoff[req.id]
         self.pool.free(req.id)
         if self.prefix is not None:
             self.prefix.release(req.id)
             if req.block_hashes:
                 self.prefix.insert(req.block_hashes[: req.prompt_tokens // req.block_size],
                                    req.block_size)
-        self._handoffs -= 1
-        self.memory.add(self.clock.now(), self.ledger.used)
-        self._wake.set()
-        self._note_idle()
+        self.memory.add(now, self.ledger.used)
+        self._poke(now)
 
 
 def _transfer_failed(result: Any) -> bool:

@@ -33,10 +33,10 @@ def compare(
     load: Optional[LoadOptions] = None,
 ) -> None:
     """Run deployments on the same requests and compare TTFT/TPOT/ITL/E2E, goodput, tokens/J, $/Mtok."""
-    from rack.breakdown import parse_stage
-    from rack.compare import (CompareError, compare_document, compare_rich_table, run_compare,
+    from rack.wiring.settings import parse_stage
+    from rack.analysis.compare import (CompareError, compare_document, compare_rich_table, run_compare,
                               write_compare)
-    from rack.results import to_json
+    from rack.analysis.results import to_json
 
     if runtime not in ("ray", "virtual"):
         fail(f"--runtime: expected 'ray' or 'virtual', got {runtime!r}")
@@ -80,7 +80,7 @@ def compare(
             except ImportError:  # pragma: no cover
                 pass
     paths = write_compare(result, out, plots=not no_plots)
-    from rack.compare import model_warning
+    from rack.analysis.compare import model_warning
 
     warning = model_warning([e.scenario for e in result.entries])
     if warning:

@@ -153,7 +153,7 @@ class LoadOptions:
     def load(self, trace: str, **kwargs) -> Loaded:
         """Plan (see `plan`) and read the requests. Raises ValueError, TraceError or
         WorkloadSpecError for bad input."""
-        from rack.runner import trace_info
+        from rack.wiring.runner import trace_info
 
         plan = self.plan(trace, **kwargs)
         reqs = plan.requests()

@@ -27,7 +27,7 @@ def load_inputs(scenario: Optional[str], trace: str, window: Optional[str], rate
     trace, or --dataset/--workload, through the load options), or a clean CLI error."""
     from devices.catalog import CatalogError
     from devices.planner import ModelDoesNotFit
-    from rack.scenario import ScenarioError, load_scenario
+    from rack.wiring.scenario import ScenarioError, load_scenario
     from workloads import TraceError
 
     try:
@@ -68,7 +68,7 @@ def run(
     load: Optional[LoadOptions] = None,
 ) -> None:
     """Replay a trace through the emulated rack and report TTFT, TPOT, ITL, goodput, KV traffic."""
-    from rack.results import summary_text, to_json, write_results
+    from rack.analysis.results import summary_text, to_json, write_results
 
     if runtime not in ("ray", "virtual"):
         fail(f"--runtime: expected 'ray' or 'virtual', got {runtime!r}")
@@ -84,8 +84,8 @@ def run(
                              skip_bad_rows, load, dilation=dilation, payload_scale=payload_scale)
     reqs = loaded.requests
     if fault:
-        from rack.faults import parse_fault_option
-        from rack.scenario import ScenarioError
+        from rack.wiring.faults import parse_fault_option
+        from rack.wiring.scenario import ScenarioError
 
         try:
             sc = sc.with_overrides(faults=[*sc.model_dump()["faults"], *(parse_fault_option(f) for f in fault)])
@@ -117,8 +117,8 @@ def execute(folder: Path, sc, reqs, *, runtime: str, address: Optional[str], **k
     was measured into `folder` (results.json with status "aborted"); the traceback of
     anything but a refused input goes to `folder`/error.log, never to the terminal.
     Exit codes: 2 for input refused before the run, 1 for a run that failed."""
-    from rack.runner import run_scenario
-    from rack.scenario import ScenarioError
+    from rack.wiring.runner import run_scenario
+    from rack.wiring.scenario import ScenarioError
     from workloads.clock import TimeSpanError
 
     try:

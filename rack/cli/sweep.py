@@ -32,7 +32,7 @@ def _floats(text: str, option: str) -> list[float]:
 
 
 def _scenarios(names: list[str]):
-    from rack.compare import CompareError, check_scenario, load_scenarios
+    from rack.analysis.compare import CompareError, check_scenario, load_scenarios
 
     try:
         scs = load_scenarios(names)
@@ -48,7 +48,7 @@ def _workload(trace: Optional[str], window: Optional[str], max_requests: Optiona
               load: LoadOptions):
     """A synthetic workload when --prompt-tokens is given, else the trace (or dataset or
     workload file) through the load options."""
-    from rack.sweep import Workload
+    from rack.analysis.sweep import Workload
     from workloads import TraceError
 
     if prompt_tokens is not None:
@@ -71,8 +71,8 @@ def _finish(result, out: Path, as_json: bool, no_plots: bool) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from rack.results import to_json
-    from rack.sweep import points_table, summary_lines, write_sweep
+    from rack.analysis.results import to_json
+    from rack.analysis.sweep import points_table, summary_lines, write_sweep
 
     paths = write_sweep(result, out, plots=not no_plots)
     if as_json:
@@ -110,7 +110,7 @@ def sweep_rate(
     load: Optional[LoadOptions] = None,
 ) -> None:
     """Goodput and tokens/J against request rate; the max rate each deployment sustains (DistServe)."""
-    from rack.sweep import rate_sweep
+    from rack.analysis.sweep import rate_sweep
 
     scs = _scenarios(list(scenarios or []))
     wl = _workload(trace, window, max_requests, None, 1, 1.0, 1, 0, load)
@@ -146,7 +146,7 @@ def sweep_bandwidth(
     load: Optional[LoadOptions] = None,
 ) -> None:
     """The split deployment at each KV link bandwidth against colocated ones; prints the crossover."""
-    from rack.sweep import bandwidth_sweep, with_link_bandwidth
+    from rack.analysis.sweep import bandwidth_sweep, with_link_bandwidth
 
     if metric not in ("goodput_rps", "slo_attainment"):
         fail(f"--metric: expected goodput_rps or slo_attainment, got {metric!r}")
@@ -178,7 +178,7 @@ def sweep_prompt(
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Goodput and tokens/J against prompt length on synthetic Poisson traffic."""
-    from rack.sweep import prompt_sweep
+    from rack.analysis.sweep import prompt_sweep
 
     scs = _scenarios(list(scenarios or []))
     Ls = [int(x) for x in _floats(lengths, "--lengths")]

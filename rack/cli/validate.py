@@ -31,7 +31,7 @@ def _figures_table(con, figures, tolerance: float) -> None:
 def _serving_table(con, replays, summary) -> None:
     from rich.table import Table
 
-    from rack.validation_table import LABELS, SERVING_LIMITS
+    from rack.analysis.validation_table import LABELS, SERVING_LIMITS
 
     t = Table(title="Measured serving rows: closed-loop replay through the engines (predicted / measured, error)")
     for col in ("row", "deployment", "users", *LABELS.values()):
@@ -72,8 +72,8 @@ def validate(
     from devices.catalog import CatalogError
     from devices.validation import load_rows
     from devices.validation import validate as run_figures
-    from rack.scenario import ScenarioError
-    from rack.validation_table import replay_rows, serving_rows, summarize
+    from rack.wiring.scenario import ScenarioError
+    from rack.analysis.validation_table import replay_rows, serving_rows, summarize
 
     try:
         if rows_file is not None and rows_file.suffix.lower() != ".csv":
@@ -86,7 +86,7 @@ def validate(
         raise typer.Exit(2)
     summary = summarize(replays, figures, tolerance)
     if plot_dir is not None:
-        from rack.validation_plots import write_plots
+        from rack.analysis.validation_plots import write_plots
 
         for p in write_plots(replays, plot_dir):
             typer.echo(f"wrote {p}", err=json_out)

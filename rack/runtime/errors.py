@@ -5,7 +5,7 @@ exception ends the run. The runtime catches it where it drives the component and
 raises `ComponentError` naming the component, the emulated time, the request the
 component was handling (if one can be told) and the original exception, with the
 records gathered up to then (`partial`), so the caller can still write what was
-measured (`rack.runner.RunAborted`, results marked "aborted").
+measured (`rack.wiring.runner.RunAborted`, results marked "aborted").
 
 This module knows nothing of asyncio or Ray: the drivers of the engine-core design
 (DESIGN.md, "One model, two clocks") raise the same error when a core's handler raises.
@@ -63,9 +63,25 @@ class ComponentError(RuntimeError):
         return "".join(traceback.format_exception(type(self.cause), self.cause, self.cause.__traceback__))
 
 
+class RayRunError(RuntimeError):
+    """The Ray run could not start (missing resources, actors not placed in time) or
+    did not finish in time."""
+
+
+class RunFailed(RuntimeError):
+    """One run of a map failed (`rack.runtime.parallel`): `index` of its item in the
+    input, `cause` the exception it raised (for a Ray task, an instance of the original
+    exception class)."""
+
+    def __init__(self, index: int, cause: BaseException) -> None:
+        super().__init__(f"run {index} failed: {type(cause).__name__}: {cause}")
+        self.index = index
+        self.cause = cause
+
+
 def owners(components: Mapping[str, Any]) -> dict[int, str]:
     """{id(object): component name} for `components` and the objects wrappers such as
-    `rack.faults.Restartable` hold in `inner` (the current incarnation)."""
+    `rack.wiring.faults.Restartable` hold in `inner` (the current incarnation)."""
     out: dict[int, str] = {}
     for name, obj in components.items():
         out[id(obj)] = name

@@ -16,18 +16,10 @@ import time
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from typing import Callable, Sequence, TypeVar
 
+from .errors import RunFailed
+
 T = TypeVar("T")
 R = TypeVar("R")
-
-
-class RunFailed(RuntimeError):
-    """One run of a map failed: `index` of its item in the input, `cause` the exception
-    it raised (for a Ray task, an instance of the original exception class)."""
-
-    def __init__(self, index: int, cause: BaseException) -> None:
-        super().__init__(f"run {index} failed: {type(cause).__name__}: {cause}")
-        self.index = index
-        self.cause = cause
 
 
 class MapTimeout(RuntimeError):
@@ -76,7 +68,8 @@ def map_virtual_runs(fn: Callable[[T], R], items: Sequence[T], *, address: str |
     on_done, close = _progress_callback(progress, len(items))
     try:
         if address is not None:
-            from .ray_runtime import RayRunError, map_ray_tasks
+            from .errors import RayRunError
+            from .ray_runtime import map_ray_tasks
 
             try:
                 return map_ray_tasks(fn, items, address=address, num_cpus=num_cpus, on_done=on_done,
@@ -151,7 +144,7 @@ def virtual_results(item: tuple) -> dict:
     """A ready-made `fn` for `map_virtual_runs`: item = (scenario, requests) or
     (scenario, requests, trace_info); returns `run_scenario(..., runtime="virtual").results`
     (the results.json dict)."""
-    from rack.runner import run_scenario
+    from rack.wiring.runner import run_scenario
 
     scenario, requests, *rest = item
     return run_scenario(scenario, requests, runtime="virtual", trace_info=rest[0] if rest else None).results
@@ -161,7 +154,7 @@ def virtual_run_output(item: tuple):
     """Like `virtual_results` but returns the whole `RunOutput` (results, per-request
     columns, component stats, topology), for callers that need more than results.json.
     item may end with a dict of more `run_scenario` keyword arguments (a closed loop)."""
-    from rack.runner import run_scenario
+    from rack.wiring.runner import run_scenario
 
     scenario, requests, *rest = item
     return run_scenario(scenario, requests, runtime="virtual", trace_info=rest[0] if rest else None,

@@ -1,11 +1,11 @@
-"""Shared by both runtimes: build component objects from `ComponentSpec`s."""
+"""Shared by both drivers: build cores from `ComponentSpec`s."""
 
 from __future__ import annotations
 
 import importlib
 from typing import Any, Callable
 
-from rack.topology import ComponentSpec, Ref
+from rack.wiring.topology import ComponentSpec, Ref
 
 
 def load_factory(path: str) -> Callable[..., Any]:
@@ -27,6 +27,10 @@ def resolve_refs(value: Any, lookup: Callable[[str], Any]) -> Any:
     return value
 
 
-def construct(spec: ComponentSpec, clock: Any, lookup: Callable[[str], Any]) -> Any:
-    """Instantiate `spec` with `clock` and its peers resolved through `lookup`."""
-    return load_factory(spec.factory)(clock=clock, **resolve_refs(spec.kwargs, lookup))
+def construct(spec: ComponentSpec, loading_until_s: float | None = None) -> Any:
+    """The core of `spec`, its peers given by name; `loading_until_s`: a restarted
+    core that reloads its weights until then (`rack.wiring.faults`)."""
+    kwargs = resolve_refs(spec.kwargs, lambda name: name)
+    if loading_until_s is not None:
+        kwargs["loading_until_s"] = loading_until_s
+    return load_factory(spec.factory)(**kwargs)

@@ -1,4 +1,4 @@
-"""Ray-side measurements of `rack bench` (this module imports Ray; `rack.bench` does not).
+"""Ray-side measurements of `rack bench` (this module imports Ray; `rack.analysis.bench` does not).
 
 `actor_link_throughput` ships KV payloads from one Ray actor to another on this node
 along the path a KV transfer takes on the Ray runtime: a list of msgpack frames

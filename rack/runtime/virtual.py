@@ -1,429 +1,209 @@
-"""Virtual-time runtime: every component in one process, on one asyncio loop whose
-clock jumps to the next timer instead of waiting for it.
+"""The virtual driver: every core in this process, on emulated time that jumps from
+event to event. No asyncio, no threads: one message queue and one heap of wake times.
 
-Why our own loop rather than a library such as `looptime`: the emulator needs exact
-float deadlines (a timer set for t fires with `loop.time() == t`, bit for bit), a clear
-error instead of a silent hang when every component waits on something that can never
-happen, and the smallest per-event overhead, since a replay of a one-hour trace runs
-~10^5-10^6 events through this loop. The loop is a stock `SelectorEventLoop` whose
-`time()` is a counter and whose selector advances that counter to the earliest timer
-instead of blocking; everything else (tasks, futures, events) is standard asyncio, so
-components run unchanged on the Ray runtime's uvloop.
+Order (deterministic, documented so runs repeat bit for bit):
+
+1. every message queued at the current time is delivered, first in, first out; a
+   core's messages enter the queue in the order it sent them, after the call that
+   sent them returns; a message to `workloads.core.BROADCAST` goes to every other
+   core that handles it, in topology order;
+2. when the queue is empty, the earliest wake-up is taken from the heap (ties: the
+   one requested first; a core that changes its wake time asks anew and loses its
+   place) and time jumps to it; the core's `on_wake(now)` runs, and its
+   messages are delivered (step 1) before the next wake-up.
+
+A core asks for a wake-up by setting `wake_at`; the driver reads it after every call
+into the core (a later value replaces the earlier request). A handler that must see
+every message of the current instant before acting (an engine forming its next batch)
+sets `wake_at = now`: messages come before wake-ups.
+
+Two messages are the driver's own, about the process rather than a core's state:
+`crash(at_s)` replaces the core with a fresh one built from its component spec (a
+restart: empty, reloading its weights until at_s + weight_load_s); `ping(reply_to,
+tag)` replies `pong(tag, {"incarnation": n, "work": its work counters})`.
+
+A core that raises ends the run with `ComponentError` (component, emulated time,
+request, cause) carrying the records gathered so far. If the queue and the heap are
+empty while requests are still open, the run raises `VirtualTimeDeadlock` naming the
+open requests and what each core waits for.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextvars
 import heapq
 import math
-import selectors
-from asyncio import format_helpers
-from typing import Any, Awaitable, Callable, Mapping, TypeVar
+from collections import deque
+from typing import Any, Callable, Mapping, Sequence
+
+from workloads.core import BROADCAST, Core
 
 from .errors import ComponentError, locate
 
-T = TypeVar("T")
+#: Messages the driver handles itself (not a core's handlers).
+DRIVER_METHODS = ("crash", "ping")
 
 
 class VirtualTimeDeadlock(RuntimeError):
-    """Every task waits on an event and no timer is pending: the emulation cannot
-    progress (for example a request waits for memory that nothing will free).
-    `partial`: the records gathered when it stopped (see `run_virtual`), or None."""
+    """The queue and the heap are empty but requests are still open: nothing can ever
+    happen again (e.g. a request waits for memory that nothing will free).
+    `partial`: the records gathered when it stopped, or None."""
 
     partial: dict | None = None
 
 
-class _TaskFailed(Exception):
-    """Internal: a watched task ended with an exception (its `__cause__`)."""
+class VirtualDriver:
+    """Runs `cores` (name -> Core, in topology order) on virtual time.
 
+    rebuild(name, loading_until_s) -> Core: a fresh core for a crashed one (None: no
+    crash can be handled). `done()` -> bool: the run may stop (e.g. every request
+    ended); checked once the work of the current instant is done.
 
-class _VirtualSelector(selectors.DefaultSelector):
-    """A selector that never blocks: a wait of `timeout` seconds advances virtual time."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.loop: VirtualTimeLoop | None = None
-
-    def select(self, timeout: float | None = None):  # noqa: D401 - selectors API
-        loop = self.loop
-        if timeout is None:
-            # Nothing ready and no timer: real I/O is never used in a virtual run, so
-            # nothing can ever wake the loop again.
-            raise VirtualTimeDeadlock(
-                "virtual-time deadlock: every task is waiting and no timer is pending"
-                + (f" ({loop.deadlock_hint()})" if loop is not None and loop.deadlock_hint else "")
-            )
-        if timeout > 0 and loop is not None:
-            scheduled = loop._scheduled  # the heap of TimerHandles kept by BaseEventLoop
-            target = scheduled[0].when() if scheduled else loop._vt + timeout
-            if target > loop._vt:
-                loop._vt = target
-        return []
-
-
-class VirtualTimeLoop(asyncio.SelectorEventLoop):
-    """asyncio event loop with virtual time, starting at 0.0 s.
-
-    `time()` returns virtual seconds; when no callback is ready the loop jumps to the
-    earliest timer. Deterministic: the same program gives the same timings bit for bit.
-    `deadlock_hint` may be set to a callable returning a description of what is still
-    pending, used in the `VirtualTimeDeadlock` message.
+    Counters for `rack bench`: `messages` (handler calls), `wakeups` (on_wake calls).
     """
 
-    def __init__(self) -> None:
-        selector = _VirtualSelector()
-        super().__init__(selector)
-        selector.loop = self
-        self._vt = 0.0
-        self.deadlock_hint: Callable[[], str] | None = None
-        self.task_error: BaseException | None = None   # first failure of a watched task
-        # work done, for `rack bench` (events per request): loop iterations, callbacks
-        # run (each a component wake-up: a task step or a timer firing), timers fired
-        self.iterations = 0
-        self.callbacks = 0
-        self.timers = 0
+    def __init__(self, cores: Mapping[str, Core],
+                 rebuild: Callable[[str, float | None], Core] | None = None,
+                 weight_load_s: Mapping[str, float] | None = None) -> None:
+        self.cores: dict[str, Core] = dict(cores)
+        self.order = {n: i for i, n in enumerate(self.cores)}
+        self.now = 0.0
+        self._queue: deque = deque()          # (dst, method, args)
+        self._heap: list = []                 # (t, seq, name)
+        # the wake time each core asked for and the order of that request: a heap entry
+        # counts only if it is that very request (a core that asks again loses its place)
+        self._asked: dict[str, tuple[float, int]] = {n: (math.inf, -1) for n in self.cores}
+        self._seq = 0
+        self._rebuild = rebuild
+        self._load_s = dict(weight_load_s or {})
+        self.incarnation = {n: 0 for n in self.cores}
+        self._handlers: dict[tuple[str, str], Callable] = {}   # bound handlers by (core, method)
+        self.messages = 0
+        self.wakeups = 0
+        for name, core in self.cores.items():
+            self._after(name, core)
 
-    def time(self) -> float:  # noqa: D401 - asyncio API
-        return self._vt
+    # ------------------------------------------------------------------ loop
+    def post(self, dst: str, method: str, *args: Any) -> None:
+        """Queue a message from outside (the runner starts the router this way)."""
+        self._queue.append((dst, method, args))
 
-    # BaseEventLoop fires timers with `when < time() + _clock_resolution`; one ulp of
-    # the current time makes a timer fire exactly at its time, never earlier.
-    @property
-    def _clock_resolution(self) -> float:
-        return math.ulp(self._vt)
-
-    @_clock_resolution.setter
-    def _clock_resolution(self, value: float) -> None:
-        pass
-
-    def call_soon(self, callback, *args, context=None):  # noqa: D401 - asyncio API
-        """`BaseEventLoop.call_soon` minus the debug-mode checks (every future that
-        completes and every task step comes through here)."""
-        if self._debug:  # pragma: no cover
-            return super().call_soon(callback, *args, context=context)
-        if self._closed:
-            raise RuntimeError("Event loop is closed")
-        handle = _Handle(callback, args, self, context)
-        self._ready.append(handle)
-        return handle
-
-    def call_at(self, when, callback, *args, context=None):  # noqa: D401 - asyncio API
-        """`BaseEventLoop.call_at` minus the debug-mode checks (every timer)."""
-        if self._debug:  # pragma: no cover
-            return super().call_at(when, callback, *args, context=context)
-        if self._closed:
-            raise RuntimeError("Event loop is closed")
-        timer = _TimerHandle(when, callback, args, self, context)
-        heapq.heappush(self._scheduled, timer)
-        timer._scheduled = True
-        return timer
-
-    def _run_once(self) -> None:
-        """Loop iterations, each as `BaseEventLoop._run_once` without the I/O poll,
-        until the loop is stopping (`run_forever` checks that after each call).
-
-        Same order as the stock loop (drop cancelled timers at the heap's head, jump
-        the clock to the earliest timer when nothing is ready, move every timer due at
-        `time()` to the ready queue, run the callbacks that were ready at the start of
-        the iteration), minus the selector call, the timeout arithmetic and a Python
-        frame per callback: a replay runs ~10^6 iterations and the stock version spent
-        about half of its time outside the callbacks. `when <= _vt` is the stock
-        `when < time() + ulp(time())`.
-        """
-        if self._debug:  # pragma: no cover - debug mode keeps the stock checks
-            return super()._run_once()
-        ready = self._ready
-        popleft = ready.popleft
-        heappop = heapq.heappop
-        while True:
-            scheduled = self._scheduled
-            n = len(scheduled)
-            if n > 100 and self._timer_cancelled_count / n > 0.5:
-                # many cancelled timers (wait_until deadlines beaten by their event): rebuild
-                live = []
-                for handle in scheduled:
-                    if handle._cancelled:
-                        handle._scheduled = False
-                    else:
-                        live.append(handle)
-                heapq.heapify(live)
-                self._scheduled = scheduled = live
-                self._timer_cancelled_count = 0
-            else:
-                while scheduled and scheduled[0]._cancelled:
-                    self._timer_cancelled_count -= 1
-                    heappop(scheduled)._scheduled = False
-            if not ready and not self._stopping:
-                if not scheduled:
-                    self._selector.select(None)   # raises VirtualTimeDeadlock
-                when = scheduled[0]._when
-                if when > self._vt:
-                    self._vt = when
-            now = self._vt
-            before = len(ready)
-            while scheduled and scheduled[0]._when <= now:
-                handle = heappop(scheduled)
-                handle._scheduled = False
-                ready.append(handle)
-            todo = len(ready)
-            self.timers += todo - before
-            self.callbacks += todo
-            self.iterations += 1
-            for _ in range(todo):
-                handle = popleft()
-                if handle._cancelled:
-                    continue
-                try:   # Handle._run, inlined
-                    handle._context.run(handle._callback, *handle._args)
-                except (SystemExit, KeyboardInterrupt):
-                    raise
-                except BaseException as exc:
-                    cb = format_helpers._format_callback_source(handle._callback, handle._args)
-                    self.call_exception_handler({"message": f"Exception in callback {cb}",
-                                                 "exception": exc, "handle": handle})
-            handle = None  # break cycles when an exception occurs, as the stock loop
-            if self.task_error is not None:
-                exc, self.task_error = self.task_error, None
-                raise _TaskFailed() from exc
-            if self._stopping:
-                return
-
-    def watch_tasks(self) -> None:
-        """From now on, a task that ends with an exception (not a cancellation) stops
-        the loop: `run_until_complete` raises `_TaskFailed` from it at the end of the
-        loop iteration in which the task ended, at that virtual time. Without this, a
-        component's background task that fails leaves its requests waiting forever and
-        the run ends as a deadlock that hides the cause."""
-        def factory(loop, coro, **kwargs):
-            task = asyncio.Task(coro, loop=loop, **kwargs)
-            task.add_done_callback(loop._task_ended)
-            return task
-        self.set_task_factory(factory)
-
-    def _task_ended(self, task: asyncio.Task) -> None:
-        if not task.cancelled() and task.exception() is not None and self.task_error is None:
-            self.task_error = task.exception()
-
-
-class _Handle(asyncio.Handle):
-    """asyncio.Handle built without the per-handle debug-mode query (the virtual loop
-    falls back to the stock classes in debug mode)."""
-
-    __slots__ = ()
-
-    def __init__(self, callback, args, loop, context=None) -> None:
-        self._context = contextvars.copy_context() if context is None else context
-        self._loop = loop
-        self._callback = callback
-        self._args = args
-        self._cancelled = False
-        self._repr = None
-        self._source_traceback = None
-
-
-class _TimerHandle(asyncio.TimerHandle):
-    """asyncio.TimerHandle built as `_Handle` is."""
-
-    __slots__ = ()
-
-    def __init__(self, when, callback, args, loop, context=None) -> None:
-        _Handle.__init__(self, callback, args, loop, context)
-        self._when = when
-        self._scheduled = False
-
-
-def _resolve(fut: asyncio.Future, value: Any) -> None:
-    if not fut.done():
-        fut.set_result(value)
-
-
-SPIN_S = 0.001
-"""Wall seconds before a wall-mode deadline from which `LoopClock` stops using loop
-timers and yields to the loop until the deadline (see `LoopClock._arm`)."""
-
-
-class LoopClock:
-    """A `workloads.clock.Clock` on an asyncio loop.
-
-    Virtual mode (`wall_time=None`): emulated t = loop.time() - origin, timers set
-    with `loop.call_at` at exact times (the `VirtualTimeLoop`).
-    Wall mode (`wall_time=time.time`, used by the Ray runtime): emulated
-    t = (wall_time() - origin) / dilation, read fresh at every call, because uvloop's
-    `loop.time()` is cached at the start of each loop iteration and a long iteration
-    would make every timer set from it late. A timer that fires early (the loop's
-    cached clock lags) is re-armed until the deadline has passed; the last `SPIN_S` of
-    wall time before a deadline are waited by yielding to the loop, not with a timer
-    (uvloop's timers have millisecond granularity).
-    Wake-ups record their lateness (emulated seconds past the deadline) in `lateness`
-    when `record_lateness` is set.
-    """
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, origin: float = 0.0,
-                 dilation: float = 1.0, record_lateness: bool = False,
-                 wall_time: Callable[[], float] | None = None) -> None:
-        if dilation <= 0:
-            raise ValueError(f"dilation must be > 0, got {dilation}")
-        self._loop = loop
-        self._origin = origin
-        self._dilation = dilation
-        self._wall = wall_time
-        self.record_lateness = record_lateness
-        self.lateness: list[float] = []
-
-    def now(self) -> float:
-        if self._wall is None:
-            return (self._loop.time() - self._origin) / self._dilation
-        return (self._wall() - self._origin) / self._dilation
-
-    def _arm(self, t: float, fut: asyncio.Future, value: Any) -> asyncio.TimerHandle:
-        if self._wall is None:
-            return self._loop.call_at(self._origin + t * self._dilation, _resolve, fut, value)
-        delay = self._origin + t * self._dilation - self._wall()
-        if delay <= SPIN_S:
-            # The final approach: uvloop keeps time in whole milliseconds, so a timer
-            # wakes up to ~1 ms of wall time late (p99 ~0.7 ms measured on an idle
-            # project machine); the last SPIN_S are waited by yielding to the loop
-            # (other callbacks and I/O still run) and re-checking the clock, which
-            # wakes within ~20 us (p99) at the price of that much CPU per timer.
-            return self._loop.call_soon(_resolve, fut, value)
-        # Long event-loop timers were seen firing ~0.5% of their length late under Ray
-        # (97 ms late on a 20 s sleep); arming for 90% and re-arming the rest keeps
-        # the final approach short.
-        delay -= SPIN_S
-        if delay > 0.005:
-            delay *= 0.9
-        return self._loop.call_later(delay, _resolve, fut, value)
-
-    def _note(self, t: float) -> None:
-        if self.record_lateness:
-            self.lateness.append(max(0.0, self.now() - t))
-
-    async def sleep_until(self, t: float) -> None:
-        loop = self._loop
-        if self._wall is None:
-            # Virtual time: one exact timer, never early. A handle that fired needs no
-            # cancel (this is the hot path of every component), only an abandoned one.
-            fut = loop.create_future()
-            handle = loop.call_at(self._origin + t * self._dilation, _resolve, fut, None)
-            try:
-                await fut
-            except BaseException:
-                handle.cancel()
-                raise
-            if self.record_lateness:
-                self.lateness.append(max(0.0, self.now() - t))
-            return
-        while True:
-            fut = loop.create_future()
-            handle = self._arm(t, fut, None)
-            try:
-                await fut
-            finally:
-                handle.cancel()
-            if self._wall is None or self.now() >= t:
-                break
-        self._note(t)
-
-    async def wait_until(self, event: asyncio.Event, t: float | None) -> bool:
-        if event.is_set():
-            return True
-        if t is None:
-            await event.wait()
-            return True
-        loop = self._loop
-        # Event.set() resolves every future in Event._waiters with True; joining that
-        # list avoids a Task per wait (the hot path of every engine loop).
-        waiters = event._waiters  # type: ignore[attr-defined]
-        while True:
-            fut = loop.create_future()
-            waiters.append(fut)
-            handle = self._arm(t, fut, False)
-            try:
-                fired = await fut
-            finally:
-                handle.cancel()
+    def run(self, done: Callable[[], bool]) -> float:
+        """Deliver messages and wake-ups until `done()` holds once nothing more is due at
+        the current instant, or nothing is left; returns the emulated time reached.
+        Raises ComponentError when a core raises."""
+        # The loop runs once per message and per wake-up (~30 per request): what
+        # `_after` does is inlined, and handlers are looked up once per (core, method).
+        queue, heap, cores, asked = self._queue, self._heap, self.cores, self._asked
+        popleft, push, pop = queue.popleft, heapq.heappush, heapq.heappop
+        handlers = self._handlers
+        inf = math.inf
+        messages = wakeups = 0
+        try:
+            while True:
+                while queue:
+                    dst, method, args = popleft()
+                    fn = handlers.get((dst, method))
+                    if fn is None:
+                        if dst[0] == BROADCAST:         # to every core but the sender
+                            for name in cores:
+                                if name != dst[1:] and hasattr(cores[name], method):
+                                    queue.append((name, method, args))
+                            continue
+                        if method in DRIVER_METHODS:
+                            self._driver_message(dst, method, args)
+                            continue
+                        fn = handlers[(dst, method)] = getattr(cores[dst], method)
+                    messages += 1
+                    try:
+                        fn(self.now, *args)
+                    except Exception as exc:
+                        raise self._error(dst, exc) from exc
+                    core = cores[dst]
+                    if core.outbox:
+                        queue.extend(core.outbox)
+                        core.outbox.clear()
+                    t = core.wake_at
+                    if t != asked[dst][0]:
+                        asked[dst] = (t, self._seq)
+                        if t < inf:
+                            push(heap, (t, self._seq, dst))
+                        self._seq += 1
+                if done():
+                    return self.now
+                while heap:
+                    t, seq, name = heap[0]
+                    if asked[name][1] != seq:
+                        pop(heap)               # superseded by a later request of the core
+                        continue
+                    break
+                else:
+                    return self.now
+                t, _, name = pop(heap)
+                asked[name] = (inf, -1)
+                if t > self.now:
+                    self.now = t
+                core = cores[name]
+                wakeups += 1
                 try:
-                    waiters.remove(fut)
-                except ValueError:
-                    pass
-            if fired or self._wall is None or self.now() >= t:
-                break
-        if not fired:
-            self._note(t)
-        return bool(fired)
+                    core.on_wake(self.now)
+                except Exception as exc:
+                    raise self._error(name, exc) from exc
+                self._after(name, core)
+        finally:
+            self.messages += messages
+            self.wakeups += wakeups
+
+    def _after(self, name: str, core: Core) -> None:
+        """Take `core`'s outbox and wake request after a call into it."""
+        if core.outbox:
+            self._queue.extend(core.outbox)
+            core.outbox.clear()
+        t = core.wake_at
+        if t != self._asked[name][0]:
+            self._asked[name] = (t, self._seq)
+            if t < math.inf:
+                heapq.heappush(self._heap, (t, self._seq, name))
+            self._seq += 1
+
+    def _error(self, name: str, exc: Exception) -> ComponentError:
+        _, rid = locate(exc, {name: self.cores[name]})
+        return ComponentError(name, self.now, rid, exc)
+
+    # ------------------------------------------------------------------ process-level messages
+    def _driver_message(self, dst: str, method: str, args: tuple) -> None:
+        if method == "ping":
+            reply_to, tag = args
+            self._queue.append((reply_to, "pong", (tag, {"incarnation": self.incarnation[dst],
+                                                         "work": work_of(self.cores[dst], self.now)})))
+            return
+        (at_s,) = args
+        if self._rebuild is None:
+            raise ComponentError(dst, self.now, None, RuntimeError("crash: this run cannot restart components"))
+        at = self.now if at_s is None else float(at_s)
+        new = self._rebuild(dst, at + self._load_s.get(dst, 0.0))
+        self.cores[dst] = new
+        for key in [k for k in self._handlers if k[0] == dst]:
+            del self._handlers[key]             # bound to the dead core (the loop holds this dict)
+        self.incarnation[dst] += 1
+        self._asked[dst] = (math.inf, -1)     # the old core's wake-up is void
+        self._after(dst, new)
+
+    # ------------------------------------------------------------------ reading
+    def waiting(self) -> str:
+        """What each busy core waits for (deadlock messages)."""
+        parts = [f"{n}: {c.waiting_for()}" for n, c in self.cores.items() if c.waiting_for()]
+        return "; ".join(parts)
 
 
-def run_virtual(main: Callable[[LoopClock], Awaitable[T]],
-                deadlock_hint: Callable[[], str] | None = None, *,
-                components: Callable[[], Mapping[str, Any]] | None = None,
-                salvage: Callable[[], Awaitable[dict]] | None = None) -> T:
-    """Run `main(clock)` to completion on a fresh `VirtualTimeLoop` and return its result.
-
-    Tasks still pending when `main` returns (engine loops waiting for work) are
-    cancelled. Raises `VirtualTimeDeadlock` if the emulation can no longer progress.
-
-    components: a callable returning {name: component object} (the run's components,
-    built inside `main`). When given, an exception that ends any task started after
-    `main`'s, or `main` itself, ends the run at once with `ComponentError` naming the
-    component and request it came from (`rack.runtime.errors.locate`), the virtual
-    time and the cause. salvage: a coroutine function reading the records gathered
-    until then (it must not suspend: it runs outside the loop, with nothing else
-    moving); its result becomes the error's `partial` (also a deadlock's), None if it
-    fails.
-    """
-    loop = VirtualTimeLoop()
-    loop.deadlock_hint = deadlock_hint
-    clock = LoopClock(loop)
-    task = loop.create_task(main(clock))
-    if components is not None:
-        loop.watch_tasks()
-    try:
-        return loop.run_until_complete(task)
-    except VirtualTimeDeadlock as exc:
-        exc.partial = _salvage(salvage)
-        raise
-    except Exception as exc:
-        if components is None:
-            raise
-        cause = exc.__cause__ if isinstance(exc, _TaskFailed) else exc
-        name, request_id = locate(cause, components())
-        raise ComponentError(name or "runtime", loop.time(), request_id, cause,
-                             partial=_salvage(salvage)) from cause
-    finally:
-        _LAST_COUNTERS.clear()
-        _LAST_COUNTERS.update(iterations=loop.iterations, callbacks=loop.callbacks,
-                              timers=loop.timers, virtual_s=loop.time())
-        pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
-        for task in pending:
-            task.cancel()
-        if pending:
-            loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
-        loop.close()
-
-
-def _salvage(salvage: Callable[[], Awaitable[dict]] | None) -> dict | None:
-    """Run `salvage()` to its end outside the loop (nothing else runs meanwhile);
-    None if there is none, if it fails, or if it would have to wait."""
-    if salvage is None:
+def work_of(core: Core, now: float) -> dict | None:
+    """The work counters of `core` at `now` (its `stats(now)` subset), or None."""
+    stats = getattr(core, "stats", None)
+    if stats is None:
         return None
-    coro = salvage()
-    try:
-        coro.send(None)
-    except StopIteration as done:
-        return done.value
-    except Exception:
-        return None
-    coro.close()          # it suspended: the records cannot be read without running on
-    return None
+    from rack.analysis.faults import WORK_KEYS
+
+    st = stats(now)
+    return {k: float(st.get(k, 0.0)) for k in WORK_KEYS}
 
 
-_LAST_COUNTERS: dict = {}
-
-
-def last_loop_counters() -> dict:
-    """Work done by the last `run_virtual` of this process (until its main returned):
-    {"iterations", "callbacks" (component wake-ups: task steps and timer firings),
-    "timers" (timers that fired), "virtual_s" (the loop's clock at the end)}; empty
-    before the first run. For `rack bench`'s events per request."""
-    return dict(_LAST_COUNTERS)
+__all__ = ["DRIVER_METHODS", "VirtualDriver", "VirtualTimeDeadlock", "work_of"]

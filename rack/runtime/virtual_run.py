@@ -1,75 +1,92 @@
-"""Place a topology on the virtual-time runtime and replay requests through it."""
+"""Place a topology on the virtual driver and replay requests through it."""
 
 from __future__ import annotations
 
-import asyncio
-from collections import Counter
 from typing import Any, Sequence
 
 import numpy as np
 
-from rack.collector import EVENTS
-from rack.topology import ComponentSpec
+from rack.serving.collector import EVENTS
+from rack.wiring.topology import ComponentSpec
 
-from .errors import component_of, owners, request_of
+from .errors import ComponentError
 from .placement import construct
-from .virtual import LoopClock, run_virtual
+from .virtual import VirtualDriver, VirtualTimeDeadlock
 
-_STATS_KINDS = ("prefill", "decode", "both", "interconnect")
+#: Components whose stats a run reports.
+STATS_KINDS = ("prefill", "decode", "both", "interconnect")
+
+_LAST_COUNTERS: dict = {}
 
 
 def run_topology_virtual(specs: Sequence[ComponentSpec], requests: Sequence[Any],
                          max_concurrency: int | None = None, think_time_s: float = 0.0) -> dict:
-    """Run every component in this process on virtual time until each request ended.
+    """Run every core in this process on virtual time until each request ended and
+    every core is idle.
 
-    max_concurrency, think_time_s: closed-loop replay (`rack.router.Router.run`).
+    max_concurrency, think_time_s: closed-loop replay (`rack.serving.router.Router.start`).
 
     Returns {"snapshot": collector records, "stats": {component: stats dict},
-    "router": router counts, "lateness": {}} (virtual time is never late).
-    Raises `ComponentError` (rack.runtime.errors) when a component raises, and
-    `VirtualTimeDeadlock` naming the requests still open and what each waiting task
-    waits in if the rack stalls; both carry `partial`, the same dict with the records
-    up to that moment plus "stats_missing": the components that could not report
-    (an engine re-raises its failed background task's exception from `stats`).
+    "router": router counts, "lateness": {} (virtual time is never late), "now":
+    emulated s at the end}.
+    Raises `ComponentError` (rack.runtime.errors) when a core raises, and
+    `VirtualTimeDeadlock` naming the requests still open and what each core waits for
+    if the rack stalls; both carry `partial`, the same dict with the records up to that
+    moment.
     """
-    objs: dict[str, Any] = {}
-    clocks: list[LoopClock] = []
+    by_name = {s.name: s for s in specs}
+    driver = VirtualDriver({s.name: construct(s) for s in specs},
+                           rebuild=lambda name, until: construct(by_name[name], until),
+                           weight_load_s={s.name: s.weight_load_s for s in specs
+                                          if s.weight_load_s is not None})
+    cores = driver.cores
+    driver.post("router", "start", list(requests), max_concurrency, think_time_s)
 
-    def hint() -> str:
-        coll = objs.get("collector")
-        if coll is None:
-            return ""
-        return "; ".join(filter(None, (_open_requests(coll), _waiting(objs))))
+    def done() -> bool:
+        return cores["collector"].all_ended() and all(c.is_idle() for c in cores.values())
 
-    async def main(clock: LoopClock) -> dict:
-        clocks.append(clock)
-        for spec in specs:
-            objs[spec.name] = construct(spec, clock, objs.__getitem__)
-        router_counts = await objs["router"].run(list(requests), max_concurrency=max_concurrency,
-                                                 think_time_s=think_time_s)
-        await objs["collector"].wait_all()
-        for spec in specs:
-            if spec.kind in _STATS_KINDS:
-                await objs[spec.name].drain()
-        stats = {}
-        for spec in specs:
-            if spec.kind in _STATS_KINDS:
-                stats[spec.name] = await objs[spec.name].stats()
-        return {"snapshot": await objs["collector"].snapshot(), "stats": stats,
-                "router": router_counts, "lateness": {}, "now": clock.now()}
-
-    async def salvage() -> dict:
+    def records(salvage: bool = False, failed: str | None = None) -> dict:
         stats, missing = {}, []
         for spec in specs:
-            if spec.kind in _STATS_KINDS and spec.name in objs:
-                try:
-                    stats[spec.name] = await objs[spec.name].stats()
-                except Exception:  # noqa: BLE001 - an engine whose background task failed
+            if spec.kind in STATS_KINDS:
+                if spec.name == failed:         # its state is whatever the error left
                     missing.append(spec.name)
-        return {"snapshot": await objs["collector"].snapshot(), "stats": stats, "stats_missing": missing,
-                "router": {}, "lateness": {}, "now": clocks[0].now()}
+                    continue
+                try:
+                    stats[spec.name] = cores[spec.name].stats(driver.now)
+                except Exception:  # noqa: BLE001 - a core left inconsistent by its failure
+                    if not salvage:
+                        raise
+                    missing.append(spec.name)
+                    continue
+                if spec.weight_load_s is not None:      # a crash target: how often it restarted
+                    stats[spec.name]["restarts"] = driver.incarnation[spec.name]
+        return {"snapshot": cores["collector"].snapshot(), "stats": stats, "stats_missing": missing,
+                "router": cores["router"].counts(), "lateness": {}, "now": driver.now}
 
-    return run_virtual(main, deadlock_hint=hint, components=lambda: objs, salvage=salvage)
+    try:
+        driver.run(done)
+    except ComponentError as exc:
+        exc.partial = records(salvage=True, failed=exc.component)
+        raise
+    finally:
+        _LAST_COUNTERS.clear()
+        _LAST_COUNTERS.update(messages=driver.messages, wakeups=driver.wakeups,
+                              callbacks=driver.messages + driver.wakeups, virtual_s=driver.now)
+    if not cores["collector"].all_ended():
+        err = VirtualTimeDeadlock(
+            "virtual-time deadlock: nothing is left to happen but "
+            + "; ".join(filter(None, (_open_requests(cores["collector"]), driver.waiting()))))
+        err.partial = records(salvage=True)
+        raise err
+    return records()
+
+
+def last_run_counters() -> dict:
+    """Work done by the last virtual run of this process: {"messages" (handler calls),
+    "wakeups" (on_wake calls), "callbacks" (both), "virtual_s"}; empty before the first
+    run. For `rack bench`'s events per request."""
+    return dict(_LAST_COUNTERS)
 
 
 def _open_requests(coll: Any) -> str:
@@ -85,38 +102,4 @@ def _open_requests(coll: Any) -> str:
     return f"{open_rows.size} request(s) never ended, e.g. " + ", ".join(examples)
 
 
-def _waiting(objs: dict) -> str:
-    """What each pending task waits on: "prefill-0 PrefillEngine._handoff (request 5)
-    waits in decode-0 DecodeEngine.reserve_kv, ..." (the task's component and
-    coroutine, the request it handles, and the innermost component method it waits
-    in; "runtime" for the driver's own task)."""
-    try:
-        tasks = asyncio.all_tasks()
-    except RuntimeError:  # no running loop
-        return ""
-    seen: Counter = Counter()
-    owned = owners(objs)
-    for task in tasks:
-        frames = []                       # outermost first
-        coro = task.get_coro()
-        while coro is not None and getattr(coro, "cr_frame", None) is not None:
-            frames.append(coro.cr_frame)
-            coro = coro.cr_await
-        if not frames:
-            continue
-        where = next((f for f in reversed(frames) if id(f.f_locals.get("self")) in owned), frames[-1])
-        text = f"{component_of(frames[:1], owned) or 'runtime'} {_name(frames[0])}"
-        if where is frames[0]:            # e.g. an engine loop waiting for work
-            seen[text + " waits for its own wake-up"] += 1
-            continue
-        rid = request_of(reversed(frames))
-        seen[text + (f" (request {rid})" if rid is not None else "")
-             + f" waits in {component_of([where], owned) or 'runtime'} {_name(where)}"] += 1
-    if not seen:
-        return ""
-    return "waiting: " + ", ".join(k + (f" (x{n})" if n > 1 else "") for k, n in sorted(seen.items()))
-
-
-def _name(frame: Any) -> str:
-    code = frame.f_code
-    return getattr(code, "co_qualname", code.co_name)
+__all__ = ["STATS_KINDS", "last_run_counters", "run_topology_virtual"]

@@ -2,8 +2,8 @@
 
 This is the public Python API of the main job:
 
-    from rack.runner import run_scenario
-    from rack.scenario import load_scenario
+    from rack.wiring.runner import run_scenario
+    from rack.wiring.scenario import load_scenario
     from workloads import load_requests
     out = run_scenario(load_scenario(), load_requests("mooncake-excerpt"), runtime="virtual")
     print(out.results["latency"]["ttft_s"]["p50"])
@@ -22,12 +22,12 @@ from typing import Any, Sequence
 import numpy as np
 
 from rack import __version__
-from rack import metrics
-from rack.breakdown import apply_fixed_stages, stage_breakdown
-from rack.energy import cost_section, energy_section
-from rack.faults import faults_section, with_work_before_crashes
-from rack.scenario import Scenario
-from rack.topology import ComponentSpec, build_topology
+from rack.analysis import metrics
+from rack.analysis.breakdown import apply_fixed_stages, stage_breakdown
+from rack.analysis.energy import cost_section, energy_section
+from rack.analysis.faults import faults_section, with_work_before_crashes
+from rack.wiring.scenario import Scenario
+from rack.wiring.topology import ComponentSpec, build_topology
 from workloads.clock import check_time_span
 
 
@@ -126,9 +126,12 @@ def _prefix_cache_section(stats: dict, requests: Sequence[Any]) -> dict | None:
     tot = {k: int(sum(c.get(k, 0) for c in caches)) for k in
            ("lookups", "hit_blocks", "miss_blocks", "hit_tokens", "miss_tokens", "evicted_blocks")}
     looked = tot["hit_blocks"] + tot["miss_blocks"]
-    ideal_hit, ideal_looked = ideal_prefix_hits(requests)
+    try:
+        ideal_hit, ideal_looked = ideal_prefix_hits(requests)
+    except TypeError:       # hashes that are not hashes (requests built in code): no ideal
+        ideal_hit = ideal_looked = 0
     return {**tot, "hit_ratio": tot["hit_blocks"] / looked if looked else 0.0,
-            "ideal_hit_ratio": ideal_hit / ideal_looked if ideal_looked else 0.0}
+            "ideal_hit_ratio": ideal_hit / ideal_looked if ideal_looked else None}
 
 
 def _trace_counts(trace_info: dict | None) -> dict:
@@ -143,7 +146,7 @@ def _trace_counts(trace_info: dict | None) -> dict:
 
 def _energy_cost_sections(scenario: Scenario, specs: Sequence[ComponentSpec], raw: dict,
                           results: dict, cols: dict) -> dict:
-    """`energy`, `cost` and `breakdown` sections (rack.energy, rack.breakdown). Energy is
+    """`energy`, `cost` and `breakdown` sections (rack.analysis.energy, rack.analysis.breakdown). Energy is
     integrated from time 0 to the run's end: its last request event (the latest engine
     clock if no request has an event). Not the engines' clocks when the results are
     collected: on Ray those run on while the stats are gathered (~0.2 s of emulated
@@ -187,7 +190,7 @@ def run_scenario(scenario: Scenario, requests: Sequence[Any], *, runtime: str = 
         `address` is given).
     timeout_s: Ray runtime only: wall-clock limit for the whole replay.
     max_concurrency: closed loop: at most this many requests in the rack at once, the
-        next sent `think_time_s` after one ends (`rack.router.Router.run`); None: open
+        next sent `think_time_s` after one ends (`rack.serving.router.Router.run`); None: open
         loop (every request at its arrival time).
     Returns a RunOutput whose `results["status"]` is "complete".
     Raises ValueError for a bad argument, ScenarioError for a bad scenario and
@@ -273,7 +276,7 @@ def _assemble(scenario: Scenario, specs: Sequence[ComponentSpec], requests: Sequ
         "provenance": {**_provenance(scenario, trace_info, runtime, loop_type), "load": load},
     })
     results.update(_energy_cost_sections(scenario, specs, raw, results, cols))
-    # injected faults and what they cost (rack.faults, docs/robustness.md)
+    # injected faults and what they cost (rack.wiring.faults, docs/robustness.md)
     results["faults"] = faults_section(raw["snapshot"], raw["stats"], cols)
     return RunOutput(results=results, columns=cols, stats=raw["stats"], specs=list(specs),
                      snapshot=raw["snapshot"])

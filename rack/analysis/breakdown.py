@@ -39,7 +39,7 @@ import json
 from typing import Any, Literal, Mapping, Sequence
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from rack.wiring.settings import FixedStage
 
 #: Rack stages in path order: (name, start event, end event).
 RACK_STAGES: tuple[tuple[str, str, str], ...] = (
@@ -58,38 +58,6 @@ RACK_STAGES: tuple[tuple[str, str, str], ...] = (
 # to it by the fill below, so first_decode_step is 0 and each part is counted once.
 _ORDER = ("arrival", "prefill_queued", "prefill_start", "prefill_end", "kv_reserved",
           "transfer_start", "transfer_end", "decode_admit", "first_token", "completion")
-
-
-class FixedStage(BaseModel):
-    """A constant delay on every request outside the emulated rack.
-
-    `where`: "before" (client -> rack: gateway, auth, tokenisation) or "after"
-    (rack -> client: detokenisation, serialisation, network).
-    """
-
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
-
-    name: str = Field(min_length=1)
-    # at most an hour, the ceiling of the TTFT target (rack.scenario.SLOConfig): a
-    # longer constant delay is a unit mistake, and 1e300 ms would swamp every time
-    latency_ms: float = Field(ge=0, le=3.6e6)
-    where: Literal["before", "after"] = "before"
-
-
-def parse_stage(text: str) -> FixedStage:
-    """`NAME=MS` or `NAME=MS:after` (e.g. "gateway=2", "serialize=0.5:after") -> FixedStage.
-
-    Raises ValueError naming the expected form.
-    """
-    try:
-        name, rest = text.split("=", 1)
-        where = "before"
-        if ":" in rest:
-            rest, where = rest.split(":", 1)
-        return FixedStage(name=name.strip(), latency_ms=float(rest), where=where.strip())
-    except Exception:
-        raise ValueError(f"fixed stage {text!r}: expected NAME=MILLISECONDS[:before|after], "
-                         "e.g. gateway=2 or serialize=0.5:after") from None
 
 
 def apply_fixed_stages(snapshot: dict, stages: Sequence[FixedStage]) -> dict:
@@ -206,5 +174,5 @@ def write_chrome_trace(path: Any, traces: Mapping[str, Mapping[str, np.ndarray]]
         json.dump({"traceEvents": events, "displayTimeUnit": "ms"}, f)
 
 
-__all__ = ["FixedStage", "RACK_STAGES", "apply_fixed_stages", "chrome_trace", "parse_stage",
+__all__ = ["RACK_STAGES", "apply_fixed_stages", "chrome_trace", 
            "stage_breakdown", "stage_durations", "write_chrome_trace"]

@@ -6,7 +6,7 @@ Two kinds of rows:
   `figure_tolerance`;
 - measured serving rows (gpu-calibration.csv's layout; the catalog ships a copy of
   shared/reference/gpu-calibration.csv, `SERVING_ROWS`), each replayed through the
-  engines with closed-loop users (`rack.validation_runs`). Their criteria are on the
+  engines with closed-loop users (`rack.analysis.validation_runs`). Their criteria are on the
   distribution of errors per metric (`SERVING_LIMITS`): the median and the worst
   |relative error| of TPOT and of throughput per GPU, the median for TTFT (which also
   holds the benchmark client's and scheduler's queueing).
@@ -21,7 +21,7 @@ import numpy as np
 
 from devices.catalog import CATALOG_DIR
 from devices.serving_rows import ServingRow, load_serving_rows
-from rack.validation_runs import METRICS, RowReplay, replay_row
+from rack.analysis.validation_runs import METRICS, RowReplay, replay_row
 
 SERVING_ROWS = CATALOG_DIR / "gpu-calibration.csv"
 #: metric -> (largest median |error|, largest worst |error| or None), issue 14's criteria.
@@ -40,7 +40,7 @@ class Summary:
 
 
 def replay_rows(rows: list[ServingRow]) -> list[RowReplay]:
-    """Every row replayed (rack.validation_runs.replay_row), in the rows' order."""
+    """Every row replayed (rack.analysis.validation_runs.replay_row), in the rows' order."""
     return [replay_row(r) for r in rows]
 
 

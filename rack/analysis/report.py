@@ -11,7 +11,7 @@ import html
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
-from rack.results import fmt_s
+from rack.analysis.results import fmt_s
 
 _CSS = ("body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;line-height:1.45}"
         "table{border-collapse:collapse;font-size:0.85em;margin:1em 0}td,th{border:1px solid #ccc;"
@@ -30,7 +30,7 @@ METRIC_DEFINITIONS = [
     "over all submitted requests (DistServe). Rejected and failed requests count against both.",
     "Percentiles: linear interpolation between closest ranks (numpy's default).",
     "Tokens per joule: completed output tokens / device energy over the run; $/M tokens: the run's cost / "
-    "completed output tokens x 1e6 (rack.energy documents both models and their sources).",
+    "completed output tokens x 1e6 (rack.analysis.energy documents both models and their sources).",
 ]
 
 
@@ -77,7 +77,7 @@ def compare_markdown_report(doc: Mapping[str, Any], table_md: str, plots: Mappin
                             breakdowns: Mapping[str, Mapping[str, Any]], files: Mapping[str, str]) -> str:
     """The comparison report.
 
-    doc: `rack.compare.compare_document` output; table_md: the side-by-side table;
+    doc: `rack.analysis.compare.compare_document` output; table_md: the side-by-side table;
     plots: caption -> relative PNG path; breakdowns: scenario -> stage breakdown;
     files: description -> relative path of the other outputs.
     """
@@ -93,7 +93,7 @@ def compare_markdown_report(doc: Mapping[str, Any], table_md: str, plots: Mappin
                  f"{prov['runtime']} runtime, rack {prov['version']}; "
                  + ("each deployment as configured." if iso == "none" else
                     f"iso-{iso}: instance counts rescaled to the reference {doc['reference']!r} "
-                    "(rack.compare documents the rounding)."))
+                    "(rack.analysis.compare documents the rounding)."))
     lines.append("")
     for s in sc:
         d = s["provenance"]["config"].get("description") or ""
@@ -129,7 +129,7 @@ def compare_markdown_report(doc: Mapping[str, Any], table_md: str, plots: Mappin
                  + "; divided by each run's completed output tokens.")
     lines += ["", "## Where the time goes", "",
               "Mean and p99 time per request in each stage of the token's path (completed requests; "
-              "rack.breakdown defines the stages; p99s do not add up).", "",
+              "rack.analysis.breakdown defines the stages; p99s do not add up).", "",
               breakdown_table(breakdowns), ""]
     for caption, rel in plots.items():
         lines += [f"### {caption}", "", f"![{caption}]({rel})", ""]

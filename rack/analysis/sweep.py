@@ -3,7 +3,7 @@ link bandwidth and prompt length, run in parallel.
 
 - Rate (`rate_sweep`): the trace's arrival times divided by each rate scale. Each
   point's goodput and offered rate are measured over the run's steady-state window
-  (warm-up and drain excluded, `rack.metrics`), so a point where every request meets
+  (warm-up and drain excluded, `rack.analysis.metrics`), so a point where every request meets
   the SLO has goodput = offered rate. For each deployment the maximum sustained rate is
   the highest rate *tried* whose SLO attainment is at least the target (90 % by
   default), scanning up from the lowest until the first miss: DistServe's goodput, "the
@@ -31,7 +31,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Any, Optional, Sequence
 
-from rack.scenario import Scenario
+from rack.wiring.scenario import Scenario
 
 #: DistServe evaluates goodput at 90 % SLO attainment.
 DEFAULT_ATTAINMENT_TARGET = 0.9
@@ -149,7 +149,7 @@ def point_summary(results: dict) -> dict:
 def run_task(task: Task) -> dict:
     """Run one point on the virtual runtime; returns labels + `point_summary`, or labels
     + {"error": message} when the scenario is refused or the rack stalls."""
-    from rack.runner import run_scenario
+    from rack.wiring.runner import run_scenario
 
     out = dict(task.labels)
     try:
@@ -294,7 +294,7 @@ def rate_sweep(scenarios: Sequence[Scenario], workload: Workload, rate_scales: S
 def _vendor_ratio(scenarios: Sequence[Scenario], tpj: dict) -> Optional[dict]:
     """Tokens/J of GPU prefill + wafer decode over wafer alone, each at its highest
     rate meeting the target (the vendor claim's setting), or None without both."""
-    from rack.compare import is_gpu_prefill_wafer_decode, is_wafer_only
+    from rack.analysis.compare import is_gpu_prefill_wafer_decode, is_wafer_only
 
     split = next((s.name for s in scenarios if is_gpu_prefill_wafer_decode(s)), None)
     wafer = next((s.name for s in scenarios if is_wafer_only(s)), None)
@@ -454,9 +454,9 @@ def write_sweep(result: SweepResult, out_dir: Any, *, plots: bool = True) -> dic
     import csv
     from pathlib import Path
 
-    from rack import plots as P
-    from rack import report
-    from rack.results import to_json
+    from rack.analysis import plots as P
+    from rack.analysis import report
+    from rack.analysis.results import to_json
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -6,7 +6,7 @@
 measured until then), `error` (aborted runs only: component, t_s, request_id, type,
 message, components_without_stats; docs/robustness.md), `requests`, `latency`,
 `throughput`, `goodput`, `kv_transfer`, `memory`, `utilization`, `emulation`,
-`provenance`, `energy`, `cost`, `breakdown` (see rack.energy and rack.breakdown).
+`provenance`, `energy`, `cost`, `breakdown` (see rack.analysis.energy and rack.analysis.breakdown).
 `requests.csv` has one row per request: id, prompt/output tokens,
 outcome, reason, preemptions, ttft_s, tpot_s, e2e_s, meets_slo and every lifecycle
 time (t_arrival ... t_completion, emulated seconds; empty when it did not happen).
@@ -119,7 +119,8 @@ def summary_text(results: dict) -> str:
     if pc:
         lines.append(f"prefix cache: {pc['lookups']} lookups, hit ratio {pc['hit_ratio']:.3f} of "
                      f"{pc['hit_blocks'] + pc['miss_blocks']} full blocks (ideal "
-                     f"{pc['ideal_hit_ratio']:.3f}: an unbounded cache shared by every instance), "
+                     + (f"{pc['ideal_hit_ratio']:.3f}" if pc["ideal_hit_ratio"] is not None else "unknown")
+                     + ": an unbounded cache shared by every instance), "
                      f"{pc['hit_tokens']:,} prompt tokens served from cache")
     for pool, m in results["memory"].items():
         u = results["utilization"].get(pool, {})

@@ -57,11 +57,12 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Mapping, Optional, Sequence
 
-from pydantic import BaseModel, ConfigDict, Field
+
+from rack.wiring.settings import CostSettings, ScenarioError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from rack.scenario import Scenario
-    from rack.topology import ComponentSpec
+    from rack.wiring.scenario import Scenario
+    from rack.wiring.topology import ComponentSpec
 
 SECONDS_PER_HOUR = 3600.0
 HOURS_PER_YEAR = 8760.0
@@ -87,43 +88,6 @@ DEFAULT_CAPEX_USD: dict[str, tuple[float, str]] = {
     "b300": (45e3, "[E] Blackwell Ultra, above B200 (press estimates)"),
     "a100": (10e3, "[E] ~$10k per A100 80GB (secondary market, 2024)"),
 }
-#: Server depreciation: Amazon moved servers to 5 years in 2025; Microsoft and Google
-#: use 6 years (10-K filings). 5 years is the middle ground [E].
-DEFAULT_AMORTISATION_YEARS = 5.0
-#: US average industrial electricity price, ~$0.08/kWh (EIA Electric Power Monthly, 2024) [M].
-DEFAULT_ELECTRICITY_USD_PER_KWH = 0.08
-#: Power usage effectiveness of a liquid-cooled AI data centre, 1.2-1.3 [E]
-#: (Uptime Institute 2024 survey average is 1.56; hyperscalers report ~1.1).
-DEFAULT_PUE = 1.3
-
-
-class _Strict(BaseModel):
-    # strict: a price written "2.5" is an error; no NaN or infinite figure
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
-
-
-class EnergySettings(_Strict):
-    """The scenario's `[energy]` table: which activity measure sets the dynamic power
-    ("busy" or "roofline", see the module docstring)."""
-
-    activity: Literal["busy", "roofline"] = "busy"
-
-
-class CostSettings(_Strict):
-    """The scenario's `[cost]` table (units in the names; defaults and sources in the
-    module constants). `price_per_hour_usd` and `capex_usd` map a device's catalog key
-    (e.g. "mi455x", "cs3") to a per-device figure that overrides the defaults."""
-
-    basis: Literal["tco", "rental"] = "tco"
-    price_per_hour_usd: dict[str, Annotated[float, Field(ge=0)]] = Field(default_factory=dict)
-    capex_usd: dict[str, Annotated[float, Field(ge=0)]] = Field(default_factory=dict)
-    amortisation_years: float = Field(default=DEFAULT_AMORTISATION_YEARS, gt=0)
-    utilisation: float = Field(default=1.0, gt=0, le=1,
-                               description="share of the device's life that is billed/used")
-    electricity_usd_per_kwh: float = Field(default=DEFAULT_ELECTRICITY_USD_PER_KWH, ge=0)
-    pue: float = Field(default=DEFAULT_PUE, ge=1.0)
-
-
 @dataclass(frozen=True)
 class DevicePrice:
     """How one device is priced: `usd_per_hour` of ownership or rental (None when
@@ -212,7 +176,6 @@ def pool_rates(scenario: "Scenario") -> list[PoolRates]:
     only for TCO-priced devices). Raises ScenarioError for an unknown device.
     """
     from devices.catalog import resolve_device
-    from rack.scenario import ScenarioError
 
     settings = scenario.cost
     out = []
@@ -383,5 +346,5 @@ def cost_section(scenario: "Scenario", specs: Sequence["ComponentSpec"], energy:
     }
 
 
-__all__ = ["CostSettings", "DEFAULT_CAPEX_USD", "DevicePrice", "EnergySettings", "PoolRates",
+__all__ = ["DEFAULT_CAPEX_USD", "DevicePrice", "PoolRates",
            "cost_section", "device_price", "energy_section", "pool_rates"]

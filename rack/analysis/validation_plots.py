@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rack.validation_runs import METRICS, RowReplay, replay_row
+from rack.analysis.validation_runs import METRICS, RowReplay, replay_row
 
 
 def _slug(text: str) -> str:

@@ -17,9 +17,8 @@ from pathlib import Path
 from typing import Literal, Optional
 
 from interconnect.link import LinkSpec
-from rack.breakdown import FixedStage
-from rack.energy import CostSettings, EnergySettings
-from rack.faults import FaultConfig, check_faults
+from rack.wiring.faults import FaultConfig, check_faults
+from rack.wiring.settings import CostSettings, EnergySettings, FixedStage, ScenarioError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 if sys.version_info >= (3, 11):
@@ -27,12 +26,8 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-SCENARIO_DIR = Path(__file__).parent / "scenarios"
+SCENARIO_DIR = Path(__file__).parent.parent / "scenarios"
 DEFAULT_SCENARIO = "helios-cs3-kimi-k2"
-
-
-class ScenarioError(ValueError):
-    """A scenario file or name is invalid; the message names the file and field."""
 
 
 class _Strict(BaseModel):
@@ -70,11 +65,6 @@ class SpeculativeSettings(_Strict):
     acceptance_rate: float = Field(ge=0.0, lt=1.0)
     method: Literal["mtp", "draft_model"] = "mtp"
     draft_model: Optional[str] = None
-
-
-#: Requests an instance runs at once when neither the pool nor its stack says
-#: (vLLM's max_num_seqs default on smaller GPUs, and rack's default before stacks).
-DEFAULT_MAX_NUM_SEQS = 256
 
 
 class PoolConfig(_Strict):
@@ -229,15 +219,15 @@ class Scenario(_Strict):
     # Context limit (prompt + output tokens), as vLLM's --max-model-len: at most the
     # model's own (catalog `max_context_tokens`); None: the model's. A request beyond it
     # is rejected at admission, or its output truncated (`context_overflow`, see
-    # rack.admission).
+    # rack.serving.admission).
     max_model_len: Optional[int] = Field(default=None, ge=2)
     context_overflow: Literal["reject", "truncate"] = "reject"
     seed: int = Field(default=0, ge=0, description="seeds every random choice (numpy needs >= 0)")
-    # Energy, cost and fixed latency stages (rack.energy, rack.breakdown document them).
+    # Energy, cost and fixed latency stages (rack.analysis.energy, rack.analysis.breakdown document them).
     energy: EnergySettings = EnergySettings()
     cost: CostSettings = CostSettings()
     fixed_stages: list[FixedStage] = Field(default_factory=list)
-    # Injected faults (rack.faults; docs/robustness.md).
+    # Injected faults (rack.wiring.faults; docs/robustness.md).
     faults: list[FaultConfig] = Field(default_factory=list)
 
     @model_validator(mode="before")
@@ -435,7 +425,7 @@ def check_hardware(scenario: Scenario, source: str = "<scenario>") -> None:
     ScenarioError naming `source`, the field and what is needed (closest catalog names
     for an unknown one; the instance size the weights need)."""
     from devices.catalog import resolve_device, resolve_model
-    from rack.topology import check_fit, cost_model
+    from rack.wiring.sizing import check_fit, cost_model
 
     try:
         model = resolve_model(scenario.model)

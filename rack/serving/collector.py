@@ -1,7 +1,7 @@
 """The metrics collector component: one timeline per request, one outcome per request.
 
-Engines and the router report lifecycle events (`event`, `events`) and each request's
-end (`finish`). The collector keeps them in flat numpy arrays (one row per request,
+A core (`workloads.core`). Engines and the router report lifecycle events (`event`,
+`events`) and each request's end (`finish`). The collector keeps them in flat numpy arrays (one row per request,
 one column per event) plus the requests' inter-token latencies, and checks the
 request-conservation rule: every submitted request ends exactly once, as completed,
 rejected (with a reason) or failed (with a reason). A second end is recorded as a
@@ -10,11 +10,12 @@ violation, never silently merged.
 
 from __future__ import annotations
 
-import asyncio
 from collections import Counter
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 import numpy as np
+
+from workloads.core import Core
 
 EVENTS = ("arrival", "prefill_queued", "prefill_start", "prefill_end", "kv_reserved",
           "transfer_start", "transfer_end", "decode_admit", "first_token", "completion")
@@ -22,16 +23,22 @@ OUTCOMES = ("completed", "rejected", "failed")
 _COL = {name: i for i, name in enumerate(EVENTS)}
 
 
-class Collector:
-    """Collects per-request timelines.
+class Collector(Core):
+    """Collects per-request timelines (a core: `workloads.core`).
 
     Keyword args:
-        clock: the run's `Clock` (used for the time of `finish` when `t` is omitted).
         request_ids: ids of every request the run will submit (shape (n,)).
+        notify: cores told of every request's end (`ended(now, request_id, t_end)`),
+            e.g. the router (closed-loop replay, fault recovery).
+        name: the core's name ("collector").
+    Handlers (messages): `event`, `events`, `finish`, `note_fault`, `note_recovery`,
+    `note_truncated`, `open_among` (replies `open_ids`). The driver reads `snapshot()`,
+    `all_ended()` and `open_requests()` directly.
     """
 
-    def __init__(self, *, clock, request_ids: Sequence[int]) -> None:
-        self.clock = clock
+    def __init__(self, *, request_ids: Sequence[int], notify: Sequence[str] = (),
+                 name: str = "collector") -> None:
+        super().__init__(name)
         ids = np.asarray(request_ids, dtype=np.int64)
         self.ids = ids
         self._row = {int(r): i for i, r in enumerate(ids.tolist())}
@@ -45,27 +52,25 @@ class Collector:
         self.unknown_events = Counter()
         self._open = n
         self.end_s = np.full(n, np.nan)                     # when each request ended
-        self._end_waiters: list[tuple[set[int], asyncio.Future]] = []
+        self.notify = tuple(notify)
         self.faults: dict[int, dict] = {}        # fault injector records, by fault index
         self.recoveries: list[dict] = []         # router: requests re-dispatched per recovery
         self.truncated: dict[int, int] = {}      # router: output tokens served, if truncated
-        self._all_done = asyncio.Event()
-        if n == 0:
-            self._all_done.set()
 
-    # ----------------------------------------------------------------- peer API
-    async def event(self, request_id: int, name: str, t: float) -> None:
+    # ----------------------------------------------------------------- handlers
+    def event(self, now: float, request_id: int, name: str, t: float) -> None:
         """Record lifecycle event `name` (one of EVENTS, or "preempted") at emulated t (s)."""
         self._record(request_id, name, t)
 
-    async def events(self, batch: Iterable[tuple[int, str, float]]) -> None:
+    def events(self, now: float, batch: Iterable[tuple[int, str, float]]) -> None:
         """Record many `(request_id, name, t)` events in one message."""
         for request_id, name, t in batch:
             self._record(request_id, name, t)
 
-    async def finish(self, request_id: int, outcome: str, reason: str | None = None,
-                     itl_s: np.ndarray | None = None, t: float | None = None) -> None:
-        """End request `request_id` with `outcome` in OUTCOMES; rejected/failed need a reason.
+    def finish(self, now: float, request_id: int, outcome: str, reason: str | None = None,
+               itl_s: np.ndarray | None = None, t: float | None = None) -> None:
+        """End request `request_id` with `outcome` in OUTCOMES at emulated time `t`
+        (default `now`); rejected/failed need a reason (else "unspecified").
 
         `itl_s`: the request's inter-token gaps (s), shape (output_tokens - 1,).
         """
@@ -85,62 +90,49 @@ class Collector:
         self.outcome[row] = OUTCOMES.index(outcome) + 1
         if reason:
             self.reason[int(request_id)] = reason
+        when = now if t is None else t
         if outcome == "completed":
-            when = self.clock.now() if t is None else t
             if np.isnan(self.times[row, _COL["completion"]]):
                 self.times[row, _COL["completion"]] = when
             if itl_s is not None:
                 self.itl[int(request_id)] = np.asarray(itl_s, dtype=np.float64)
-        self.end_s[row] = self.clock.now() if t is None else t
+        self.end_s[row] = when
         self._open -= 1
-        if self._end_waiters:
-            self._wake_end_waiters(int(request_id))
-        if self._open == 0:
-            self._all_done.set()
+        for dst in self.notify:
+            self.send(dst, "ended", int(request_id), float(when))
 
-    async def wait_ended(self, ids: Iterable[int]) -> list[tuple[int, float]]:
-        """Those of `ids` that have ended, as (request id, end time in emulated s); waits
-        until at least one has (returns at once if one already has, or if `ids` is
-        empty). For the router's closed-loop replay (a user sends its next request when
-        its previous one ends)."""
-        want = [int(i) for i in ids]
-        ended = self._ended_among(want)
-        if ended or not want:
-            return ended
-        fut = asyncio.get_running_loop().create_future()
-        self._end_waiters.append((set(want), fut))
-        await fut
-        return self._ended_among(want)
+    def open_among(self, now: float, ids: Iterable[int], reply_to: str, tag: Any) -> None:
+        """Reply `open_ids(now, tag, [ids])` to `reply_to`: those of `ids` that have not
+        ended (unknown ids are left out)."""
+        self.send(reply_to, "open_ids", tag, self.still_open(ids))
 
-    def _ended_among(self, ids: list[int]) -> list[tuple[int, float]]:
-        out = []
-        for rid in ids:
-            row = self._row.get(rid)
-            if row is not None and self.outcome[row]:
-                out.append((rid, float(self.end_s[row])))
-        return out
+    def note_fault(self, now: float, index: int, record: dict) -> None:
+        """Keep the fault injector's record of fault `index` (replacing an earlier one);
+        it is returned under "faults" by `snapshot` (see rack.wiring.faults)."""
+        self.faults[int(index)] = dict(record)
 
-    def _wake_end_waiters(self, request_id: int) -> None:
-        keep = []
-        for ids, fut in self._end_waiters:
-            if request_id in ids and not fut.done():
-                fut.set_result(None)
-            elif not fut.done():
-                keep.append((ids, fut))
-        self._end_waiters = keep
+    def note_truncated(self, now: float, items: Iterable[tuple[int, int]]) -> None:
+        """Record (request id, output tokens served) of requests whose output the router
+        truncated to the context limit (`rack.serving.admission`); in the snapshot under
+        "output_tokens_served"."""
+        for rid, n in items:
+            self.truncated[int(rid)] = int(n)
 
-    async def wait_all(self, timeout_s: float | None = None) -> bool:
-        """Return True once every request has ended (emulated-time wait with a deadline)."""
-        if timeout_s is None:
-            await self._all_done.wait()
-            return True
-        return await self.clock.wait_until(self._all_done, self.clock.now() + timeout_s)
+    def note_recovery(self, now: float, record: dict) -> None:
+        """Keep the router's record of one recovery ({"instance", "t", "ids"}: requests
+        re-dispatched); returned under "recoveries" by `snapshot`."""
+        self.recoveries.append(dict(record))
 
-    async def open_requests(self) -> list[int]:
+    # ----------------------------------------------------------------- driver reads
+    def all_ended(self) -> bool:
+        """True once every request has ended."""
+        return self._open == 0
+
+    def open_requests(self) -> list[int]:
         """Ids of requests that have not ended yet."""
         return self.ids[self.outcome == 0].tolist()
 
-    async def open_among(self, ids: Iterable[int]) -> list[int]:
+    def still_open(self, ids: Iterable[int]) -> list[int]:
         """Those of `ids` that have not ended yet (unknown ids are left out)."""
         out = []
         for rid in ids:
@@ -149,24 +141,13 @@ class Collector:
                 out.append(int(rid))
         return out
 
-    async def note_fault(self, index: int, record: dict) -> None:
-        """Keep the fault injector's record of fault `index` (replacing an earlier one);
-        it is returned under "faults" by `snapshot` (see rack.faults)."""
-        self.faults[int(index)] = dict(record)
+    def is_idle(self) -> bool:
+        return True
 
-    async def note_truncated(self, items: Iterable[tuple[int, int]]) -> None:
-        """Record (request id, output tokens served) of requests whose output the router
-        truncated to the context limit (`rack.admission`); in the snapshot under
-        "output_tokens_served"."""
-        for rid, n in items:
-            self.truncated[int(rid)] = int(n)
+    def waiting_for(self) -> str:
+        return f"{self._open} request(s) to end" if self._open else ""
 
-    async def note_recovery(self, record: dict) -> None:
-        """Keep the router's record of one recovery ({"instance", "t", "ids"}: requests
-        re-dispatched); returned under "recoveries" by `snapshot`."""
-        self.recoveries.append(dict(record))
-
-    async def snapshot(self) -> dict:
+    def snapshot(self) -> dict:
         """All records, as plain arrays and dicts (picklable) for the metrics step."""
         order = sorted(self.itl)
         lengths = np.array([len(self.itl[r]) for r in order], dtype=np.int64)

@@ -1,7 +1,7 @@
 """Split versus colocated: run several deployments on the same requests, optionally
 rescaled to equal cost, power or device count, and put them side by side.
 
-    from rack.compare import run_compare
+    from rack.analysis.compare import run_compare
     res = run_compare(["gpu-only-kimi-k2", "wafer-only-kimi-k2", "helios-cs3-kimi-k2"],
                       load_requests("mooncake-excerpt"), iso="power")
     print(compare_text(res)); doc = compare_document(res)
@@ -11,7 +11,7 @@ reference has its pools' instance counts rescaled so that its provisioned total
 matches the reference's:
 - "count": devices (a wafer-scale system counts as one device, like a GPU);
 - "power": peak watts (catalog `peak_w` x devices);
-- "cost": dollars per hour at peak power (rack.energy.pool_rates: amortised capex or
+- "cost": dollars per hour at peak power (rack.analysis.energy.pool_rates: amortised capex or
   rental, plus electricity at peak power for capex-priced devices).
 Rounding: one pool -> the instance count nearest to target / per-instance figure (ties
 go up), at least 1; several pools -> every pool's count multiplied by target / total and
@@ -25,8 +25,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
-from rack.energy import pool_rates
-from rack.scenario import Scenario, ScenarioError, load_scenario
+from rack.analysis.energy import pool_rates
+from rack.wiring.scenario import Scenario, ScenarioError, load_scenario
 
 #: The four deployments of the comparison (shipped scenarios).
 DEFAULT_SCENARIOS: tuple[str, ...] = ("gpu-only-kimi-k2", "wafer-only-kimi-k2",
@@ -46,7 +46,7 @@ class CompareEntry:
 
     name: str
     scenario: Scenario
-    output: Any                     # rack.runner.RunOutput
+    output: Any                     # rack.wiring.runner.RunOutput
     iso: dict = field(default_factory=dict)
     provisioned: dict = field(default_factory=dict)
 
@@ -150,7 +150,7 @@ def check_scenario(scenario: Scenario) -> None:
     device or a missing route fails before anything runs. Raises CompareError naming the
     scenario (for the wafer engine: how many systems the model needs)."""
     from devices.catalog import CatalogError
-    from rack.topology import build_topology
+    from rack.wiring.topology import build_topology
 
     try:
         build_topology(scenario, [])
@@ -219,7 +219,7 @@ def run_compare(scenarios: Sequence[Scenario | str], requests: Sequence[Any], *,
     that cluster (all submitted at once), with "ray" the actors run there.
     Raises CompareError before any run for a bad scenario or iso request.
     """
-    from rack.runner import run_scenario
+    from rack.wiring.runner import run_scenario
 
     if not scenarios:
         loaded = load_scenarios([])
@@ -467,10 +467,10 @@ def write_compare(result: CompareResult, out_dir: Any, *, plots: bool = True, tr
     """
     from pathlib import Path
 
-    from rack import plots as P
-    from rack import report
-    from rack.breakdown import write_chrome_trace
-    from rack.results import to_json, write_results
+    from rack.analysis import plots as P
+    from rack.analysis import report
+    from rack.analysis.breakdown import write_chrome_trace
+    from rack.analysis.results import to_json, write_results
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -196,7 +196,7 @@ def link_utilisation(runs: Mapping[str, Mapping[str, dict]], path: Path | str, e
 def stage_breakdown(breakdowns: Mapping[str, Mapping[str, Any]], path: Path | str) -> Path:
     """Stacked bars of mean time per stage (left) and p99 per stage (right) per scenario.
 
-    breakdowns: label -> `rack.breakdown.stage_breakdown` output. p99 bars are per stage
+    breakdowns: label -> `rack.analysis.breakdown.stage_breakdown` output. p99 bars are per stage
     (p99s do not add up: the right panel is grouped, not stacked).
     """
     plt = _plt()

@@ -22,7 +22,7 @@ import numpy as np
 
 from devices.catalog import resolve_device
 from devices.serving_rows import LENGTH_LOW, Deployment, ServingRow, deployment, measured
-from rack.scenario import Scenario, parse_scenario
+from rack.wiring.scenario import Scenario, parse_scenario
 from workloads import Request
 
 #: Requests per user: InferenceX sends 10 x concurrency prompts (--num-prompts
@@ -103,7 +103,7 @@ def replay_row(row: ServingRow, per_user: int = REQUESTS_PER_USER) -> RowReplay:
         CatalogError / ScenarioError: a row the catalog cannot deploy (named).
         RuntimeError: requests that did not complete (the row cannot be read).
     """
-    from rack.runner import run_scenario
+    from rack.wiring.runner import run_scenario
 
     dep = deployment(row)
     scenario = row_scenario(row, dep)

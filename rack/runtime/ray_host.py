@@ -1,0 +1,437 @@
+"""The Ray driver's actor: one async Ray actor per core, on a dilated wall clock.
+
+`CoreHost` builds its core (`workloads.core`) from a `ComponentSpec` and drives it:
+
+- **messages**: a peer's `deliver(method, args)` calls the core's handler with the
+  emulated time now; what the core then leaves in its outbox is sent on, each message a
+  fire-and-forget actor call to the destination's host (a `BROADCAST` goes to every
+  other host). A message that cannot be delivered (the destination's actor died or is
+  restarting) comes back to the core as `send_failed(dst, method, args)` if it has that
+  handler;
+- **timers**: the core's `wake_at` is armed on the event loop; when it fires,
+  `on_wake(now)` runs and the lateness (now - wake_at, emulated seconds) is recorded.
+  Emulated t = (wall - epoch) / dilation, read fresh at every use (uvloop caches its
+  clock per loop iteration). Timers are armed for 90% of a long wait and re-armed for
+  the rest, and the last `SPIN_S` of wall time before a deadline are waited by yielding
+  to the loop: uvloop's timers have millisecond granularity;
+- **driver reads** (`query`): the driver calls a core's read methods (`stats(now)`,
+  `snapshot()`, `all_ended()`, `is_idle()`, ...) directly, never during a handler;
+- **process-level messages**: `crash(at_s)` kills the actor for real (Ray restarts it;
+  the restarted host rebuilds its core from the build arguments kept in the registry
+  actor, reloading its weights from at_s + `ComponentSpec.weight_load_s`: the restart's
+  own wall time is not counted), and `ping(reply_to, tag)` replies `pong(tag,
+  {"incarnation": pid, "work": work counters})`.
+
+Large KV payloads (`transfer`, `receive_kv`) are sent from a helper thread by
+object-store reference: the sender's copy into shared memory runs beside its event
+loop, the receiver reads zero-copy views, and the interconnect forwards the sender's
+reference without copying the bytes again.
+
+A handler that raises is kept as this host's `ComponentError` (the driver polls
+`failed()` and stops the run) and the core is not called again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import math
+import os
+import socket
+import time
+from typing import Any, Sequence
+
+import numpy as np
+
+from rack.wiring.topology import ComponentSpec
+from workloads.core import BROADCAST
+
+from .errors import ComponentError, RayRunError, locate
+from .placement import construct, load_factory
+from .virtual import work_of
+
+#: Messages whose array arguments are KV frames (the prefill engine sends
+#: `transfer(req, frames, ...)` to the interconnect, which sends `receive_kv(req,
+#: frames, ...)` to the decode engine).
+KV_METHODS = frozenset({"transfer", "receive_kv"})
+#: KV messages carrying at least this many payload bytes are sent from a helper thread
+#: by object-store reference; Ray inlines arguments under 100 KiB into the call itself.
+OFFLOAD_BYTES = 96 << 10
+SPIN_S = 0.001
+"""Wall seconds before a deadline from which a host stops using loop timers and
+yields to the loop until the deadline (module docstring)."""
+
+
+def _ray():
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    import ray
+
+    return ray
+
+
+def payload_bytes(values: Sequence[Any]) -> int:
+    """Bytes of the numpy arrays / bytes among `values` (and one list level down: a
+    list of KV frames)."""
+    n = 0
+    for v in values:
+        if isinstance(v, np.ndarray):
+            n += v.nbytes
+        elif isinstance(v, (bytes, bytearray)):
+            n += len(v)
+        elif isinstance(v, memoryview):
+            n += v.nbytes
+        elif isinstance(v, (list, tuple)) and v and isinstance(v[0], (np.ndarray, bytes, bytearray)):
+            n += payload_bytes(v)
+    return n
+
+
+_SUBMITTER: Any = None
+
+
+def _submitter() -> Any:
+    """One thread per process that submits large KV messages (one thread: they leave
+    in the order they were made)."""
+    global _SUBMITTER
+    if _SUBMITTER is None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        _SUBMITTER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rack-kv-submit")
+    return _SUBMITTER
+
+
+class _StoredPayload:
+    """A KV payload passed by reference: the message carries the ObjectRef, the bytes
+    stay in the node's shared-memory object store, and the receiving host reads them
+    back as zero-copy numpy views (`_resolve_payloads`). A payload forwarded unchanged
+    (the interconnect handing the sender's frames to the decode engine) reuses the same
+    reference, so its bytes are copied once per transfer, by the sender."""
+
+    __slots__ = ("ref",)
+
+    def __init__(self, ref: Any) -> None:
+        self.ref = ref
+
+
+def _store_payloads(args: tuple) -> tuple:
+    """`args` with each `KVFrames` replaced by a `_StoredPayload` (put now, or the
+    reference it was read from if the frames are unchanged). Runs on the submitter thread."""
+    from interconnect.codec import KVFrames
+
+    if not any(isinstance(a, KVFrames) for a in args):
+        return args
+    out = []
+    for a in args:
+        if isinstance(a, KVFrames):
+            ref = a.store_ref if a.store_ref is not None and a.intact() else None
+            a = _StoredPayload(ref if ref is not None else _ray().put(a))
+        out.append(a)
+    return tuple(out)
+
+
+async def _resolve_payloads(args: tuple) -> tuple:
+    """`args` with each `_StoredPayload` read back from the object store (zero-copy)."""
+    if not any(isinstance(a, _StoredPayload) for a in args):
+        return args
+    out = []
+    for a in args:
+        if isinstance(a, _StoredPayload):
+            ref, a = a.ref, await a.ref
+            if hasattr(a, "store_ref"):
+                a.store_ref = ref
+        out.append(a)
+    return tuple(out)
+
+
+def warm_payload() -> tuple:
+    """One of each kind of object cores send each other: a Request, a numpy array, a
+    list of uint8 frames (their first trips through pickling and the object store are
+    paid before time 0)."""
+    from interconnect.codec import make_kv_frames
+    from workloads.request import Request
+
+    return (Request(id=0, arrival_s=0.0, prompt_tokens=1, output_tokens=1),
+            np.zeros(4, np.float64), make_kv_frames(0, 8, 35_136, 1, 1, 1.0))
+
+
+class CoreHost:
+    """The body of every actor: builds one core, delivers its messages and wake-ups,
+    and reports where it runs, its lateness and its message counts (module docstring).
+
+    name: the core's name; registry: the name of the actor that keeps build arguments
+    and crash times for restarts (None: not restartable)."""
+
+    def __init__(self, name: str, registry: str | None = None) -> None:
+        self.name = name
+        self.core: Any = None
+        self.peers: dict[str, Any] = {}
+        self.failure: ComponentError | None = None   # the first error of this core
+        self.calls_in = 0
+        self.sent: dict[str, list[int]] = {}
+        self.lateness: list[float] = []
+        self._epoch = 0.0
+        self._dilation = 1.0
+        self._timer: asyncio.Handle | None = None
+        self._armed = math.inf
+        self._registry = registry
+        self._kept: dict[str, tuple] = {}
+        self._crashes: dict[str, float] = {}
+        self._crash_counts: dict[str, int] = {}
+        self._rebuilding: asyncio.Future | None = None
+        self._restarted = False
+        if registry is not None:
+            self._restarted = _ray().get_runtime_context().was_current_actor_reconstructed
+
+    # ------------------------------------------------------------------ setup
+    async def warm(self, factory: str) -> dict:
+        """Import the core's module (slow the first time in a fresh process) and say
+        where this actor runs: {"node_id", "node_ip", "hostname", "pid"}."""
+        warm_up = getattr(load_factory(factory), "warm_up", None)
+        if warm_up is not None:
+            warm_up()
+        ray = _ray()
+        ctx = ray.get_runtime_context()
+        return {"node_id": ctx.get_node_id(), "node_ip": ray.util.get_node_ip_address(),
+                "hostname": socket.gethostname(), "pid": os.getpid()}
+
+    async def connect(self, peers: Sequence[Any]) -> None:
+        """Message every peer actor in `peers` once with a sample of what cores send,
+        directly and by object-store reference: the connections, the receivers'
+        imports and the object store's first use happen here, before time 0."""
+        sample = warm_payload()
+        await asyncio.gather(*(a.ping_host.remote(*sample) for a in peers))
+        stored = await asyncio.get_running_loop().run_in_executor(_submitter(), _store_payloads, sample)
+        await asyncio.gather(*(a.ping_host.remote(*stored) for a in peers))
+
+    async def ping_host(self, *sample: Any) -> None:
+        """A no-op call (see `connect`)."""
+        await _resolve_payloads(sample)
+
+    async def wall_time(self) -> float:
+        """This host's wall clock (s since the Unix epoch), for clock-offset probes."""
+        return time.time()
+
+    async def build(self, spec: ComponentSpec, peers: dict[str, Any], epoch_wall: float,
+                    dilation: float, loading_until_s: float | None = None) -> dict:
+        """Build the core on a wall clock whose time 0 is `epoch_wall` (this host's
+        clock); `peers`: every actor by core name. Returns {"node_id", "loop_type",
+        "pid"} read inside the actor."""
+        self.peers = dict(peers)
+        self._epoch, self._dilation = epoch_wall, dilation
+        self.core = construct(spec, loading_until_s)
+        ray = _ray()
+        if self._registry is not None:      # for a rebuild after Ray restarts this actor
+            await ray.get_actor(self._registry).keep.remote(self.name, (spec, peers, epoch_wall, dilation))
+        self._after()
+        # Everything built so far (Ray, numpy, the core) lives for the whole run: moved
+        # out of the collector's generations, a full collection during the replay no
+        # longer walks it (one took milliseconds, i.e. late timers).
+        gc.collect()
+        gc.freeze()
+        loop = asyncio.get_running_loop()
+        return {"node_id": ray.get_runtime_context().get_node_id(),
+                "loop_type": type(loop).__module__ + "." + type(loop).__name__, "pid": os.getpid()}
+
+    def now(self) -> float:
+        """Emulated seconds now."""
+        return (time.time() - self._epoch) / self._dilation
+
+    # ------------------------------------------------------------------ messages
+    async def deliver(self, method: str, args: tuple) -> None:
+        """A message from a peer (or the driver) for this host's core."""
+        self.calls_in += 1
+        if self._restarted and self.core is None:
+            if self._rebuilding is None:
+                self._rebuilding = asyncio.ensure_future(self._rebuild())
+            await asyncio.shield(self._rebuilding)
+        if method == "crash" and self._registry is not None:
+            at = args[0] if args else None
+            await _ray().get_actor(self._registry).keep_crash.remote(self.name, self.now() if at is None else float(at))
+            _ray().kill(_ray().get_runtime_context().current_actor, no_restart=False)
+            await asyncio.sleep(3600)
+        if method == "ping":
+            reply_to, tag = args
+            self._send(reply_to, "pong", (tag, {"incarnation": os.getpid(),
+                                                "work": work_of(self.core, self.now())}))
+            return
+        if method in KV_METHODS:
+            args = await _resolve_payloads(args)
+        if self.failure is not None:
+            return
+        handler = getattr(self.core, method, None)
+        if handler is None:
+            return            # e.g. a broadcast this core does not handle
+        try:
+            handler(self.now(), *args)
+        except Exception as exc:  # noqa: BLE001 - named here, once, for the driver
+            self._fail(exc)
+            return
+        self._after()
+
+    def _after(self) -> None:
+        core = self.core
+        if core.outbox:
+            out = list(core.outbox)
+            core.outbox.clear()
+            for dst, method, args in out:
+                if dst[0] == BROADCAST:         # to every other core
+                    for name in self.peers:
+                        if name != self.name:
+                            self._send(name, method, args)
+                else:
+                    self._send(dst, method, args)
+        self._arm(core.wake_at)
+
+    def _send(self, dst: str, method: str, args: tuple) -> None:
+        actor = self.peers[dst]
+        nbytes = payload_bytes(args)
+        c = self.sent.get(dst)
+        if c is None:
+            c = self.sent[dst] = [0, 0, 0]
+        c[0] += 1
+        c[1] += nbytes
+        if method in KV_METHODS:
+            c[2] += nbytes
+        if method in KV_METHODS and nbytes >= OFFLOAD_BYTES:
+            fut = asyncio.get_running_loop().run_in_executor(
+                _submitter(), lambda: actor.deliver.remote(method, _store_payloads(args)))
+            asyncio.ensure_future(self._watch_offloaded(fut, dst, method, args))
+            return
+        try:
+            ref = actor.deliver.remote(method, args)
+        except _ray().exceptions.RayActorError:
+            self._failed_send(dst, method, args)
+            return
+        asyncio.ensure_future(self._watch(ref, dst, method, args))
+
+    async def _watch_offloaded(self, fut, dst: str, method: str, args: tuple) -> None:
+        try:
+            ref = await fut
+        except _ray().exceptions.RayActorError:
+            self._failed_send(dst, method, args)
+            return
+        await self._watch(ref, dst, method, args)
+
+    async def _watch(self, ref, dst: str, method: str, args: tuple) -> None:
+        """The delivery of one message; a dead destination makes it `send_failed`."""
+        ray = _ray()
+        try:
+            await ref
+        except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError):
+            self._failed_send(dst, method, args)
+        except Exception:  # noqa: BLE001 - the destination's own failure: its host reports it
+            pass
+
+    def _failed_send(self, dst: str, method: str, args: tuple) -> None:
+        handler = getattr(self.core, "send_failed", None)
+        if handler is None or self.failure is not None:
+            return
+        try:
+            handler(self.now(), dst, method, args)
+        except Exception as exc:  # noqa: BLE001
+            self._fail(exc)
+            return
+        self._after()
+
+    # ------------------------------------------------------------------ timers
+    def _arm(self, t: float) -> None:
+        if t == self._armed:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._armed = t
+        if t < math.inf:
+            self._schedule(t)
+
+    def _schedule(self, t: float) -> None:
+        loop = asyncio.get_running_loop()
+        delay = self._epoch + t * self._dilation - time.time()
+        if delay <= SPIN_S:
+            # the final approach: yield to the loop and look at the clock again
+            self._timer = loop.call_soon(self._fire, t)
+            return
+        delay -= SPIN_S
+        if delay > 0.005:
+            delay *= 0.9          # long timers were seen firing late: re-arm for the rest
+        self._timer = loop.call_later(delay, self._fire, t)
+
+    def _fire(self, t: float) -> None:
+        self._timer = None
+        if t != self._armed:
+            return
+        now = self.now()
+        if now < t:
+            self._schedule(t)
+            return
+        self._armed = math.inf
+        self.lateness.append(now - t)
+        if self.failure is not None:
+            return
+        try:
+            self.core.on_wake(now)
+        except Exception as exc:  # noqa: BLE001
+            self._fail(exc)
+            return
+        self._after()
+
+    # ------------------------------------------------------------------ failures, reads
+    def _fail(self, exc: BaseException) -> None:
+        if self.failure is None:
+            _, request_id = locate(exc, {self.name: self.core})
+            err = ComponentError(self.name, self.now(), request_id, exc)
+            err.remote_traceback = err.traceback_text()     # the traceback does not pickle
+            self.failure = err
+
+    async def failed(self) -> ComponentError | None:
+        """The first error of this core, or None."""
+        return self.failure
+
+    async def query(self, method: str, *args: Any) -> Any:
+        """A driver read of the core (`stats` gets the emulated time now first)."""
+        if self._restarted and self.core is None:
+            if self._rebuilding is None:
+                self._rebuilding = asyncio.ensure_future(self._rebuild())
+            await asyncio.shield(self._rebuilding)
+        if method == "stats":
+            return self.core.stats(self.now())
+        return getattr(self.core, method)(*args)
+
+    async def report(self) -> dict:
+        """{"lateness": [emulated s], "calls_in": n, "sent": {peer: {"calls", "bytes", "kv_bytes"}}}."""
+        return {"lateness": list(self.lateness), "calls_in": self.calls_in,
+                "sent": {p: {"calls": c[0], "bytes": c[1], "kv_bytes": c[2]} for p, c in self.sent.items()}}
+
+    # ------------------------------------------------------------------ registry role
+    async def keep(self, name: str, build_args: tuple) -> None:
+        """Registry role: keep `name`'s build arguments (spec, peers, epoch, dilation)."""
+        self._kept[name] = build_args
+
+    async def keep_crash(self, name: str, at_s: float) -> None:
+        """Registry role: `name` crashed at emulated time `at_s`."""
+        self._crashes[name] = at_s
+        self._crash_counts[name] = self._crash_counts.get(name, 0) + 1
+
+    async def crash_counts(self) -> dict[str, int]:
+        """Registry role: crashes per component (its restarts)."""
+        return dict(self._crash_counts)
+
+    async def recall(self, name: str) -> tuple | None:
+        """Registry role: `name`'s build arguments (None if none), with the time its
+        restarted core serves from (its last crash + `weight_load_s`)."""
+        args = self._kept.get(name)
+        if args is None:
+            return None
+        spec = args[0]
+        crash = self._crashes.get(name)
+        until = crash + spec.weight_load_s if crash is not None and spec.weight_load_s is not None else None
+        return (*args, until)
+
+    async def _rebuild(self) -> None:
+        args = await _ray().get_actor(self._registry).recall.remote(self.name)
+        if args is None:
+            raise RayRunError(f"component {self.name!r} restarted but its build arguments were not kept")
+        await self.build(*args)
+
+
+__all__ = ["CoreHost", "KV_METHODS", "OFFLOAD_BYTES", "SPIN_S", "payload_bytes", "warm_payload"]

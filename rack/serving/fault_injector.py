@@ -1,0 +1,142 @@
+"""The fault injector core: applies a scenario's faults at their emulated times
+(`rack.wiring.faults` describes them; docs/robustness.md the protocol)."""
+
+from __future__ import annotations
+
+import heapq
+import math
+from typing import Sequence
+
+from rack.wiring.faults import CRASH_KINDS
+from workloads.core import BROADCAST, Core
+
+#: Back-off of a ping to an instance that is still restarting (emulated s): from 1 ms,
+#: doubling, capped at 0.5 s (on Ray a message to a restarting actor fails until it is up).
+PING_BACKOFF_S = (1e-3, 0.5)
+
+
+class FaultInjector(Core):
+    """Applies the scenario's faults at their emulated times and reports each one to
+    the collector (`note_fault`), which returns the records in its snapshot.
+
+    A crash: the injector pings the instance (`ping`, answered by the driver with its
+    incarnation and its work counters so far: energy and utilisation still count the
+    work a crash wipes out), sends it `crash(at_s)` (the driver replaces it with a fresh
+    core that reloads its weights until at_s + weight_load_s; on Ray the actor is
+    killed and restarted), tells every core `peer_lost` (exchanges in flight with the
+    instance are void), pings it until it answers as a new incarnation (on Ray a
+    message fails while the actor restarts: `send_failed`, tried again after a
+    back-off), then asks the router to `recover` it. Link faults go to the
+    interconnect (`degrade`, `flap`, `corrupt`).
+
+    Keyword args: faults: FaultConfig dicts plus "index", "instance" (the resolved
+    target) and "weight_load_s", as `apply_faults` builds them; collector, router,
+    interconnect: core names (interconnect None without links); name ("faults").
+    """
+
+    def __init__(self, *, faults: Sequence[dict], collector: str, router: str,
+                 interconnect: str | None = None, name: str = "faults") -> None:
+        super().__init__(name)
+        self.collector = collector
+        self.router = router
+        self.interconnect = interconnect
+        self.faults = [dict(f) for f in faults]
+        self.records: dict[int, dict] = {}
+        self._due: list[tuple[float, int, int, str]] = []      # (t, seq, fault index, step)
+        self._seq = 0
+        self._backoff: dict[int, float] = {}
+        for f in self.faults:
+            i = f["index"]
+            rec = {k: f.get(k) for k in ("kind", "target", "at_s", "duration_s", "factor", "count", "seed",
+                                         "weight_load_s")}
+            rec.update(index=i, instance=f["instance"], applied=False, applied_at_s=None, recovered=False,
+                       recovered_at_s=None)
+            self.records[i] = rec
+            self.send(collector, "note_fault", i, dict(rec))
+            self._at(f["at_s"], i, "start")
+
+    def _at(self, t: float, index: int, step: str) -> None:
+        heapq.heappush(self._due, (t, self._seq, index, step))
+        self._seq += 1
+        self.wake_at = self._due[0][0]
+
+    def _note(self, index: int) -> None:
+        self.send(self.collector, "note_fault", index, dict(self.records[index]))
+
+    def on_wake(self, now: float) -> None:
+        while self._due and self._due[0][0] <= now:
+            _, _, i, step = heapq.heappop(self._due)
+            f, rec = self.faults[i], self.records[i]
+            kind, target = f["kind"], f["instance"]
+            if step == "ping":                          # a restarting instance: ask again
+                self.send(target, "ping", self.name, (i, "after"))
+            elif step == "restored":                    # a link fault's interval ended
+                rec.update(recovered=True, recovered_at_s=now)
+                self._note(i)
+            elif kind in CRASH_KINDS:
+                self.send(target, "ping", self.name, (i, "before"))
+            elif kind in ("link_degrade", "link_flap"):
+                end = f["at_s"] + f["duration_s"]
+                if kind == "link_degrade":
+                    self.send(self.interconnect, "degrade", target, f["factor"], now, end)
+                else:
+                    self.send(self.interconnect, "flap", target, now, end)
+                rec.update(applied=True, applied_at_s=now)
+                self._note(i)
+                self._at(end, i, "restored")            # the link model restores it at `end`
+            else:  # frame_corrupt: the interconnect counts the catches and the intact re-sends
+                end = f["at_s"] + f["duration_s"] if f["duration_s"] is not None else math.inf
+                self.send(self.interconnect, "corrupt", f["count"], f["seed"], now, end,
+                          None if target == "*" else target, i)
+                rec.update(applied=True, applied_at_s=now)
+                self._note(i)
+        self.wake_at = self._due[0][0] if self._due else math.inf
+
+    def pong(self, now: float, tag: tuple, info: dict) -> None:
+        """The driver's answer to `ping` (the instance is up)."""
+        i, when = tag
+        rec = self.records[i]
+        target = self.faults[i]["instance"]
+        if when == "before":
+            rec["incarnations"] = [info["incarnation"]]
+            rec["work_before_crash"] = info.get("work")
+            self.send(target, "crash", now)
+            self.send(BROADCAST, "peer_lost", target)
+            # a restarted instance reloads its weights before it serves again (both
+            # drivers; on Ray the restart's own wall time is not added)
+            rec.update(applied=True, applied_at_s=now,
+                       serving_from_s=now + (rec.get("weight_load_s") or 0.0))
+            self._note(i)
+            self.send(target, "ping", self.name, (i, "after"))
+            return
+        # after the crash: up again as a new incarnation
+        rec["restarted"] = info["incarnation"] != rec["incarnations"][0]
+        rec["incarnations"] = [rec["incarnations"][0], info["incarnation"]]
+        rec["back_at_s"] = now
+        # what it re-dispatched is read from the router's recovery records (with those of
+        # later recoveries of the same instance it causes), in `faults_section`
+        self.send(self.router, "recover", self.faults[i]["instance"], self.name, i)
+
+    def send_failed(self, now: float, dst: str, method: str, args: tuple) -> None:
+        """The Ray driver could not deliver a message (the actor is restarting): a ping
+        is tried again after a back-off."""
+        if method != "ping":
+            return
+        i = args[1][0]
+        wait = min(PING_BACKOFF_S[1], self._backoff.get(i, PING_BACKOFF_S[0]))
+        self._backoff[i] = wait * 2
+        self._at(now + wait, i, "ping")
+
+    def recovered(self, now: float, index: int, report: dict) -> None:
+        """The router's reply to `recover`."""
+        self.records[index].update(recovered=True, recovered_at_s=now)
+        self._note(index)
+
+    def is_idle(self) -> bool:
+        return True
+
+    def waiting_for(self) -> str:
+        return ""
+
+
+__all__ = ["FaultInjector", "PING_BACKOFF_S"]

@@ -1,0 +1,435 @@
+"""The router core: replays the request stream at its arrival times, admits or rejects
+each request, and dispatches it to a prefill instance and a decode target.
+
+Policies (`RouterConfig.policy`):
+- "round_robin": prefill instances in turn;
+- "least_outstanding_work": the instance with the fewest prompt tokens still to
+  prefill. Each prefill-capable instance reports that count whenever it changes
+  (`load` messages: on a submission, at the start and at the end of each iteration),
+  so the router's table holds what a query would return at that instant; within one
+  arrival tick the router adds the prompts it places itself.
+Admission: a request is rejected ("router_queue_full") when every prefill instance
+already has more than `max_outstanding_tokens` prompt tokens of work outstanding.
+Before that, at arrival (`rack.serving.admission`): a request over the model's context limit
+is rejected ("prompt_exceeds_context", "exceeds_context") or has its output truncated
+(`context_overflow = "truncate"`); a request whose KV can never fit any instance it
+could go to is rejected ("prompt_exceeds_kv_capacity", "exceeds_decode_kv_capacity"),
+so no prefill time is spent on it.
+Conditional disaggregation: a prompt of at most `local_prefill_threshold_tokens`
+tokens goes to a colocated ("both") instance instead, which prefills and decodes it.
+Decode targets are chosen round-robin among those the request fits.
+
+A core (`workloads.core`): the driver starts it with `start(now, requests, ...)`; it
+wakes at each arrival tick; the collector tells it of every request's end (`ended`),
+which drives the closed loop and fault recovery (`recover`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import itertools
+import math
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from rack.serving.admission import KVFit, context_verdict
+from workloads.core import Core
+
+
+class Router(Core):
+    """Replays requests and routes them.
+
+    Keyword args:
+        collector: the collector's name.
+        prefill: names of prefill-capable instances (handlers `submit_many(now, [(req,
+            decode_target), ...])`; they report `load`).
+        decode_targets: names of decode instances a prefill instance may ship KV to.
+        local: names of colocated instances, for conditional disaggregation.
+        policy: "round_robin" or "least_outstanding_work".
+        max_outstanding_tokens: per-instance outstanding prompt tokens above which an
+            arrival is rejected when every instance is above it (>= 1).
+        local_prefill_threshold_tokens: prompts up to this length go to `local` (0: off).
+        decoders: decode instance names (`holding`), used only by `recover`.
+        max_context_tokens: the model's context limit (the scenario's `max_model_len`
+            or the model's own); None: no limit.
+        context_overflow: "reject" or "truncate" (`rack.serving.admission.context_verdict`).
+        kv_fit: `rack.serving.admission.KVFit` of instances by name (prefill, decode and
+            colocated); an instance without one is assumed to fit every request.
+        name: the core's name ("router").
+    Raises ValueError on an unknown policy or overflow rule, or no prefill instance.
+    """
+
+    def __init__(self, *, collector: str, prefill: Sequence[str], decode_targets: Sequence[str],
+                 local: Sequence[str] = (), policy: str = "least_outstanding_work",
+                 max_outstanding_tokens: int = 1 << 40, local_prefill_threshold_tokens: int = 0,
+                 decoders: Sequence[str] = (), max_context_tokens: int | None = None,
+                 context_overflow: str = "reject", kv_fit: Mapping[str, KVFit] | None = None,
+                 name: str = "router") -> None:
+        super().__init__(name)
+        if context_overflow not in ("reject", "truncate"):
+            raise ValueError(f"router context_overflow: expected 'reject' or 'truncate', got {context_overflow!r}")
+        if policy not in ("round_robin", "least_outstanding_work"):
+            raise ValueError(f"router policy: expected 'round_robin' or 'least_outstanding_work', got {policy!r}")
+        if not prefill and not local:
+            raise ValueError("router: no prefill-capable instance")
+        self.collector = collector
+        self.max_context_tokens = None if max_context_tokens is None else int(max_context_tokens)
+        self.context_overflow = context_overflow
+        self.kv_fit = dict(kv_fit or {})
+        self.truncated = 0
+        self.prefill = sorted(prefill)
+        self.local = sorted(local)
+        self.decode_targets = list(decode_targets)
+        self.policy = policy
+        self.max_outstanding_tokens = int(max_outstanding_tokens)
+        self.threshold = int(local_prefill_threshold_tokens)
+        self._rr = itertools.cycle(self.prefill) if self.prefill else None
+        self._rr_local = itertools.cycle(self.local) if self.local else None
+        self._rr_decode = itertools.cycle(self.decode_targets) if self.decode_targets else None
+        self.dispatched = {n: 0 for n in self.prefill + self.local}
+        self.rejected = 0
+        # outstanding prompt tokens per prefill instance, as last reported (`load`);
+        # an instance that is down counts as full until it reports again
+        self._load = {n: 0 for n in self.prefill}
+        # Fault recovery: where each request was sent (rack.wiring.faults, docs/robustness.md).
+        self.decoders = list(decoders)
+        self._inst_names = self.prefill + self.local
+        self._inst_idx = {n: i for i, n in enumerate(self._inst_names)}
+        self._dec_names = list(dict.fromkeys([*self.decode_targets, *self.local]))
+        self._dec_idx = {n: i for i, n in enumerate(self._dec_names)}
+        self._requests: list[Any] = []
+        self._pre_of = np.zeros(0, np.int32)     # per request position: instance index, -1 none
+        self._dec_of = np.zeros(0, np.int32)     # per request position: decode target index
+        self._pos: dict[int, int] = {}            # request id -> position
+        self._recoveries: dict[str, int] = {}     # recover() calls per instance
+        self._pending: dict[int, dict] = {}       # recoveries waiting for replies, by tag
+        self._redispatches = 0                    # re-dispatch rounds so far
+        self._redispatched: dict[int, int] = {}   # request id -> round of its last re-dispatch
+        self._tags = itertools.count()
+        self.recovered = 0
+        # replay state
+        self._next = 0                            # position of the next request to send
+        self._slots: int | None = None            # closed loop: concurrency, None: open loop
+        self._think = 0.0
+        self._free: list[float] = []              # closed loop: when each idle slot may send (heap)
+        self._in_flight: set[int] = set()         # closed loop: sent, not ended
+
+    # ------------------------------------------------------------------ replay
+    def start(self, now: float, requests: Sequence[Any], max_concurrency: int | None = None,
+              think_time_s: float = 0.0) -> None:
+        """Replay `requests` (sorted by arrival): each at its arrival time (requests
+        sharing an arrival time form one tick: one `arrival` message, one placement
+        pass).
+
+        max_concurrency: closed loop (vLLM `bench serve --max-concurrency`, a
+            benchmark's "concurrency"): at most this many requests are in the rack at
+            once; a request is sent at its arrival time or, if all slots are taken, when
+            a slot frees, i.e. `think_time_s` after one of the requests in flight ends
+            (completed, rejected or failed). Its arrival (hence TTFT) is when it is
+            sent. None: open loop, every request at its arrival time.
+        Raises ValueError for max_concurrency < 1 or a negative or non-finite think time.
+        """
+        n = len(requests)
+        self._requests = list(requests)       # a truncated request replaces its original
+        self._pos = {r.id: p for p, r in enumerate(self._requests)}
+        self._pre_of = np.full(n, -1, np.int32)
+        self._dec_of = np.full(n, -1, np.int32)
+        self._next = 0
+        if max_concurrency is not None:
+            if int(max_concurrency) < 1:
+                raise ValueError(f"router: max_concurrency must be >= 1, got {max_concurrency}")
+            if not (0.0 <= float(think_time_s) < math.inf):
+                raise ValueError(f"router: think_time_s must be finite and >= 0, got {think_time_s}")
+            self._slots = int(max_concurrency)
+            self._think = float(think_time_s)
+            self._free = [0.0] * self._slots
+        self._pump(now)
+
+    def on_wake(self, now: float) -> None:
+        self._pump(now)
+
+    def _pump(self, now: float) -> None:
+        """Send every request that is due at `now` and set the next wake-up."""
+        reqs, n = self._requests, len(self._requests)
+        self.wake_at = math.inf
+        if self._slots is None:
+            while self._next < n:
+                t = reqs[self._next].arrival_s
+                if t > now:
+                    self.wake_at = t
+                    return
+                j = self._next
+                while j < n and reqs[j].arrival_s == t:
+                    j += 1
+                self._tick(now, reqs[self._next:j], self._next)
+                self._next = j
+            return
+        while self._next < n and self._free:
+            req = reqs[self._next]
+            t = max(req.arrival_s, self._free[0])
+            if t > now:
+                self.wake_at = t
+                return
+            heapq.heappop(self._free)
+            self._in_flight.add(req.id)
+            self._next += 1
+            self._tick(now, [req], self._next - 1)
+        # else: every slot is taken; an `ended` frees one
+
+    def ended(self, now: float, request_id: int, t_end: float) -> None:
+        """The collector: request `request_id` ended at emulated time `t_end`."""
+        if self._slots is not None and request_id in self._in_flight:
+            self._in_flight.discard(request_id)
+            heapq.heappush(self._free, t_end + self._think)
+            self._pump(now)
+
+    def load(self, now: float, instance: str, outstanding_tokens: int) -> None:
+        """A prefill-capable instance's outstanding prompt tokens (queued counted whole)."""
+        if instance in self._load:
+            self._load[instance] = int(outstanding_tokens)
+
+    def peer_lost(self, now: float, name: str) -> None:
+        """A core died (a crash): an instance counts as full until it reports again."""
+        if name in self._load:
+            self._load[name] = math.inf
+
+    def is_idle(self) -> bool:
+        return self._next >= len(self._requests) and not self._pending
+
+    def waiting_for(self) -> str:
+        if self._next < len(self._requests):
+            left = len(self._requests) - self._next
+            return (f"{left} request(s) to send" + (f", {len(self._in_flight)} in flight for "
+                                                     f"{self._slots} slots" if self._slots else ""))
+        return f"{len(self._pending)} recovery(ies) waiting for replies" if self._pending else ""
+
+    def counts(self) -> dict:
+        """{"dispatched": {instance: n}, "rejected": n} (read by the driver at the end)."""
+        return {"dispatched": dict(self.dispatched), "rejected": self.rejected}
+
+    # ------------------------------------------------------------------ placement
+    def _tick(self, now: float, batch: Sequence[Any], base: int) -> None:
+        self.send(self.collector, "events", [(r.id, "arrival", now) for r in batch])
+        load = dict(self._load)
+        per_instance: dict[str, list] = {}
+        refused: list[tuple[int, str]] = []
+        truncated: list[tuple[int, int]] = []
+        for k, req in enumerate(batch):
+            served, reason = context_verdict(req.prompt_tokens, req.output_tokens,
+                                             self.max_context_tokens, self.context_overflow)
+            if reason is None and served != req.output_tokens:
+                req = dataclasses.replace(req, output_tokens=served)
+                self._requests[base + k] = req
+                truncated.append((req.id, served))
+            if reason is None and self._rr_local is not None and \
+                    (not self.prefill or req.prompt_tokens <= self.threshold):
+                name = self._next_fitting(self._rr_local, len(self.local), req, both=True)
+                if name is None:
+                    reason = self._kv_reason(self.local, req)
+                else:
+                    per_instance.setdefault(name, []).append((req, name))
+                    self._note_route(base + k, name, name)
+                    self.dispatched[name] += 1
+                    continue
+            if reason is None:
+                cands = [nm for nm in load if self._fits(nm, req, decode=False)]
+                targets = self._decode_candidates(req)
+                if not cands:
+                    reason = "prompt_exceeds_kv_capacity"
+                elif targets is not None and not targets:
+                    reason = "exceeds_decode_kv_capacity"
+            if reason is not None:
+                refused.append((req.id, reason))
+                continue
+            if self.policy == "least_outstanding_work":
+                name = min(cands, key=lambda nm: (load[nm], nm))
+            else:
+                name = self._next_fitting(self._rr, len(self.prefill), req, both=False)
+            if load[name] > self.max_outstanding_tokens:
+                # The least-loaded instance is full, so all are (or round-robin hit a full one).
+                if self.policy == "round_robin" and min(load[c] for c in cands) <= self.max_outstanding_tokens:
+                    name = min(cands, key=lambda nm: (load[nm], nm))
+                else:
+                    refused.append((req.id, "router_queue_full"))
+                    continue
+            load[name] += req.prompt_tokens
+            target = self._next_fitting(self._rr_decode, len(self.decode_targets), req, both=True) \
+                if self._rr_decode is not None else name
+            per_instance.setdefault(name, []).append((req, target))
+            self._note_route(base + k, name, target)
+            self.dispatched[name] += 1
+        if truncated:
+            self.truncated += len(truncated)
+            self.send(self.collector, "note_truncated", truncated)
+        for rid, reason in refused:
+            self.rejected += 1
+            self.send(self.collector, "finish", rid, "rejected", reason, None, now)
+        # One message per instance per tick: the tick's requests reach an instance
+        # together, so they share its first iteration on Ray as on virtual time.
+        for nm, items in per_instance.items():
+            self.send(nm, "submit_many", items)
+        for nm in per_instance:
+            if nm in self._load:
+                self._load[nm] = load[nm]
+
+    def _fits(self, name: str, req: Any, decode: bool) -> bool:
+        fit = self.kv_fit.get(name)
+        if fit is None:
+            return True
+        return fit.fits_decode(req.prompt_tokens, req.output_tokens) if decode else fit.fits(req.prompt_tokens)
+
+    def _decode_candidates(self, req: Any) -> list[str] | None:
+        """Decode targets `req` fits (None: no decode targets, a colocated deployment)."""
+        if not self.decode_targets:
+            return None
+        return [d for d in self.decode_targets if self._fits(d, req, decode=True)]
+
+    def _next_fitting(self, cycle, n: int, req: Any, both: bool) -> str | None:
+        """The next name of round-robin `cycle` (n names) that `req` fits: its decode
+        footprint, and with `both` False its prompt (a prefill instance); None if none."""
+        for _ in range(n):
+            name = next(cycle)
+            if self._fits(name, req, decode=both) and (both is False or name not in self.local
+                                                        or self._fits(name, req, decode=False)):
+                return name
+        return None
+
+    def _kv_reason(self, instances, req: Any) -> str:
+        """Why `req` fits none of the colocated `instances`."""
+        if not any(self._fits(n, req, decode=False) for n in instances):
+            return "prompt_exceeds_kv_capacity"
+        return "exceeds_decode_kv_capacity"
+
+    def _note_route(self, pos: int, instance: str, target: str | None) -> None:
+        self._pre_of[pos] = self._inst_idx[instance]
+        self._dec_of[pos] = self._dec_idx.get(target, -1) if target is not None else -1
+
+    # ------------------------------------------------------------------ recovery
+    def recover(self, now: float, instance: str, reply_to: str | None = None, tag: Any = None) -> None:
+        """Re-dispatch the requests instance `instance` lost when it died (fault recovery,
+        docs/robustness.md); sent once the instance is back (restarted, empty).
+
+        Candidates are the open requests routed to it (as prefill instance, or as decode
+        target). Those some live component still holds are left alone: a prefill
+        instance that still holds a request's KV re-sends it itself after a decode
+        restart. For a lost prefill instance, the decode engines first drop the KV
+        reservations made for its requests. The rest are lost and go to a prefill
+        instance again (another one than `instance` if there is one), keeping their
+        decode target: re-prefilled, then decoded from the start. Idempotent. Three
+        exchanges: the collector says which candidates are open (`open_ids`), the
+        restarted instance and then every other holder say what they hold (`held`),
+        the collector says which of the rest are still open; then the re-dispatch.
+        When done, replies `recovered(now, tag, {"instance", "role", "candidates",
+        "held", "redispatched": [ids]})` to `reply_to` (if given).
+        Raises KeyError for an unknown instance.
+        """
+        if instance in self._inst_idx and instance in self.prefill:
+            role, col, idx = "prefill", self._pre_of, self._inst_idx[instance]
+        elif instance in self._dec_idx and instance not in self.local:
+            role, col, idx = "decode", self._dec_of, self._dec_idx[instance]
+        else:
+            raise KeyError(f"router.recover: {instance!r} is not a prefill or decode instance; "
+                           f"known: {self.prefill} / {self.decode_targets}")
+        self._recoveries[instance] = self._recoveries.get(instance, 0) + 1
+        if instance in self._load:
+            self._load[instance] = 0          # back, restarted empty (`peer_lost` marked it down)
+        key = next(self._tags)
+        ids = [self._requests[p].id for p in np.flatnonzero(col == idx).tolist()]
+        self._pending[key] = {"instance": instance, "role": role, "col": col, "idx": idx,
+                              "reply_to": reply_to, "tag": tag, "phase": "open", "cand": [],
+                              "held": set(), "waiting": set(), "since": self._redispatches}
+        self.send(self.collector, "open_among", ids, self.name, ("recover", key))
+
+    def open_ids(self, now: float, tag: Any, ids: list[int]) -> None:
+        """The collector's reply to `open_among` (recovery phases)."""
+        _, key = tag
+        r = self._pending.get(key)
+        if r is None:
+            return
+        if r["phase"] == "open":
+            r["cand"] = list(ids)
+            if not ids:
+                self._redispatch(now, key, [])
+                return
+            here = r["instance"] if r["role"] == "prefill" or r["instance"] in self.decoders else None
+            if here is not None:          # the restarted instance: requests sent after its restart
+                self._ask(r, key, [here], ids, False, "restarted")
+            else:
+                self._ask_others(r, key)
+        else:                              # "final": still open after the holders answered
+            self._redispatch(now, key, ids)
+
+    def held(self, now: float, tag: Any, name: str, ids: list[int]) -> None:
+        """An instance's reply to `holding`: which of the asked ids it holds."""
+        _, key = tag
+        r = self._pending.get(key)
+        if r is None or name not in r["waiting"]:
+            return
+        r["waiting"].discard(name)
+        r["held"].update(int(i) for i in ids)
+        if r["waiting"]:
+            return
+        if r["phase"] == "restarted":
+            self._ask_others(r, key)
+        else:
+            r["phase"] = "final"
+            self.send(self.collector, "open_among", [i for i in r["cand"] if i not in r["held"]],
+                      self.name, ("recover", key))
+
+    def _ask(self, r: dict, key: int, names: list[str], ids: list[int], drop_reserved_of: Any,
+             phase: str) -> None:
+        r["phase"] = phase
+        r["waiting"] = set(names)
+        for nm in names:
+            drop = drop_reserved_of(nm) if callable(drop_reserved_of) else bool(drop_reserved_of)
+            self.send(nm, "holding", ids, drop, self.name, ("recover", key))
+
+    def _ask_others(self, r: dict, key: int) -> None:
+        """Ask every other prefill instance and decode engine which of the candidates not
+        held by the restarted instance they hold (decoders drop the reservations of a
+        lost prefill instance's requests)."""
+        rest = [i for i in r["cand"] if i not in r["held"]]
+        others = [n for n in self.prefill if n != r["instance"]] + \
+                 [n for n in self.decoders if n != r["instance"]]
+        if not others or not rest:
+            r["phase"] = "final"
+            self.send(self.collector, "open_among", rest, self.name, ("recover", key))
+            return
+        drop = (lambda nm: r["role"] == "prefill" and nm in self.decoders)
+        self._ask(r, key, others, rest, drop, "others")
+
+    def _redispatch(self, now: float, key: int, lost: list[int]) -> None:
+        r = self._pending.pop(key)
+        instance, role, col, idx = r["instance"], r["role"], r["col"], r["idx"]
+        # only those still routed to `instance` (a later recovery may have moved them),
+        # and not re-dispatched by another recovery since this one began: that one's
+        # submission may have reached its instance after this one asked it
+        lost = [i for i in lost if col[self._pos[i]] == idx and self._redispatched.get(i, -1) <= r["since"]]
+        others = [n for n in self.prefill if n != instance] or [instance]
+        per_instance: dict[str, list] = {}
+        for k, rid in enumerate(lost):
+            pos = self._pos[rid]
+            name = others[k % len(others)] if role == "prefill" else self._inst_names[self._pre_of[pos]]
+            if name not in self.prefill:
+                name = others[k % len(others)]
+            d = int(self._dec_of[pos])
+            target = self._dec_names[d] if d >= 0 else name
+            per_instance.setdefault(name, []).append((self._requests[pos], target))
+            self._note_route(pos, name, target if d >= 0 else None)
+        if per_instance:
+            self._redispatches += 1
+            for rid in lost:
+                self._redispatched[rid] = self._redispatches
+            self.recovered += len(lost)
+            self.send(self.collector, "note_recovery", {"instance": instance, "t": now, "ids": list(lost)})
+            for nm, items in per_instance.items():
+                self.send(nm, "submit_many", items)
+        if r["reply_to"] is not None:
+            self.send(r["reply_to"], "recovered", r["tag"],
+                      {"instance": instance, "role": role, "candidates": len(r["cand"]),
+                       "held": len(r["held"]), "redispatched": list(lost)})
+
+
+__all__ = ["Router"]

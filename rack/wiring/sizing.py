@@ -1,0 +1,84 @@
+"""Sizing a scenario's pools: each instance's cost model, its memory plan (do the
+weights fit?), its batch cap, how long a restart reloads its weights, and the run's
+context limit. Used by the topology (to build the cores) and by the scenario's own
+checks (`check_hardware`), so it imports neither.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from devices.catalog import resolve_device, resolve_model
+from devices.costmodel import CostModel, Parallelism, SpeculativeConfig
+from devices.planner import ModelDoesNotFit, plan_memory
+
+from .settings import ScenarioError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .scenario import PoolConfig, Scenario
+
+#: Requests an instance runs at once when neither the pool nor its stack says
+#: (vLLM's max_num_seqs default on smaller GPUs, and rack's default before stacks).
+DEFAULT_MAX_NUM_SEQS = 256
+
+
+def instance_names(pool: PoolConfig) -> list[str]:
+    """Names of a pool's instances: `<pool>-<i>`."""
+    return [f"{pool.name}-{i}" for i in range(pool.instances)]
+
+
+def cost_model(scenario: Scenario, pool: PoolConfig) -> CostModel:
+    """The cost model of one instance of `pool` (model, device, TP/PP/EP, dtypes,
+    speculative decoding). Raises ScenarioError naming the pool on a bad device/model."""
+    spec = None
+    if pool.speculative is not None:
+        s = pool.speculative
+        spec = SpeculativeConfig(draft_tokens=s.draft_tokens, acceptance_rate=s.acceptance_rate,
+                                 method=s.method, draft_model=s.draft_model)
+    try:
+        return CostModel(resolve_model(scenario.model), resolve_device(pool.device, pool.stack),
+                         Parallelism(tp=pool.tp, pp=pool.pp, ep=pool.ep, dp_attention=pool.dp_attention),
+                         weight_dtype=scenario.weight_dtype, kv_dtype=scenario.kv_dtype,
+                         speculative=spec)
+    except (ValueError, KeyError) as exc:
+        raise ScenarioError(f"pool {pool.name!r}: {exc}") from None
+
+
+def max_num_seqs(pool: PoolConfig, cost: CostModel) -> int:
+    """Requests one instance of `pool` runs at once: the pool's `max_num_seqs`, else
+    its stack's default, else `DEFAULT_MAX_NUM_SEQS`."""
+    return pool.max_num_seqs or cost.max_num_seqs or DEFAULT_MAX_NUM_SEQS
+
+
+def check_fit(scenario: Scenario, pool: PoolConfig, cost: CostModel):
+    """The pool's memory plan; raises ScenarioError if the weights do not fit one instance."""
+    try:
+        if pool.memory_reserve_fraction is None:
+            return plan_memory(cost, block_size=pool.kv_block_tokens)
+        return plan_memory(cost, reserve_fraction=pool.memory_reserve_fraction,
+                           block_size=pool.kv_block_tokens)
+    except ModelDoesNotFit as exc:
+        raise ScenarioError(f"pool {pool.name!r} ({pool.device}, tp={pool.tp}, pp={pool.pp}): {exc}") from None
+
+
+def weight_load_s(scenario: Scenario, pool: PoolConfig, cost: CostModel) -> float:
+    """Seconds a (re)started instance of `pool` spends loading its weights before it
+    serves: each device's share of the weights over its load bandwidth (the pool's
+    `weight_load_GBps`, else the device's catalog `weight_load_Bps`)."""
+    plan = check_fit(scenario, pool, cost)
+    rate = pool.weight_load_GBps * 1e9 if pool.weight_load_GBps is not None else cost.device.weight_load_Bps
+    return plan.per_device_weight_bytes / rate
+
+
+def context_limit(scenario: Scenario) -> int | None:
+    """The run's context limit in tokens: the scenario's `max_model_len`, else the
+    model's `max_context_tokens` (None if neither is known)."""
+    if scenario.max_model_len is not None:
+        return scenario.max_model_len
+    return resolve_model(scenario.model).max_context_tokens
+
+
+
+
+__all__ = ["DEFAULT_MAX_NUM_SEQS", "check_fit", "context_limit", "cost_model", "instance_names", "max_num_seqs",
+           "weight_load_s"]
