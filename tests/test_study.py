@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from rack.study import analysis as A
-from rack.study import text as T
-from rack.study.config import SPLIT72, WAFER, ladder
-from rack.study.run import load_results, write_study
+from rack.analysis.study import analysis as A
+from rack.analysis.study import text as T
+from rack.analysis.study.config import SPLIT72, WAFER, ladder
+from rack.analysis.study.run import load_results, write_study
 
 ROOT = Path(__file__).resolve().parents[1]
 

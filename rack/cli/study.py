@@ -1,5 +1,5 @@
 """`rack study`: the split-versus-colocated study behind docs/findings.md (the same as
-`python scripts/study.py`; see rack.study)."""
+`python scripts/study.py`; see rack.analysis.study)."""
 
 from __future__ import annotations
 
@@ -26,8 +26,8 @@ def study(
     import time
 
     from rack.cli.run import fail
-    from rack.study.config import StudyConfig
-    from rack.study.run import command_line, load_results, run_study, write_study
+    from rack.analysis.study.config import StudyConfig
+    from rack.analysis.study.run import command_line, load_results, run_study, write_study
 
     fig_dir = figures if figures is not None else out.with_suffix("")
     if out.exists() and out.is_dir():

@@ -1,9 +1,9 @@
 """The study's experiments: each runs deployments through the project's own APIs
-(`rack.compare.run_compare`, `rack.sweep.rate_sweep` / `bandwidth_sweep`) and returns
-plain, JSON-ready data (sweep points as `rack.sweep.point_summary` gives them).
+(`rack.analysis.compare.run_compare`, `rack.analysis.sweep.rate_sweep` / `bandwidth_sweep`) and returns
+plain, JSON-ready data (sweep points as `rack.analysis.sweep.point_summary` gives them).
 
 Capacity is DistServe's goodput: the highest rate tried at which a deployment meets its
-SLOs for at least `StudyConfig.target` of the requests (`rack.sweep.max_sustainable_rate`,
+SLOs for at least `StudyConfig.target` of the requests (`rack.analysis.sweep.max_sustainable_rate`,
 a measured point, never interpolated). Tokens per joule and dollars per million output
 tokens are read at that rate ("at capacity"), where an idle rack's power no longer
 decides them; a deployment that sustains no rate tried has no figure at capacity.
@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import Callable, Optional, Sequence
 
-from rack.scenario import Scenario, load_scenario
-from rack.study.config import A100, A100_PD, GPU72, GPU_ONLY, GPU_PD, SPLIT, SPLIT72, WAFER, StudyConfig
+from rack.wiring.scenario import Scenario, load_scenario
+from rack.analysis.study.config import A100, A100_PD, GPU72, GPU_ONLY, GPU_PD, SPLIT, SPLIT72, WAFER, StudyConfig
 
 Log = Callable[[str], None]
 
@@ -41,13 +41,13 @@ def _tpot_name(name: str, tpot_ms: float) -> str:
 # ---------------------------------------------------------------------------- capacity
 def capacity(scenarios: Sequence[Scenario], workload, rates: Sequence[float], cfg: StudyConfig,
              base_rate: float) -> dict:
-    """`rack.sweep.rate_sweep` of `scenarios` on `workload` at `rates` (multiples of
+    """`rack.analysis.sweep.rate_sweep` of `scenarios` on `workload` at `rates` (multiples of
     `base_rate` req/s), plus each deployment's point at its maximum sustained rate.
 
     Returns {"workload", "base_rate", "points", "summary" (rate_sweep's), "at_max":
     {name: point or None}}; a point carries `rate_per_s`.
     """
-    from rack.sweep import rate_sweep
+    from rack.analysis.sweep import rate_sweep
 
     res = rate_sweep(list(scenarios), workload, list(rates), target=cfg.target, base_rate=base_rate,
                      workers=cfg.workers, progress=cfg.progress)
@@ -62,7 +62,7 @@ def capacity(scenarios: Sequence[Scenario], workload, rates: Sequence[float], cf
 
 def _trace_workload(trace: str, window: tuple):
     """(Workload recipe, requests) of a trace window; the requests give the base rate."""
-    from rack.sweep import Workload
+    from rack.analysis.sweep import Workload
 
     wl = Workload(kind="trace", trace=trace, window=tuple(window))
     return wl, wl.requests()
@@ -79,7 +79,7 @@ def _base_rate(requests) -> float:
 
 def provenance(cfg: StudyConfig) -> dict:
     """SHA-256 of every trace and workload file the study reads ({name: {path, sha256}})."""
-    from rack.runner import trace_info
+    from rack.wiring.runner import trace_info
     from workloads import resolve_trace
     from workloads.workload_spec import resolve_workload
 
@@ -95,7 +95,7 @@ def provenance(cfg: StudyConfig) -> dict:
 # ---------------------------------------------------------------------------- experiments
 def _entry_summary(entry) -> dict:
     """The figures the study keeps of one `run_compare` entry."""
-    from rack.sweep import point_summary
+    from rack.analysis.sweep import point_summary
 
     r = entry.output.results
     prov = entry.provisioned
@@ -110,7 +110,7 @@ def _entry_summary(entry) -> dict:
 
 
 def _compare(names: Sequence[str], requests, info: dict) -> dict:
-    from rack.compare import run_compare, vendor_claim
+    from rack.analysis.compare import run_compare, vendor_claim
 
     res = run_compare(list(names), requests, trace_info=info)
     return {"entries": [_entry_summary(e) for e in res.entries], "vendor_claim": vendor_claim(res)}
@@ -118,7 +118,7 @@ def _compare(names: Sequence[str], requests, info: dict) -> dict:
 
 def shipped(cfg: StudyConfig, log: Log) -> dict:
     """The shipped deployments on the shipped excerpt, as `rack compare` runs them."""
-    from rack.runner import trace_info
+    from rack.wiring.runner import trace_info
     from workloads import load_requests
 
     reqs = load_requests(cfg.excerpt, window=cfg.excerpt_window)
@@ -136,7 +136,7 @@ def load(cfg: StudyConfig, log: Log) -> dict:
 
 
 def _length_axis(cfg: StudyConfig, log: Log, param: str, values: Sequence[int], fixed: dict) -> dict:
-    from rack.sweep import Workload
+    from rack.analysis.sweep import Workload
 
     scs = [load_scenario(n) for n in cfg.main]
     out = {}
@@ -165,7 +165,7 @@ def bandwidth(cfg: StudyConfig, log: Log, load_result: dict) -> dict:
     """KV link bandwidth: the 16-GPU split at the trace's rate against the colocated
     racks of its size, and the 72-GPU split at its own capacity (from `load`) against
     the full Helios rack alone and the wafer alone."""
-    from rack.sweep import Workload, bandwidth_sweep, summary_lines
+    from rack.analysis.sweep import Workload, bandwidth_sweep, summary_lines
     from workloads.load import LoadPlan
 
     cap72 = load_result["summary"]["max_rate_scale"].get(SPLIT72)
@@ -185,8 +185,8 @@ def bandwidth(cfg: StudyConfig, log: Log, load_result: dict) -> dict:
 def agentic(cfg: StudyConfig, log: Log) -> dict:
     """Long-context agentic sessions (a shipped workload file): every deployment at the
     file's own rate (prefix-cache figures), then capacity against rate scale."""
-    from rack.runner import trace_info
-    from rack.sweep import Workload
+    from rack.wiring.runner import trace_info
+    from rack.analysis.sweep import Workload
     from workloads import trace_stats
     from workloads.load import LoadControls, LoadPlan
 

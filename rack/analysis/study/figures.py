@@ -1,6 +1,6 @@
 """The study's figures (docs/findings/*.png): one PNG per question, a few panels each,
 drawn from the experiments' data with the project's deployment palette
-(`rack.plots.palette`), so a deployment keeps its colour in every figure.
+(`rack.analysis.plots.palette`), so a deployment keeps its colour in every figure.
 
 Rates and capacities span decades, so those axes are logarithmic (a zero has no place
 on them and is left out); SLO attainment is linear from 0 to 1.
@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Mapping, Optional, Sequence
 
-from rack.study.analysis import at_capacity
+from rack.analysis.study.analysis import at_capacity
 
 
 def _series_from_points(points: Sequence[dict], x: str, names: Optional[Sequence[str]] = None,
@@ -32,7 +32,7 @@ def panels(series: Mapping[str, Sequence[tuple]], path: Path | str, *, xlabel: s
     """One row of panels, one line per series: series {label: [(x, {key: value})]},
     panels [(key, y label, log y)]. `hlines` {panel key: y} draws a dashed reference
     line (the SLO attainment target). Returns the PNG's path."""
-    from rack.plots import _plt, _save
+    from rack.analysis.plots import _plt, _save
 
     plt = _plt()
     fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 3.7), squeeze=False)
@@ -80,7 +80,7 @@ LOAD_PANELS = (("goodput_rps", "goodput (req/s meeting the SLO)", True),
 def write_figures(results: dict, out_dir: Path | str, names: Sequence[str]) -> dict[str, str]:
     """Every figure of the study into `out_dir`; returns {figure key: file name}.
     `names`: the deployments in palette order."""
-    from rack.plots import palette
+    from rack.analysis.plots import palette
 
     out = Path(out_dir)
     colours = palette(list(names))

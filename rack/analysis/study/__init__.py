@@ -8,12 +8,12 @@ GPUs alone.
 figures and study.json (every point of every run). Modules:
 
 - `config`: what runs (deployments, workloads, rate ladders, SLO variants; full and quick);
-- `experiments`: the runs, through `rack.compare.run_compare` and `rack.sweep`;
+- `experiments`: the runs, through `rack.analysis.compare.run_compare` and `rack.sweep`;
 - `analysis`: pairwise verdicts at capacity and at equal load, the claims' ratios;
 - `figures`, `text`, `findings`: the figures and the page, built from measured values only;
 - `run`: the whole study, provenance, and writing it out.
 """
 
-from rack.study.config import StudyConfig
+from rack.analysis.study.config import StudyConfig
 
 __all__ = ["StudyConfig"]

@@ -1,8 +1,8 @@
 """What the study's runs say: deployments compared pairwise at capacity, at equal
 offered load, and the ratios behind the vendor claim and the GPU disaggregation claim.
 
-Pure functions of the experiments' data (`rack.study.experiments`); nothing here runs.
-Verdicts: "wins" / "loses" when the ratio is beyond `rack.sweep.TIE_TOLERANCE` of 1,
+Pure functions of the experiments' data (`rack.analysis.study.experiments`); nothing here runs.
+Verdicts: "wins" / "loses" when the ratio is beyond `rack.analysis.sweep.TIE_TOLERANCE` of 1,
 "tie" within it, "undetermined" when the runs cannot order the two (both sustained
 every rate tried, or neither sustained any).
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Iterable, Optional
 
-from rack.study.config import GPU72, GPU_ONLY, SPLIT, SPLIT72, WAFER
+from rack.analysis.study.config import GPU72, GPU_ONLY, SPLIT, SPLIT72, WAFER
 
 #: (split deployment, deployment it is held against).
 PAIRS = ((SPLIT, WAFER), (SPLIT72, WAFER), (SPLIT, GPU_ONLY), (SPLIT72, GPU72))
@@ -38,7 +38,7 @@ def at_capacity(cap: dict, name: str) -> dict:
 
 def verdict(ratio: Optional[float], tol: Optional[float] = None) -> str:
     """"wins" (ratio > 1 + tol), "loses" (< 1 - tol), "tie", or "undetermined" (None)."""
-    from rack.sweep import TIE_TOLERANCE
+    from rack.analysis.sweep import TIE_TOLERANCE
 
     tol = TIE_TOLERANCE if tol is None else tol
     if ratio is None:

@@ -1,6 +1,6 @@
 """Run the study and write findings.md, its figures and study.json.
 
-    from rack.study.run import run_study, write_study
+    from rack.analysis.study.run import run_study, write_study
     results = run_study(StudyConfig.full(), command="python scripts/study.py")
     write_study(results, "docs/findings.md")
 
@@ -19,8 +19,8 @@ import time
 from pathlib import Path
 from typing import Callable, Optional
 
-from rack.study import experiments as E
-from rack.study.config import A100, A100_PD, CONDITIONAL, GPU72, GPU_ONLY, GPU_PD, SPLIT, SPLIT72, WAFER, StudyConfig
+from rack.analysis.study import experiments as E
+from rack.analysis.study.config import A100, A100_PD, CONDITIONAL, GPU72, GPU_ONLY, GPU_PD, SPLIT, SPLIT72, WAFER, StudyConfig
 
 #: Every shipped scenario the study can run (their provisioned figures go in study.json).
 ALL = (GPU_ONLY, GPU72, WAFER, SPLIT, SPLIT72, CONDITIONAL, GPU_PD, A100, A100_PD)
@@ -35,8 +35,8 @@ def deployments(names) -> dict:
     """{name: {"description", "slo", "pools": {pool: {device, kind, role, devices}},
     "peak_w", "usd_per_hour"}} of shipped scenarios (no run: their provisioned figures)."""
     from devices.catalog import resolve_device
-    from rack.compare import provisioned
-    from rack.scenario import load_scenario
+    from rack.analysis.compare import provisioned
+    from rack.wiring.scenario import load_scenario
 
     out = {}
     for n in dict.fromkeys(names):
@@ -115,7 +115,7 @@ def run_study(cfg: StudyConfig, *, command: str, log: Callable[[str], None] = la
     resumes). Raises TypeError naming the value if a result cannot be saved as JSON.
     """
     from rack import __version__
-    from rack.results import to_json
+    from rack.analysis.results import to_json
 
     t0 = time.perf_counter()
     folder = Path(checkpoints) if checkpoints is not None else None
@@ -155,9 +155,9 @@ def write_study(results: dict, md_path: Path | str, fig_dir: Optional[Path | str
     """Write study.json and the figures into `fig_dir` (default: `md_path` without its
     suffix, e.g. docs/findings/) and the page at `md_path`. Returns {"md", "json",
     "figures": {key: path}}."""
-    from rack.results import to_json
-    from rack.study.figures import write_figures
-    from rack.study.findings import render
+    from rack.analysis.results import to_json
+    from rack.analysis.study.figures import write_figures
+    from rack.analysis.study.findings import render
 
     md_path = Path(md_path)
     fig_dir = Path(fig_dir) if fig_dir is not None else md_path.with_suffix("")

@@ -1,6 +1,6 @@
 """docs/findings.md from the study's results: one section per question, each a table
-(and a figure) and a few sentences built from the measured values (`rack.study.text`
-formats them; `rack.study.analysis` compares them). Nothing here runs anything, so the
+(and a figure) and a few sentences built from the measured values (`rack.analysis.study.text`
+formats them; `rack.analysis.study.analysis` compares them). Nothing here runs anything, so the
 text can be rebuilt from study.json (`scripts/study.py --render-only`).
 """
 
@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from typing import Optional
 
-from rack.report import md_table
-from rack.sweep import TIE_TOLERANCE
-from rack.study import analysis as A
-from rack.study import text as T
-from rack.study.config import GPU72, GPU_ONLY, SPLIT, SPLIT72, WAFER
+from rack.analysis.report import md_table
+from rack.analysis.sweep import TIE_TOLERANCE
+from rack.analysis.study import analysis as A
+from rack.analysis.study import text as T
+from rack.analysis.study.config import GPU72, GPU_ONLY, SPLIT, SPLIT72, WAFER
 
 #: The vendors' claim, quoted: "up to 5x tokens per watt" for GPU prefill + wafer decode
 #: against the wafer alone (AMD and Cerebras, Helios + CS-3 announcement).
@@ -120,7 +120,7 @@ def _header(results: dict) -> list[str]:
                  "says otherwise), so a capacity ratio is known to within that factor" if step != "-" else "")
               + ". Tokens per joule and dollars per million output tokens are read at each deployment's own "
               "capacity, where they price work rather than idle hardware. Energy counts the devices only "
-              "(idle power plus dynamic power by occupancy, `rack/energy.py`); cost is amortised capex plus "
+              "(idle power plus dynamic power by occupancy, `rack/analysis/energy.py`); cost is amortised capex plus "
               f"electricity. Verdicts within {TIE_TOLERANCE:.0%} are ties.", ""]
     return lines
 
@@ -531,7 +531,7 @@ def _caveats(results: dict) -> list[str]:
         "measured long-prompt prefill throughput. The split-versus-wafer verdicts rest on it: a wafer that "
         "prefilled several times slower would leave room for the GPUs.",
         "- Energy counts the devices (idle power plus dynamic power by occupancy), not hosts, switches or "
-        "cooling; prices are the catalog's (`rack/energy.py`).",
+        "cooling; prices are the catalog's (`rack/analysis/energy.py`).",
         f"- Each synthetic point lasts {cfg['synthetic_duration_s']:g} s of arrivals (at least "
         f"{cfg['synthetic_n']} requests), and the load sweep compresses its {cfg['window'][1] - cfg['window'][0]:g} s "
         f"window to {(cfg['window'][1] - cfg['window'][0]) / max(cfg['rate_scales']):.3g} s at its highest rate: a "
