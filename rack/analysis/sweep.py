@@ -245,7 +245,10 @@ def find_crossover(xs: Sequence[float], split: Sequence[float], colocated: Seque
         if signs[i - 1] < 0 <= signs[i]:
             (x0, s0, c0), (x1, s1, c1) = pts[i - 1], pts[i]
             d0, d1 = s0 - c0, s1 - c1
-            f = d0 / (d0 - d1) if d0 != d1 else 1.0
+            # Where the difference reaches 0; x1 may be a tie (within `tol`) with the
+            # difference still negative, and the crossover is then x1 itself, never
+            # beyond the points that bracket it.
+            f = min(max(d0 / (d0 - d1), 0.0), 1.0) if d0 != d1 else 1.0
             if x0 > 0 and x1 > 0:
                 x = math.exp(math.log(x0) + f * (math.log(x1) - math.log(x0)))
             else:

@@ -118,6 +118,7 @@ def run_study(cfg: StudyConfig, *, command: str, log: Callable[[str], None] = la
     from rack.analysis.results import to_json
 
     t0 = time.perf_counter()
+    commit = _git_commit()      # the code as the run starts (the tree may change while it runs)
     folder = Path(checkpoints) if checkpoints is not None else None
     if folder is not None:
         folder.mkdir(parents=True, exist_ok=True)
@@ -139,7 +140,7 @@ def run_study(cfg: StudyConfig, *, command: str, log: Callable[[str], None] = la
         log(f"{key}: done in {results['timings_s'][key]:.0f} s")
     results["deployments"] = deployments([*cfg.shipped, *cfg.main, *ALL])
     results["meta"] = {"command": command, "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-                       "version": __version__, "commit": _git_commit(), "python": platform.python_version(),
+                       "version": __version__, "commit": commit, "python": platform.python_version(),
                        "platform": platform.platform(), "wall_s": time.perf_counter() - t0,
                        "traces": E.provenance(cfg)}
     return results
