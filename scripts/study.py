@@ -1,7 +1,7 @@
 """The split-versus-colocated study: the same as `rack study` (see rack/analysis/study/).
 
 Run: python scripts/study.py [--quick] [--out docs/findings.md] [--workers 2] [--render-only]
-Writes docs/findings.md, docs/findings/*.png and docs/findings/study.json (~15 min on
+Writes docs/findings.md, docs/findings/*.png and docs/findings/study.json.gz (~15 min on
 two cores; --quick is a smoke test of a few seconds).
 """
 

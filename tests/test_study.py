@@ -1,5 +1,5 @@
 """scripts/study.py --quick: the study runs end to end on tiny inputs and writes a
-findings page whose every figure comes from its runs (study.json); the comparison
+findings page whose every figure comes from its runs (study.json.gz); the comparison
 helpers give the verdicts they document."""
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ def quick(tmp_path_factory):
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "study.py"), "--quick", "--out", str(out)],
                           capture_output=True, text=True, timeout=240, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return out, load_results(out.with_suffix("") / "study.json")
+    return out, load_results(out.with_suffix("") / "study.json.gz")
 
 
 def test_quick_writes_page_figures_and_provenance(quick):
@@ -65,7 +65,7 @@ def test_numbers_come_from_the_runs(quick, tmp_path):
     text = out.read_text()
     assert "0.0001235" in text and "98,765.43" in text
     assert "0.0001235" not in md
-    # Rendering is a pure function of study.json.
+    # Rendering is a pure function of the saved results.
     again = tmp_path / "again" / "findings.md"
     again.parent.mkdir()
     write_study(json.loads(json.dumps(results)), again)

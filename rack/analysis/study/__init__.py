@@ -5,7 +5,7 @@ GPU side; the vendors' "up to 5x tokens per watt"; and prefill/decode disaggrega
 GPUs alone.
 
 `python scripts/study.py` (or `rack study`) runs it and writes docs/findings.md, its
-figures and study.json (every point of every run). Modules:
+figures and study.json.gz (every point of every run). Modules:
 
 - `config`: what runs (deployments, workloads, rate ladders, SLO variants; full and quick);
 - `experiments`: the runs, through `rack.analysis.compare.run_compare` and `rack.sweep`;

@@ -3,7 +3,7 @@
 `StudyConfig.full()` is the study behind docs/findings.md (about 15 minutes on two
 cores); `StudyConfig.quick()` the same experiments on tiny inputs (a smoke test, well
 under a minute, in this process). Every figure findings.md quotes comes from a run made
-with one of these configurations; the configuration itself is written into study.json.
+with one of these configurations; the configuration itself is written into study.json.gz.
 """
 
 from __future__ import annotations

@@ -1,16 +1,17 @@
-"""Run the study and write findings.md, its figures and study.json.
+"""Run the study and write findings.md, its figures and study.json.gz.
 
     from rack.analysis.study.run import run_study, write_study
     results = run_study(StudyConfig.full(), command="python scripts/study.py")
     write_study(results, "docs/findings.md")
 
-`write_study` can also rebuild the page from a saved study.json (`load_results`), so
+`write_study` can also rebuild the page from a saved study.json.gz (`load_results`), so
 the text and figures can be regenerated without rerunning anything.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
+import gzip
 import json
 import platform
 import subprocess
@@ -22,8 +23,11 @@ from typing import Callable, Optional
 from rack.analysis.study import experiments as E
 from rack.analysis.study.config import A100, A100_PD, CONDITIONAL, GPU72, GPU_ONLY, GPU_PD, SPLIT, SPLIT72, WAFER, StudyConfig
 
-#: Every shipped scenario the study can run (their provisioned figures go in study.json).
+#: Every shipped scenario the study can run (their provisioned figures go in study.json.gz).
 ALL = (GPU_ONLY, GPU72, WAFER, SPLIT, SPLIT72, CONDITIONAL, GPU_PD, A100, A100_PD)
+
+#: File name of the saved results beside the figures (gzip-compressed JSON).
+STUDY_JSON = "study.json.gz"
 
 #: (results key, experiment); `bandwidth` also reads the load sweep's capacities.
 EXPERIMENTS = (("shipped", E.shipped), ("load", E.load), ("prompt", E.prompt_length),
@@ -153,7 +157,7 @@ def palette_order(results: dict) -> list[str]:
 
 
 def write_study(results: dict, md_path: Path | str, fig_dir: Optional[Path | str] = None) -> dict:
-    """Write study.json and the figures into `fig_dir` (default: `md_path` without its
+    """Write study.json.gz and the figures into `fig_dir` (default: `md_path` without its
     suffix, e.g. docs/findings/) and the page at `md_path`. Returns {"md", "json",
     "figures": {key: path}}."""
     from rack.analysis.results import to_json
@@ -162,11 +166,15 @@ def write_study(results: dict, md_path: Path | str, fig_dir: Optional[Path | str
 
     md_path = Path(md_path)
     fig_dir = Path(fig_dir) if fig_dir is not None else md_path.with_suffix("")
+    results = {**results, "meta": {**results["meta"], "rendered_commit": _git_commit()}}
     fig_dir.mkdir(parents=True, exist_ok=True)
-    (fig_dir / "study.json").write_text(to_json(results) + "\n")
+    # gzip (mtime 0: the same results give the same bytes): every point of every run is
+    # ~1.5 MB of JSON, ~10x less compressed
+    with gzip.GzipFile(fig_dir / STUDY_JSON, "wb", mtime=0) as f:
+        f.write((to_json(results) + "\n").encode())
     figures = write_figures(results, fig_dir, palette_order(results))
     md_path.write_text(render(results, figures, _relative(fig_dir, md_path.parent).as_posix()))
-    return {"md": md_path, "json": fig_dir / "study.json", "figures": {k: fig_dir / v for k, v in figures.items()}}
+    return {"md": md_path, "json": fig_dir / STUDY_JSON, "figures": {k: fig_dir / v for k, v in figures.items()}}
 
 
 def _relative(path: Path, start: Path) -> Path:
@@ -176,8 +184,10 @@ def _relative(path: Path, start: Path) -> Path:
 
 
 def load_results(path: Path | str) -> dict:
-    """A study.json written by `write_study`."""
-    return json.loads(Path(path).read_text())
+    """The results `write_study` saved (study.json.gz; a plain .json is read too)."""
+    path = Path(path)
+    raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+    return json.loads(raw)
 
 
 __all__ = ["EXPERIMENTS", "command_line", "deployments", "load_results", "palette_order", "run_study",
