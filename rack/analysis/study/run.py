@@ -59,9 +59,10 @@ def _git_commit() -> str:
     try:
         rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True, text=True,
                              timeout=10, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
+        code = [f":(top){d}" for d in ("rack", "devices", "interconnect", "workloads", "scripts", "pyproject.toml")]
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", *code], cwd=here,
                                capture_output=True, text=True, timeout=10, check=True).stdout.strip()
-        return rev + (" with uncommitted changes" if dirty else "")
+        return rev + (" with uncommitted changes to the code" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         return "unknown"
 
