@@ -334,8 +334,9 @@ def _agentic(results: dict, figures: dict, fig_dir: str) -> list[str]:
              "Capacity (the file's arrivals rate-scaled):", "", _capacity_table(ag, names, ag["base_rate"]), "",
              _pair_table(caps, None), ""]
     if SPLIT in hits and SPLIT72 in hits and hits[SPLIT] is not None and hits[SPLIT72] is not None:
-        lines.append(f"The router spreads a session's steps over prefill instances by outstanding work, with no "
-                     f"session affinity, so more prefill instances dilute the prefix caches: "
+        lines.append(f"The scenarios' router spreads a session's steps over prefill instances by outstanding work "
+                     f"(`least_outstanding_work`), with no session affinity, so more prefill instances dilute the "
+                     f"prefix caches: "
                      f"{T.code(SPLIT)} hits {T.pct(hits[SPLIT])} of prompt blocks, {T.code(SPLIT72)} "
                      f"{T.pct(hits[SPLIT72])}.")
         lines.append("")
@@ -540,7 +541,9 @@ def _caveats(results: dict) -> list[str]:
         "backlog that builds up more slowly than that is not seen, so a capacity near the boundary can be "
         "optimistic by up to one ladder step.",
         "- Agentic steps arrive open loop (a step a think time after the previous step's arrival, not after its "
-        "answer), and the router has no session affinity.",
+        "answer), and the scenarios route by outstanding work, with no session affinity; the KV-aware "
+        "`router.policy = \"prefix_aware\"` would keep more of a session's prefix on one instance, and is not "
+        "run here.",
         "",
     ]
     return lines
