@@ -179,6 +179,7 @@ class CoreHost:
         self._crash_counts: dict[str, int] = {}
         self._rebuilding: asyncio.Future | None = None
         self._restarted = False
+        self._dying = False
         if registry is not None:
             self._restarted = _ray().get_runtime_context().was_current_actor_reconstructed
 
@@ -244,7 +245,13 @@ class CoreHost:
             if self._rebuilding is None:
                 self._rebuilding = asyncio.ensure_future(self._rebuild())
             await asyncio.shield(self._rebuilding)
+        if self._dying:
+            # killed already: a message that reaches this process now (e.g. the injector's
+            # ping right behind the crash) must fail with it, not be answered by the old
+            # incarnation while the crash is being recorded
+            await asyncio.sleep(3600)
         if method == "crash" and self._registry is not None:
+            self._dying = True
             at = args[0] if args else None
             await _ray().get_actor(self._registry).keep_crash.remote(self.name, self.now() if at is None else float(at))
             _ray().kill(_ray().get_runtime_context().current_actor, no_restart=False)

@@ -109,8 +109,12 @@ class FaultInjector(Core):
             self._note(i)
             self.send(target, "ping", self.name, (i, "after"))
             return
-        # after the crash: up again as a new incarnation
-        rec["restarted"] = info["incarnation"] != rec["incarnations"][0]
+        # after the crash: up again as a new incarnation. An answer from the old one (a
+        # driver that let it reply between the crash and its end) is not "back": ask again.
+        if info["incarnation"] == rec["incarnations"][0]:
+            self._retry_ping(now, i)
+            return
+        rec["restarted"] = True
         rec["incarnations"] = [rec["incarnations"][0], info["incarnation"]]
         rec["back_at_s"] = now
         # what it re-dispatched is read from the router's recovery records (with those of
@@ -120,9 +124,10 @@ class FaultInjector(Core):
     def send_failed(self, now: float, dst: str, method: str, args: tuple) -> None:
         """The Ray driver could not deliver a message (the actor is restarting): a ping
         is tried again after a back-off."""
-        if method != "ping":
-            return
-        i = args[1][0]
+        if method == "ping":
+            self._retry_ping(now, args[1][0])
+
+    def _retry_ping(self, now: float, i: int) -> None:
         wait = min(PING_BACKOFF_S[1], self._backoff.get(i, PING_BACKOFF_S[0]))
         self._backoff[i] = wait * 2
         self._at(now + wait, i, "ping")

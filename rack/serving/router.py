@@ -222,6 +222,15 @@ class Router(Core):
             if self._index is not None:
                 self._index.clear(name)
 
+    def send_failed(self, now: float, dst: str, method: str, args: tuple) -> None:
+        """A message could not be delivered (its destination is down, Ray driver). A
+        recovery's `holding` question then has its answer: a down instance holds nothing
+        (it restarts empty); without it the recovery would wait for ever. A lost
+        submission needs nothing here: its request is still open and routed to the dead
+        instance, so that instance's recovery re-dispatches it."""
+        if method == "holding":
+            self.held(now, args[-1], dst, [])
+
     def is_idle(self) -> bool:
         return self._next >= len(self._requests) and not self._pending
 
