@@ -30,6 +30,9 @@ import numpy as np
 
 #: A group of candidates this small (8 MiB of float64) is gathered and selected in memory.
 COLLECT_MAX = 1 << 20
+#: Samples processed at once within a chunk (their keys, digits and Python floats are
+#: temporaries).
+BLOCK = 1 << 16
 _DIGIT_BITS = 16
 _SIGN = np.uint64(1 << 63)
 
@@ -46,10 +49,16 @@ def _value(key: int) -> float:
     return float(np.array([u], dtype=np.uint64).view(np.float64)[0])
 
 
+def _blocks(chunks: Iterable[np.ndarray]) -> Iterable[np.ndarray]:
+    """The samples of `chunks` in pieces of at most BLOCK."""
+    for c in chunks:
+        for start in range(0, len(c), BLOCK):
+            yield c[start:start + BLOCK]
+
+
 def exact_fsum(chunks: Iterable[np.ndarray]) -> float:
     """The correctly rounded sum of every sample of `chunks` (math.fsum)."""
-    return math.fsum(itertools.chain.from_iterable(
-        c[i:i + 65536].tolist() for c in chunks for i in range(0, len(c), 65536)))
+    return math.fsum(itertools.chain.from_iterable(b.tolist() for b in _blocks(chunks)))
 
 
 def order_statistics(chunks: Iterable[np.ndarray], ranks: Sequence[int], n: int | None = None) -> dict[int, float]:
@@ -73,8 +82,8 @@ def order_statistics(chunks: Iterable[np.ndarray], ranks: Sequence[int], n: int 
         count = [r for r in todo if r not in collect]
         hist: dict[tuple[int, int], np.ndarray] = {}
         groups: dict[tuple[int, int], list[np.ndarray]] = {}
-        for c in chunks:
-            keys = sortable_keys(c)
+        for block in _blocks(chunks):
+            keys = sortable_keys(block)
             for prefix, bits in {state[r][:2] for r in todo}:
                 sel = keys if bits == 0 else keys[(keys >> np.uint64(64 - bits)) == np.uint64(prefix)]
                 if any(state[r][:2] == (prefix, bits) for r in count):

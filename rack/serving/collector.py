@@ -23,7 +23,8 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from rack.serving.records import CHUNK_ROWS, CHUNK_SAMPLES, DiskRecords, MemoryRecords, assemble
+from rack.serving import records
+from rack.serving.records import DiskRecords, MemoryRecords, assemble
 from workloads.core import Core
 
 EVENTS = ("arrival", "prefill_queued", "prefill_start", "prefill_end", "kv_reserved",
@@ -43,7 +44,8 @@ class Collector(Core):
         name: the core's name ("collector").
         records_dir: write the rows of ended requests to this folder in chunks
             (`rack.serving.records.DiskRecords`); None: keep them in memory.
-        chunk_rows, chunk_samples: a chunk's limits (`rack.serving.records`).
+        chunk_rows, chunk_samples: a chunk's limits (None: `rack.serving.records`'s
+            CHUNK_ROWS and CHUNK_SAMPLES).
     Handlers (messages): `event`, `events`, `finish`, `note_fault`, `note_recovery`,
     `note_truncated`, `open_among` (replies `open_ids`). The driver reads `snapshot()`,
     `all_ended()`, `open_requests()` and `open_examples()` directly.
@@ -52,7 +54,7 @@ class Collector(Core):
 
     def __init__(self, *, request_ids: Sequence[int], notify: Sequence[str] = (),
                  name: str = "collector", records_dir: str | None = None,
-                 chunk_rows: int = CHUNK_ROWS, chunk_samples: int = CHUNK_SAMPLES) -> None:
+                 chunk_rows: int | None = None, chunk_samples: int | None = None) -> None:
         super().__init__(name)
         ids = np.asarray(request_ids, dtype=np.int64).reshape(-1)
         self.ids = ids
@@ -61,6 +63,8 @@ class Collector(Core):
         if ids.size > 1 and np.any(self._sorted[1:] == self._sorted[:-1]):
             dup = self._sorted[1:][self._sorted[1:] == self._sorted[:-1]]
             raise ValueError(f"Collector: duplicate request ids, e.g. {dup[:3].tolist()}")
+        chunk_rows = records.CHUNK_ROWS if chunk_rows is None else chunk_rows
+        chunk_samples = records.CHUNK_SAMPLES if chunk_samples is None else chunk_samples
         if int(chunk_rows) < 1 or int(chunk_samples) < 1:
             raise ValueError(f"Collector: chunk_rows and chunk_samples must be >= 1, got {chunk_rows}, {chunk_samples}")
         n = len(ids)
