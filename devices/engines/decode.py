@@ -69,6 +69,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from devices.engines.common import (
+    EventSeries,
     GrowingArray,
     Lateness,
     TimeSeries,
@@ -77,6 +78,7 @@ from devices.engines.common import (
     instance_ledger,
     memory_label,
     model_layers,
+    record_series,
     steps_for,
 )
 from devices.memory import KVBlockPool
@@ -89,6 +91,8 @@ if TYPE_CHECKING:
 AdmissionPolicy = Literal["reserve", "preempt"]
 #: Who sends the client a split request's first output token (DecodeEngine docstring).
 FirstToken = Literal["decode", "prefill"]
+#: `_first_end` of an empty batch: a step index no run reaches.
+_NEVER = 1 << 62
 
 
 class _Waiter:
@@ -218,11 +222,14 @@ class DecodeEngine(Core):
         self._batch: list[_Seq] = []
         # The batch as arrays, in the order of `_batch` (advanced per event, not per
         # request): each request's context at its stint's start (ctx0 + tokens before
-        # the stint), its stint's first global step, tokens and steps of the stint.
+        # the stint), its stint's first global step, tokens of the stint and the global
+        # step at which the stint ends; `_first_end`: the earliest of those ends (no
+        # request can finish before it, so a run that stops short needs no check).
         self._a_base = np.zeros(0, np.int64)
         self._a_start = np.zeros(0, np.int64)
         self._a_rem = np.zeros(0, np.int64)
-        self._a_steps = np.zeros(0, np.int64)
+        self._a_end = np.zeros(0, np.int64)
+        self._first_end = _NEVER
         self._waiting_ids: set[int] = set()
         self._order = 0
         self._pending_events: list[tuple] = []
@@ -243,6 +250,7 @@ class DecodeEngine(Core):
         self.lateness = Lateness()
         self.memory = TimeSeries()
         self.batch_series = TimeSeries()
+        self.series = EventSeries()            # gauges at batch boundaries (rack.analysis.timeseries)
         self.wakeups = 0
         self.batch_peak = 0
         self._batch_seconds = 0.0              # integral of batch size over step time
@@ -407,6 +415,7 @@ class DecodeEngine(Core):
             "batch_t_s": bt,
             "batch_size": bv,
             "batch_peak": self.batch_peak,
+            "timeseries": self.series.as_dict(),
             # time-averaged batch size over decode steps, and over the whole run
             "batch_mean_busy": self._batch_seconds / self._step_seconds if self._step_seconds else 0.0,
             "batch_mean": self._batch_seconds / now if now > 0 else 0.0,
@@ -542,7 +551,7 @@ class DecodeEngine(Core):
         `limit`; under "preempt" books their KV growth, preempting if even one step
         does not fit."""
         while self._batch:
-            horizon = min(int((self._a_start + self._a_steps).min()) - len(self._t_end), self.max_steps_per_wake)
+            horizon = min(self._first_end - len(self._t_end), self.max_steps_per_wake)
             if limit is not None:
                 horizon = min(horizon, limit)
             if self.policy == "reserve":
@@ -647,11 +656,12 @@ class DecodeEngine(Core):
         something was started."""
         if self._extra_work(t):
             return True
-        k = self._plan(t)
+        k = self._plan(t, self._run_limit())
         self._grant(t)
         self._flush_events()
         self.memory.add(t, self.ledger.used)
         self.batch_series.add(t, len(self._batch))
+        self._sample(t)
         if k == 0:
             self._t_free = None
             self._phase = "idle"
@@ -660,6 +670,12 @@ class DecodeEngine(Core):
             return False
         self._start_run(t, k)
         return True
+
+    def _sample(self, t: float) -> None:
+        """A row of the time series: waiting = reservations waiting for memory or for
+        their KV, and requests ready for the batch; running = the decode batch."""
+        record_series(self, t, len(self._waiters) + len(self._reservations) + len(self._ready),
+                      len(self._batch))
 
     def _admit_ready(self, t: float) -> bool:
         """Move ready requests into the batch (step boundary); recompute preempted ones
@@ -687,7 +703,8 @@ class DecodeEngine(Core):
             self._a_base = np.concatenate((self._a_base, np.fromiter((s.ctx0 + s.emitted for s in new), np.int64, n)))
             self._a_start = np.concatenate((self._a_start, np.fromiter((s.start for s in new), np.int64, n)))
             self._a_rem = np.concatenate((self._a_rem, np.fromiter((s.rem for s in new), np.int64, n)))
-            self._a_steps = np.concatenate((self._a_steps, np.fromiter((s.steps for s in new), np.int64, n)))
+            self._a_end = np.concatenate((self._a_end, np.fromiter((s.start + s.steps for s in new), np.int64, n)))
+            self._first_end = min(self._first_end, min(s.start + s.steps for s in new))
         self.batch_peak = max(self.batch_peak, len(self._batch))
         if not recompute:
             return False
@@ -713,6 +730,12 @@ class DecodeEngine(Core):
         """Hook at each batch boundary before decode-only steps; True if it started an
         iteration (the colocated engine runs mixed prefill+decode iterations here)."""
         return False
+
+    def _run_limit(self) -> int | None:
+        """Hook: most decode steps the next run may take before the batch must be formed
+        anew (None: no bound; the colocated engine stops at its scheduler's next
+        receive of new requests)."""
+        return None
 
     def _flush_events(self) -> None:
         if self._pending_events:
@@ -767,7 +790,8 @@ class DecodeEngine(Core):
         self._a_base = self._a_base[keep]
         self._a_start = self._a_start[keep]
         self._a_rem = self._a_rem[keep]
-        self._a_steps = self._a_steps[keep]
+        self._a_end = self._a_end[keep]
+        self._first_end = int(self._a_end.min()) if self._a_end.shape[0] else _NEVER
 
     def _finish(self, finished: list) -> None:
         if not finished:
@@ -798,8 +822,8 @@ class DecodeEngine(Core):
         self._batch_seconds += len(batch) * (t_last - t0)
         self._step_seconds += t_last - t0
         finished = []
-        over = (len(self._t_end) - self._a_start) >= self._a_steps
-        if over.any():
+        if len(self._t_end) >= self._first_end:
+            over = len(self._t_end) >= self._a_end
             for i in np.flatnonzero(over).tolist():
                 s = batch[i]
                 self._end_stint(s)

@@ -93,6 +93,9 @@ class PoolConfig(_Strict):
     chunk_tokens: int = Field(default=8192, ge=1, description="chunked-prefill token budget per iteration")
     prefix_cache: bool = True
     max_queue: int = Field(default=1024, ge=1, description="requests waiting per instance before rejection")
+    scheduler_recv_interval: int = Field(default=1, ge=1, description="role both: decode steps between the "
+                                         "scheduler's receives of new requests (SGLang "
+                                         "--scheduler-recv-interval; 1: every iteration)")
     # decode side (role decode or both)
     max_num_seqs: Optional[int] = Field(default=None, ge=1, description="requests an instance runs at once "
                                         "(None: the stack's default)")
@@ -139,16 +142,23 @@ class LinkConfig(LinkSpec):
 class RouterConfig(_Strict):
     """Admission and dispatch.
 
-    `policy`: "round_robin" or "least_outstanding_work" (fewest queued prompt tokens).
+    `policy`: "round_robin", "least_outstanding_work" (fewest queued prompt tokens) or
+    "prefix_aware" (fewest queued prompt tokens plus the prompt's tokens the instance
+    does not cache, learnt from its KV events: `rack.serving.prefix_routing`).
     `max_outstanding_tokens`: prompt tokens waiting for prefill per instance above
     which, when every instance is above it, an arrival is rejected ("router_queue_full").
     `local_prefill_threshold_tokens`: conditional disaggregation; prompts up to this
     length are prefilled on the decode side (needs a pool with role "both").
+    `prefix_weight`: "prefix_aware" only: weight w of a prompt's uncached tokens
+    against an instance's backlog, cost = backlog + w x uncached (1: the tokens the
+    instance must compute before this prompt is done; more keeps conversations on the
+    instance that caches them at the price of balance).
     """
 
-    policy: Literal["round_robin", "least_outstanding_work"] = "least_outstanding_work"
+    policy: Literal["round_robin", "least_outstanding_work", "prefix_aware"] = "least_outstanding_work"
     max_outstanding_tokens: int = Field(default=4_000_000, ge=1)
     local_prefill_threshold_tokens: int = Field(default=0, ge=0)
+    prefix_weight: float = Field(default=1.0, ge=0.0, allow_inf_nan=False)
 
 
 class SLOConfig(_Strict):
@@ -280,6 +290,10 @@ class Scenario(_Strict):
                 for d in decoders:
                     if not any(l.src == p.name and l.dst == d for l in self.links):
                         raise ValueError(f"links: no link from prefill pool {p.name!r} to decode pool {d!r}")
+        for i, p in enumerate(self.pools):
+            if p.scheduler_recv_interval != 1 and p.role != "both":
+                raise ValueError(f"pools[{i}].scheduler_recv_interval (pool {p.name!r}): only modelled on "
+                                 f"role 'both' pools, not {p.role!r}")
         if self.router.local_prefill_threshold_tokens and "both" not in roles:
             raise ValueError("router.local_prefill_threshold_tokens: needs a pool with role 'both'")
         check_faults(self)
@@ -290,6 +304,14 @@ class Scenario(_Strict):
             if p.name == name:
                 return p
         raise KeyError(name)
+
+    def with_router(self, **changes) -> "Scenario":
+        """A copy with `[router]` fields replaced (None: kept), validated again; e.g.
+        `with_router(policy="prefix_aware")`. Raises ScenarioError for a bad value."""
+        given = {k: v for k, v in changes.items() if v is not None}
+        if not given:
+            return self
+        return self.with_overrides(router={**self.router.model_dump(), **given})
 
     def with_overrides(self, **changes) -> "Scenario":
         """A copy with top-level fields replaced (validated again)."""
