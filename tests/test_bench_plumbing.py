@@ -120,7 +120,7 @@ def test_cli_json_has_the_issue_keys(tmp_path):
     res = CliRunner().invoke(app, ["bench", "--json", "--skip-ray", "--repeat", "1", "--window", "0:8",
                                    "--trace", "mooncake-excerpt", "--trace", "azure-conv-excerpt",
                                    "--scenario", "helios-cs3-kimi-k2", "--codec-mb", "16",
-                                   "--out", str(out)])
+                                   "--memory-requests", "300", "--out", str(out)])
     assert res.exit_code == 0, res.output
     data = json.loads(out.read_text())
     assert data["replay"]["mooncake-excerpt"]["wall_s"] > 0
@@ -129,6 +129,11 @@ def test_cli_json_has_the_issue_keys(tmp_path):
     assert data["codec"]["16MB"]["ratio_to_memcpy"] > 0
     assert data["pacing"] == {"skipped": "--skip-ray"}
     assert data["checks"]["replay.mooncake-excerpt.wall_s"]["ok"] is None     # a window: not judged
+    # peak RSS of a replay in a child process, records streamed and held
+    runs = data["memory"]["runs"]
+    assert [(r["requests"], r["records"]) for r in runs] == [(300, "disk"), (300, "memory")]
+    assert all(r["completed"] == 300 and 30 < r["peak_rss_mb"] < 4096 for r in runs)
+    assert data["checks"]["memory.peak_rss_mb_1M_requests"]["ok"] is None     # not a 1M run
 
 
 def test_cli_rejects_a_bad_window():

@@ -56,7 +56,7 @@ def test_requests_are_dispatched_at_their_arrival_times():
     coll, (a,) = run(make, rs)
     assert [t for _, _, t in a.got] == [0.0, 0.5, 1.0, 1.5]
     assert all(target == "d0" for _, target, _ in a.got)
-    assert coll.times[:, 0].tolist() == [0.0, 0.5, 1.0, 1.5]     # arrival events
+    assert coll.snapshot()["times"][:, 0].tolist() == [0.0, 0.5, 1.0, 1.5]     # arrival events
 
 
 def test_round_robin_alternates():
@@ -87,7 +87,7 @@ def test_rejects_when_every_instance_is_over_the_bound():
 
     coll, (a,) = run(make, reqs(5))
     assert len(a.got) == 3             # loads 0, 100, 200 admitted; 300 > 250 rejects the rest
-    assert coll.reason == {3: "router_queue_full", 4: "router_queue_full"}
+    assert coll.snapshot()["reason"] == {3: "router_queue_full", 4: "router_queue_full"}
 
 
 def test_short_prompts_go_to_the_colocated_pool():

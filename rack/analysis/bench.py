@@ -1,6 +1,7 @@
 """`rack bench`: how fast the emulator itself is (docs/bench.md has a measured table).
 
-Five measurements (six with --baseline), each figure the median of `repeat` runs:
+Six measurements (seven with --baseline), each figure the median of `repeat` runs (memory:
+one run each):
 
 - replay speed (virtual runtime): whole traces (Azure conversation 2023, 19,366
   requests; Mooncake conversation, 12,031) through the default scenario and through a
@@ -17,6 +18,9 @@ Five measurements (six with --baseline), each figure the median of `repeat` runs
   the same size timed in the same run (ratio);
 - KV link: delivered GB/s of KV frames between two Ray actors on one node
   (`rack.runtime.ray_bench`);
+- memory: peak RSS of `rack run` replays of 100k and 1M synthetic requests, records
+  streamed to disk (and 100k held in memory), per 100k requests
+  (`rack.analysis.bench_memory`);
 - with `--baseline REF`: the same replays by another version of the code (a git
   revision or a checkout), alternating with this one's in the same run, as ratios
   (`rack.analysis.bench_baseline`).
@@ -368,17 +372,20 @@ def run_bench(*, repeat: int = 3, quick: bool = False, skip_ray: bool = False,
               codec_sizes_mb: Sequence[float] = CODEC_SIZES_MB,
               pacing_trace: str = "mooncake-excerpt", rate_scales: Sequence[float] | None = None,
               address: str | None = None, baseline: str | None = None,
-              progress: Progress = _quiet) -> dict:
+              progress: Progress = _quiet, skip_memory: bool = False,
+              memory_sizes: Sequence[int] | None = None) -> dict:
     """Every measurement of the module docstring, as one JSON-able dict.
 
     quick: a 600 s window of each trace, 1 run per figure, a 2-rung rate ladder, two
     link sizes (for a smoke test; the figures of record use the whole traces).
     Keys: "machine", "settings", "replay" (`replay_section`), "event_cost"
     (`event_cost`, on the first trace and scenario), "codec" (`codec_speed`), "pacing"
-    (`pacing_section`) and "link" (`actor_link_throughput`), or {"skipped": reason},
-    "baseline" (`rack.analysis.bench_baseline.baseline_section`, when `baseline` names
-    another version: its replays beside this code's, alternately, same run) and
-    "checks": each done-when target with its value and verdict.
+    (`pacing_section`), "link" (`actor_link_throughput`) and "memory"
+    (`rack.analysis.bench_memory.memory_section` of `memory_sizes` requests, default
+    100k and 1M; 10k and 50k when quick), or {"skipped": reason}, "baseline"
+    (`rack.analysis.bench_baseline.baseline_section`, when `baseline` names another
+    version: its replays beside this code's, alternately, same run) and "checks": each
+    done-when target with its value and verdict.
     """
     if quick:
         repeat = 1
@@ -420,6 +427,13 @@ def run_bench(*, repeat: int = 3, quick: bool = False, skip_ray: bool = False,
 
         out["link"] = actor_link_throughput((1, 16) if quick else (1, 16, 64), repeat=max(3, repeat),
                                             address=address)
+    if skip_memory:
+        out["memory"] = {"skipped": "--skip-memory"}
+    else:
+        from rack.analysis import bench_memory
+
+        sizes = memory_sizes or (bench_memory.QUICK_SIZES if quick else bench_memory.SIZES)
+        out["memory"] = bench_memory.memory_section(sizes, scenario=scenarios[0], progress=progress)
     out["checks"] = checks(out)
     return out
 
@@ -470,6 +484,14 @@ def checks(result: dict) -> dict:
             "value": pace.get("sustainable_rate_scale"),
             "target": f"reported (at dilation {pace.get('ladder_dilation')})",
             "ok": pace.get("sustainable_rate_scale") is not None}
+    big = (result.get("memory") or {}).get("largest")
+    if big:
+        million = big["requests"] >= 1_000_000
+        out["memory.peak_rss_mb_1M_requests"] = {"value": big["peak_rss_mb"] if million else None,
+                                                 "target": "< 1024 MB (1,000,000 requests)",
+                                                 "ok": big["peak_rss_mb"] < 1024 if million else None}
+        if not million:
+            out["memory.peak_rss_mb_1M_requests"]["na"] = f"largest run {big['requests']:,} requests"
     pace = result.get("pacing", {})
     if pace.get("default"):
         v = pace["default"]["p99_over_tpot"]
@@ -580,6 +602,11 @@ def render(result: dict, console: Any = None) -> None:
             t.add_row(size, _fmt(r["frames_per_transfer"]), _fmt(r["delivered_GBps"]), _fmt(r["memcpy_GBps"]),
                       _fmt(r["ratio_to_memcpy"]))
         con.print(t)
+    mem = result.get("memory", {})
+    if mem and "skipped" not in mem:
+        from rack.analysis.bench_memory import render_memory
+
+        render_memory(mem, con)
     chk = result.get("checks", {})
     if chk:
         cols = ("figure", "value", "target", "ok")

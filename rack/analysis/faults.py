@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import numpy as np
+
 from rack.wiring.faults import CRASH_KINDS, FAULT_REASONS
 
 #: Work counters of an engine's stats (`devices.engines.common.Utilisation`) that a
@@ -65,10 +67,17 @@ def faults_section(snapshot: dict, stats: dict, columns: dict) -> dict:
     records = [dict(r) for r in snapshot.get("faults", [])]
     ic = stats.get("interconnect") or {}
     corr = {c["tag"]: c for c in ic.get("corruption", [])}
-    outcome = dict(zip(columns["id"].tolist(), columns["outcome"].tolist())) if len(columns.get("id", ())) else {}
-    reason = dict(zip(columns["id"].tolist(), columns["reason"].tolist())) if outcome else {}
+    ids = np.asarray(columns.get("id", np.zeros(0, np.int64)), dtype=np.int64)
+    outcome = np.asarray(columns.get("outcome", np.zeros(len(ids), object)))
+    reason = np.asarray(columns.get("reason", np.zeros(len(ids), object)))
     by_fault = _redispatched_by_fault(records, snapshot.get("recoveries", []))
     redispatched = {int(x) for rec in snapshot.get("recoveries", []) for x in rec["ids"]}
+    # only the requests faults touched are looked up (no dict of every request of a long run)
+    touched = np.isin(ids, np.fromiter(redispatched, np.int64, len(redispatched)))
+    completed = set(ids[touched & (outcome == "completed")].tolist())
+    failed_rows = outcome == "failed"
+    fault_failed = {i for i, why in zip(ids[failed_rows].tolist(), reason[failed_rows].tolist())
+                    if why in FAULT_REASONS}
     for r in records:
         if r["kind"] == "frame_corrupt":
             c = corr.get(r["index"], {"corrupted": 0, "recovered": 0})
@@ -80,13 +89,12 @@ def faults_section(snapshot: dict, stats: dict, columns: dict) -> dict:
             else:
                 r["recovered"] = bool(r["applied"] and c["recovered"] == c["corrupted"])
         if r["kind"] in CRASH_KINDS:
-            ids = by_fault.get(r["index"], set())
-            ok = [x for x in ids if outcome.get(x) == "completed"]
-            r["requests_redispatched"] = len(ids)
+            hit = by_fault.get(r["index"], set())
+            ok = hit & completed
+            r["requests_redispatched"] = len(hit)
             r["requests_recovered"] = len(ok)
-            r["requests_failed"] = len(ids) - len(ok)
-    failed = {i for i in redispatched if outcome.get(i) != "completed"}
-    failed |= {i for i, o in outcome.items() if o == "failed" and reason.get(i) in FAULT_REASONS}
+            r["requests_failed"] = len(hit) - len(ok)
+    failed = (redispatched - completed) | fault_failed
     pre = [s for s in stats.values() if s.get("role") == "prefill"]
     return {
         "errors": [f"fault {r['index']} ({r['kind']}): {r['error']}" for r in records if r.get("error")],
@@ -95,7 +103,7 @@ def faults_section(snapshot: dict, stats: dict, columns: dict) -> dict:
         "no_target": sum(1 for r in records if r.get("outcome") == "no target at that time"),
         "requests_failed": len(failed),
         "requests_redispatched": len(redispatched),
-        "requests_recovered": sum(1 for i in redispatched if outcome.get(i) == "completed"),
+        "requests_recovered": len(redispatched & completed),
         "kv_resent_after_restart": int(sum(s.get("kv_resent_after_restart", 0) for s in pre)),
         "payloads_resent": int(sum(s.get("resends", 0) for s in pre)),
         "frames_corrupted": int(ic.get("frames_corrupted", 0)),

@@ -23,7 +23,9 @@ Definitions (pinned by tests, stated in the README):
   SLO attainment = requests meeting both targets / submitted (DistServe).
 - The run's duration (throughput) is from the first arrival to the last request's end.
 - Percentiles: linear interpolation between closest ranks (numpy's default method),
-  for every sample size; an empty sample gives null.
+  for every sample size; an empty sample gives null. Means are correctly rounded
+  (`math.fsum`). Samples too many for memory (a long run's inter-token latencies,
+  streamed to disk) get the same numbers from their chunks (`rack.analysis.quantiles`).
 """
 
 from __future__ import annotations
@@ -33,6 +35,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from rack.analysis import quantiles
+from rack.serving.records import SampleChunks
+
 PERCENTILES = (50, 90, 99)
 #: Share of the arrival span at each end left out of the steady-state window (warm-up,
 #: drain); see the module docstring.
@@ -41,15 +46,26 @@ STEADY_TRIM = 0.10
 STEADY_MIN_REQUESTS = 10
 
 
-def summarize(values: np.ndarray) -> dict:
-    """{"mean", "min", "p50", "p90", "p99", "max", "n"} of `values` (nulls when empty)."""
+def summarize(values: np.ndarray | SampleChunks) -> dict:
+    """{"mean", "min", "p50", "p90", "p99", "max", "n"} of `values` (NaN left out; nulls
+    when empty): an array, or samples in chunks (`rack.serving.records.SampleChunks`),
+    which give the same numbers without being loaded at once."""
+    if isinstance(values, SampleChunks):
+        n = len(values)
+        if n == 0:
+            return summarize(np.zeros(0))
+        p = quantiles.linear_percentiles(values, n, PERCENTILES)
+        lo = min(float(c.min()) for c in values)
+        hi = max(float(c.max()) for c in values)
+        return {"mean": quantiles.exact_fsum(values) / n, "min": lo, "p50": p[0], "p90": p[1],
+                "p99": p[2], "max": hi, "n": n}
     v = np.asarray(values, dtype=np.float64)
     v = v[~np.isnan(v)]
     if v.size == 0:
         return {"mean": None, "min": None, "p50": None, "p90": None, "p99": None, "max": None, "n": 0}
     p = np.percentile(v, PERCENTILES)
-    return {"mean": float(v.mean()), "min": float(v.min()), "p50": float(p[0]), "p90": float(p[1]),
-            "p99": float(p[2]), "max": float(v.max()), "n": int(v.size)}
+    return {"mean": quantiles.exact_fsum([v]) / v.size, "min": float(v.min()), "p50": float(p[0]),
+            "p90": float(p[1]), "p99": float(p[2]), "max": float(v.max()), "n": int(v.size)}
 
 
 def per_request(snapshot: dict, requests: Sequence[Any]) -> dict[str, np.ndarray]:
@@ -57,12 +73,14 @@ def per_request(snapshot: dict, requests: Sequence[Any]) -> dict[str, np.ndarray
     outcome, every lifecycle time, ttft_s, tpot_s, e2e_s, meets-SLO flags need SLOs
     and are added by `compute`."""
     ids = snapshot["ids"]
-    by_id = {r.id: r for r in requests}
-    prompt = np.array([by_id[i].prompt_tokens for i in ids.tolist()], dtype=np.int64)
-    requested = np.array([by_id[i].output_tokens for i in ids.tolist()], dtype=np.int64)
+    prompt, requested = _lengths(ids, requests)
     # a request truncated to the context limit produced fewer tokens than it asked for
+    output = requested.copy()
     served = snapshot.get("output_tokens_served") or {}
-    output = np.array([served.get(i, n) for i, n in zip(ids.tolist(), requested.tolist())], dtype=np.int64)
+    if served:
+        at = {int(i): k for k, i in enumerate(ids.tolist())}
+        for rid, n in served.items():
+            output[at[int(rid)]] = n
     times = snapshot["times"]
     col = {n: i for i, n in enumerate(snapshot["events"])}
     outcome = np.array(snapshot["outcomes"] + ["open"], dtype=object)[snapshot["outcome"] - 1]
@@ -81,6 +99,21 @@ def per_request(snapshot: dict, requests: Sequence[Any]) -> dict[str, np.ndarray
     # when each request ended in the rack, whatever its outcome (s)
     cols["t_end"] = np.asarray(snapshot.get("end_s", np.full(len(ids), np.nan)), dtype=np.float64)
     return cols
+
+
+def _lengths(ids: np.ndarray, requests: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:
+    """(prompt tokens, output tokens) of the requests with `ids`, in that order (int64
+    arrays; no dict of a million requests). Raises KeyError for an id with no request."""
+    rid = np.fromiter((r.id for r in requests), dtype=np.int64, count=len(requests))
+    order = np.argsort(rid, kind="stable")
+    k = np.searchsorted(rid[order], ids)
+    k[k >= len(rid)] = 0
+    if len(ids) and (not len(rid) or not np.array_equal(rid[order][k], ids)):
+        raise KeyError(f"no request with id(s) {np.asarray(ids)[rid[order][k] != ids][:3].tolist() if len(rid) else ids[:3].tolist()}")
+    pick = order[k]
+    prompt = np.fromiter((r.prompt_tokens for r in requests), dtype=np.int64, count=len(requests))
+    output = np.fromiter((r.output_tokens for r in requests), dtype=np.int64, count=len(requests))
+    return prompt[pick], output[pick]
 
 
 def last_event_s(times: np.ndarray) -> float | None:
@@ -164,6 +197,9 @@ def compute(snapshot: dict, requests: Sequence[Any], slo_ttft_s: float, slo_tpot
             "rejected": int(counts.get("rejected", 0)),
             "failed": int(counts.get("failed", 0)),
             "open": int(counts.get("open", 0)),
+            # not ended when the run stopped (interrupted or aborted runs): completed +
+            # rejected + failed + unfinished = submitted; "open" is the same count
+            "unfinished": int(counts.get("open", 0)),
             "rejected_by_reason": dict(reasons["rejected"]),
             "failed_by_reason": dict(reasons["failed"]),
             "preemptions": int(np.sum(cols["preemptions"])),

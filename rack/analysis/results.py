@@ -1,10 +1,12 @@
 """Write a run's results folder: `results.json`, `requests.csv` and `summary.txt`
 (and `error.log` for a run that failed).
 
-`results.json` schema (stable; documented in the README): `status` ("complete", or
+`results.json` schema (stable; documented in the README): `status` ("complete";
 "aborted": a component raised or the rack stalled, and the results are what was
-measured until then), `error` (aborted runs only: component, t_s, request_id, type,
-message, components_without_stats; docs/robustness.md), `requests`, `latency`,
+measured until then; "interrupted": SIGINT/SIGTERM stopped the replay, and the results
+are what finished until then), `error` (aborted runs only: component, t_s, request_id,
+type, message, components_without_stats; docs/robustness.md), `interrupted`
+(interrupted runs only: signal, t_s), `requests`, `latency`,
 `throughput`, `goodput`, `kv_transfer`, `memory`, `utilization`, `emulation`,
 `provenance`, `energy`, `cost`, `breakdown` (see rack.analysis.energy and rack.analysis.breakdown).
 `requests.csv` has one row per request: id, prompt/output tokens,
@@ -46,23 +48,22 @@ def to_json(results: dict) -> str:
     return json.dumps(_clean(results), indent=2, sort_keys=False)
 
 
+#: Rows converted to Python values at a time by `write_requests_csv` (a million rows'
+#: columns as Python objects would take ~1 GB).
+CSV_BLOCK_ROWS = 1 << 15
+
+
 def write_requests_csv(path: Path, columns: dict[str, np.ndarray]) -> None:
-    """One row per request (see the module docstring)."""
+    """One row per request (see the module docstring), written block by block."""
     names = list(columns)
     n = len(columns["id"])
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(names)
-        cols = [columns[k].tolist() for k in names]
-        for i in range(n):
-            row = []
-            for c in cols:
-                v = c[i]
-                if isinstance(v, float):
-                    row.append("" if math.isnan(v) else repr(v))
-                else:
-                    row.append(v)
-            w.writerow(row)
+        for a in range(0, n, CSV_BLOCK_ROWS):
+            cols = [columns[k][a:a + CSV_BLOCK_ROWS].tolist() for k in names]
+            for row in zip(*cols):
+                w.writerow(["" if v != v else repr(v) if isinstance(v, float) else v for v in row])
 
 
 def fmt_s(v: float | None) -> str:
@@ -80,6 +81,11 @@ def summary_text(results: dict) -> str:
     """A plain-text summary of one run (what `rack run` prints)."""
     r, lat = results["requests"], results["latency"]
     lines = []
+    if results.get("status") == "interrupted":
+        why = results.get("interrupted") or {}
+        at = f" at t={why['t_s']:.6f} s" if why.get("t_s") is not None else ""
+        lines.append(f"RUN INTERRUPTED ({why.get('signal') or 'stop request'}{at}): the figures below cover "
+                     "the requests that finished until then")
     if results.get("status") == "aborted":
         err = results.get("error", {})
         missing = err.get("components_without_stats") or []
@@ -90,7 +96,9 @@ def summary_text(results: dict) -> str:
              + (f"  dilation {results['emulation']['dilation']}" if results['emulation']['dilation'] else "")
              + f"  wall {results['emulation']['wall_s']:.1f} s",
              f"requests: {r['submitted']} submitted, {r['completed']} completed, {r['rejected']} rejected,"
-             f" {r['failed']} failed" + (f", {r['open']} never ended" if r.get("open") else "")
+             f" {r['failed']} failed"
+             + (f", {r['open']} " + ("unfinished" if results.get("status") == "interrupted" else "never ended")
+                if r.get("open") else "")
              + (f" (reasons: {r['rejected_by_reason'] | r['failed_by_reason']})"
                 if r['rejected'] or r['failed'] else "")
              + (f"; {r['truncated']} truncated to the context limit" if r.get("truncated") else "")]

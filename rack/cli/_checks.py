@@ -7,10 +7,11 @@ and exits with code 2, without a traceback.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import tempfile
 from pathlib import Path
-from typing import NoReturn, Optional
+from typing import Iterator, NoReturn, Optional
 
 import typer
 
@@ -67,3 +68,21 @@ def report_failure(folder: Path, exc: BaseException, what: str = "run", keep_par
                  f"the traceback in {log}", code=1)
         fail(f"{what} aborted: {exc} (traceback in {log})", code=1)
     fail(f"{what} failed: {type(exc).__name__}: {' '.join(str(exc).split())} (traceback in {log})", code=1)
+
+
+@contextlib.contextmanager
+def interruptible() -> Iterator:
+    """SIGINT/SIGTERM handlers for a command's work (`rack.runtime.interrupt`): yields
+    the StopRequest to hand to `run_scenario(stop=...)`. A signal that stops the
+    command at once (outside a replay, or a second one) ends it here with one line and
+    exit code 130, without a traceback."""
+    from rack.runtime.interrupt import EXIT_INTERRUPTED, handle_signals
+
+    with handle_signals() as stop:
+        try:
+            yield stop
+        except KeyboardInterrupt:
+            again = "again " if stop.count > 1 else ""
+            typer.echo(f"interrupted {again}({stop.signal_name or 'SIGINT'}): stopped at once, "
+                       "no results written", err=True)
+            raise typer.Exit(EXIT_INTERRUPTED) from None

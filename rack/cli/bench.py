@@ -1,5 +1,6 @@
 """`rack bench`: speed of the emulator itself (replay speed, event cost, Ray pacing,
-KV codec and KV link throughput); see rack.analysis.bench and docs/bench.md."""
+KV codec and KV link throughput, peak RSS of long replays); see rack.analysis.bench and
+docs/bench.md."""
 
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ def bench(
     quick: bool = typer.Option(False, "--quick", help="smoke test: 600 s of each trace, one run, short Ray ladder"),
     skip_ray: bool = typer.Option(False, "--skip-ray", help="skip the Ray pacing and actor-link measurements"),
     skip_codec: bool = typer.Option(False, "--skip-codec", help="skip the codec-vs-memcpy measurement"),
+    skip_memory: bool = typer.Option(False, "--skip-memory", help="skip the peak-RSS replays (the 1M-request one takes 20-30 min)"),
+    memory_requests: Optional[List[int]] = typer.Option(None, "--memory-requests", min=1, help="requests per peak-RSS replay [default: 100000 1000000; --quick: 10000 50000]"),
     trace: Optional[List[str]] = typer.Option(None, "--trace", "-t", help="trace(s) to replay [default: azure_conv mooncake_conv]"),
     scenario: Optional[List[str]] = typer.Option(None, "--scenario", "-s", help="scenario(s) [default: helios-cs3-kimi-k2 a100-llama2-70b]"),
     window: Optional[str] = typer.Option(None, "--window", help="START:END seconds of each trace [default: all]"),
@@ -28,8 +31,9 @@ def bench(
     out: Optional[Path] = typer.Option(None, "--out", help="also write the JSON to this file"),
 ) -> None:
     """Measure how fast the emulator runs: virtual replay of whole traces, cost of doubled
-    outputs, Ray pacing lateness, KV codec and KV link throughput; with --baseline, the
-    speed-up over another version of the code measured in the same run."""
+    outputs, Ray pacing lateness, KV codec and KV link throughput, peak RSS of long
+    replays (per 100k requests); with --baseline, the speed-up over another version of
+    the code measured in the same run."""
     import sys
 
     from rack.analysis import bench as B
@@ -50,7 +54,8 @@ def bench(
                          scenarios=tuple(scenario) if scenario else B.DEFAULT_SCENARIOS,
                          window=win, codec_sizes_mb=tuple(codec_mb) if codec_mb else B.CODEC_SIZES_MB,
                          rate_scales=tuple(rate_scale) if rate_scale else None, address=address,
-                         baseline=baseline, progress=progress)
+                         baseline=baseline, progress=progress, skip_memory=skip_memory,
+                         memory_sizes=tuple(memory_requests) if memory_requests else None)
     result["settings"]["argv"] = list(sys.argv)
     text = B.to_json(result)
     if out is not None:

@@ -8,7 +8,7 @@ from typing import List, Optional
 
 import typer
 
-from rack.cli._checks import check_positive, fail, prepare_out_dir, report_failure
+from rack.cli._checks import check_positive, fail, interruptible, prepare_out_dir, report_failure
 from rack.cli._routing import POLICY_OPTION, WEIGHT_OPTION, with_routing
 from rack.cli.app import app
 from rack.cli.load import LoadOptions, load_options
@@ -19,6 +19,9 @@ DEFAULT_TRACE = "mooncake-excerpt"
 # (10 requests, ~1.5 s of emulated time with their decode) keeps the default run near
 # three minutes on a 2-core machine.
 DEFAULT_RAY_WINDOW = "0:3"
+#: `--records auto` streams the per-request records to disk from this many requests on
+#: (a virtual replay holds ~1.4 KB per request in memory otherwise; docs/bench.md).
+STREAM_FROM_REQUESTS = 100_000
 
 
 def load_inputs(scenario: Optional[str], trace: str, window: Optional[str], rate_scale: float,
@@ -66,55 +69,84 @@ def run(
                                               "KIND:TARGET@AT_S[+DURATION_S][,factor=F][,count=N][,seed=S], KIND one of "
                                               "decode_crash, prefill_crash, link_degrade, link_flap, frame_corrupt "
                                               "(docs/robustness.md)"),
+    records: str = typer.Option("auto", "--records", help="where per-request records are kept during the run: "
+                                "memory, disk (streamed to OUT/records as requests end: memory stays bounded on "
+                                f"day-long traces; virtual runtime), or auto (disk from {STREAM_FROM_REQUESTS:,} "
+                                "requests on the virtual runtime)"),
     router_policy: Optional[str] = POLICY_OPTION,
     prefix_weight: Optional[float] = WEIGHT_OPTION,
     no_plots: bool = typer.Option(False, "--no-plots", help="skip timeseries.png"),
     load: Optional[LoadOptions] = None,
 ) -> None:
-    """Replay a trace through the emulated rack and report TTFT, TPOT, ITL, goodput, KV traffic."""
+    """Replay a trace through the emulated rack and report TTFT, TPOT, ITL, goodput, KV traffic.
+
+    SIGINT (Ctrl-C) or SIGTERM during the replay stops it and writes the results of what
+    finished (status "interrupted"), exit code 130; a second signal exits at once."""
     from rack.analysis.results import summary_text, to_json, write_results
+    from rack.runtime.interrupt import EXIT_INTERRUPTED
 
     if runtime not in ("ray", "virtual"):
         fail(f"--runtime: expected 'ray' or 'virtual', got {runtime!r}")
-    for name, value in (("--dilation", dilation), ("--payload-scale", payload_scale),
-                        ("--rate-scale", rate_scale), ("--output-scale", output_scale), ("--timeout", timeout)):
-        check_positive(name, value)
-    if runtime == "ray" and window is None and trace == DEFAULT_TRACE and not (load.dataset or load.workload):
-        window = DEFAULT_RAY_WINDOW
-    for name, value in (("--dilation", dilation), ("--timeout", timeout)):
-        if runtime == "virtual" and value is not None:
-            typer.echo(f"warning: {name} applies to the ray runtime only; the virtual runtime ignores it", err=True)
-    sc, loaded = load_inputs(scenario, trace, window, rate_scale, max_requests, output_scale,
-                             skip_bad_rows, load, dilation=dilation, payload_scale=payload_scale)
-    sc = with_routing([sc], router_policy, prefix_weight)[0]
-    reqs = loaded.requests
-    if fault:
-        from rack.wiring.faults import parse_fault_option
-        from rack.wiring.scenario import ScenarioError
+    if records not in ("auto", "memory", "disk"):
+        fail(f"--records: expected auto, memory or disk, got {records!r}")
+    if records == "disk" and runtime != "virtual":
+        fail("--records disk: records stream to the results folder on the virtual runtime only "
+             "(a Ray run's collector may run on another node)")
+    with interruptible() as stop:
+        for name, value in (("--dilation", dilation), ("--payload-scale", payload_scale),
+                            ("--rate-scale", rate_scale), ("--output-scale", output_scale), ("--timeout", timeout)):
+            check_positive(name, value)
+        if runtime == "ray" and window is None and trace == DEFAULT_TRACE and not (load.dataset or load.workload):
+            window = DEFAULT_RAY_WINDOW
+        for name, value in (("--dilation", dilation), ("--timeout", timeout)):
+            if runtime == "virtual" and value is not None:
+                typer.echo(f"warning: {name} applies to the ray runtime only; the virtual runtime ignores it", err=True)
+        sc, loaded = load_inputs(scenario, trace, window, rate_scale, max_requests, output_scale,
+                                 skip_bad_rows, load, dilation=dilation, payload_scale=payload_scale)
+        sc = with_routing([sc], router_policy, prefix_weight)[0]
+        reqs = loaded.requests
+        if fault:
+            from rack.wiring.faults import parse_fault_option
+            from rack.wiring.scenario import ScenarioError
 
+            try:
+                sc = sc.with_overrides(faults=[*sc.model_dump()["faults"], *(parse_fault_option(f) for f in fault)])
+            except (ScenarioError, ValueError) as exc:
+                fail(str(exc))
+        info = loaded.info
+        folder = prepare_out_dir("--out", out)
+        if not as_json:
+            typer.echo(f"replaying {len(reqs)} requests of {loaded.label} through {sc.name} on the {runtime} runtime"
+                       + (f" (closed loop, at most {load.max_concurrency} in flight)" if load.max_concurrency else "")
+                       + (f" (dilation {sc.dilation}, arrivals over about {reqs[-1].arrival_s * sc.dilation:.0f} s of wall time)"
+                          if runtime == "ray" else ""), err=True)
+        stream = records == "disk" or (records == "auto" and runtime == "virtual" and len(reqs) >= STREAM_FROM_REQUESTS)
+        output = execute(folder, sc, reqs, runtime=runtime, address=address, trace_info=info,
+                         progress=not as_json and sys.stderr.isatty(), timeout_s=timeout,
+                         records_dir=str(folder / "records") if stream else None, stop=stop, **loaded.run_kwargs)
         try:
-            sc = sc.with_overrides(faults=[*sc.model_dump()["faults"], *(parse_fault_option(f) for f in fault)])
-        except (ScenarioError, ValueError) as exc:
-            fail(str(exc))
-    info = loaded.info
-    folder = prepare_out_dir("--out", out)
-    if not as_json:
-        typer.echo(f"replaying {len(reqs)} requests of {loaded.label} through {sc.name} on the {runtime} runtime"
-                   + (f" (closed loop, at most {load.max_concurrency} in flight)" if load.max_concurrency else "")
-                   + (f" (dilation {sc.dilation}, arrivals over about {reqs[-1].arrival_s * sc.dilation:.0f} s of wall time)"
-                      if runtime == "ray" else ""), err=True)
-    output = execute(folder, sc, reqs, runtime=runtime, address=address, trace_info=info,
-                     progress=not as_json and sys.stderr.isatty(), timeout_s=timeout, **loaded.run_kwargs)
-    try:
-        write_results(folder, output.results, output.columns)
-        extras = write_run_series(folder, output, sc, plots=not no_plots)
-    except OSError as exc:
-        fail(f"--out {folder}: could not write the results ({exc.strerror or exc})", code=1)
-    if as_json:
-        typer.echo(to_json(output.results))
-    else:
-        typer.echo(summary_text(output.results))
-        typer.echo(f"results: {folder}/results.json, {folder}/requests.csv; " + ", ".join(f"{folder}/{x}" for x in extras))
+            write_results(folder, output.results, output.columns)
+            extras = write_run_series(folder, output, sc, plots=not no_plots)
+        except OSError as exc:
+            fail(f"--out {folder}: could not write the results ({exc.strerror or exc})", code=1)
+        if output.results["status"] == "interrupted":
+            typer.echo(interrupted_line(output.results, folder), err=True)
+            raise typer.Exit(EXIT_INTERRUPTED)
+        if as_json:
+            typer.echo(to_json(output.results))
+        else:
+            typer.echo(summary_text(output.results))
+            typer.echo(f"results: {folder}/results.json, {folder}/requests.csv; "
+                       + ", ".join(f"{folder}/{x}" for x in extras))
+
+
+def interrupted_line(results: dict, folder: Path) -> str:
+    """The one line `rack run` prints for an interrupted run."""
+    r, why = results["requests"], results.get("interrupted") or {}
+    at = f" at t={why['t_s']:.3f} s of emulated time" if why.get("t_s") is not None else ""
+    return (f"interrupted ({why.get('signal') or 'stop request'}){at}: {r['completed']} completed, "
+            f"{r['rejected']} rejected, {r['failed']} failed, {r['unfinished']} unfinished of {r['submitted']} "
+            f"submitted; results of what finished in {folder}/results.json (status interrupted)")
 
 
 def write_run_series(folder: Path, output, sc, plots: bool = True) -> list[str]:
@@ -141,13 +173,17 @@ def execute(folder: Path, sc, reqs, *, runtime: str, address: Optional[str], **k
     broke: an aborted run (a component raised, or the rack stalled) still writes what
     was measured into `folder` (results.json with status "aborted"); the traceback of
     anything but a refused input goes to `folder`/error.log, never to the terminal.
+    An interrupted run (`stop` requested) returns its RunOutput (status "interrupted").
+    Ray started here is shut down before this returns, whatever happened.
     Exit codes: 2 for input refused before the run, 1 for a run that failed."""
-    from rack.wiring.runner import run_scenario
+    from rack.wiring.runner import RunInterrupted, run_scenario
     from rack.wiring.scenario import ScenarioError
     from workloads.clock import TimeSpanError
 
     try:
         return run_scenario(sc, reqs, runtime=runtime, address=address, **kwargs)
+    except RunInterrupted as exc:
+        return exc.output
     except (ScenarioError, TimeSpanError) as exc:      # refused before any component started
         fail(str(exc))
     except Exception as exc:  # noqa: BLE001 - aborted, a stalled Ray run, or a bug: one line, the rest in the log

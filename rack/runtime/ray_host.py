@@ -16,6 +16,8 @@
   to the loop: uvloop's timers have millisecond granularity;
 - **driver reads** (`query`): the driver calls a core's read methods (`stats(now)`,
   `snapshot()`, `all_ended()`, `is_idle()`, ...) directly, never during a handler;
+- **halt** (`halt()`, an interrupted run): the core gets no message or timer any more
+  and its emulated clock stops, so the driver reads a consistent state;
 - **process-level messages**: `crash(at_s)` kills the actor for real (Ray restarts it;
   the restarted host rebuilds its core from the build arguments kept in the registry
   actor, reloading its weights from at_s + `ComponentSpec.weight_load_s`: the restart's
@@ -178,6 +180,7 @@ class CoreHost:
         self._crashes: dict[str, float] = {}
         self._crash_counts: dict[str, int] = {}
         self._rebuilding: asyncio.Future | None = None
+        self._halted_at: float | None = None   # emulated s when the driver stopped the run
         self._restarted = False
         self._dying = False
         if registry is not None:
@@ -234,13 +237,28 @@ class CoreHost:
                 "loop_type": type(loop).__module__ + "." + type(loop).__name__, "pid": os.getpid()}
 
     def now(self) -> float:
-        """Emulated seconds now."""
+        """Emulated seconds now (frozen at the halt once `halt` was called)."""
+        if self._halted_at is not None:
+            return self._halted_at
         return (time.time() - self._epoch) / self._dilation
+
+    async def halt(self) -> float:
+        """Stop the core where it is (an interrupted run, `rack.runtime.interrupt`): no
+        message or timer reaches it any more and its reads answer as of this moment.
+        Returns that emulated time."""
+        if self._halted_at is None:
+            self._halted_at = self.now()
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+        return self._halted_at
 
     # ------------------------------------------------------------------ messages
     async def deliver(self, method: str, args: tuple) -> None:
         """A message from a peer (or the driver) for this host's core."""
         self.calls_in += 1
+        if self._halted_at is not None:
+            return
         if self._restarted and self.core is None:
             if self._rebuilding is None:
                 self._rebuilding = asyncio.ensure_future(self._rebuild())
@@ -331,7 +349,7 @@ class CoreHost:
 
     def _failed_send(self, dst: str, method: str, args: tuple) -> None:
         handler = getattr(self.core, "send_failed", None)
-        if handler is None or self.failure is not None:
+        if handler is None or self.failure is not None or self._halted_at is not None:
             return
         try:
             handler(self.now(), dst, method, args)
@@ -365,7 +383,7 @@ class CoreHost:
 
     def _fire(self, t: float) -> None:
         self._timer = None
-        if t != self._armed:
+        if t != self._armed or self._halted_at is not None:
             return
         now = self.now()
         if now < t:

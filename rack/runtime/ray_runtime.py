@@ -32,6 +32,7 @@ public front.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import time
@@ -41,6 +42,7 @@ from typing import Any, Callable, Sequence
 from rack.wiring.topology import ComponentSpec
 
 from .errors import ComponentError, RayRunError, RunFailed
+from .interrupt import RunStopped, StopRequest
 from .ray_host import CoreHost, _ray
 
 # Ray's predefined resources: not the custom ones a scenario pins components with.
@@ -228,10 +230,13 @@ def run_topology_ray(specs: Sequence[ComponentSpec], requests: Sequence[Any], *,
                      address: str | None = None, progress: bool = False,
                      timeout_s: float | None = None, startup_timeout_s: float = 120.0,
                      placement_timeout_s: float = 60.0, max_concurrency: int | None = None,
-                     think_time_s: float = 0.0) -> dict:
+                     think_time_s: float = 0.0, stop: StopRequest | None = None) -> dict:
     """Place one actor per core, replay `requests`, and gather the records.
 
     max_concurrency, think_time_s: closed-loop replay (`rack.serving.router.Router.start`).
+    stop: polled while the replay runs (every 0.2 s); once requested, every actor is
+        halted (the router first: nothing more is admitted), what finished is gathered
+        and `RunStopped` (rack.runtime.interrupt) is raised with it.
 
     Returns the same dict as `run_topology_virtual` plus "loop_type", "nodes"
     (component -> Ray node id, read inside each actor) and "ray": {"actors": {name:
@@ -244,8 +249,8 @@ def run_topology_ray(specs: Sequence[ComponentSpec], requests: Sequence[Any], *,
     Raises RayRunError on a missing resource or a timeout (startup_timeout_s: actors
     started; placement_timeout_s: placement groups; timeout_s: the replay, default
     600 s + 4 x the arrival span x dilation), ComponentError when a core raises (with
-    `partial` records). Actors and placement groups are removed at the end; Ray itself
-    keeps running (the caller owns it).
+    `partial` records), RunStopped on `stop`. Actors and placement groups are removed
+    at the end; Ray itself keeps running (the caller owns it).
     """
     ray = _ray()
     ensure_ray(address)
@@ -295,28 +300,36 @@ def run_topology_ray(specs: Sequence[ComponentSpec], requests: Sequence[Any], *,
         ray.get(actors["router"].deliver.remote("start", (list(requests), max_concurrency, think_time_s)),
                 timeout=60)
         engine_names = [s.name for s in specs if s.kind in ("prefill", "decode", "both", "interconnect")]
-        try:
-            _wait_with_progress(ray, actors, len(requests), deadline, progress)
-            replay_wall = time.time() - epoch
-            _wait_idle(ray, actors, specs, deadline)
-            router_counts = ray.get(actors["router"].query.remote("counts"), timeout=60)
-            stats = dict(zip(engine_names, ray.get(
-                [actors[n].query.remote("stats") for n in engine_names], timeout=60)))
-            crashes = ray.get(actors["collector"].crash_counts.remote(), timeout=60)
-            for s in specs:
-                if s.weight_load_s is not None and s.name in stats:   # a crash target
-                    stats[s.name]["restarts"] = crashes.get(s.name, 0)
-        except ComponentError as err:
-            err.partial = _partial(ray, actors, engine_names, epoch, dilation)
-            raise
-        snapshot = ray.get(actors["collector"].query.remote("snapshot"), timeout=60)
-        reports = dict(zip([s.name for s in specs],
-                           ray.get([actors[s.name].report.remote() for s in specs], timeout=60)))
-        now = (time.time() - epoch) / dilation
-        return {"snapshot": snapshot, "stats": stats, "router": router_counts,
-                "lateness": {n: r["lateness"] for n, r in reports.items()},
-                "now": now, "loop_type": ",".join(sorted(loop_types)), "nodes": nodes,
-                "ray": _ray_section(specs, infos, nodes, reports, replay_wall, epoch, hosts, pools)}
+        # from here a first signal stops the replay and keeps what finished
+        with stop.replaying() if stop is not None else contextlib.nullcontext():
+            try:
+                _wait_with_progress(ray, actors, len(requests), deadline, progress, stop)
+                replay_wall = time.time() - epoch
+                _wait_idle(ray, actors, specs, deadline, stop)
+                router_counts = ray.get(actors["router"].query.remote("counts"), timeout=60)
+                stats = dict(zip(engine_names, ray.get(
+                    [actors[n].query.remote("stats") for n in engine_names], timeout=60)))
+                crashes = ray.get(actors["collector"].crash_counts.remote(), timeout=60)
+                for s in specs:
+                    if s.weight_load_s is not None and s.name in stats:   # a crash target
+                        stats[s.name]["restarts"] = crashes.get(s.name, 0)
+            except ComponentError as err:
+                err.partial = _partial(ray, actors, engine_names, epoch, dilation)
+                raise
+            except _Stopped:
+                t_halt = _halt(ray, actors)
+                partial = _partial(ray, actors, engine_names, epoch, dilation)
+                if partial is not None and t_halt is not None:
+                    partial["now"] = t_halt
+                raise RunStopped(stop.signal_name, t_halt, partial) from None
+            snapshot = ray.get(actors["collector"].query.remote("snapshot"), timeout=60)
+            reports = dict(zip([s.name for s in specs],
+                               ray.get([actors[s.name].report.remote() for s in specs], timeout=60)))
+            now = (time.time() - epoch) / dilation
+            return {"snapshot": snapshot, "stats": stats, "router": router_counts,
+                    "lateness": {n: r["lateness"] for n, r in reports.items()},
+                    "now": now, "loop_type": ",".join(sorted(loop_types)), "nodes": nodes,
+                    "ray": _ray_section(specs, infos, nodes, reports, replay_wall, epoch, hosts, pools)}
     except ray.exceptions.GetTimeoutError as exc:
         raise RayRunError(f"Ray run timed out: {exc}") from None
     finally:
@@ -341,10 +354,36 @@ def _talks_to(spec: ComponentSpec, specs: Sequence[ComponentSpec]) -> list[str]:
     return sorted(out)
 
 
-def _wait_idle(ray, actors: dict[str, Any], specs: Sequence[ComponentSpec], deadline: float) -> None:
+class _Stopped(Exception):
+    """A wait loop saw the run's StopRequest."""
+
+
+def _check_stop(stop: StopRequest | None) -> None:
+    if stop is not None and stop.requested:
+        raise _Stopped()
+
+
+def _halt(ray, actors: dict[str, Any]) -> float | None:
+    """Halt every actor's core (`CoreHost.halt`), the router first so that nothing more
+    is admitted; returns the router's emulated time then (None if it did not answer)."""
+    try:
+        t = ray.get(actors["router"].halt.remote(), timeout=10)
+    except Exception:  # noqa: BLE001 - best effort: the records are read anyway
+        t = None
+    refs = [a.halt.remote() for n, a in actors.items() if n != "router"]
+    try:
+        ray.get(refs, timeout=10)
+    except Exception:  # noqa: BLE001
+        pass
+    return t
+
+
+def _wait_idle(ray, actors: dict[str, Any], specs: Sequence[ComponentSpec], deadline: float,
+               stop: StopRequest | None = None) -> None:
     """Wait until every core says it is idle (every request has ended: the engines
     finish their bookkeeping, e.g. a last prefix-cache insert)."""
     while True:
+        _check_stop(stop)
         idle = ray.get([actors[s.name].query.remote("is_idle") for s in specs], timeout=60)
         if all(idle):
             return
@@ -410,10 +449,12 @@ def _partial(ray, actors: dict[str, Any], engine_names: Sequence[str], epoch: fl
             "now": (time.time() - epoch) / dilation, "loop_type": "ray"}
 
 
-def _wait_with_progress(ray, actors: dict[str, Any], total: int, deadline: float, progress: bool) -> None:
+def _wait_with_progress(ray, actors: dict[str, Any], total: int, deadline: float, progress: bool,
+                        stop: StopRequest | None = None) -> None:
     """Wait until every request ended (the collector's `all_ended`, polled); raise the
     first core failure as soon as a host reports one (polled every `_FAILURE_POLL_S`),
-    and RayRunError naming the open requests at `deadline`."""
+    RayRunError naming the open requests at `deadline`, and `_Stopped` once `stop` is
+    requested."""
     collector = actors["collector"]
     bar = None
     if progress:
@@ -426,6 +467,7 @@ def _wait_with_progress(ray, actors: dict[str, Any], total: int, deadline: float
     next_poll = time.time() + _FAILURE_POLL_S
     try:
         while True:
+            _check_stop(stop)
             if ray.get(collector.query.remote("all_ended"), timeout=60):
                 return
             if time.time() > deadline:

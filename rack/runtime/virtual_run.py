@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Sequence
 
 import numpy as np
 
-from rack.serving.collector import EVENTS
 from rack.wiring.topology import ComponentSpec
 
 from .errors import ComponentError
+from .interrupt import RunStopped, StopRequest
 from .placement import construct
 from .virtual import VirtualDriver, VirtualTimeDeadlock
 
@@ -20,11 +21,14 @@ _LAST_COUNTERS: dict = {}
 
 
 def run_topology_virtual(specs: Sequence[ComponentSpec], requests: Sequence[Any],
-                         max_concurrency: int | None = None, think_time_s: float = 0.0) -> dict:
+                         max_concurrency: int | None = None, think_time_s: float = 0.0,
+                         stop: StopRequest | None = None) -> dict:
     """Run every core in this process on virtual time until each request ended and
     every core is idle.
 
     max_concurrency, think_time_s: closed-loop replay (`rack.serving.router.Router.start`).
+    stop: looked at once per emulated instant; once requested, the replay ends there
+        and `RunStopped` (rack.runtime.interrupt) is raised with the records so far.
 
     Returns {"snapshot": collector records, "stats": {component: stats dict},
     "router": router counts, "lateness": {} (virtual time is never late), "now":
@@ -32,7 +36,7 @@ def run_topology_virtual(specs: Sequence[ComponentSpec], requests: Sequence[Any]
     Raises `ComponentError` (rack.runtime.errors) when a core raises, and
     `VirtualTimeDeadlock` naming the requests still open and what each core waits for
     if the rack stalls; both carry `partial`, the same dict with the records up to that
-    moment.
+    moment (as `RunStopped` does).
     """
     by_name = {s.name: s for s in specs}
     driver = VirtualDriver({s.name: construct(s) for s in specs},
@@ -42,8 +46,11 @@ def run_topology_virtual(specs: Sequence[ComponentSpec], requests: Sequence[Any]
     cores = driver.cores
     driver.post("router", "start", list(requests), max_concurrency, think_time_s)
 
-    def done() -> bool:
+    def finished() -> bool:
         return cores["collector"].all_ended() and all(c.is_idle() for c in cores.values())
+
+    def done() -> bool:
+        return (stop is not None and stop.requested) or finished()
 
     def records(salvage: bool = False, failed: str | None = None) -> dict:
         stats, missing = {}, []
@@ -65,7 +72,8 @@ def run_topology_virtual(specs: Sequence[ComponentSpec], requests: Sequence[Any]
                 "router": cores["router"].counts(), "lateness": {}, "now": driver.now}
 
     try:
-        driver.run(done)
+        with stop.replaying() if stop is not None else contextlib.nullcontext():
+            driver.run(done)
     except ComponentError as exc:
         exc.partial = records(salvage=True, failed=exc.component)
         raise
@@ -73,6 +81,8 @@ def run_topology_virtual(specs: Sequence[ComponentSpec], requests: Sequence[Any]
         _LAST_COUNTERS.clear()
         _LAST_COUNTERS.update(messages=driver.messages, wakeups=driver.wakeups,
                               callbacks=driver.messages + driver.wakeups, virtual_s=driver.now)
+    if stop is not None and stop.requested and not finished():
+        raise RunStopped(stop.signal_name, driver.now, records(salvage=True))
     if not cores["collector"].all_ended():
         err = VirtualTimeDeadlock(
             "virtual-time deadlock: nothing is left to happen but "
@@ -91,15 +101,11 @@ def last_run_counters() -> dict:
 
 def _open_requests(coll: Any) -> str:
     """"N request(s) never ended, e.g. 3 (after kv_reserved), ..." from the collector."""
-    open_rows = np.flatnonzero(coll.outcome == 0)
-    if not open_rows.size:
+    n_open = len(coll.ids) - int(np.count_nonzero(coll.outcome))
+    if not n_open:
         return ""
-    examples = []
-    for row in open_rows[:5].tolist():
-        done = np.flatnonzero(~np.isnan(coll.times[row]))
-        stage = f"after {EVENTS[done.max()]}" if done.size else "not arrived"
-        examples.append(f"{int(coll.ids[row])} ({stage})")
-    return f"{open_rows.size} request(s) never ended, e.g. " + ", ".join(examples)
+    examples = [f"{rid} ({'after ' + last if last else 'not arrived'})" for rid, last in coll.open_examples(5)]
+    return f"{n_open} request(s) never ended, e.g. " + ", ".join(examples)
 
 
 __all__ = ["STATS_KINDS", "last_run_counters", "run_topology_virtual"]

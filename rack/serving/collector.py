@@ -1,11 +1,19 @@
 """The metrics collector component: one timeline per request, one outcome per request.
 
 A core (`workloads.core`). Engines and the router report lifecycle events (`event`,
-`events`) and each request's end (`finish`). The collector keeps them in flat numpy arrays (one row per request,
-one column per event) plus the requests' inter-token latencies, and checks the
-request-conservation rule: every submitted request ends exactly once, as completed,
-rejected (with a reason) or failed (with a reason). A second end is recorded as a
-violation, never silently merged.
+`events`) and each request's end (`finish`). The collector keeps a row per request in
+flat numpy arrays (one column per event) plus the request's inter-token latencies, and
+checks the request-conservation rule: every submitted request ends exactly once, as
+completed, rejected (with a reason) or failed (with a reason). A second end is recorded
+as a violation, never silently merged.
+
+Memory is bounded by the requests in the rack, not by the run's length: a row is held
+from the request's first event until it has ended and a chunk of ended rows is full;
+then the chunk goes to a sink (`rack.serving.records`: kept in memory, or written to a
+folder when `records_dir` is given). An event for a request whose row has already left
+(it ended at least a chunk earlier) is not recorded but counted (`late_events` in the
+snapshot); events after a request's end are otherwise kept as before. The same chunks
+are cut at the same moments whichever the sink, so both give the same records.
 """
 
 from __future__ import annotations
@@ -15,43 +23,70 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
+from rack.serving import records
+from rack.serving.records import DiskRecords, MemoryRecords, assemble
 from workloads.core import Core
 
 EVENTS = ("arrival", "prefill_queued", "prefill_start", "prefill_end", "kv_reserved",
           "transfer_start", "transfer_end", "decode_admit", "first_token", "completion")
 OUTCOMES = ("completed", "rejected", "failed")
 _COL = {name: i for i, name in enumerate(EVENTS)}
+_E = len(EVENTS)
 
 
 class Collector(Core):
     """Collects per-request timelines (a core: `workloads.core`).
 
     Keyword args:
-        request_ids: ids of every request the run will submit (shape (n,)).
+        request_ids: ids of every request the run will submit (shape (n,), unique).
         notify: cores told of every request's end (`ended(now, request_id, t_end)`),
             e.g. the router (closed-loop replay, fault recovery).
         name: the core's name ("collector").
+        records_dir: write the rows of ended requests to this folder in chunks
+            (`rack.serving.records.DiskRecords`); None: keep them in memory.
+        chunk_rows, chunk_samples: a chunk's limits (None: `rack.serving.records`'s
+            CHUNK_ROWS and CHUNK_SAMPLES).
     Handlers (messages): `event`, `events`, `finish`, `note_fault`, `note_recovery`,
     `note_truncated`, `open_among` (replies `open_ids`). The driver reads `snapshot()`,
-    `all_ended()` and `open_requests()` directly.
+    `all_ended()`, `open_requests()` and `open_examples()` directly.
+    Raises ValueError for duplicate request ids, or chunk limits below 1.
     """
 
     def __init__(self, *, request_ids: Sequence[int], notify: Sequence[str] = (),
-                 name: str = "collector") -> None:
+                 name: str = "collector", records_dir: str | None = None,
+                 chunk_rows: int | None = None, chunk_samples: int | None = None) -> None:
         super().__init__(name)
-        ids = np.asarray(request_ids, dtype=np.int64)
+        ids = np.asarray(request_ids, dtype=np.int64).reshape(-1)
         self.ids = ids
-        self._row = {int(r): i for i, r in enumerate(ids.tolist())}
+        self._order = np.argsort(ids, kind="stable")
+        self._sorted = ids[self._order]
+        if ids.size > 1 and np.any(self._sorted[1:] == self._sorted[:-1]):
+            dup = self._sorted[1:][self._sorted[1:] == self._sorted[:-1]]
+            raise ValueError(f"Collector: duplicate request ids, e.g. {dup[:3].tolist()}")
+        chunk_rows = records.CHUNK_ROWS if chunk_rows is None else chunk_rows
+        chunk_samples = records.CHUNK_SAMPLES if chunk_samples is None else chunk_samples
+        if int(chunk_rows) < 1 or int(chunk_samples) < 1:
+            raise ValueError(f"Collector: chunk_rows and chunk_samples must be >= 1, got {chunk_rows}, {chunk_samples}")
         n = len(ids)
-        self.times = np.full((n, len(EVENTS)), np.nan)
-        self.outcome = np.zeros(n, dtype=np.int8)          # 0 open, 1.. index in OUTCOMES + 1
-        self.reason: dict[int, str] = {}
-        self.preemptions = np.zeros(n, dtype=np.int32)
-        self.itl: dict[int, np.ndarray] = {}
+        self.outcome = np.zeros(n, dtype=np.int8)     # by position in ids: 0 open, 1.. OUTCOMES + 1
+        self._open = n
+        # rows held: request id -> slot of the slot arrays (grown by doubling, reused)
+        self._slot: dict[int, int] = {}
+        cap = 64
+        self._slot_id = np.zeros(cap, np.int64)
+        self._times = np.full((cap, _E), np.nan)
+        self._pre = np.zeros(cap, np.int32)
+        self._end = np.full(cap, np.nan)
+        self._free = list(range(cap - 1, -1, -1))
+        self._reason: dict[int, str] = {}            # by slot
+        self._itl: dict[int, np.ndarray] = {}        # by slot
+        self._ended: list[int] = []                  # slots of ended rows, in order of their ends
+        self._ended_samples = 0
+        self.chunk_rows, self.chunk_samples = int(chunk_rows), int(chunk_samples)
+        self.sink = DiskRecords(records_dir) if records_dir is not None else MemoryRecords()
         self.violations: list[str] = []
         self.unknown_events = Counter()
-        self._open = n
-        self.end_s = np.full(n, np.nan)                     # when each request ended
+        self.late_events = Counter()
         self.notify = tuple(notify)
         self.faults: dict[int, dict] = {}        # fault injector records, by fault index
         self.recoveries: list[dict] = []         # router: requests re-dispatched per recovery
@@ -74,32 +109,42 @@ class Collector(Core):
 
         `itl_s`: the request's inter-token gaps (s), shape (output_tokens - 1,).
         """
-        row = self._row.get(int(request_id))
-        if row is None:
+        rid = int(request_id)
+        pos = self._position(rid)
+        if pos is None:
             self.violations.append(f"finish for unknown request {request_id}")
             return
         if outcome not in OUTCOMES:
             self.violations.append(f"request {request_id}: unknown outcome {outcome!r}")
             return
-        if self.outcome[row]:
+        if self.outcome[pos]:
             self.violations.append(
-                f"request {request_id} ended twice: {OUTCOMES[self.outcome[row] - 1]} then {outcome}")
+                f"request {request_id} ended twice: {OUTCOMES[self.outcome[pos] - 1]} then {outcome}")
             return
         if outcome != "completed" and not reason:
             reason = "unspecified"
-        self.outcome[row] = OUTCOMES.index(outcome) + 1
+        slot = self._slot.get(rid)
+        if slot is None:
+            slot = self._take_slot(rid)
+        self.outcome[pos] = OUTCOMES.index(outcome) + 1
         if reason:
-            self.reason[int(request_id)] = reason
+            self._reason[slot] = reason
         when = now if t is None else t
         if outcome == "completed":
-            if np.isnan(self.times[row, _COL["completion"]]):
-                self.times[row, _COL["completion"]] = when
+            c = _COL["completion"]
+            if self._times[slot, c] != self._times[slot, c]:
+                self._times[slot, c] = when
             if itl_s is not None:
-                self.itl[int(request_id)] = np.asarray(itl_s, dtype=np.float64)
-        self.end_s[row] = when
+                itl = np.asarray(itl_s, dtype=np.float64)
+                self._itl[slot] = itl
+                self._ended_samples += itl.size
+        self._end[slot] = when
         self._open -= 1
+        self._ended.append(slot)
+        if len(self._ended) >= self.chunk_rows or self._ended_samples >= self.chunk_samples:
+            self._flush()
         for dst in self.notify:
-            self.send(dst, "ended", int(request_id), float(when))
+            self.send(dst, "ended", rid, float(when))
 
     def open_among(self, now: float, ids: Iterable[int], reply_to: str, tag: Any) -> None:
         """Reply `open_ids(now, tag, [ids])` to `reply_to`: those of `ids` that have not
@@ -132,12 +177,22 @@ class Collector(Core):
         """Ids of requests that have not ended yet."""
         return self.ids[self.outcome == 0].tolist()
 
+    def open_examples(self, k: int = 5) -> list[tuple[int, str | None]]:
+        """(id, last lifecycle event recorded, None if none) of the first `k` requests
+        that have not ended (deadlock messages)."""
+        out = []
+        for rid in self.ids[self.outcome == 0][:k].tolist():
+            slot = self._slot.get(rid)
+            done = np.flatnonzero(~np.isnan(self._times[slot])) if slot is not None else np.zeros(0, int)
+            out.append((rid, EVENTS[done.max()] if done.size else None))
+        return out
+
     def still_open(self, ids: Iterable[int]) -> list[int]:
         """Those of `ids` that have not ended yet (unknown ids are left out)."""
         out = []
         for rid in ids:
-            row = self._row.get(int(rid))
-            if row is not None and not self.outcome[row]:
+            pos = self._position(int(rid))
+            if pos is not None and not self.outcome[pos]:
                 out.append(int(rid))
         return out
 
@@ -148,29 +203,107 @@ class Collector(Core):
         return f"{self._open} request(s) to end" if self._open else ""
 
     def snapshot(self) -> dict:
-        """All records, as plain arrays and dicts (picklable) for the metrics step."""
-        order = sorted(self.itl)
-        lengths = np.array([len(self.itl[r]) for r in order], dtype=np.int64)
-        flat = np.concatenate([self.itl[r] for r in order]) if order else np.zeros(0)
-        return {
-            "ids": self.ids, "times": self.times, "events": list(EVENTS),
-            "outcome": self.outcome, "outcomes": list(OUTCOMES), "reason": dict(self.reason),
-            "preemptions": self.preemptions, "itl_ids": np.array(order, dtype=np.int64),
-            "itl_lengths": lengths, "itl_flat": flat, "violations": list(self.violations),
-            "unknown_events": dict(self.unknown_events),
-            "faults": [self.faults[i] for i in sorted(self.faults)], "end_s": self.end_s,
-            "output_tokens_served": dict(self.truncated),
-            "recoveries": list(self.recoveries),
+        """All records, as plain arrays and dicts (picklable) for the metrics step.
+
+        Rows still held are handed to the sink first (the ended ones as a chunk, the
+        open ones as its open rows), so the sink then holds every request once; with
+        `records_dir` the per-request arrays are not loaded: the snapshot has
+        "records_dir" instead, and `rack.serving.records.assemble` reads them.
+        A snapshot may be taken at any time; the run may go on after it.
+        """
+        self._flush()
+        open_pos = np.flatnonzero(self.outcome == 0)
+        meta = {"events": list(EVENTS), "outcomes": list(OUTCOMES), "requests": len(self.ids),
+                "open": int(open_pos.size)}
+        self.sink.set_open(self._chunk([self._slot.get(r, -1) for r in self.ids[open_pos].tolist()],
+                                       self.ids[open_pos]), meta)
+        out = {
+            "ids": self.ids, "events": list(EVENTS), "outcomes": list(OUTCOMES),
+            "violations": list(self.violations), "unknown_events": dict(self.unknown_events),
+            "late_events": dict(self.late_events),
+            "faults": [self.faults[i] for i in sorted(self.faults)],
+            "output_tokens_served": dict(self.truncated), "recoveries": list(self.recoveries),
         }
+        if isinstance(self.sink, DiskRecords):
+            out["records_dir"] = str(self.sink.folder)
+        else:
+            out.update(assemble(self.sink, self.ids, _E, flat_itl=True))
+        return out
 
     # ----------------------------------------------------------------- internals
-    def _record(self, request_id: int, name: str, t: float) -> None:
-        row = self._row.get(int(request_id))
-        if row is None:
-            self.violations.append(f"event {name!r} for unknown request {request_id}")
+    def _position(self, rid: int) -> int | None:
+        """Index of request `rid` in `ids`, None if unknown."""
+        k = int(np.searchsorted(self._sorted, rid))
+        if k < len(self._sorted) and self._sorted[k] == rid:
+            return int(self._order[k])
+        return None
+
+    def _take_slot(self, rid: int) -> int:
+        if not self._free:
+            cap = len(self._slot_id)
+            self._slot_id = np.concatenate([self._slot_id, np.zeros(cap, np.int64)])
+            self._times = np.concatenate([self._times, np.full((cap, _E), np.nan)])
+            self._pre = np.concatenate([self._pre, np.zeros(cap, np.int32)])
+            self._end = np.concatenate([self._end, np.full(cap, np.nan)])
+            self._free = list(range(2 * cap - 1, cap - 1, -1))
+        slot = self._free.pop()
+        self._slot[rid] = slot
+        self._slot_id[slot] = rid
+        return slot
+
+    def _chunk(self, slots: Sequence[int], ids: np.ndarray) -> dict[str, np.ndarray]:
+        """A chunk (rack.serving.records) of the rows in `slots` (-1: a request with no
+        row: no event yet), for requests `ids`."""
+        sl = np.asarray(slots, dtype=np.int64)
+        held = sl >= 0
+        k = len(sl)
+        times = np.full((k, _E), np.nan)
+        times[held] = self._times[sl[held]]
+        pre = np.zeros(k, np.int32)
+        pre[held] = self._pre[sl[held]]
+        end = np.full(k, np.nan)
+        end[held] = self._end[sl[held]]
+        itl = [self._itl.get(x) for x in sl.tolist()]
+        lengths = np.array([0 if v is None else v.size for v in itl], dtype=np.int64)
+        ids = np.asarray(ids, np.int64)
+        pos = self._order[np.searchsorted(self._sorted, ids)] if k else np.zeros(0, np.int64)
+        return {"id": ids, "times": times, "outcome": self.outcome[pos],
+                "reason": np.array([self._reason.get(x, "") for x in sl.tolist()], dtype=str),
+                "preemptions": pre, "end_s": end, "itl_len": lengths,
+                "itl_s": np.concatenate([v for v in itl if v is not None] or [np.zeros(0)])}
+
+    def _flush(self) -> None:
+        """Hand the ended rows held to the sink as one chunk and free their slots."""
+        if not self._ended:
             return
+        slots = self._ended
+        self.sink.add(self._chunk(slots, self._slot_id[np.asarray(slots, dtype=np.int64)]))
+        for slot in slots:
+            del self._slot[int(self._slot_id[slot])]
+            self._reason.pop(slot, None)
+            self._itl.pop(slot, None)
+        sl = np.asarray(slots, dtype=np.int64)
+        self._times[sl] = np.nan
+        self._pre[sl] = 0
+        self._end[sl] = np.nan
+        self._free.extend(reversed(slots))
+        self._ended = []
+        self._ended_samples = 0
+
+    def _record(self, request_id: int, name: str, t: float) -> None:
+        rid = int(request_id)
+        slot = self._slot.get(rid)
+        if slot is None:
+            pos = self._position(rid)
+            if pos is None:
+                self.violations.append(f"event {name!r} for unknown request {request_id}")
+                return
+            if self.outcome[pos]:                # its row has left with an earlier chunk
+                self.late_events[name] += 1
+                return
+            slot = self._take_slot(rid)
         if name == "preempted":
-            self.preemptions[row] += 1
+            self._pre[slot] += 1
             return
         col = _COL.get(name)
         if col is None:
@@ -178,9 +311,9 @@ class Collector(Core):
             return
         # Keep the first occurrence: a re-sent transfer or a recomputed request keeps
         # the time its stage first happened, as a client would observe it...
-        old = self.times[row, col]
+        old = self._times[slot, col]
         if old != old:                     # NaN: not recorded yet (no ufunc call per event)
-            self.times[row, col] = t
+            self._times[slot, col] = t
         elif name in ("transfer_end", "decode_admit"):
             # ...except the end of a stage that was redone, whose latest time counts.
-            self.times[row, col] = t
+            self._times[slot, col] = t

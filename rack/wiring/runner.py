@@ -26,14 +26,18 @@ from rack.analysis import metrics
 from rack.analysis.breakdown import apply_fixed_stages, stage_breakdown
 from rack.analysis.energy import cost_section, energy_section
 from rack.analysis.faults import faults_section, with_work_before_crashes
+from rack.runtime.interrupt import RunStopped, StopRequest
+from rack.serving.records import DiskRecordSet, assemble
 from rack.wiring.scenario import Scenario
 from rack.wiring.topology import ComponentSpec, build_topology
 from workloads.clock import check_time_span
 
 
-RUN_STATUSES = ("complete", "aborted")
-"""results.json `status`: "complete" (every request ended) or "aborted" (a component
-raised, or the rack stalled: what was measured until then, `error` says why)."""
+RUN_STATUSES = ("complete", "aborted", "interrupted")
+"""results.json `status`: "complete" (every request ended), "aborted" (a component
+raised, or the rack stalled: what was measured until then, `error` says why) or
+"interrupted" (stopped by SIGINT/SIGTERM or a `StopRequest`: what finished until then,
+`interrupted` says when; the requests that had not ended count as `unfinished`)."""
 
 
 @dataclass
@@ -46,6 +50,20 @@ class RunOutput:
     stats: dict[str, dict]
     specs: list[ComponentSpec] = field(default_factory=list)
     snapshot: dict = field(default_factory=dict)
+
+
+class RunInterrupted(RuntimeError):
+    """The run was stopped on request (SIGINT, SIGTERM: `rack.runtime.interrupt`).
+
+    `output`: a RunOutput of what finished until then, `results["status"]` ==
+    "interrupted", `results["interrupted"]` = {"signal", "t_s"} and the requests that
+    had not ended counted under `requests.unfinished`. `str(err)` is one line.
+    """
+
+    def __init__(self, cause: BaseException, output: RunOutput) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+        self.output = output
 
 
 class RunAborted(RuntimeError):
@@ -190,7 +208,8 @@ def _provenance(scenario: Scenario, trace_info: dict | None, runtime: str, loop_
 def run_scenario(scenario: Scenario, requests: Sequence[Any], *, runtime: str = "virtual",
                  address: str | None = None, trace_info: dict | None = None,
                  progress: bool = False, timeout_s: float | None = None,
-                 max_concurrency: int | None = None, think_time_s: float = 0.0) -> RunOutput:
+                 max_concurrency: int | None = None, think_time_s: float = 0.0,
+                 records_dir: str | None = None, stop: StopRequest | None = None) -> RunOutput:
     """Replay `requests` (sorted by arrival) through `scenario` and measure it.
 
     runtime: "virtual" (in-process virtual time, deterministic) or "ray" (one actor per
@@ -200,15 +219,24 @@ def run_scenario(scenario: Scenario, requests: Sequence[Any], *, runtime: str = 
     max_concurrency: closed loop: at most this many requests in the rack at once, the
         next sent `think_time_s` after one ends (`rack.serving.router.Router.run`); None: open
         loop (every request at its arrival time).
+    records_dir: virtual runtime only: stream the per-request records to this folder as
+        they end (`rack.serving.records`) instead of holding them: memory stays bounded
+        by the requests in flight; the results are the same.
+    stop: a `rack.runtime.interrupt.StopRequest` the runtime polls; once requested the
+        replay stops and RunInterrupted is raised with what finished.
     Returns a RunOutput whose `results["status"]` is "complete".
     Raises ValueError for a bad argument, ScenarioError for a bad scenario and
     TimeSpanError for arrivals beyond `workloads.clock.MAX_EMULATED_S` (all before
     anything starts); RunAborted (with the results measured until then, status
-    "aborted") when a component raises or the virtual rack stalls; RayRunError for a
-    Ray run that could not start or timed out.
+    "aborted") when a component raises or the virtual rack stalls; RunInterrupted (with
+    the results of what finished, status "interrupted") when `stop` is requested;
+    RayRunError for a Ray run that could not start or timed out.
     """
     if runtime not in ("virtual", "ray"):
         raise ValueError(f"runtime: expected 'virtual' or 'ray', got {runtime!r}")
+    if records_dir is not None and runtime != "virtual":
+        raise ValueError("records_dir: records stream to a folder on the virtual runtime only "
+                         "(a Ray run's collector may live on another node)")
     # checked here, before anything starts (a component refusing them would abort the run)
     if max_concurrency is not None and not (isinstance(max_concurrency, int) and max_concurrency >= 1):
         raise ValueError(f"max_concurrency: expected an integer >= 1 (or None: open loop), got {max_concurrency!r}")
@@ -218,18 +246,29 @@ def run_scenario(scenario: Scenario, requests: Sequence[Any], *, runtime: str = 
     if requests:
         check_time_span(requests[-1].arrival_s)
     specs = build_topology(scenario, [r.id for r in requests])
+    if records_dir is not None:
+        for spec in specs:
+            if spec.kind == "collector":
+                spec.kwargs["records_dir"] = str(records_dir)
     wall0 = time.perf_counter()
     load = {"max_concurrency": max_concurrency, "think_time_s": think_time_s}
     try:
         if runtime == "virtual":
             from rack.runtime.virtual_run import run_topology_virtual
             raw = run_topology_virtual(specs, requests, max_concurrency=max_concurrency,
-                                       think_time_s=think_time_s)
+                                       think_time_s=think_time_s, stop=stop)
         else:
             from rack.runtime.ray_runtime import run_topology_ray
             raw = run_topology_ray(specs, requests, dilation=scenario.dilation, address=address,
                                    progress=progress, timeout_s=timeout_s,
-                                   max_concurrency=max_concurrency, think_time_s=think_time_s)
+                                   max_concurrency=max_concurrency, think_time_s=think_time_s,
+                                   stop=stop)
+    except RunStopped as exc:
+        if exc.partial is None:
+            raise
+        output = _assemble(scenario, specs, requests, exc.partial, runtime, time.perf_counter() - wall0,
+                           trace_info, load, status={"status": "interrupted", "interrupted": exc.details()})
+        raise RunInterrupted(exc, output) from exc
     except Exception as exc:
         partial = getattr(exc, "partial", None)
         if partial is None:
@@ -250,6 +289,10 @@ def _assemble(scenario: Scenario, specs: Sequence[ComponentSpec], requests: Sequ
     records of a run that stopped, with `status` {"status": "aborted", "error": ...})."""
     loop_type = raw.get("loop_type", "VirtualTimeLoop")
     dilation = scenario.dilation if runtime == "ray" else None
+    if raw["snapshot"].get("records_dir"):       # streamed: read the rows back (not the ITL samples)
+        n_events = len(raw["snapshot"]["events"])
+        raw["snapshot"] = {**raw["snapshot"], **assemble(DiskRecordSet(raw["snapshot"]["records_dir"]),
+                                                         raw["snapshot"]["ids"], n_events, flat_itl=False)}
     # a crashed instance's work before its crash still counts (energy, utilisation)
     raw["stats"] = with_work_before_crashes(raw["stats"], raw["snapshot"])
     snapshot = apply_fixed_stages(raw["snapshot"], scenario.fixed_stages)
@@ -276,6 +319,10 @@ def _assemble(scenario: Scenario, specs: Sequence[ComponentSpec], requests: Sequ
             "lateness_s": late,
             "lateness_by_actor": {k: metrics.summarize(np.asarray(v)) for k, v in raw["lateness"].items()},
             "violations": raw["snapshot"]["violations"],
+            # events for requests whose records had already been written out (ended a
+            # chunk earlier; rack.serving.collector): counted, not recorded
+            "late_events": raw["snapshot"].get("late_events", {}),
+            "records": "disk" if raw["snapshot"].get("records_dir") else "memory",
             # Ray runtime: component -> Ray node id (read inside each actor), and per-actor
             # messages, KV bytes crossing nodes, clock offsets (rack.runtime.ray_runtime).
             "nodes": raw.get("nodes", {}),

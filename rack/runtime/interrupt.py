@@ -1,0 +1,119 @@
+"""Stopping a run on SIGINT or SIGTERM and keeping what it measured.
+
+`StopRequest` is what a signal sets and what the drivers poll: the virtual driver
+looks at it once per emulated instant (`rack.runtime.virtual_run`), the Ray driver in
+its wait loops (`rack.runtime.ray_runtime`). A driver that sees it stops the replay
+(the Ray driver halts every actor, the router first, so nothing is admitted any more),
+gathers the records of what finished and raises `RunStopped` with them in `partial`;
+`rack.wiring.runner.run_scenario` turns that into results with status "interrupted".
+
+`handle_signals()` installs the handlers for the duration of a command (main thread
+only). While a replay is running (`StopRequest.replaying()`), the first signal only
+sets the request and the run ends as above; before the replay starts and after it has
+ended (starting Ray, writing the results) there is nothing to keep, and the first
+signal raises KeyboardInterrupt at once, as Python's default handler does. A second
+signal always raises KeyboardInterrupt at once (the gathering is skipped; the
+command's clean-up still shuts Ray down), a third exits the process on the spot
+(`os._exit(130)`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+from typing import Iterator
+
+#: Exit status of a command stopped by a signal (128 + SIGINT, the shell's convention
+#: for Ctrl-C; the same for SIGTERM, as docs/robustness.md says).
+EXIT_INTERRUPTED = 130
+
+
+class StopRequest:
+    """Set by a signal (or by code: `request`); drivers poll `requested`.
+
+    `signal_name`: "SIGINT", "SIGTERM" or what `request` was given; `count`: signals
+    received so far. Thread-safe to set; reading is a plain attribute read.
+    """
+
+    def __init__(self) -> None:
+        self.signal_name: str | None = None
+        self.count = 0
+        self._replaying = 0
+        self._lock = threading.Lock()
+
+    @property
+    def requested(self) -> bool:
+        """True once a stop was asked for."""
+        return self.signal_name is not None
+
+    def request(self, name: str = "request") -> None:
+        """Ask the run to stop (what the first signal does during a replay)."""
+        with self._lock:
+            self.count += 1
+            if self.signal_name is None:
+                self.signal_name = name
+
+    @contextlib.contextmanager
+    def replaying(self) -> Iterator["StopRequest"]:
+        """While inside, a first signal asks for a stop instead of raising."""
+        self._replaying += 1
+        try:
+            yield self
+        finally:
+            self._replaying -= 1
+
+    @property
+    def in_replay(self) -> bool:
+        return self._replaying > 0
+
+
+class RunStopped(Exception):
+    """A replay stopped on request (`StopRequest`).
+
+    `signal_name`: what asked for it; `t_s`: the emulated time the replay reached;
+    `partial`: the records gathered then (the dict `run_topology_*` returns), or None
+    when nothing could be gathered.
+    """
+
+    def __init__(self, signal_name: str | None, t_s: float | None, partial: dict | None = None) -> None:
+        super().__init__(f"stopped by {signal_name or 'request'}"
+                         + (f" at t={t_s:.6f} s of emulated time" if t_s is not None else ""))
+        self.signal_name = signal_name
+        self.t_s = t_s
+        self.partial = partial
+
+    def details(self) -> dict:
+        """results.json's `interrupted` block: {"signal", "t_s"}."""
+        return {"signal": self.signal_name, "t_s": self.t_s}
+
+
+@contextlib.contextmanager
+def handle_signals(stop: StopRequest | None = None,
+                   signals: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM)) -> Iterator[StopRequest]:
+    """Install SIGINT/SIGTERM handlers (module docstring) for the `with` block and
+    restore the previous ones after it. Yields the StopRequest they set. Outside the
+    main thread nothing is installed (Python allows handlers only there)."""
+    stop = stop or StopRequest()
+    if threading.current_thread() is not threading.main_thread():
+        yield stop
+        return
+
+    def handler(signum, frame):  # noqa: ARG001 - the signal module's signature
+        name = signal.Signals(signum).name
+        stop.request(name)
+        if stop.count >= 3:
+            os._exit(EXIT_INTERRUPTED)
+        if stop.count >= 2 or not stop.in_replay:
+            raise KeyboardInterrupt(name)
+
+    previous = {s: signal.signal(s, handler) for s in signals}
+    try:
+        yield stop
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+__all__ = ["EXIT_INTERRUPTED", "RunStopped", "StopRequest", "handle_signals"]

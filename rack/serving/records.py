@@ -1,0 +1,244 @@
+"""Per-request records in chunks: where the collector puts the rows of ended requests.
+
+The collector (`rack.serving.collector`) keeps a row only while its request is in the
+rack; rows of ended requests leave it in *chunks* of at most `CHUNK_ROWS` rows or
+`CHUNK_SAMPLES` inter-token latencies, whichever fills first. A chunk is a dict of
+numpy arrays, one row per request, in the order the requests ended:
+
+| key | dtype, shape | meaning |
+|---|---|---|
+| `id` | int64 (k,) | request id |
+| `times` | float64 (k, len(EVENTS)) | lifecycle times (emulated s, NaN: did not happen) |
+| `outcome` | int8 (k,) | 0 open (never ended), 1.. index in OUTCOMES + 1 |
+| `reason` | str (k,) | reason of a rejected/failed request, "" otherwise |
+| `preemptions` | int32 (k,) | times the request was preempted |
+| `end_s` | float64 (k,) | when the request ended (NaN: open) |
+| `itl_len` | int64 (k,) | its inter-token latency samples (0: none) |
+| `itl_s` | float64 (sum(itl_len),) | the samples, request after request |
+
+Two sinks hold the chunks: `MemoryRecords` (a list; the default) and `DiskRecords`, which
+writes each chunk to a folder as `part-NNNNNN.npz` (numpy's uncompressed zip of .npy
+arrays, readable with `np.load` and nothing else) the moment it is full, plus
+`open.npz` (the rows of requests that had not ended, rewritten at each snapshot) and
+`records.json` (format, event and outcome names, counts). Streaming to disk keeps the
+emulator's memory bounded by the requests in flight, not by the run's length; the rows
+are read back one column at a time for the metrics, and the latency samples one chunk
+at a time (`SampleChunks`, with exact percentiles by `rack.analysis.quantiles`).
+
+Both sinks get the same chunks at the same moments, so a run gives the same records
+either way; `assemble` turns them into the collector's snapshot arrays, in the order
+of the run's request ids.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+
+#: Most rows in one chunk.
+CHUNK_ROWS = 1 << 14
+#: Most inter-token latency samples in one chunk (16 MiB of float64): a chunk is
+#: written once either limit is reached.
+CHUNK_SAMPLES = 1 << 21
+#: `records.json` "format" of the files this module writes.
+FORMAT = "rack-records/1"
+#: Columns of a chunk (module docstring).
+COLUMNS = ("id", "times", "outcome", "reason", "preemptions", "end_s", "itl_len", "itl_s")
+
+
+class MemoryRecords:
+    """Chunks kept in a list (the default sink)."""
+
+    where = "memory"
+
+    def __init__(self) -> None:
+        self._chunks: list[dict[str, np.ndarray]] = []
+        self._open: dict[str, np.ndarray] | None = None
+
+    def add(self, chunk: dict[str, np.ndarray]) -> None:
+        """Keep one chunk of ended requests."""
+        self._chunks.append(chunk)
+
+    def set_open(self, chunk: dict[str, np.ndarray], meta: dict) -> None:
+        """The rows of the requests that have not ended (replacing earlier ones)."""
+        self._open = chunk
+
+    def chunks(self, keys: Sequence[str] = COLUMNS) -> Iterator[dict[str, np.ndarray]]:
+        """Every chunk (ended ones in order, then the open rows), restricted to `keys`."""
+        for c in [*self._chunks, *([self._open] if self._open is not None else [])]:
+            yield {k: c[k] for k in keys}
+
+
+class DiskRecords:
+    """Chunks written to `folder` (created; earlier records there are removed) as
+    `part-NNNNNN.npz`, with `open.npz` and `records.json` (module docstring).
+
+    Raises OSError when the folder cannot be written.
+    """
+
+    where = "disk"
+
+    def __init__(self, folder: str | os.PathLike) -> None:
+        self.folder = Path(folder)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        for old in [*self.folder.glob("part-*.npz"), self.folder / "open.npz"]:
+            old.unlink(missing_ok=True)       # a rerun into the same results folder
+        self._parts = 0
+
+    def add(self, chunk: dict[str, np.ndarray]) -> None:
+        """Write one chunk of ended requests as the next part file."""
+        _save(self.folder / f"part-{self._parts:06d}.npz", chunk)
+        self._parts += 1
+
+    def set_open(self, chunk: dict[str, np.ndarray], meta: dict) -> None:
+        """Write the open rows and `records.json` (`meta` plus the part count)."""
+        _save(self.folder / "open.npz", chunk)
+        (self.folder / "records.json").write_text(json.dumps(
+            {"format": FORMAT, **meta, "parts": self._parts}, indent=1) + "\n")
+
+    def chunks(self, keys: Sequence[str] = COLUMNS) -> Iterator[dict[str, np.ndarray]]:
+        return DiskRecordSet(self.folder).chunks(keys)
+
+
+class DiskRecordSet:
+    """Records written by `DiskRecords`, read back one chunk at a time (picklable: it
+    is only the folder's path). Raises ValueError for a folder without records.json
+    or of another format."""
+
+    def __init__(self, folder: str | os.PathLike) -> None:
+        self.folder = Path(folder)
+        meta_path = self.folder / "records.json"
+        try:
+            self.meta = json.loads(meta_path.read_text())
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"{meta_path}: cannot read the records' description ({exc})") from None
+        if self.meta.get("format") != FORMAT:
+            raise ValueError(f"{meta_path}: format {self.meta.get('format')!r}, expected {FORMAT!r}")
+
+    def chunks(self, keys: Sequence[str] = COLUMNS) -> Iterator[dict[str, np.ndarray]]:
+        """Every chunk (parts in order, then the open rows), restricted to `keys`;
+        only those arrays are read."""
+        names = [f"part-{i:06d}.npz" for i in range(int(self.meta["parts"]))] + ["open.npz"]
+        for name in names:
+            with np.load(self.folder / name, allow_pickle=False) as z:
+                yield {k: z[k] for k in keys}
+
+
+def _save(path: Path, chunk: dict[str, np.ndarray]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        np.savez(f, **chunk)
+    os.replace(tmp, path)          # a reader never sees half a chunk
+
+
+class SampleChunks:
+    """Latency samples kept as a sequence of chunks (in memory or on disk), for
+    summaries that never hold them all at once (`rack.analysis.quantiles`).
+
+    `source`: a sink or record set with `chunks(keys)`; `key`: the samples' column.
+    Iterating gives float64 arrays, one per chunk, NaN left out (empty ones skipped);
+    `size` is the number of samples (counted by one pass).
+    """
+
+    def __init__(self, source: Any, key: str = "itl_s") -> None:
+        self._source, self._key = source, key
+        self.size = sum(len(c) for c in self)
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        for c in self._source.chunks((self._key,)):
+            v = np.asarray(c[self._key], dtype=np.float64)
+            nan = np.isnan(v)
+            if nan.any():
+                v = v[~nan]
+            if v.size:
+                yield v
+
+    def __len__(self) -> int:
+        return self.size
+
+
+def empty_chunk(n_events: int) -> dict[str, np.ndarray]:
+    """A chunk of no rows."""
+    return {"id": np.zeros(0, np.int64), "times": np.zeros((0, n_events)), "outcome": np.zeros(0, np.int8),
+            "reason": np.zeros(0, "U1"), "preemptions": np.zeros(0, np.int32), "end_s": np.zeros(0),
+            "itl_len": np.zeros(0, np.int64), "itl_s": np.zeros(0)}
+
+
+def assemble(source: Any, ids: np.ndarray, n_events: int, *, flat_itl: bool) -> dict[str, Any]:
+    """The per-request arrays of a collector snapshot from the chunks of `source`
+    (every request of the run once, ended or open), in the order of `ids` (shape (n,)).
+
+    Returns {"times" (n, n_events), "outcome" int8 (n,), "reason" {id: reason},
+    "preemptions" int32 (n,), "end_s" (n,), and the inter-token latencies}: with
+    `flat_itl`, "itl_ids" (sorted ids of requests with samples), "itl_lengths" and
+    "itl_flat" (their samples, in that order, concatenated); otherwise "itl_flat" is a
+    `SampleChunks` over `source` (nothing loaded) and the two others are left out.
+    Raises ValueError if the chunks miss a request of `ids` or name one twice.
+    """
+    n = len(ids)
+    order = np.argsort(ids, kind="stable")
+    sorted_ids = ids[order]
+    times = np.full((n, n_events), np.nan)
+    outcome = np.zeros(n, np.int8)
+    preemptions = np.zeros(n, np.int32)
+    end_s = np.full(n, np.nan)
+    seen = np.zeros(n, bool)
+    reason: dict[int, str] = {}
+    itl_parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+    keys = COLUMNS if flat_itl else tuple(k for k in COLUMNS if k != "itl_s")
+    for c in source.chunks(keys):
+        cid = c["id"]
+        if not cid.size:
+            continue
+        if n == 0:
+            raise ValueError(f"records name request(s) the run did not submit, e.g. {cid[:3].tolist()}")
+        k = np.searchsorted(sorted_ids, cid)
+        k[k >= n] = 0
+        if not np.array_equal(sorted_ids[k], cid):
+            raise ValueError(f"records name request(s) the run did not submit, e.g. {cid[sorted_ids[k] != cid][:3].tolist()}")
+        pos = order[k]
+        if seen[pos].any():
+            raise ValueError(f"records hold request(s) twice, e.g. {cid[seen[pos]][:3].tolist()}")
+        seen[pos] = True
+        times[pos] = c["times"]
+        outcome[pos] = c["outcome"]
+        preemptions[pos] = c["preemptions"]
+        end_s[pos] = c["end_s"]
+        for rid, why in zip(cid[c["reason"] != ""].tolist(), c["reason"][c["reason"] != ""].tolist()):
+            reason[rid] = why
+        if flat_itl and c["itl_len"].any():
+            itl_parts.append((cid, c["itl_len"], c["itl_s"]))
+    if not seen.all():
+        raise ValueError(f"records miss request(s), e.g. {ids[~seen][:3].tolist()}")
+    out: dict[str, Any] = {"times": times, "outcome": outcome, "reason": reason,
+                           "preemptions": preemptions, "end_s": end_s}
+    if flat_itl:
+        out.update(_itl_by_id(itl_parts))
+    else:
+        out["itl_flat"] = SampleChunks(source)
+    return out
+
+
+def _itl_by_id(parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> dict[str, np.ndarray]:
+    """Samples of every chunk regrouped by request id (ascending)."""
+    if not parts:
+        return {"itl_ids": np.zeros(0, np.int64), "itl_lengths": np.zeros(0, np.int64), "itl_flat": np.zeros(0)}
+    ids = np.concatenate([p[0] for p in parts])
+    lengths = np.concatenate([p[1] for p in parts])
+    flat = np.concatenate([p[2] for p in parts])
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    has = lengths > 0
+    ids, lengths, starts = ids[has], lengths[has], starts[has]
+    order = np.argsort(ids, kind="stable")
+    ids, lengths, starts = ids[order], lengths[order], starts[order]
+    # gather each request's segment in id order without a Python loop
+    index = np.repeat(starts - np.concatenate([[0], np.cumsum(lengths)[:-1]]), lengths) + np.arange(lengths.sum())
+    return {"itl_ids": ids, "itl_lengths": lengths, "itl_flat": flat[index]}
+
+
+__all__ = ["CHUNK_ROWS", "CHUNK_SAMPLES", "COLUMNS", "DiskRecordSet", "DiskRecords", "FORMAT",
+           "MemoryRecords", "SampleChunks", "assemble", "empty_chunk"]

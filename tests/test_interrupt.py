@@ -1,0 +1,221 @@
+"""SIGINT and SIGTERM stop a run and keep what finished: results.json with status
+"interrupted", every request counted once (completed + rejected + failed + unfinished =
+submitted), Ray shut down with no process of the run left, exit code 130 and one line
+that says so; a second signal exits at once (docs/robustness.md, section 7)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from rack.analysis.results import summary_text
+from rack.runtime.interrupt import EXIT_INTERRUPTED, StopRequest
+from rack.wiring.runner import RunInterrupted, run_scenario
+from rack.wiring.scenario import load_scenario
+from workloads import load_requests
+
+RACK = [sys.executable, "-c", "from rack.cli import main; main()"]
+
+
+class StopAfter(StopRequest):
+    """Requested at the n-th time a driver looks (as if a signal came then)."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        self.left = n
+
+    @property
+    def requested(self) -> bool:
+        self.left -= 1
+        if self.left == 0:
+            self.request("SIGINT")
+        return self.signal_name is not None
+
+
+def _conserved(r: dict) -> None:
+    q = r["requests"]
+    assert q["completed"] + q["rejected"] + q["failed"] + q["unfinished"] == q["submitted"]
+    assert q["unfinished"] == q["open"]
+
+
+def test_a_stop_request_ends_a_virtual_run_with_what_finished(tmp_path):
+    from rack.analysis.results import write_results
+
+    reqs = load_requests("mooncake-excerpt")
+    with pytest.raises(RunInterrupted) as err:
+        run_scenario(load_scenario(), reqs, runtime="virtual", stop=StopAfter(800))
+    out = err.value.output
+    r = out.results
+    assert r["status"] == "interrupted" and r["interrupted"]["signal"] == "SIGINT"
+    assert 0 < r["interrupted"]["t_s"] < max(q.arrival_s for q in reqs)
+    _conserved(r)
+    assert 0 < r["requests"]["completed"] and r["requests"]["unfinished"] > 0
+    assert r["latency"]["ttft_s"]["n"] == r["requests"]["completed"]
+    assert summary_text(r).startswith("RUN INTERRUPTED (SIGINT at t=")
+    write_results(tmp_path, r, out.columns)
+    rows = list(csv.DictReader(open(tmp_path / "requests.csv")))
+    assert len(rows) == len(reqs) and sum(row["outcome"] == "open" for row in rows) == r["requests"]["unfinished"]
+
+
+def test_a_stop_after_every_request_ended_leaves_the_run_complete():
+    reqs = load_requests("mooncake-excerpt")[:20]
+    stop = StopAfter(10**9)
+    out = run_scenario(load_scenario(), reqs, runtime="virtual", stop=stop)
+    stop.request("SIGINT")            # too late to matter: nothing was polled after the end
+    assert out.results["status"] == "complete"
+
+
+# ----------------------------------------------------------------- real signals, real processes
+def _env() -> dict:
+    return {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
+
+
+def _descendants(pid: int, seen: dict) -> list[psutil.Process]:
+    """Processes below `pid` now; `seen` collects (pid -> create time) of all ever seen."""
+    try:
+        kids = psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return []
+    for k in kids:
+        try:
+            seen[k.pid] = (k.name(), k.create_time())
+        except psutil.Error:
+            pass
+    return kids
+
+
+def _left(seen: dict) -> list[tuple[int, str]]:
+    out = []
+    for pid, (name, created) in seen.items():
+        try:
+            p = psutil.Process(pid)
+            if p.create_time() == created and p.status() != psutil.STATUS_ZOMBIE:
+                out.append((pid, name))
+        except psutil.Error:
+            pass
+    return out
+
+
+def _kill_all(proc: subprocess.Popen, seen: dict) -> None:
+    """Clean-up after a failed test: the child's own processes, by PID."""
+    for pid, _ in _left(seen):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    if proc.poll() is None:
+        proc.kill()
+
+
+def _wait_gone(seen: dict, timeout_s: float = 20.0) -> list:
+    deadline = time.time() + timeout_s
+    while time.time() < deadline and _left(seen):
+        time.sleep(0.5)
+    return _left(seen)
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize("twice", [False, True], ids=["sigint", "sigint-twice"])
+def test_sigint_during_a_ray_run(twice, tmp_path):
+    out = tmp_path / "run"
+    proc = subprocess.Popen([*RACK, "run", "--runtime", "ray", "--window", "0:20", "--dilation", "5",
+                             "--out", str(out)], start_new_session=True, env=_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seen: dict = {}
+    try:
+        deadline = time.time() + 180
+        while time.time() < deadline and proc.poll() is None:
+            kids = _descendants(proc.pid, seen)
+            if sum(1 for k in kids if "CoreHost" in seen.get(k.pid, ("",))[0]) >= 6:
+                break           # every component's actor is up: the replay starts within seconds
+            time.sleep(0.5)
+        else:
+            pytest.fail(f"the Ray run did not start its actors (exit {proc.poll()})")
+        end = time.time() + 7
+        while time.time() < end:            # ~1 s of emulated time at dilation 5
+            _descendants(proc.pid, seen)
+            time.sleep(0.5)
+        os.killpg(proc.pid, signal.SIGINT)            # as Ctrl-C in a terminal: the whole group
+        if twice:
+            time.sleep(0.3)
+            os.killpg(proc.pid, signal.SIGINT)
+        t0 = time.time()
+        _, err = proc.communicate(timeout=120)
+        took = time.time() - t0
+    finally:
+        _kill_all(proc, seen)
+    lines = err.strip().splitlines()
+    assert proc.returncode == EXIT_INTERRUPTED, err
+    assert "Traceback" not in err
+    assert _wait_gone(seen) == [], "processes of the run left behind"
+    assert any("raylet" in name for name, _ in seen.values())      # Ray's own processes were watched
+    if twice:
+        assert lines[-1] == "interrupted again (SIGINT): stopped at once, no results written"
+        assert took < 30
+        return
+    assert lines[-1].startswith("interrupted (SIGINT) at t=") and "unfinished of" in lines[-1]
+    r = json.loads((out / "results.json").read_text())
+    assert r["status"] == "interrupted" and r["interrupted"]["signal"] == "SIGINT"
+    _conserved(r)
+    assert r["requests"]["submitted"] == 65 and r["requests"]["unfinished"] > 0
+    assert r["emulation"]["runtime"] == "ray"
+    assert len(list(csv.DictReader(open(out / "requests.csv")))) == 65
+
+
+def test_sigterm_during_a_long_virtual_run_keeps_the_streamed_records(tmp_path):
+    out = tmp_path / "run"
+    proc = subprocess.Popen([*RACK, "run", "--runtime", "virtual", "--dataset", "random", "--num-prompts",
+                             "400000", "--request-rate", "16", "--out", str(out)],
+                            env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        first = proc.stderr.readline()              # "replaying N requests ...": the replay starts
+        assert first.startswith("replaying 400000 requests"), first
+        time.sleep(3)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == EXIT_INTERRUPTED, err
+    assert err.strip().splitlines()[-1].startswith("interrupted (SIGTERM) at t=")
+    r = json.loads((out / "results.json").read_text())
+    assert r["status"] == "interrupted" and r["emulation"]["records"] == "disk"   # auto: 400k requests
+    _conserved(r)
+    assert r["requests"]["completed"] > 0 and r["requests"]["unfinished"] > 0
+    meta = json.loads((out / "records" / "records.json").read_text())
+    assert meta["requests"] == 400000 and meta["open"] == r["requests"]["unfinished"]
+    with open(out / "requests.csv") as f:
+        assert sum(1 for _ in f) == 400001
+
+
+def test_signal_handlers_stop_a_replay_then_exit_at_once(capsys):
+    """In this process: outside a replay a signal stops the command at once; inside,
+    the first only asks for a stop and the second stops at once."""
+    import typer
+
+    from rack.cli._checks import interruptible
+
+    with pytest.raises(typer.Exit) as ex:
+        with interruptible():
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(1)                                   # the handler raises before this ends
+    assert ex.value.exit_code == EXIT_INTERRUPTED
+    assert capsys.readouterr().err.strip() == "interrupted (SIGINT): stopped at once, no results written"
+    with pytest.raises(typer.Exit):
+        with interruptible() as stop:
+            with stop.replaying():
+                os.kill(os.getpid(), signal.SIGTERM)
+                assert stop.requested and stop.signal_name == "SIGTERM"     # no exception: a request
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(1)
+    assert capsys.readouterr().err.strip() == "interrupted again (SIGTERM): stopped at once, no results written"
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler       # restored
