@@ -30,29 +30,38 @@ class Collector(Core):
         request_ids: ids of every request the run will submit (shape (n,)).
         notify: cores told of every request's end (`ended(now, request_id, t_end)`),
             e.g. the router (closed-loop replay, fault recovery).
+        live_front: a live front's name (`rack.serve`): requests are not known in
+            advance (a request's first event or end opens its row), and the front is
+            told every request's end with its record (`request_ended(request id,
+            outcome, reason, t_end, times (one per EVENTS), itl_s)`). None: replays.
         name: the core's name ("collector").
     Handlers (messages): `event`, `events`, `finish`, `note_fault`, `note_recovery`,
-    `note_truncated`, `open_among` (replies `open_ids`). The driver reads `snapshot()`,
-    `all_ended()` and `open_requests()` directly.
+    `note_truncated`, `open_among` (replies `open_ids`), `end_open`. The driver reads
+    `snapshot()`, `all_ended()` and `open_requests()` directly.
     """
 
     def __init__(self, *, request_ids: Sequence[int], notify: Sequence[str] = (),
-                 name: str = "collector") -> None:
+                 live_front: str | None = None, name: str = "collector") -> None:
         super().__init__(name)
         ids = np.asarray(request_ids, dtype=np.int64)
-        self.ids = ids
         self._row = {int(r): i for i, r in enumerate(ids.tolist())}
         n = len(ids)
-        self.times = np.full((n, len(EVENTS)), np.nan)
-        self.outcome = np.zeros(n, dtype=np.int8)          # 0 open, 1.. index in OUTCOMES + 1
+        self._ids = ids
+        self._times = np.full((n, len(EVENTS)), np.nan)
+        self._outcome = np.zeros(n, dtype=np.int8)          # 0 open, 1.. index in OUTCOMES + 1
+        self._preemptions = np.zeros(n, dtype=np.int32)
+        self._end_s = np.full(n, np.nan)                    # when each request ended
+        self._n = n
+        self._views()
         self.reason: dict[int, str] = {}
-        self.preemptions = np.zeros(n, dtype=np.int32)
         self.itl: dict[int, np.ndarray] = {}
         self.violations: list[str] = []
         self.unknown_events = Counter()
         self._open = n
-        self.end_s = np.full(n, np.nan)                     # when each request ended
         self.notify = tuple(notify)
+        self.live_front = live_front
+        self._closed: set[int] = set()             # ended by `end_open`
+        self.after_close = 0                       # ends of those reported later (ignored)
         self.faults: dict[int, dict] = {}        # fault injector records, by fault index
         self.recoveries: list[dict] = []         # router: requests re-dispatched per recovery
         self.truncated: dict[int, int] = {}      # router: output tokens served, if truncated
@@ -74,9 +83,12 @@ class Collector(Core):
 
         `itl_s`: the request's inter-token gaps (s), shape (output_tokens - 1,).
         """
-        row = self._row.get(int(request_id))
+        row = self._row_of(request_id)
         if row is None:
             self.violations.append(f"finish for unknown request {request_id}")
+            return
+        if int(request_id) in self._closed:
+            self.after_close += 1
             return
         if outcome not in OUTCOMES:
             self.violations.append(f"request {request_id}: unknown outcome {outcome!r}")
@@ -100,6 +112,17 @@ class Collector(Core):
         self._open -= 1
         for dst in self.notify:
             self.send(dst, "ended", int(request_id), float(when))
+        if self.live_front is not None:
+            self.send(self.live_front, "request_ended", int(request_id), outcome, reason, float(when),
+                      self.times[row].copy(), self.itl.get(int(request_id)))
+
+    def end_open(self, now: float, reason: str) -> None:
+        """End every open request as failed with `reason` (a live front shutting down:
+        what was in flight is recorded, never lost); a later end of one of them is
+        counted in `after_close`, not as a second end."""
+        for rid in self.open_requests():
+            self.finish(now, rid, "failed", reason, None, now)
+            self._closed.add(rid)
 
     def open_among(self, now: float, ids: Iterable[int], reply_to: str, tag: Any) -> None:
         """Reply `open_ids(now, tag, [ids])` to `reply_to`: those of `ids` that have not
@@ -164,8 +187,33 @@ class Collector(Core):
         }
 
     # ----------------------------------------------------------------- internals
-    def _record(self, request_id: int, name: str, t: float) -> None:
+    def _views(self) -> None:
+        """The per-request columns as views of the first `_n` rows of their buffers."""
+        n = self._n
+        self.ids, self.times, self.outcome = self._ids[:n], self._times[:n], self._outcome[:n]
+        self.preemptions, self.end_s = self._preemptions[:n], self._end_s[:n]
+
+    def _row_of(self, request_id: int) -> int | None:
+        """The row of `request_id`; live (`live_front`): a new row for a new id."""
         row = self._row.get(int(request_id))
+        if row is not None or self.live_front is None:
+            return row
+        n = self._n
+        if n == self._ids.shape[0]:                 # amortised growth of the buffers
+            cap = max(64, 2 * n)
+            grow = lambda a, fill: np.concatenate((a, np.full((cap - n, *a.shape[1:]), fill, a.dtype)))
+            self._ids, self._times = grow(self._ids, 0), grow(self._times, np.nan)
+            self._outcome, self._preemptions = grow(self._outcome, 0), grow(self._preemptions, 0)
+            self._end_s = grow(self._end_s, np.nan)
+        self._ids[n] = int(request_id)
+        self._row[int(request_id)] = n
+        self._n = n + 1
+        self._open += 1
+        self._views()
+        return n
+
+    def _record(self, request_id: int, name: str, t: float) -> None:
+        row = self._row_of(request_id)
         if row is None:
             self.violations.append(f"event {name!r} for unknown request {request_id}")
             return
