@@ -229,17 +229,18 @@ def run_scenario(scenario: Scenario, requests: Sequence[Any], *, runtime: str = 
         details = getattr(exc, "details", None)
         error = details() if details else {"type": type(exc).__name__, "message": " ".join(str(exc).split())}
         error["components_without_stats"] = list(partial.get("stats_missing", []))
-        output = _assemble(scenario, specs, requests, partial, runtime, time.perf_counter() - wall0,
+        output = assemble(scenario, specs, requests, partial, runtime, time.perf_counter() - wall0,
                            trace_info, load, status={"status": "aborted", "error": error})
         raise RunAborted(exc, output) from exc
-    return _assemble(scenario, specs, requests, raw, runtime, time.perf_counter() - wall0, trace_info, load)
+    return assemble(scenario, specs, requests, raw, runtime, time.perf_counter() - wall0, trace_info, load)
 
 
-def _assemble(scenario: Scenario, specs: Sequence[ComponentSpec], requests: Sequence[Any], raw: dict,
-              runtime: str, wall: float, trace_info: dict | None, load: dict,
-              status: dict | None = None) -> RunOutput:
+def assemble(scenario: Scenario, specs: Sequence[ComponentSpec], requests: Sequence[Any], raw: dict,
+             runtime: str, wall: float, trace_info: dict | None, load: dict,
+             status: dict | None = None) -> RunOutput:
     """The RunOutput of a run's raw records (`run_topology_*`'s dict, or the `partial`
-    records of a run that stopped, with `status` {"status": "aborted", "error": ...})."""
+    records of a run that stopped, with `status` {"status": "aborted", "error": ...});
+    also a live session's (`rack.serve.session`)."""
     loop_type = raw.get("loop_type", "VirtualTimeLoop")
     dilation = scenario.dilation if runtime == "ray" else None
     # a crashed instance's work before its crash still counts (energy, utilisation)
