@@ -132,8 +132,9 @@ def test_router_rejection_is_replied_to_the_front():
     cores = _live_run(sc, same)
     front = cores["front"]
     statuses = [front.requests[r.id].status for r in same]
-    reasons = [front.requests[r.id].reason for r in same]
+    outcomes = [front.requests[r.id].outcome for r in same]
     # the first two fill both prefill instances (above 1 token of outstanding work each)
-    assert statuses.count("ended") == 3
-    assert reasons[2] == "router_queue_full"
+    assert statuses == ["admitted", "admitted", "rejected"]
+    assert outcomes == ["completed", "completed", "rejected"]
+    assert front.requests[same[2].id].reason == "router_queue_full"
     assert front.counts["rejected"] == 1

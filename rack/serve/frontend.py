@@ -150,6 +150,7 @@ class LiveFront:
                 pass
         if lr.status == "rejected":
             err = oa.rejection_error(lr.reason, self.retry_after_s())
+            err.headers["x-request-id"] = str(rid)
             self._end_response(resp, err.status)
             raise err
         if lr.n_out < plan.output_tokens:            # the context limit truncated it
@@ -273,7 +274,7 @@ class LiveFront:
         the metrics, and the gateway forgets the request."""
         rid = resp.rid
         await resp.done.wait()
-        lr = await self._until(rid, lambda lr: lr.status == "ended")
+        lr = await self._until(rid, lambda lr: lr.ended)
         lateness = early = None
         if resp.chunk_end and lr.outcome == "completed":
             truth = np.array([self.host.wall_of(t) for t in lr.times])
@@ -298,7 +299,9 @@ class LiveFront:
             "tokens_sent": int(resp.chunk_end[-1]) if resp.chunk_end else 0, "chunks": len(resp.chunk_end),
             "client_disconnected": resp.disconnected, "received_wall_s": resp.received_wall,
             "lateness_s": lateness, "early_s": early,
-            **{f"t_{k}_s": times.get(k, math.nan) for k in ("arrival", "first_token", "completion")}})
+            # HTTP receipt to the router's arrival (wall s): the front's own delay before TTFT starts
+            "intake_s": (self.host.wall_of(times["arrival"]) - resp.received_wall) if times else None,
+            **{f"t_{k}_s": _finite(times.get(k)) for k in ("arrival", "first_token", "completion")}})
         if lr.itl_s is not None:
             self._itl[rid] = np.asarray(lr.itl_s)
             while len(self._itl) > KEEP_ITL:
@@ -315,6 +318,11 @@ class LiveFront:
                 itl = self._itl.get(rid)
                 return {**r, "itl_s": None if itl is None else itl.tolist()}
         return None
+
+
+def _finite(x: float | None) -> float | None:
+    """x, or None for NaN / absent (JSON has no NaN)."""
+    return None if x is None or x != x else float(x)
 
 
 def _sse(obj: dict) -> str:

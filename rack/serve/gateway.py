@@ -44,9 +44,10 @@ _FIRST = EVENTS.index("first_token")
 class LiveRequest:
     """What the gateway knows of one live request.
 
-    status: "pending" (sent to the router), "admitted", "rejected" (by the router,
-    `reason`), "ended" (the collector's record is in: `outcome`, `reason`, `t_end`,
-    `record_times` (one per `rack.serving.collector.EVENTS`), `itl_s`).
+    status: the router's verdict: "pending" (sent to the router), "admitted" or
+    "rejected" (`reason`). Ended once the collector's record is in (`outcome`,
+    `reason`, `t_end`, `record_times` (one per `rack.serving.collector.EVENTS`),
+    `itl_s`); the record may come before the verdict (two senders).
     times: emulated time of each output token (shape (output_tokens,), NaN unknown).
     """
 
@@ -63,8 +64,8 @@ class LiveRequest:
 
     @property
     def ended(self) -> bool:
-        """Rejected by the router, or ended (the collector's record is in)."""
-        return self.status in ("ended", "rejected")
+        """The collector's record is in."""
+        return self.outcome is not None
 
 
 class Gateway(Core):
@@ -102,7 +103,8 @@ class Gateway(Core):
         if lr is None:
             return
         if reason is not None:
-            lr.status, lr.reason = "rejected", reason
+            lr.status = "rejected"
+            lr.reason = lr.reason or reason
             self.counts["rejected"] += 1
         else:
             if lr.status == "pending":
@@ -165,7 +167,6 @@ class Gateway(Core):
             return
         lr.outcome, lr.reason, lr.t_end = outcome, reason, float(t_end)
         lr.record_times, lr.itl_s = np.asarray(times, dtype=np.float64), itl_s
-        lr.status = "ended"
         if outcome == "completed" and lr.times.shape[0]:
             t_first = lr.record_times[_FIRST]
             gaps = np.zeros(0) if itl_s is None else np.asarray(itl_s, dtype=np.float64)
