@@ -86,6 +86,10 @@ def _serve_until_interrupted(server, drain_s: float):
         raise KeyboardInterrupt
 
     old = signal.signal(signal.SIGTERM, on_term)
+    # Ctrl-C raises KeyboardInterrupt also when the shell started us with SIGINT
+    # ignored (a background job of a non-interactive shell); it stays so for `stop`,
+    # where a second one ends the requests in flight at once.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     next_check = time.time() + 2.0
     try:
         while True:
