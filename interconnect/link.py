@@ -215,6 +215,9 @@ class FairShareNetwork:
         self._seq = 0
         self._changes: list[float] = []  # heap of capacity-change times > now
         self._finished: list[tuple[Hashable, float]] = []
+        # the earliest (finish_at, seq, flow) at the current rates; drain times change
+        # only when rates are recomputed, so it is found there, once per event
+        self._next: tuple[float, int, _Flow] | None = None
 
     # ------------------------------------------------------------------ queries
 
@@ -260,11 +263,8 @@ class FairShareNetwork:
         """(time, flow id) of the earliest drain at the current rates, or None if no flow
         can finish at the current rates. Exact unless a flow arrives or a capacity change
         (see `next_event_time`) comes first."""
-        best: _Flow | None = None
-        for f in self._flows.values():
-            if f.finish_at < math.inf and (best is None or (f.finish_at, f.seq) < (best.finish_at, best.seq)):
-                best = f
-        return None if best is None else (best.finish_at, best.fid)
+        nxt = self._next
+        return None if nxt is None else (nxt[0], nxt[2].fid)
 
     def next_event_time(self) -> float:
         """Time of the next internal event (a drain or a capacity change), math.inf if
@@ -272,8 +272,7 @@ class FairShareNetwork:
         lazily otherwise)."""
         if not self._flows:
             return math.inf
-        nc = self.next_completion()
-        t = nc[0] if nc else math.inf
+        t = self._next[0] if self._next is not None else math.inf
         if self._changes:
             t = min(t, self._changes[0])
         return t
@@ -324,7 +323,10 @@ class FairShareNetwork:
             ln = self._links[name]
             ln.flows[flow_id] = f
             ln.peak_flows = max(ln.peak_flows, len(ln.flows))
-        self._recompute()
+        if len(self._flows) == 1:
+            self._alone(f)
+        else:
+            self._recompute()
 
     def remove_flow(self, flow_id: Hashable, t: float) -> float:
         """Cancel an active flow at time `t`; returns the bytes it had not moved.
@@ -404,8 +406,7 @@ class FairShareNetwork:
         if t < self.now:
             raise ValueError(f"time went backwards: {t!r} < now {self.now!r}")
         while True:
-            nc = self.next_completion()
-            t_drain = nc[0] if nc else math.inf
+            t_drain = self._next[0] if self._next is not None else math.inf
             t_change = self._changes[0] if self._changes else math.inf
             te = min(t_drain, t_change)
             if te > t:
@@ -439,6 +440,14 @@ class FairShareNetwork:
                 ln.busy_s += dt
         self.now = t
 
+    def _alone(self, f: _Flow) -> None:
+        """Rates when `f` is the only flow: progressive filling gives it the smallest
+        capacity on its path (the closed form of `_recompute` for one flow; most
+        handoffs start on an idle network)."""
+        f.rate = min(self._links[name].capacity for name in f.path)
+        self._set_drain_times()
+        self._note_utilisation()
+
     def _recompute(self) -> None:
         """Max-min fair rates by progressive filling, then projected drain times."""
         residual = {name: ln.capacity for name, ln in self._links.items()}
@@ -458,6 +467,12 @@ class FairShareNetwork:
                     for other in f.path:
                         residual[other] -= smallest
                         unfrozen_on[other] -= 1
+        self._set_drain_times()
+        self._note_utilisation()
+
+    def _set_drain_times(self) -> None:
+        """Each flow's projected drain time at its current rate, and the earliest."""
+        nxt = None
         for f in self._flows.values():
             if f.remaining <= 0:
                 f.finish_at = self.now
@@ -465,7 +480,13 @@ class FairShareNetwork:
                 f.finish_at = self.now + f.remaining / f.rate
             else:
                 f.finish_at = math.inf
-        for name, ln in self._links.items():
+            if f.finish_at < math.inf and (nxt is None or (f.finish_at, f.seq) < nxt[:2]):
+                nxt = (f.finish_at, f.seq, f)
+        self._next = nxt
+
+    def _note_utilisation(self) -> None:
+        """Append each link's utilisation to its series when it changed."""
+        for ln in self._links.values():
             util = sum(f.rate for f in ln.flows.values()) / ln.nominal
             if ln.series and ln.series[-1][0] == self.now:
                 ln.series[-1] = (self.now, util)

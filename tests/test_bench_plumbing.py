@@ -138,3 +138,37 @@ def test_cli_rejects_a_bad_window():
     _register_commands()
     res = CliRunner().invoke(app, ["bench", "--skip-ray", "--window", "nonsense"])
     assert res.exit_code == 2
+
+
+# ---------------------------------------------------------------------------- --baseline
+def test_baseline_section_compares_two_checkouts_in_one_run():
+    """The same code as its own baseline (a checkout path): both sides replay the same
+    window in subprocesses and agree on what they served; the ratio is baseline/current."""
+    from rack.analysis import bench_baseline as BB
+
+    root = str(BB.project_root())
+    out = BB.baseline_section(root, ["mooncake-excerpt"], "helios-cs3-kimi-k2", repeat=1, window=WINDOW)
+    rows = out["traces"]["mooncake-excerpt"]
+    for key in ("x1", "x2"):
+        r = rows[key]
+        assert r["completed"]["baseline"] == r["completed"]["current"] > 0
+        assert r["ttft_p50_s"]["baseline"] == r["ttft_p50_s"]["current"]
+        assert r["speedup"] == pytest.approx(r["baseline_wall_s"] / r["current_wall_s"])
+    assert set(rows["doubled_output_ratio"]) == {"baseline", "current"}
+    chk = B.checks({"baseline": out})["baseline.mooncake-excerpt.speedup"]
+    assert chk["ok"] is None and chk["na"] == "window"
+
+
+def test_baseline_bad_ref_is_refused_before_measuring(tmp_path):
+    from rack.analysis.bench_baseline import check_ref
+
+    with pytest.raises(ValueError, match="neither a directory nor a git revision"):
+        check_ref("no-such-revision-xyz")
+    with pytest.raises(ValueError, match="no rack/ package"):
+        check_ref(str(tmp_path))
+    from rack.cli import _register_commands
+    from rack.cli.app import app
+
+    _register_commands()
+    res = CliRunner().invoke(app, ["bench", "--baseline", "no-such-revision-xyz", "--quick"])
+    assert res.exit_code == 2 and "--baseline no-such-revision-xyz" in res.output

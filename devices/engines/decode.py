@@ -90,6 +90,8 @@ if TYPE_CHECKING:
 AdmissionPolicy = Literal["reserve", "preempt"]
 #: Who sends the client a split request's first output token (DecodeEngine docstring).
 FirstToken = Literal["decode", "prefill"]
+#: `_first_end` of an empty batch: a step index no run reaches.
+_NEVER = 1 << 62
 
 
 class _Waiter:
@@ -225,11 +227,14 @@ class DecodeEngine(Core):
         self._batch: list[_Seq] = []
         # The batch as arrays, in the order of `_batch` (advanced per event, not per
         # request): each request's context at its stint's start (ctx0 + tokens before
-        # the stint), its stint's first global step, tokens and steps of the stint.
+        # the stint), its stint's first global step, tokens of the stint and the global
+        # step at which the stint ends; `_first_end`: the earliest of those ends (no
+        # request can finish before it, so a run that stops short needs no check).
         self._a_base = np.zeros(0, np.int64)
         self._a_start = np.zeros(0, np.int64)
         self._a_rem = np.zeros(0, np.int64)
-        self._a_steps = np.zeros(0, np.int64)
+        self._a_end = np.zeros(0, np.int64)
+        self._first_end = _NEVER
         self._waiting_ids: set[int] = set()
         self._order = 0
         self._pending_events: list[tuple] = []
@@ -549,7 +554,7 @@ class DecodeEngine(Core):
         `limit`; under "preempt" books their KV growth, preempting if even one step
         does not fit."""
         while self._batch:
-            horizon = min(int((self._a_start + self._a_steps).min()) - len(self._t_end), self.max_steps_per_wake)
+            horizon = min(self._first_end - len(self._t_end), self.max_steps_per_wake)
             if limit is not None:
                 horizon = min(horizon, limit)
             if self.policy == "reserve":
@@ -691,7 +696,8 @@ class DecodeEngine(Core):
             self._a_base = np.concatenate((self._a_base, np.fromiter((s.ctx0 + s.emitted for s in new), np.int64, n)))
             self._a_start = np.concatenate((self._a_start, np.fromiter((s.start for s in new), np.int64, n)))
             self._a_rem = np.concatenate((self._a_rem, np.fromiter((s.rem for s in new), np.int64, n)))
-            self._a_steps = np.concatenate((self._a_steps, np.fromiter((s.steps for s in new), np.int64, n)))
+            self._a_end = np.concatenate((self._a_end, np.fromiter((s.start + s.steps for s in new), np.int64, n)))
+            self._first_end = min(self._first_end, min(s.start + s.steps for s in new))
         self.batch_peak = max(self.batch_peak, len(self._batch))
         if not recompute:
             return False
@@ -786,7 +792,8 @@ class DecodeEngine(Core):
         self._a_base = self._a_base[keep]
         self._a_start = self._a_start[keep]
         self._a_rem = self._a_rem[keep]
-        self._a_steps = self._a_steps[keep]
+        self._a_end = self._a_end[keep]
+        self._first_end = int(self._a_end.min()) if self._a_end.shape[0] else _NEVER
 
     def _finish(self, finished: list) -> None:
         if not finished:
@@ -817,8 +824,8 @@ class DecodeEngine(Core):
         self._batch_seconds += len(batch) * (t_last - t0)
         self._step_seconds += t_last - t0
         finished = []
-        over = (len(self._t_end) - self._a_start) >= self._a_steps
-        if over.any():
+        if len(self._t_end) >= self._first_end:
+            over = len(self._t_end) >= self._a_end
             for i in np.flatnonzero(over).tolist():
                 s = batch[i]
                 self._end_stint(s)

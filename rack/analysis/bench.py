@@ -1,6 +1,6 @@
 """`rack bench`: how fast the emulator itself is (docs/bench.md has a measured table).
 
-Five measurements, each figure the median of `repeat` runs:
+Five measurements (six with --baseline), each figure the median of `repeat` runs:
 
 - replay speed (virtual runtime): whole traces (Azure conversation 2023, 19,366
   requests; Mooncake conversation, 12,031) through the default scenario and through a
@@ -16,7 +16,10 @@ Five measurements, each figure the median of `repeat` runs:
 - KV codec: encode / decode GB/s of 1, 16 and 128 MiB frames next to a memory copy of
   the same size timed in the same run (ratio);
 - KV link: delivered GB/s of KV frames between two Ray actors on one node
-  (`rack.runtime.ray_bench`).
+  (`rack.runtime.ray_bench`);
+- with `--baseline REF`: the same replays by another version of the code (a git
+  revision or a checkout), alternating with this one's in the same run, as ratios
+  (`rack.analysis.bench_baseline`).
 
 `run_bench` returns one JSON-able dict; `render` prints it as tables. GB = 1e9 bytes,
 MB = 2**20 bytes (frame sizes). Wall time is `time.perf_counter`, CPU time
@@ -40,9 +43,10 @@ DEFAULT_SCENARIOS = ("helios-cs3-kimi-k2", "a100-llama2-70b")
 CODEC_SIZES_MB = (1, 16, 128)
 #: Done-when targets of the issue (docs/bench.md): replay under 5 s per whole trace,
 #: doubled outputs within 10%, codec at >= half the copy rate at 16 MB, Ray p99
-#: lateness under 1% of the median TPOT.
+#: lateness under 1% of the median TPOT; with --baseline, at least 2x the version
+#: before the engine-core change (issue "one engine core, two drivers").
 TARGETS = {"replay_wall_s": 5.0, "doubled_output_ratio": 1.10, "codec_16MB_ratio": 0.5,
-           "lateness_p99_over_tpot": 0.01}
+           "lateness_p99_over_tpot": 0.01, "baseline_speedup": 2.0}
 
 Progress = Callable[[str], None]
 
@@ -363,7 +367,8 @@ def run_bench(*, repeat: int = 3, quick: bool = False, skip_ray: bool = False,
               window: tuple[float | None, float | None] | None = None,
               codec_sizes_mb: Sequence[float] = CODEC_SIZES_MB,
               pacing_trace: str = "mooncake-excerpt", rate_scales: Sequence[float] | None = None,
-              address: str | None = None, progress: Progress = _quiet) -> dict:
+              address: str | None = None, baseline: str | None = None,
+              progress: Progress = _quiet) -> dict:
     """Every measurement of the module docstring, as one JSON-able dict.
 
     quick: a 600 s window of each trace, 1 run per figure, a 2-rung rate ladder, two
@@ -371,7 +376,9 @@ def run_bench(*, repeat: int = 3, quick: bool = False, skip_ray: bool = False,
     Keys: "machine", "settings", "replay" (`replay_section`), "event_cost"
     (`event_cost`, on the first trace and scenario), "codec" (`codec_speed`), "pacing"
     (`pacing_section`) and "link" (`actor_link_throughput`), or {"skipped": reason},
-    and "checks": each done-when target with its value and verdict.
+    "baseline" (`rack.analysis.bench_baseline.baseline_section`, when `baseline` names
+    another version: its replays beside this code's, alternately, same run) and
+    "checks": each done-when target with its value and verdict.
     """
     if quick:
         repeat = 1
@@ -381,6 +388,11 @@ def run_bench(*, repeat: int = 3, quick: bool = False, skip_ray: bool = False,
     out: dict[str, Any] = {"machine": machine_info(), "settings": settings}
     out["replay"] = replay_section(traces, scenarios, repeat=repeat, window=window, progress=progress)
     out["event_cost"] = event_cost(traces[0], scenarios[0], repeat=repeat, window=window, progress=progress)
+    if baseline:
+        from rack.analysis.bench_baseline import baseline_section
+
+        out["baseline"] = baseline_section(baseline, traces, scenarios[0], repeat=repeat, window=window,
+                                           progress=progress)
     if skip_codec:
         out["codec"] = {"skipped": "--skip-codec"}
     else:
@@ -433,6 +445,16 @@ def checks(result: dict) -> dict:
                                                   "ok": abs(v - 1.0) < 0.10}
         if min(len(ec.get("wall_s_runs", ())), len(ec.get("wall_s_doubled_runs", ()))) < 3:
             out["event_cost.doubled_output_ratio"].update(ok=None, na="fewer than 3 runs")
+    base = result.get("baseline", {})
+    for trace, rows in base.get("traces", {}).items():
+        if "x1" in rows:
+            row = out[f"baseline.{trace}.speedup"] = {
+                "value": rows["x1"]["speedup"], "target": f">= {TARGETS['baseline_speedup']:g} x {base['ref']}",
+                "ok": rows["x1"]["speedup"] >= TARGETS["baseline_speedup"]}
+            if base.get("window"):
+                row.update(ok=None, na="window")
+            elif len(rows["x1"]["current_runs"]) < 3:
+                row.update(ok=None, na="fewer than 3 runs")
     c16 = result.get("codec", {}).get("16MB")
     if c16:
         out["codec.16MB.ratio_to_memcpy"] = {"value": c16["ratio_to_memcpy"], "target": ">= 0.5",
@@ -504,6 +526,21 @@ def render(result: dict, console: Any = None) -> None:
         con.print(f"event cost ({ec['trace']}, {ec['scenario']}): outputs x2 -> output tokens x"
                   f"{ec['output_tokens_ratio']:.2f}, events x{ec['events_ratio']:.2f}, wall "
                   f"{ec['wall_s']:.2f} s -> {ec['wall_s_doubled']:.2f} s (ratio {ec['doubled_output_ratio']:.3f})")
+    base = result.get("baseline")
+    if base:
+        t = table(f"This code beside {base['ref']} (same run, alternately; median wall s of the replays)",
+                  ("trace", "outputs", "baseline s", "current s", "speedup", "TTFT p50 base / current"),
+                  left=("trace",))
+        for trace, rows in base["traces"].items():
+            for key, r in rows.items():
+                if key.startswith("x"):
+                    tt = r["ttft_p50_s"]
+                    t.add_row(trace, key, _fmt(r["baseline_wall_s"]), _fmt(r["current_wall_s"]),
+                              _fmt(r["speedup"]), f"{_fmt(tt['baseline'], 4)} / {_fmt(tt['current'], 4)}")
+            if "doubled_output_ratio" in rows:
+                d = rows["doubled_output_ratio"]
+                con.print(f"{trace}: doubled outputs cost x{d['baseline']:.3f} (baseline), x{d['current']:.3f} (current)")
+        con.print(t)
     codec = result.get("codec", {})
     if codec and "skipped" not in codec:
         t = table("KV frame codec vs memory copy (GB/s = 1e9 B/s, median)",

@@ -24,10 +24,12 @@ def bench(
     codec_mb: Optional[List[float]] = typer.Option(None, "--codec-mb", help="codec frame sizes in MiB [default: 1 16 128]"),
     rate_scale: Optional[List[float]] = typer.Option(None, "--rate-scale", help="Ray pacing rate-scale ladder [default: 1 2 4 8]"),
     address: Optional[str] = typer.Option(None, "--address", help="Ray cluster address (default: start Ray locally)"),
+    baseline: Optional[str] = typer.Option(None, "--baseline", help="also replay with another version of the code (a git revision of this checkout, or a checkout's path), alternately, and report the speed-up"),
     out: Optional[Path] = typer.Option(None, "--out", help="also write the JSON to this file"),
 ) -> None:
     """Measure how fast the emulator runs: virtual replay of whole traces, cost of doubled
-    outputs, Ray pacing lateness, KV codec and KV link throughput."""
+    outputs, Ray pacing lateness, KV codec and KV link throughput; with --baseline, the
+    speed-up over another version of the code measured in the same run."""
     import sys
 
     from rack.analysis import bench as B
@@ -35,6 +37,10 @@ def bench(
 
     try:
         win = parse_window(window) if window else None
+        if baseline:
+            from rack.analysis.bench_baseline import check_ref
+
+            check_ref(baseline)
     except ValueError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2)
@@ -44,7 +50,7 @@ def bench(
                          scenarios=tuple(scenario) if scenario else B.DEFAULT_SCENARIOS,
                          window=win, codec_sizes_mb=tuple(codec_mb) if codec_mb else B.CODEC_SIZES_MB,
                          rate_scales=tuple(rate_scale) if rate_scale else None, address=address,
-                         progress=progress)
+                         baseline=baseline, progress=progress)
     result["settings"]["argv"] = list(sys.argv)
     text = B.to_json(result)
     if out is not None:
