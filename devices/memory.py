@@ -338,6 +338,11 @@ class PrefixCache:
     useless without the head), as vLLM does.
 
     Keys are (block_size, hash), so traces with different block sizes never collide.
+
+    `journal`: None (default), or a list to which every change of the cached set is
+    appended as ("stored", [keys]) or ("removed", [keys]), in order: the KV events an
+    engine publishes to a KV-aware router (as vLLM's BlockStored / BlockRemoved events
+    feed Dynamo's KV router). The owner drains it.
     """
 
     def __init__(self, ledger: MemoryLedger, kv_bytes_per_token: int,
@@ -349,6 +354,7 @@ class PrefixCache:
         self._pinned_by: dict[Hashable, list[tuple[int, int]]] = {}
         self._unpinned_bytes = 0
         self.stats = PrefixCacheStats()
+        self.journal: list | None = None
 
     def __len__(self) -> int:
         return len(self._lru)
@@ -434,11 +440,14 @@ class PrefixCache:
                     lru[key] = _Entry(nbytes)
                 self._unpinned_bytes += need
                 self.stats.inserted_blocks += len(fresh)
+                if self.journal is not None:
+                    self.journal.append(("stored", fresh))
             for key in reversed(keys):
                 lru.move_to_end(key)
             return len(fresh)
         added: list[tuple[int, int]] = []
         protected: set[tuple[int, int]] = set()
+        stored: list[tuple[int, int]] = []
         new = 0
         for key in keys:
             if key in lru:
@@ -451,9 +460,12 @@ class PrefixCache:
             lru[key] = _Entry(nbytes)
             self._unpinned_bytes += nbytes
             new += 1
+            stored.append(key)
             added.append(key)
             protected.add(key)
         self.stats.inserted_blocks += new
+        if self.journal is not None and new:
+            self.journal.append(("stored", stored))
         for key in reversed(added):
             lru.move_to_end(key)
         return new
@@ -481,6 +493,8 @@ class PrefixCache:
             self.ledger.free(self.category, entry.nbytes)
             self._unpinned_bytes -= entry.nbytes
             self.stats.evicted_blocks += 1
+        if self.journal is not None and victims:
+            self.journal.append(("removed", victims))
         return True
 
     def evictable_bytes(self) -> int:
@@ -489,6 +503,9 @@ class PrefixCache:
 
     def clear(self) -> None:
         """Drop every unpinned entry."""
-        for key in [k for k, e in self._lru.items() if not e.pins]:
+        victims = [k for k, e in self._lru.items() if not e.pins]
+        for key in victims:
             self.ledger.free(self.category, self._lru.pop(key).nbytes)
         self._unpinned_bytes = 0
+        if self.journal is not None and victims:
+            self.journal.append(("removed", victims))

@@ -113,7 +113,16 @@ def test_compare_cli_json_and_folder(cli, tmp_path):
         assert (out / "plots" / f"{png}.png").stat().st_size > 1000
     assert (out / "report.html").read_text().startswith("<!doctype html>")
     trace = json.loads((out / "timelines.json").read_text())
-    assert {e["pid"] for e in trace["traceEvents"]} == {1, 2, 3, 4}
+    assert {e["pid"] for e in trace["traceEvents"] if e["ph"] == "X"} == {1, 2, 3, 4}    # request tracks
+    procs = {e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "process_name"}
+    # engine and link counter tracks: gpu-only 4 instances, wafer-only 1, split 2 + 1 + a link, conditional same
+    assert {"helios-cs3-kimi-k2: prefill-0", "helios-cs3-kimi-k2: decode-0",
+            "helios-cs3-kimi-k2: gpu-to-wafer"} <= procs and len(procs) == 4 + 4 + 1 + 4 + 4
+    counters = {e["name"] for e in trace["traceEvents"] if e["ph"] == "C"}
+    assert {"waiting", "running", "KV occupancy (%)", "prefix-cache hits (blocks)", "utilisation (%)"} <= counters
+    for name in names:
+        assert (out / name / "timeseries.csv").stat().st_size > 100
+        assert (out / "plots" / f"timeseries-{name}.png").stat().st_size > 1000
     assert json.loads((out / "compare.json").read_text())["scenarios"][0]["name"] == names[0]
     assert (out / "helios-cs3-kimi-k2" / "results.json").exists()
 

@@ -133,7 +133,7 @@ def test_out_must_be_a_writable_folder(tmp_path):
     res = cli("--out", str(tmp_path / "new" / "deep"))
     assert res.exit_code == 0, res.output
     assert sorted(p.name for p in (tmp_path / "new" / "deep").iterdir()) == \
-        ["requests.csv", "results.json", "summary.txt"]
+        ["requests.csv", "results.json", "summary.txt", "timelines.json", "timeseries.csv", "timeseries.png"]
 
 
 def test_scenario_paths(tmp_path):

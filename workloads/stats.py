@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 from array import array
+from collections import OrderedDict
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable, Mapping
 
@@ -177,22 +178,41 @@ def trace_stats(source: str | os.PathLike | TraceReader | Iterable[Request], *,
     )
 
 
-def ideal_prefix_hits(requests: Iterable[Request]) -> tuple[int, int]:
+def ideal_prefix_hits(requests: Iterable[Request], capacity_blocks: int | None = None) -> tuple[int, int]:
     """(blocks hit, blocks looked up) by an ideal prefix cache over `requests` in
-    arrival order: unbounded, shared by every instance, and filled the moment a request
-    arrives. Only a prompt's full blocks count (prompt_tokens // block_size of its
-    hashes), as an engine's prefix cache holds full blocks only (vLLM) and looks up
-    those. The upper bound an emulated run's prefix-cache hit ratio is compared with.
+    arrival order: shared by every instance and filled the moment a request arrives.
+    Only a prompt's full blocks count (prompt_tokens // block_size of its hashes), as
+    an engine's prefix cache holds full blocks only (vLLM) and looks up those, and a
+    request hits the longest leading run of them the cache holds (a block is reused
+    only after its whole prefix; for a trace whose repeated blocks always form a
+    prefix, as Mooncake's, that is every block seen before).
+
+    capacity_blocks: None, an unbounded cache (the upper bound any routing could
+        reach); or at most that many blocks, least recently used evicted first, a
+        request's blocks touched last to first (as `devices.memory.PrefixCache`): what
+        routing could reach with that much cache, were it pooled. Raises ValueError
+        for capacity_blocks < 0.
     """
-    seen: set[tuple[int, int]] = set()
+    if capacity_blocks is not None and capacity_blocks < 0:
+        raise ValueError(f"ideal_prefix_hits: capacity_blocks must be >= 0 or None, got {capacity_blocks}")
+    cache: OrderedDict[tuple[int, int], None] = OrderedDict()
     hit = looked = 0
     for r in requests:
         if not r.block_hashes:
             continue
         bs = r.block_size
-        full = r.block_hashes[: r.prompt_tokens // bs]
-        looked += len(full)
-        keys = [(bs, h) for h in full]
-        hit += sum(1 for k in keys if k in seen)
-        seen.update(keys)
+        keys = [(bs, h) for h in r.block_hashes[: r.prompt_tokens // bs]]
+        looked += len(keys)
+        run = 0
+        for k in keys:
+            if k not in cache:
+                break
+            run += 1
+        hit += run
+        for k in reversed(keys):
+            cache[k] = None
+            cache.move_to_end(k)
+        if capacity_blocks is not None:
+            while len(cache) > capacity_blocks:
+                cache.popitem(last=False)
     return hit, looked

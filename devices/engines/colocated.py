@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from devices.engines.common import admit_with_prefix, enqueue_batch, plan_chunk, prefix_lookup
+from devices.engines.common import admit_with_prefix, enqueue_batch, plan_chunk, prefix_lookup, record_series
 from devices.engines.decode import AdmissionPolicy, DecodeEngine, _Seq
 from devices.memory import PrefixCache
 
@@ -138,6 +138,9 @@ class ColocatedEngine(DecodeEngine):
             "tokens_cached": self.tokens_cached,
             "prefix_cache": self.prefix.stats.as_dict() if self.prefix else None,
             "prefix_cache_entries": len(self.prefix) if self.prefix else 0,
+            # bytes a cached token holds (all its copies): the cache's size in tokens is
+            # at most kv_capacity_bytes / this
+            "prefix_cache_bytes_per_token": self.prefix.kv_bytes_per_token if self.prefix else None,
         })
         return out
 
@@ -220,6 +223,7 @@ class ColocatedEngine(DecodeEngine):
                 self._pending_events.append((j.req.id, "prefill_start", t0))
         self.memory.add(t0, self.ledger.used)
         self.batch_series.add(t0, len(batch))
+        self._sample(t0)
         self._flush_events()
         self._mixed = (t0, ends, sc, c, batch, plan, n)
         if n > 1:
@@ -288,6 +292,12 @@ class ColocatedEngine(DecodeEngine):
         if single:
             self._grant(t1)
         return t1
+
+    def _sample(self, t: float) -> None:
+        """As `DecodeEngine._sample`, with the prompts queued here waiting and those
+        being prefilled running."""
+        record_series(self, t, len(self._queue) + len(self._waiters) + len(self._reservations) + len(self._ready),
+                      len(self._batch) + len(self._prefilling))
 
     def _fusable(self, budget: int) -> int:
         """How many coming iterations the first prompt in progress takes the whole

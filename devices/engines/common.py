@@ -214,6 +214,62 @@ class TimeSeries:
         return self.t.slice(self.t.base, len(self.t)), self.v.slice(self.v.base, len(self.v))
 
 
+class EventSeries:
+    """An instance's gauges over time, one row per event that may change them (an
+    iteration, a batch boundary, a submission, a handoff), never per token.
+
+    Rows are (t, *values) with the columns `SERIES_COLUMNS` (float64, in a buffer that
+    doubles when full); a row at the same time as the last one replaces it, so an
+    instant's several events leave its final state. `as_dict()` returns {"t_s": (n,),
+    column: (n,)} arrays.
+    """
+
+    __slots__ = ("_buf", "_n")
+
+    def __init__(self, capacity: int = 1024) -> None:
+        self._buf = np.empty((max(16, capacity), 1 + len(SERIES_COLUMNS)), dtype=np.float64)
+        self._n = 0
+
+    def __len__(self) -> int:
+        return self._n
+
+    def add(self, t: float, queue_depth: int, running: int, kv_bytes: int, prefix_cache_bytes: int,
+            prefix_hit_blocks: int, prefix_lookup_blocks: int) -> None:
+        n = self._n
+        if n and self._buf[n - 1, 0] == t:
+            n -= 1                                   # same instant: keep its last state
+        elif n == self._buf.shape[0]:
+            self._buf = np.concatenate((self._buf, np.empty_like(self._buf)))
+        self._buf[n] = (t, queue_depth, running, kv_bytes, prefix_cache_bytes,
+                        prefix_hit_blocks, prefix_lookup_blocks)
+        self._n = n + 1
+
+    def as_dict(self) -> dict[str, np.ndarray]:
+        rows = self._buf[: self._n]
+        out = {"t_s": rows[:, 0].copy()}
+        out.update({c: rows[:, i + 1].copy() for i, c in enumerate(SERIES_COLUMNS)})
+        return out
+
+
+def record_series(engine: Any, t: float, queue_depth: int, running: int) -> None:
+    """Append a row to `engine.series` (an `EventSeries`) from its ledger and prefix
+    cache (`engine.prefix`, None or absent when it has none)."""
+    led = engine.ledger
+    st = getattr(getattr(engine, "prefix", None), "stats", None)
+    engine.series.add(t, queue_depth, running, led.held("kv") + led.held("reserved"), led.held("prefix_cache"),
+                      st.hit_blocks if st else 0, st.hit_blocks + st.miss_blocks if st else 0)
+
+
+#: Columns of `EventSeries` (stats key "timeseries"; rack.analysis.timeseries):
+#: queue_depth: requests waiting (prefill: queued; decode: waiting for memory, reserved
+#: awaiting their KV, or ready for the batch; colocated: both); running: requests in the
+#: running batch (prefill: being prefilled; decode: decoding; colocated: both); kv_bytes:
+#: KV blocks held and reserved (prefix cache excluded); prefix_cache_bytes; and the
+#: prefix cache's cumulative hit and looked-up full blocks.
+SERIES_COLUMNS = ("queue_depth", "running", "kv_bytes", "prefix_cache_bytes",
+                  "prefix_hit_blocks", "prefix_lookup_blocks")
+
+
 def instance_ledger(cost: Any, name: str, reserve_fraction: float | None,
                     plan: Any = None) -> tuple[MemoryLedger, Any]:
     """The instance's ledger with weights and workspace booked, and the memory plan.
@@ -331,7 +387,6 @@ def ceil_div(a: int, b: int) -> int:
 
 
 __all__ = [
-    "GrowingArray", "Lateness", "TimeSeries", "Utilisation", "ceil_div", "emitted_after",
-    "enqueue_batch", "instance_ledger", "memory_label", "model_layers", "step_token_times",
-    "steps_for",
+    "EventSeries", "SERIES_COLUMNS", "GrowingArray", "record_series", "Lateness", "TimeSeries", "Utilisation", "ceil_div", "emitted_after",
+    "enqueue_batch", "instance_ledger", "memory_label", "model_layers", "step_token_times", "steps_for",
 ]

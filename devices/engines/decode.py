@@ -69,6 +69,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from devices.engines.common import (
+    EventSeries,
     GrowingArray,
     Lateness,
     TimeSeries,
@@ -78,6 +79,7 @@ from devices.engines.common import (
     memory_label,
     model_layers,
     step_token_times,
+    record_series,
     steps_for,
 )
 from devices.memory import KVBlockPool
@@ -255,6 +257,7 @@ class DecodeEngine(Core):
         self.lateness = Lateness()
         self.memory = TimeSeries()
         self.batch_series = TimeSeries()
+        self.series = EventSeries()            # gauges at batch boundaries (rack.analysis.timeseries)
         self.wakeups = 0
         self.batch_peak = 0
         self._batch_seconds = 0.0              # integral of batch size over step time
@@ -419,6 +422,7 @@ class DecodeEngine(Core):
             "batch_t_s": bt,
             "batch_size": bv,
             "batch_peak": self.batch_peak,
+            "timeseries": self.series.as_dict(),
             # time-averaged batch size over decode steps, and over the whole run
             "batch_mean_busy": self._batch_seconds / self._step_seconds if self._step_seconds else 0.0,
             "batch_mean": self._batch_seconds / now if now > 0 else 0.0,
@@ -661,6 +665,7 @@ class DecodeEngine(Core):
         self._flush_events()
         self.memory.add(t, self.ledger.used)
         self.batch_series.add(t, len(self._batch))
+        self._sample(t)
         if k == 0:
             self._t_free = None
             self._phase = "idle"
@@ -669,6 +674,12 @@ class DecodeEngine(Core):
             return False
         self._start_run(t, k)
         return True
+
+    def _sample(self, t: float) -> None:
+        """A row of the time series: waiting = reservations waiting for memory or for
+        their KV, and requests ready for the batch; running = the decode batch."""
+        record_series(self, t, len(self._waiters) + len(self._reservations) + len(self._ready),
+                      len(self._batch))
 
     def _admit_ready(self, t: float) -> bool:
         """Move ready requests into the batch (step boundary); recompute preempted ones

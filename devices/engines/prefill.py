@@ -39,7 +39,10 @@ A core (`workloads.core`). The handoff is a small protocol per request: `reserve
 to the decode engine (it replies `kv_reserved` with "granted", "refused" or "lost"),
 `transfer` to the interconnect (it replies `transfer_done`), and `abort_kv` after
 payloads that stayed bad. The engine reports its outstanding prompt tokens to the
-router (`load`) whenever they change, for the least-loaded policy. If the decode
+router (`load`) whenever they change, for the least-loaded policy, and with
+`kv_events` the changes of its prefix cache (`kv_events(instance, [("stored" |
+"removed", keys), ...])`, one message per handler that changed it), for the router's
+KV-aware policy (`rack.serving.prefix_routing`). If the decode
 engine restarts (`peer_lost`, or a message that could not be delivered) while a
 request's KV is still here, it is sent again after a back-off (the collector is asked
 first whether the request ended meanwhile).
@@ -59,7 +62,9 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from devices.engines.common import (
+    EventSeries,
     admit_with_prefix,
+    record_series,
     prefix_lookup,
     plan_chunk,
     enqueue_batch,
@@ -79,7 +84,7 @@ class _Job:
     """A request inside the prefill engine (queued, prefilling, then handing off)."""
 
     __slots__ = ("req", "target", "cached", "computed", "started", "t_first", "state",
-                 "attempt", "losses")
+                 "attempt", "losses", "expect")
 
     def __init__(self, req, target: str) -> None:
         self.req = req
@@ -91,6 +96,7 @@ class _Job:
         self.state = "queued"  # queued, running, reserving, transferring, backoff, checking
         self.attempt = 0       # payloads sent in this handoff (re-sends after bad frames)
         self.losses = 0        # times the decode engine lost the request (restarts)
+        self.expect = 0        # queued: prompt tokens its cache held at submission (kv_events)
 
     @property
     def remaining(self) -> int:
@@ -129,6 +135,9 @@ class PrefillEngine(Core):
             docstring); must match the decode engines' setting.
         loading_until_s: no iteration starts before this emulated time (a restarted
             instance reloading its weights, `rack.wiring.faults`); None: ready at once.
+        kv_events: publish the prefix cache's changes to the router (`kv_events`
+            messages: blocks stored and evicted, as vLLM's KV events feed Dynamo's
+            KV router); off by default (no router policy but "prefix_aware" reads them).
         stream_to: a live front's name (`rack.serve`): under first_token "prefill" it is
             told each request's first token (`first_token(request id, t)`); None: nothing.
     Raises ValueError on out-of-range arguments; `planner.ModelDoesNotFit` if the
@@ -142,7 +151,7 @@ class PrefillEngine(Core):
                  memory_reserve_fraction: float | None = None, memory_plan: Any = None,
                  max_resends: int = 1, kv_seed: int = 0, max_peer_retries: int = 8,
                  first_token: str = "prefill", loading_until_s: float | None = None,
-                 stream_to: str | None = None) -> None:
+                 kv_events: bool = False, stream_to: str | None = None) -> None:
         super().__init__(name)
         self.stream_to = stream_to
         if first_token not in ("decode", "prefill"):
@@ -181,6 +190,8 @@ class PrefillEngine(Core):
         held = int(cost.kv_held_bytes_per_token)
         self.pool = KVBlockPool(self.ledger, kv_block_tokens, held)
         self.prefix = PrefixCache(self.ledger, held) if prefix_cache else None
+        if kv_events and self.prefix is not None and router is not None:
+            self.prefix.journal = []
 
         self._queue: deque[_Job] = deque()
         self._running: list[_Job] = []
@@ -197,6 +208,7 @@ class PrefillEngine(Core):
         self.util = Utilisation()
         self.lateness = Lateness()
         self.memory = TimeSeries()
+        self.series = EventSeries()           # gauges at events (rack.analysis.timeseries)
         self.counts = {"submitted": 0, "rejected": 0, "failed": 0, "prefilled": 0,
                        "completed_at_first_token": 0, "handoffs_done": 0,
                        "handoffs_refused": 0, "transfer_failed": 0, "resends": 0,
@@ -225,8 +237,9 @@ class PrefillEngine(Core):
             if target not in self.decode and (req.output_tokens > 1 or self.first_token == "decode"):
                 raise KeyError(f"PrefillEngine {self.name!r}: unknown decode target {target!r}; "
                                f"known: {sorted(self.decode)}")
-        if enqueue_batch(self, now, items, self._refusal, _Job):
+        if enqueue_batch(self, now, items, self._refusal, self._new_job):
             self._poke(now)
+            self._sample(now)
         self._report_load()
 
     def _refusal(self, req, target):
@@ -234,10 +247,20 @@ class PrefillEngine(Core):
             return ("failed", "prompt_exceeds_kv_capacity")
         return None
 
+    def _new_job(self, req, target: str) -> _Job:
+        job = _Job(req, target)
+        if self.prefix is not None and self.prefix.journal is not None and req.block_hashes:
+            # what the cache holds now (its lookup at admission may find less or more)
+            job.expect = min(req.prompt_tokens - 1, req.block_size * self.prefix.match(
+                req.block_hashes[: req.prompt_tokens // req.block_size], req.block_size))
+        return job
+
     def outstanding_tokens(self) -> int:
-        """Prompt tokens still to compute (queued + running; queued ones counted whole,
-        before any prefix-cache hit). For the router's least-loaded policy."""
-        return sum(j.remaining for j in self._running) + sum(j.req.prompt_tokens for j in self._queue)
+        """Prompt tokens still to compute (queued + running). Queued ones count whole,
+        before any prefix-cache hit; with `kv_events` (a KV-aware router), net of the
+        prefix their cache held when they arrived, so the work is in the same terms
+        as the router's cost (`rack.serving.prefix_routing`)."""
+        return sum(j.remaining for j in self._running) + sum(j.req.prompt_tokens - j.expect for j in self._queue)
 
     def kv_reserved(self, now: float, request_id: int, status: str) -> None:
         """The decode engine's answer to `reserve_kv`: "granted", "refused" (it ended
@@ -368,6 +391,10 @@ class PrefillEngine(Core):
             "tokens_cached": self.tokens_cached,
             "prefix_cache": self.prefix.stats.as_dict() if self.prefix else None,
             "prefix_cache_entries": len(self.prefix) if self.prefix else 0,
+            "timeseries": self.series.as_dict(),
+            # bytes a cached token holds (all its copies): the cache's size in tokens is
+            # at most kv_capacity_bytes / this
+            "prefix_cache_bytes_per_token": self.prefix.kv_bytes_per_token if self.prefix else None,
             **self.counts,
         }
         out.update(self.util.as_dict(self.cost.peak_flops, self.cost.memory_bandwidth, now))
@@ -397,6 +424,16 @@ class PrefillEngine(Core):
             self._reported = load
             self.send(self.router, "load", self.name, load)
 
+    def _sample(self, t: float) -> None:
+        record_series(self, t, len(self._queue), len(self._running))
+
+    def _publish_kv_events(self) -> None:
+        """Send the router the prefix cache's changes since the last call (if any)."""
+        journal = self.prefix.journal if self.prefix is not None else None
+        if journal:
+            self.prefix.journal = []
+            self.send(self.router, "kv_events", self.name, journal)
+
     def _try_admit(self, job: _Job) -> bool:
         """Allocate the KV of `job`'s uncached prompt (after a prefix-cache lookup),
         evicting LRU prefix entries if needed. False (nothing held) if it cannot fit."""
@@ -419,10 +456,13 @@ class PrefillEngine(Core):
         FCFS admissions while budget and memory last. Back-to-back iterations start
         when the previous one ended."""
         plan = plan_chunk(self._running, self._queue, self.chunk_tokens, self._try_admit)
+        self._publish_kv_events()          # admissions may have evicted blocks
         if not plan:
             self._t_free = None
+            self._sample(now)
             return
         t0 = now if self._t_free is None else self._t_free
+        self._sample(t0)
         new = np.fromiter((take for _, take in plan), dtype=np.int64, count=len(plan))
         cached = np.fromiter((j.cached + j.computed for j, _ in plan), dtype=np.int64,
                              count=len(plan))
@@ -528,7 +568,9 @@ class PrefillEngine(Core):
             if req.block_hashes:
                 self.prefix.insert(req.block_hashes[: req.prompt_tokens // req.block_size],
                                    req.block_size)
+                self._publish_kv_events()
         self.memory.add(now, self.ledger.used)
+        self._sample(now)
         self._poke(now)
 
 

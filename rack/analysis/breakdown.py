@@ -161,18 +161,54 @@ def chrome_trace(columns: Mapping[str, np.ndarray], *, sample: int = 200, seed: 
     return {"traceEvents": events, "displayTimeUnit": "ms"}
 
 
+def engine_tracks(stats: Mapping[str, dict], label: str, first_pid: int, *,
+                  max_points: int = 5000) -> tuple[list[dict], int]:
+    """Chrome/Perfetto counter tracks of one run's engines and links: one process per
+    instance ("<label>: <instance>") with counters "waiting", "running", "KV occupancy
+    (%)" and "prefix-cache hits (blocks)" (cumulative), one per KV link with
+    "utilisation (%)" (`rack.analysis.timeseries`). Pids from `first_pid` on. A series
+    longer than `max_points` is drawn as its time-weighted means over that many windows.
+    Returns (trace events, number of processes used)."""
+    from rack.analysis.timeseries import counter_points, instance_series, link_series
+
+    inst, links = instance_series(stats), link_series(stats)
+    end = max([float(d["t_s"][-1]) for d in (*inst.values(), *links.values()) if d["t_s"].size] or [0.0])
+    events: list[dict] = []
+    tracks = [(name, [("waiting", d["queue_depth"], 1.0), ("running", d["running"], 1.0),
+                      ("KV occupancy (%)", d["kv_occupancy"], 100.0),
+                      *([("prefix-cache hits (blocks)", d["prefix_hit_blocks"], 1.0)]
+                        if d["prefix_lookup_blocks"].any() else [])], d["t_s"])
+              for name, d in inst.items()]
+    tracks += [(name, [("utilisation (%)", d["utilisation"], 100.0)], d["t_s"]) for name, d in links.items()]
+    for pid, (name, counters, t) in enumerate(tracks, start=first_pid):
+        events.append({"name": "process_name", "ph": "M", "pid": pid, "args": {"name": f"{label}: {name}"}})
+        for cname, v, scale in counters:
+            ts, vs = counter_points(t, v, end, max_points)
+            events += [{"name": cname, "ph": "C", "pid": pid, "ts": x * 1e6, "args": {"value": y * scale}}
+                       for x, y in zip(ts.tolist(), vs.tolist())]
+    return events, len(tracks)
+
+
 def write_chrome_trace(path: Any, traces: Mapping[str, Mapping[str, np.ndarray]], *, sample: int = 200,
-                       stages: Mapping[str, Sequence[FixedStage]] | None = None) -> None:
-    """Write one trace file with a process per scenario (`traces`: label -> columns)."""
+                       stages: Mapping[str, Sequence[FixedStage]] | None = None,
+                       engines: Mapping[str, Mapping[str, dict]] | None = None) -> None:
+    """Write one trace file with a process per scenario (`traces`: label -> columns)
+    and, with `engines` (label -> the run's component stats), the engine and link
+    counter tracks of each (`engine_tracks`)."""
     events: list[dict] = []
     for pid, (label, cols) in enumerate(traces.items(), start=1):
         tr = chrome_trace(cols, sample=sample, label=label, stages=(stages or {}).get(label, ()))
         for ev in tr["traceEvents"]:
             ev["pid"] = pid
             events.append(ev)
+    pid = len(traces) + 1
+    for label, stats in (engines or {}).items():
+        tracks, n = engine_tracks(stats, label, pid)
+        events += tracks
+        pid += n
     with open(path, "w") as f:
         json.dump({"traceEvents": events, "displayTimeUnit": "ms"}, f)
 
 
-__all__ = ["RACK_STAGES", "apply_fixed_stages", "chrome_trace", 
+__all__ = ["RACK_STAGES", "apply_fixed_stages", "chrome_trace", "engine_tracks",
            "stage_breakdown", "stage_durations", "write_chrome_trace"]

@@ -461,9 +461,10 @@ def write_compare(result: CompareResult, out_dir: Any, *, plots: bool = True, tr
 
     Layout: compare.json (`compare_document`), report.md and report.html (table, vendor
     claim, stage breakdown, plots), plots/*.png (latency CDFs, stage breakdown, memory
-    occupancy, KV link utilisation), timelines.json (Chrome/Perfetto trace of
-    `trace_sample` requests per scenario), and one `rack run`-style folder per scenario
-    (<name>/results.json, requests.csv, summary.txt).
+    occupancy, KV link utilisation, per-instance time series of each scenario),
+    timelines.json (Chrome/Perfetto trace of `trace_sample` requests per scenario and
+    the engine and link counter tracks), and one `rack run`-style folder per scenario
+    (<name>/results.json, requests.csv, summary.txt, timeseries.csv).
     """
     from pathlib import Path
 
@@ -471,6 +472,7 @@ def write_compare(result: CompareResult, out_dir: Any, *, plots: bool = True, tr
     from rack.analysis import report
     from rack.analysis.breakdown import write_chrome_trace
     from rack.analysis.results import to_json, write_results
+    from rack.analysis.timeseries import write_timeseries_csv
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -480,10 +482,12 @@ def write_compare(result: CompareResult, out_dir: Any, *, plots: bool = True, tr
     files["all scenarios (JSON)"] = "compare.json"
     for e in result.entries:
         write_results(out / e.name, e.output.results, e.output.columns)
+        write_timeseries_csv(out / e.name / "timeseries.csv", e.output.stats)
         files[f"{e.name} results"] = f"{e.name}/results.json"
     labels = {e.name: e.output.columns for e in result.entries}
     write_chrome_trace(out / "timelines.json", labels, sample=trace_sample,
-                       stages={e.name: e.scenario.fixed_stages for e in result.entries})
+                       stages={e.name: e.scenario.fixed_stages for e in result.entries},
+                       engines={e.name: e.output.stats for e in result.entries})
     files["request timelines (open in ui.perfetto.dev)"] = "timelines.json"
     breakdowns = {e.name: e.output.results["breakdown"] for e in result.entries}
     pngs: dict[str, str] = {}
@@ -503,6 +507,10 @@ def write_compare(result: CompareResult, out_dir: Any, *, plots: bool = True, tr
                            end_s=max(e.output.results["energy"]["window_s"] for e in result.entries),
                            colours=colours)
         pngs["KV link utilisation over time"] = "plots/link_utilisation.png"
+        for e in result.entries:
+            P.timeseries(e.output.stats, pd / f"timeseries-{e.name}.png",
+                         end_s=e.output.results["energy"]["window_s"], title=e.name)
+            pngs[f"{e.name}: queues, batches, KV, prefix hits, links over time"] = f"plots/timeseries-{e.name}.png"
     md = report.compare_markdown_report(doc, compare_markdown(result), pngs, breakdowns, files)
     md_path, html_path = report.write_report(out, md, "rack compare")
     return {"json": out / "compare.json", "report_md": md_path, "report_html": html_path,

@@ -147,19 +147,10 @@ def memory_over_time(runs: Mapping[str, tuple[Sequence[Any], Mapping[str, dict],
 def binned_utilisation(series: np.ndarray, end_s: float, bins: int = 120) -> tuple[np.ndarray, np.ndarray]:
     """Mean utilisation per time bin of a step series [[t, u], ...] (exact integral of
     the step function over each bin). Returns (bin centres, means), shape (bins,)."""
+    from rack.analysis.timeseries import step_means
+
     s = np.asarray(series, dtype=np.float64).reshape(-1, 2)
-    edges = np.linspace(0.0, max(end_s, 1e-9), bins + 1)
-    if s.size == 0:
-        return 0.5 * (edges[1:] + edges[:-1]), np.zeros(bins)
-    t, u = s[:, 0], s[:, 1]
-    cum = np.concatenate([[0.0], np.cumsum(u[:-1] * np.diff(t))])   # integral up to t[i]
-
-    def F(x: np.ndarray) -> np.ndarray:
-        k = np.searchsorted(t, x, side="right") - 1
-        kk = np.clip(k, 0, None)
-        return np.where(k >= 0, cum[kk] + u[kk] * (x - t[kk]), 0.0)
-
-    return 0.5 * (edges[1:] + edges[:-1]), np.diff(F(edges)) / np.diff(edges)
+    return step_means(s[:, 0], s[:, 1], end_s, bins)
 
 
 def link_utilisation(runs: Mapping[str, Mapping[str, dict]], path: Path | str, end_s: Optional[float] = None,
@@ -190,6 +181,57 @@ def link_utilisation(runs: Mapping[str, Mapping[str, dict]], path: Path | str, e
     if drawn:
         ax.legend(fontsize=7)
     ax.set_title("KV link utilisation")
+    return _save(fig, path)
+
+
+def timeseries(stats: Mapping[str, dict], path: Path | str, end_s: Optional[float] = None,
+               bins: int = 200, title: str = "") -> Path:
+    """Per-instance time series of one run (`rack.analysis.timeseries`): queue depth,
+    running batch, KV occupancy (KV + prefix cache over KV capacity), prefix-cache hit
+    ratio and KV link utilisation, one panel each, one line per instance (or link).
+    Each value is its time-weighted mean over `bins` equal windows (the hit ratio:
+    hits / lookups within bins / 5 windows), since a gauge changes at every event.
+
+    stats: component stats of the run; end_s: the run's end (default: the last sample).
+    """
+    from rack.analysis.timeseries import instance_series, link_series, step_means, windowed_hit_ratio
+
+    plt = _plt()
+    inst, links = instance_series(stats), link_series(stats)
+    end = end_s if end_s is not None else max(
+        [float(d["t_s"][-1]) for d in (*inst.values(), *links.values()) if d["t_s"].size] or [1.0])
+    colours = palette(list(inst) + list(links))
+    panels = [("queue_depth", "waiting requests"), ("running", "running batch"),
+              ("kv_occupancy", "KV occupancy (%)"), ("hit", "prefix-cache hit ratio"),
+              ("link", "link utilisation (%)")]
+    fig, axes = plt.subplots(len(panels), 1, figsize=(9, 1.75 * len(panels) + 0.8), sharex=True)
+    for ax, (key, label) in zip(axes, panels):
+        drawn = False
+        if key == "link":
+            for name, d in links.items():
+                x, y = step_means(d["t_s"], d["utilisation"], end, bins)
+                ax.plot(x, y * 100, lw=1.0, label=name, color=colours[name])
+                drawn = True
+        for name, d in inst.items() if key != "link" else ():
+            if key == "hit":
+                if not d["prefix_lookup_blocks"].any():
+                    continue
+                # fewer, longer windows: lookups are per request, not per event
+                x, y = windowed_hit_ratio(d["t_s"], d["prefix_hit_blocks"], d["prefix_lookup_blocks"], end,
+                                          max(10, bins // 5))
+                ax.plot(x, y, lw=1.0, marker=".", ms=2, label=name, color=colours[name])
+            else:
+                x, y = step_means(d["t_s"], d[key], end, bins)
+                ax.plot(x, y * 100 if key == "kv_occupancy" else y, lw=1.0, label=name, color=colours[name])
+            drawn = True
+        if not drawn:
+            ax.text(0.5, 0.5, "none in this run", ha="center", va="center", transform=ax.transAxes, fontsize=8)
+        ax.set_ylabel(label, fontsize=8)
+        ax.grid(alpha=0.3)
+        if drawn:
+            ax.legend(fontsize=6, loc="upper right", ncol=4)
+    axes[-1].set_xlabel(f"emulated time (s); means over {end / bins:.2g} s windows")
+    fig.suptitle(f"Per-instance time series{': ' + title if title else ''}", fontsize=10)
     return _save(fig, path)
 
 
@@ -270,5 +312,5 @@ def sweep_metric(points: Sequence[Mapping[str, Any]], x: str, y: str, path: Path
     return _save(fig, path)
 
 
-__all__ = ["binned_utilisation", "latency_cdfs", "link_utilisation", "memory_over_time", "palette",
+__all__ = ["binned_utilisation", "latency_cdfs", "link_utilisation", "memory_over_time", "palette", "timeseries",
            "pool_memory_series", "stage_breakdown", "sweep_metric"]

@@ -122,7 +122,9 @@ def summary_text(results: dict) -> str:
         lines.append(f"prefix cache: {pc['lookups']} lookups, hit ratio {pc['hit_ratio']:.3f} of "
                      f"{pc['hit_blocks'] + pc['miss_blocks']} full blocks (ideal "
                      + (f"{pc['ideal_hit_ratio']:.3f}" if pc["ideal_hit_ratio"] is not None else "unknown")
-                     + ": an unbounded cache shared by every instance), "
+                     + ": an unbounded cache shared by every instance"
+                     + (f"; {pc['capacity_hit_ratio']:.3f} with the instances' {pc['capacity_blocks']:,} blocks pooled"
+                        if pc.get("capacity_hit_ratio") is not None else "") + "), "
                      f"{pc['hit_tokens']:,} prompt tokens served from cache")
     for pool, m in results.get("memory", {}).items():
         u = results["utilization"].get(pool, {})

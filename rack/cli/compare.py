@@ -10,6 +10,7 @@ import typer
 
 from rack.cli.app import app
 from rack.cli._checks import check_positive, prepare_out_dir, report_failure
+from rack.cli._routing import POLICY_OPTION, WEIGHT_OPTION, with_routing
 from rack.cli.load import LoadOptions, load_options
 from rack.cli.run import DEFAULT_TRACE, fail
 
@@ -30,6 +31,8 @@ def compare(
     out: Path = typer.Option(Path("rack-results/compare"), "--out", help="results folder"),
     no_plots: bool = typer.Option(False, "--no-plots", help="skip the PNG plots"),
     as_json: bool = typer.Option(False, "--json", help="print the JSON of all scenarios instead of the table"),
+    router_policy: Optional[str] = POLICY_OPTION,
+    prefix_weight: Optional[float] = WEIGHT_OPTION,
     load: Optional[LoadOptions] = None,
 ) -> None:
     """Run deployments on the same requests and compare TTFT/TPOT/ITL/E2E, goodput, tokens/J, $/Mtok."""
@@ -63,7 +66,12 @@ def compare(
             err.print(f"[{i + 1}/{n}] {name}: {len(reqs)} requests of {loaded.label} on the {runtime} runtime")
 
     try:
-        result = run_compare(list(scenarios or []), reqs, runtime=runtime, iso=iso, reference=reference,
+        chosen = list(scenarios or [])
+        if router_policy is not None or prefix_weight is not None:
+            from rack.analysis.compare import load_scenarios
+
+            chosen = with_routing(load_scenarios(chosen), router_policy, prefix_weight)
+        result = run_compare(chosen, reqs, runtime=runtime, iso=iso, reference=reference,
                              address=address, trace_info=info, fixed_stages=stages, on_start=on_start,
                              run_kwargs=loaded.run_kwargs)
     except CompareError as exc:

@@ -9,6 +9,7 @@ from typing import List, Optional
 import typer
 
 from rack.cli._checks import check_positive, fail, prepare_out_dir, report_failure
+from rack.cli._routing import POLICY_OPTION, WEIGHT_OPTION, with_routing
 from rack.cli.app import app
 from rack.cli.load import LoadOptions, load_options
 
@@ -65,6 +66,9 @@ def run(
                                               "KIND:TARGET@AT_S[+DURATION_S][,factor=F][,count=N][,seed=S], KIND one of "
                                               "decode_crash, prefill_crash, link_degrade, link_flap, frame_corrupt "
                                               "(docs/robustness.md)"),
+    router_policy: Optional[str] = POLICY_OPTION,
+    prefix_weight: Optional[float] = WEIGHT_OPTION,
+    no_plots: bool = typer.Option(False, "--no-plots", help="skip timeseries.png"),
     load: Optional[LoadOptions] = None,
 ) -> None:
     """Replay a trace through the emulated rack and report TTFT, TPOT, ITL, goodput, KV traffic."""
@@ -82,6 +86,7 @@ def run(
             typer.echo(f"warning: {name} applies to the ray runtime only; the virtual runtime ignores it", err=True)
     sc, loaded = load_inputs(scenario, trace, window, rate_scale, max_requests, output_scale,
                              skip_bad_rows, load, dilation=dilation, payload_scale=payload_scale)
+    sc = with_routing([sc], router_policy, prefix_weight)[0]
     reqs = loaded.requests
     if fault:
         from rack.wiring.faults import parse_fault_option
@@ -102,13 +107,33 @@ def run(
                      progress=not as_json and sys.stderr.isatty(), timeout_s=timeout, **loaded.run_kwargs)
     try:
         write_results(folder, output.results, output.columns)
+        extras = write_run_series(folder, output, sc, plots=not no_plots)
     except OSError as exc:
         fail(f"--out {folder}: could not write the results ({exc.strerror or exc})", code=1)
     if as_json:
         typer.echo(to_json(output.results))
     else:
         typer.echo(summary_text(output.results))
-        typer.echo(f"results: {folder}/results.json, {folder}/requests.csv")
+        typer.echo(f"results: {folder}/results.json, {folder}/requests.csv; " + ", ".join(f"{folder}/{x}" for x in extras))
+
+
+def write_run_series(folder: Path, output, sc, plots: bool = True) -> list[str]:
+    """Beside results.json: timeseries.csv (per instance and link), timeseries.png
+    (unless `plots` is False) and timelines.json (Perfetto: 200 sampled requests and
+    the engine and link tracks). Returns the file names written."""
+    from rack.analysis.breakdown import write_chrome_trace
+    from rack.analysis.timeseries import write_timeseries_csv
+
+    write_timeseries_csv(folder / "timeseries.csv", output.stats)
+    write_chrome_trace(folder / "timelines.json", {sc.name: output.columns}, stages={sc.name: sc.fixed_stages},
+                       engines={sc.name: output.stats})
+    names = ["timeseries.csv", "timelines.json"]
+    if plots:
+        from rack.analysis.plots import timeseries
+
+        timeseries(output.stats, folder / "timeseries.png", end_s=output.results["energy"]["window_s"], title=sc.name)
+        names.insert(1, "timeseries.png")
+    return names
 
 
 def execute(folder: Path, sc, reqs, *, runtime: str, address: Optional[str], **kwargs):

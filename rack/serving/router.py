@@ -7,7 +7,11 @@ Policies (`RouterConfig.policy`):
   prefill. Each prefill-capable instance reports that count whenever it changes
   (`load` messages: on a submission, at the start and at the end of each iteration),
   so the router's table holds what a query would return at that instant; within one
-  arrival tick the router adds the prompts it places itself.
+  arrival tick the router adds the prompts it places itself;
+- "prefix_aware" (KV-cache-aware, as Dynamo's KV router): the instance with the lowest
+  outstanding prompt tokens plus the request's prompt tokens it does not cache, from
+  the KV events the instances publish (`kv_events`); see `rack.serving.prefix_routing`
+  for the formula and its design.
 Admission: a request is rejected ("router_queue_full") when every prefill instance
 already has more than `max_outstanding_tokens` prompt tokens of work outstanding.
 Before that, at arrival (`rack.serving.admission`): a request over the model's context limit
@@ -35,7 +39,12 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from rack.serving.admission import KVFit, context_verdict
+from rack.serving.prefix_routing import CachedBlockIndex, prefix_aware_choice
 from workloads.core import Core
+
+
+#: Router policies (`RouterConfig.policy`).
+POLICIES = ("round_robin", "least_outstanding_work", "prefix_aware")
 
 
 class Router(Core):
@@ -47,7 +56,10 @@ class Router(Core):
             decode_target), ...])`; they report `load`).
         decode_targets: names of decode instances a prefill instance may ship KV to.
         local: names of colocated instances, for conditional disaggregation.
-        policy: "round_robin" or "least_outstanding_work".
+        policy: "round_robin", "least_outstanding_work" or "prefix_aware" (the prefill
+            instances must publish `kv_events`).
+        prefix_weight: "prefix_aware": weight of the uncached prompt tokens against the
+            backlog (`rack.serving.prefix_routing`), >= 0.
         max_outstanding_tokens: per-instance outstanding prompt tokens above which an
             arrival is rejected when every instance is above it (>= 1).
         local_prefill_threshold_tokens: prompts up to this length go to `local` (0: off).
@@ -66,12 +78,15 @@ class Router(Core):
                  max_outstanding_tokens: int = 1 << 40, local_prefill_threshold_tokens: int = 0,
                  decoders: Sequence[str] = (), max_context_tokens: int | None = None,
                  context_overflow: str = "reject", kv_fit: Mapping[str, KVFit] | None = None,
-                 name: str = "router") -> None:
+                 prefix_weight: float = 1.0, name: str = "router") -> None:
         super().__init__(name)
         if context_overflow not in ("reject", "truncate"):
             raise ValueError(f"router context_overflow: expected 'reject' or 'truncate', got {context_overflow!r}")
-        if policy not in ("round_robin", "least_outstanding_work"):
-            raise ValueError(f"router policy: expected 'round_robin' or 'least_outstanding_work', got {policy!r}")
+        if policy not in POLICIES:
+            raise ValueError(f"router policy: expected one of {', '.join(POLICIES)}, got {policy!r}")
+        if not (0.0 <= float(prefix_weight) < math.inf):
+            raise ValueError(f"router prefix_weight: expected a finite number >= 0, got {prefix_weight!r}")
+        self.prefix_weight = float(prefix_weight)
         if not prefill and not local:
             raise ValueError("router: no prefill-capable instance")
         self.collector = collector
@@ -93,6 +108,9 @@ class Router(Core):
         # outstanding prompt tokens per prefill instance, as last reported (`load`);
         # an instance that is down counts as full until it reports again
         self._load = {n: 0 for n in self.prefill}
+        # prefix_aware: what each prefill instance caches, from its KV events
+        self._index = CachedBlockIndex(self.prefill) if policy == "prefix_aware" else None
+        self.expected_cached_tokens = 0           # prefix_aware: cache hits the router counted on
         # Fault recovery: where each request was sent (rack.wiring.faults, docs/robustness.md).
         self.decoders = list(decoders)
         self._inst_names = self.prefill + self.local
@@ -211,10 +229,19 @@ class Router(Core):
         if instance in self._load:
             self._load[instance] = int(outstanding_tokens)
 
+    def kv_events(self, now: float, instance: str, events) -> None:
+        """A prefill instance's prefix-cache changes, in order: [("stored" | "removed",
+        [(block_size, hash), ...]), ...] (`devices.memory.PrefixCache.journal`)."""
+        if self._index is not None:
+            self._index.apply(instance, events)
+
     def peer_lost(self, now: float, name: str) -> None:
-        """A core died (a crash): an instance counts as full until it reports again."""
+        """A core died (a crash): an instance counts as full until it reports again, and
+        its prefix cache is gone (it restarts empty)."""
         if name in self._load:
             self._load[name] = math.inf
+            if self._index is not None:
+                self._index.clear(name)
 
     def is_idle(self) -> bool:
         return self._next >= self._n_replay and not self._pending
@@ -228,7 +255,10 @@ class Router(Core):
 
     def counts(self) -> dict:
         """{"dispatched": {instance: n}, "rejected": n} (read by the driver at the end)."""
-        return {"dispatched": dict(self.dispatched), "rejected": self.rejected}
+        out = {"dispatched": dict(self.dispatched), "rejected": self.rejected}
+        if self._index is not None:
+            out.update(kv_events=self._index.events, expected_cached_tokens=self.expected_cached_tokens)
+        return out
 
     # ------------------------------------------------------------------ placement
     def _tick(self, now: float, batch: Sequence[Any], base: int) -> list[tuple[int, str]]:
@@ -266,7 +296,15 @@ class Router(Core):
             if reason is not None:
                 refused.append((req.id, reason))
                 continue
-            if self.policy == "least_outstanding_work":
+            hit = 0
+            if self.policy == "prefix_aware":
+                room = [c for c in cands if load[c] <= self.max_outstanding_tokens]
+                if not room:
+                    refused.append((req.id, "router_queue_full"))
+                    continue
+                name, hit = prefix_aware_choice(req, room, load, self._index, self.prefix_weight)
+                self.expected_cached_tokens += hit
+            elif self.policy == "least_outstanding_work":
                 name = min(cands, key=lambda nm: (load[nm], nm))
             else:
                 name = self._next_fitting(self._rr, len(self.prefill), req, both=False)
@@ -277,7 +315,8 @@ class Router(Core):
                 else:
                     refused.append((req.id, "router_queue_full"))
                     continue
-            load[name] += req.prompt_tokens
+            # as the instance will count it (net of its cache under prefix_aware)
+            load[name] += req.prompt_tokens - hit
             target = self._next_fitting(self._rr_decode, len(self.decode_targets), req, both=True) \
                 if self._rr_decode is not None else name
             per_instance.setdefault(name, []).append((req, target))
@@ -456,4 +495,4 @@ class Router(Core):
                        "held": len(r["held"]), "redispatched": list(lost)})
 
 
-__all__ = ["Router"]
+__all__ = ["POLICIES", "Router"]

@@ -139,16 +139,23 @@ class LinkConfig(LinkSpec):
 class RouterConfig(_Strict):
     """Admission and dispatch.
 
-    `policy`: "round_robin" or "least_outstanding_work" (fewest queued prompt tokens).
+    `policy`: "round_robin", "least_outstanding_work" (fewest queued prompt tokens) or
+    "prefix_aware" (fewest queued prompt tokens plus the prompt's tokens the instance
+    does not cache, learnt from its KV events: `rack.serving.prefix_routing`).
     `max_outstanding_tokens`: prompt tokens waiting for prefill per instance above
     which, when every instance is above it, an arrival is rejected ("router_queue_full").
     `local_prefill_threshold_tokens`: conditional disaggregation; prompts up to this
     length are prefilled on the decode side (needs a pool with role "both").
+    `prefix_weight`: "prefix_aware" only: weight w of a prompt's uncached tokens
+    against an instance's backlog, cost = backlog + w x uncached (1: the tokens the
+    instance must compute before this prompt is done; more keeps conversations on the
+    instance that caches them at the price of balance).
     """
 
-    policy: Literal["round_robin", "least_outstanding_work"] = "least_outstanding_work"
+    policy: Literal["round_robin", "least_outstanding_work", "prefix_aware"] = "least_outstanding_work"
     max_outstanding_tokens: int = Field(default=4_000_000, ge=1)
     local_prefill_threshold_tokens: int = Field(default=0, ge=0)
+    prefix_weight: float = Field(default=1.0, ge=0.0, allow_inf_nan=False)
 
 
 class SLOConfig(_Strict):
@@ -291,6 +298,14 @@ class Scenario(_Strict):
             if p.name == name:
                 return p
         raise KeyError(name)
+
+    def with_router(self, **changes) -> "Scenario":
+        """A copy with `[router]` fields replaced (None: kept), validated again; e.g.
+        `with_router(policy="prefix_aware")`. Raises ScenarioError for a bad value."""
+        given = {k: v for k, v in changes.items() if v is not None}
+        if not given:
+            return self
+        return self.with_overrides(router={**self.router.model_dump(), **given})
 
     def with_overrides(self, **changes) -> "Scenario":
         """A copy with top-level fields replaced (validated again)."""

@@ -143,6 +143,8 @@ def build_topology(scenario: Scenario, request_ids: Sequence[int]) -> list[Compo
                 "payload_scale": scenario.payload_scale, "layer_group": scenario.layer_group,
                 "memory_reserve_fraction": p.memory_reserve_fraction, "kv_seed": scenario.seed,
                 "first_token": scenario.first_token,
+                # the KV-aware router learns what each instance caches from its KV events
+                "kv_events": scenario.router.policy == "prefix_aware",
             }, "prefill", p.name, dict(p.resources)))
 
     kv_fit = {}
@@ -158,6 +160,7 @@ def build_topology(scenario: Scenario, request_ids: Sequence[int]) -> list[Compo
         "decode_targets": decode_names,
         "local": [Ref(n) for n in local_names],
         "policy": r.policy,
+        "prefix_weight": r.prefix_weight,
         "max_outstanding_tokens": r.max_outstanding_tokens,
         "local_prefill_threshold_tokens": r.local_prefill_threshold_tokens,
         "decoders": [Ref(d) for d in decode_names],
