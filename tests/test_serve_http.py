@@ -49,10 +49,11 @@ def _client(server, on_send=None):
 
 def _record(server, rid: int) -> dict:
     url = server["srv"].url
-    for _ in range(100):
+    for _ in range(300):
         r = httpx.get(f"{url}/rack/requests/{rid}", timeout=10)
         if r.status_code == 200:
             return r.json()
+        assert r.status_code == 404, r.text
         time.sleep(0.1)
     raise AssertionError(f"request {rid} never recorded")
 

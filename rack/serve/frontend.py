@@ -300,7 +300,7 @@ class LiveFront:
             "client_disconnected": resp.disconnected, "received_wall_s": resp.received_wall,
             "lateness_s": lateness, "early_s": early,
             # HTTP receipt to the router's arrival (wall s): the front's own delay before TTFT starts
-            "intake_s": (self.host.wall_of(times["arrival"]) - resp.received_wall) if times else None,
+            "intake_s": _finite(self.host.wall_of(times["arrival"]) - resp.received_wall) if times else None,
             **{f"t_{k}_s": _finite(times.get(k)) for k in ("arrival", "first_token", "completion")}})
         if lr.itl_s is not None:
             self._itl[rid] = np.asarray(lr.itl_s)
@@ -316,13 +316,14 @@ class LiveFront:
         for r in reversed(self.records):
             if r["id"] == rid:
                 itl = self._itl.get(rid)
-                return {**r, "itl_s": None if itl is None else itl.tolist()}
+                row = {k: _finite(v) if isinstance(v, float) else v for k, v in r.items()}
+                return {**row, "itl_s": None if itl is None else itl.tolist()}
         return None
 
 
 def _finite(x: float | None) -> float | None:
     """x, or None for NaN / absent (JSON has no NaN)."""
-    return None if x is None or x != x else float(x)
+    return None if x is None or not math.isfinite(x) else float(x)
 
 
 def _sse(obj: dict) -> str:
