@@ -345,6 +345,23 @@ def _at(x, i: int = 0):
     return x if isinstance(x, float) else np.ravel(x)[i]
 
 
+def _larger_line(a0: float, a1: float, b0: float, b1: float, n: int) -> np.ndarray:
+    """max(a0 + a1 j, b0 + b1 j) for j = 0 .. n-1, shape (n,).
+
+    When one line is at least the other at j = 0 and grows at least as fast, it is the
+    larger at every j (rounding is monotonic, so also in floating point): it alone is
+    evaluated, in place, which is what a decode step's time usually is (memory-bound on
+    GPUs, compute- or latency-bound on the wafer)."""
+    j = np.arange(n, dtype=float)
+    if b0 >= a0 and b1 >= a1:
+        a0, a1 = b0, b1
+    elif not (a0 >= b0 and a1 >= b1):
+        return np.maximum(a0 + a1 * j, b0 + b1 * j)     # the lines cross
+    j *= a1
+    j += a0
+    return j
+
+
 def _as_counts(x, name: str) -> np.ndarray:
     if type(x) is np.ndarray and x.ndim == 1 and x.size <= 64 and x.dtype.kind in "iuf":
         # the engines' short token-count arrays: Python's min and sum are cheaper than
@@ -425,6 +442,7 @@ class CostModel:
         self.memory_bandwidth: float = par.n_devices * dev.memory_bandwidth_Bps
         self._t = self._instance_terms(self.model)
         self._lines: dict[int, tuple] = {}     # batch size -> `_decode_line`
+        self._token_terms: dict[tuple, tuple] = {}   # see `_terms_of_tokens`
         self._mixed_slopes: dict[tuple[int, int], tuple] = {}   # see `mixed_steps`
 
         self.draft: ModelSpec | None = None
@@ -505,13 +523,21 @@ class CostModel:
         if not isinstance(tokens, float):
             tokens = np.asarray(tokens, dtype=float)
         tok_mb = tokens / m
-        w_mb = t.weight_bytes_per_pass(tok_mb) + t.replicated_weight_bytes
+        if isinstance(tok_mb, float):
+            key = (id(t), tok_mb, m, pp)
+            terms = self._token_terms.get(key)
+            if terms is None:
+                if len(self._token_terms) >= self._TOKEN_TERMS_MAX:
+                    self._token_terms.clear()
+                terms = self._token_terms[key] = self._terms_of_tokens(t, tok_mb, m, pp)
+        else:
+            terms = self._terms_of_tokens(t, tok_mb, m, pp)
+        w_mb, pad, comm_bw, comm_lat, hop_xfer, hop_lat = terms
         decode_part = flops_d > 0 if isinstance(flops_d, float) else np.any(np.asarray(flops_d) > 0)
         prefill_part = flops_p > 0 if isinstance(flops_p, float) else np.any(np.asarray(flops_p) > 0)
         e_w = eff.decode_memory if decode_part else eff.prefill_memory
         peak, bw = tp * self._peak_dev, tp * dev.memory_bandwidth_Bps
         lin_p, lin_d = flops_p - att_p, flops_d - att_d
-        pad = m * self._moe_padding_flops(t, tok_mb)
         if prefill_part:
             lin_p = lin_p + pad
         else:
@@ -520,17 +546,10 @@ class CostModel:
                      + (att_p / eff.prefill_compute + att_d / eff.decode_compute) / (tp * self._peak_att)) / (m * pp)
         memory_s = (w_mb / e_w / pp
                     + t.kv_rep * (kv_p / eff.prefill_memory + kv_d / eff.decode_memory) / (m * pp)) / bw
-        comm_bw, comm_lat = self._stage_comm(t, tok_mb, pp)
         comm_s = comm_bw + comm_lat
         lat_s = (t.n_layers * (dev.layer_latency_s + (dev.prefill_layer_latency_s if prefill_part else 0.0))
                  + t.n_moe * dev.moe_layer_latency_s) / pp
         stage = _maximum(compute_s, memory_s) + comm_s + lat_s
-        if pp > 1:
-            link_bw, link_lat = dev.link(par.n_devices)
-            hop_xfer = tok_mb * t.hidden * ACTIVATION_BYTES / (link_bw * eff.communication)
-            hop_lat = link_lat + dev.pipeline_hop_latency_s
-        else:
-            hop_xfer = hop_lat = 0.0
         hop = hop_xfer + hop_lat
         if steady:
             time = _maximum(pp * stage + (pp - 1) * hop, m * stage)
@@ -572,6 +591,28 @@ class CostModel:
             # the stack's fixed latencies alone (per layer, per MoE layer, per iteration)
             "fixed": passes * lat_s + dev.iteration_overhead_s + z,
         }
+
+    _TOKEN_TERMS_MAX = 4096
+    # Entries of `_token_terms` (a pass's terms by token count; a prefill engine's
+    # iterations mostly carry the full chunk budget, so a few hundred keys cover most
+    # of a trace); cleared when full.
+
+    def _terms_of_tokens(self, t: _Terms, tok_mb, m: int, pp: int) -> tuple:
+        """The terms of `_pass` that depend only on the micro-batch's token count (and
+        the model, m and pp): (weight bytes read per micro-batch, MoE padding FLOPs of
+        the m micro-batches, collective transfer s, collective latency s, pipeline hop
+        transfer s, hop latency s). `_pass` memoizes them for scalar token counts."""
+        dev, eff = self.device, self.device.efficiency
+        w_mb = t.weight_bytes_per_pass(tok_mb) + t.replicated_weight_bytes
+        pad = m * self._moe_padding_flops(t, tok_mb)
+        comm_bw, comm_lat = self._stage_comm(t, tok_mb, pp)
+        if pp > 1:
+            link_bw, link_lat = dev.link(self.parallelism.n_devices)
+            hop_xfer = tok_mb * t.hidden * ACTIVATION_BYTES / (link_bw * eff.communication)
+            hop_lat = link_lat + dev.pipeline_hop_latency_s
+        else:
+            hop_xfer = hop_lat = 0.0
+        return w_mb, pad, comm_bw, comm_lat, hop_xfer, hop_lat
 
     def _stage_comm(self, t: _Terms, tok_mb, pp: int) -> tuple:
         """(transfer time, latency time) of one stage's collectives for one micro-batch
@@ -629,9 +670,11 @@ class CostModel:
     def _cost(self, d: dict, tokens: float) -> IterationCost:
         if type(d["time"]) is float and type(d["compute"]) is float:
             # a scalar pass (every prefill and mixed iteration): no per-field unwrapping
+            compute, memory, comm_bw, latency = d["compute"], float(d["memory"]), float(d["comm_bw"]), \
+                float(d["latency"])
             return IterationCost(d["time"], float(d["flops"]), float(d["bytes"]), float(d["comm"]),
-                                 self._bound(d), d["compute"], float(d["memory"]), float(d["latency"]),
-                                 float(d["comm_bw"]), float(tokens), float(d["busy"]), float(d["fixed"]))
+                                 self._bound_of(compute, memory, comm_bw, latency), compute, memory, latency,
+                                 comm_bw, float(tokens), float(d["busy"]), float(d["fixed"]))
         f = lambda k: float(_at(d[k]))  # noqa: E731
         return IterationCost(time_s=f("time"), flops=f("flops"), bytes=f("bytes"), comm_s=f("comm"),
                              bound=self._bound(d), compute_s=f("compute"), memory_s=f("memory"),
@@ -643,14 +686,21 @@ class CostModel:
     def _prefill_work(t: _Terms, n: np.ndarray, c: np.ndarray) -> tuple[float, float, float, float]:
         """(tokens, FLOPs, attention FLOPs, KV bytes) of prefill chunks n over cached c."""
         if n.size < 8 and not t.n_slide:
-            # An iteration's few requests: Python floats, the same operations in the
-            # same order (numpy sums fewer than 8 items sequentially), no ufunc calls.
-            pairs = [(x, y) for x, y in zip(n.tolist(), c.tolist()) if x > 0]
-            tokens = float(sum(x for x, _ in pairs))
-            pos = t.n_full * float(sum(x * y + x * (x + 1) / 2 for x, y in pairs))
-            kv_read = t.n_full * float(sum(y for _, y in pairs))
+            # An iteration's few requests: Python floats, the same operations, one
+            # pass, no ufunc calls (token counts are whole numbers: their sums are
+            # exact in any order).
+            tokens = pos = cached = 0.0
+            live = 0
+            for x, y in zip(n.tolist(), c.tolist()):
+                if x > 0:
+                    tokens += x
+                    pos += x * y + x * (x + 1) / 2
+                    cached += y
+                    live += 1
+            pos = t.n_full * pos
+            kv_read = t.n_full * cached
             att = t.attn_coef * pos
-            flops = 2 * tokens * t.active_linear + 2 * len(pairs) * t.lm_head + att
+            flops = 2 * tokens * t.active_linear + 2 * live * t.lm_head + att
             kv = t.kv_token_layer_bytes * (kv_read + t.n_layers * tokens)
             return tokens, flops, att, kv
         live = n > 0
@@ -809,11 +859,13 @@ class CostModel:
         v0 + v1 x_0 + (v1 B tps) j: one multiply-add over j per array."""
         B = c.size
         c0, c1, m0, m1, rest, fl0, fl1, b0, b1, comm, comm_bw, lat, busy_a, busy_b = self._decode_line(B)
-        x0 = float(c.sum())
+        # contexts are whole token counts (no speculative decoding on this path), so every
+        # order of summation gives the same, exact sum; Python's sum is cheaper than
+        # numpy's for a few items
+        x0 = float(sum(c.tolist())) if B < 8 else float(c.sum())
         dx = B * self.tokens_per_step
-        j = np.arange(n_steps, dtype=float)
         cx, mx = c0 + c1 * x0, m0 + m1 * x0
-        time = np.maximum((cx + rest) + (c1 * dx) * j, (mx + rest) + (m1 * dx) * j)
+        time = _larger_line(cx + rest, c1 * dx, mx + rest, m1 * dx, n_steps)
         return StepCosts(time, None, None, None, self._bound_of(cx, mx, comm_bw, lat), self.tokens_per_step,
                          lines=(fl0 + fl1 * x0, fl1 * dx, b0 + b1 * x0, b1 * dx, comm),
                          busy_line=(busy_a, busy_b))
@@ -926,8 +978,7 @@ class CostModel:
                                                      for k in ("compute_s", "memory_s", "flops", "bytes"))
         s_compute, s_memory, s_flops, s_bytes = slopes
         rest = first.time_s - max(first.compute_s, first.memory_s)
-        j = np.arange(n_steps, dtype=float)
-        time = np.maximum((first.compute_s + rest) + s_compute * j, (first.memory_s + rest) + s_memory * j)
+        time = _larger_line(first.compute_s + rest, s_compute, first.memory_s + rest, s_memory, n_steps)
         busy_a = min(self.parallelism.pp, 1 + ctx.size) / self.parallelism.pp   # m / pp, see _decode_line
         return StepCosts(time, None, None, None, first.bound, tps,
                          lines=(first.flops, s_flops, first.bytes, s_bytes, first.comm_s),

@@ -118,10 +118,19 @@ class MemoryLedger:
     def try_alloc(self, category: str, nbytes: int) -> bool:
         """Book `nbytes` under `category` if they fit; return whether they were booked."""
         cat = self._check_cat(category)
-        n = _as_bytes(nbytes, f"ledger {self.name!r} alloc {cat}")
-        if n > self.capacity - self._used:
+        # (a plain int passes first: the error message is only formatted for a bad count)
+        n = nbytes if type(nbytes) is int and nbytes >= 0 else \
+            _as_bytes(nbytes, f"ledger {self.name!r} alloc {cat}")
+        used = self._used + n
+        if used > self.capacity:
             return False
-        self._add(cat, n)
+        self._used = used
+        if used > self._peak:
+            self._peak = used
+        held = self._held[cat] + n
+        self._held[cat] = held
+        if held > self._cat_peak[cat]:
+            self._cat_peak[cat] = held
         return True
 
     def alloc(self, category: str, nbytes: int) -> None:
@@ -134,7 +143,8 @@ class MemoryLedger:
     def free(self, category: str, nbytes: int) -> None:
         """Release `nbytes` from `category`; raise `LedgerUnderflow` if it holds fewer."""
         cat = self._check_cat(category)
-        n = _as_bytes(nbytes, f"ledger {self.name!r} free {cat}")
+        n = nbytes if type(nbytes) is int and nbytes >= 0 else \
+            _as_bytes(nbytes, f"ledger {self.name!r} free {cat}")
         if n > self._held[cat]:
             raise LedgerUnderflow(
                 f"ledger {self.name!r}: cannot free {n} bytes of {cat!r}: "
@@ -149,7 +159,8 @@ class MemoryLedger:
         holds fewer than `nbytes`.
         """
         s, d = self._check_cat(src), self._check_cat(dst)
-        n = _as_bytes(nbytes, f"ledger {self.name!r} move {s}->{d}")
+        n = nbytes if type(nbytes) is int and nbytes >= 0 else \
+            _as_bytes(nbytes, f"ledger {self.name!r} move {s}->{d}")
         if n > self._held[s]:
             raise LedgerUnderflow(
                 f"ledger {self.name!r}: cannot move {n} bytes from {s!r}: it holds {self._held[s]}")
@@ -159,14 +170,6 @@ class MemoryLedger:
             self._cat_peak[d] = self._held[d]
 
     # -- internals ---------------------------------------------------------------
-    def _add(self, cat: str, n: int) -> None:
-        self._held[cat] += n
-        self._used += n
-        if self._used > self._peak:
-            self._peak = self._used
-        if self._held[cat] > self._cat_peak[cat]:
-            self._cat_peak[cat] = self._held[cat]
-
     def _check_cat(self, category: str) -> str:
         if category not in self._held:
             raise ValueError(f"ledger {self.name!r}: unknown category {category!r}; "
@@ -305,12 +308,6 @@ class KVBlockPool:
 
 
 @dataclass
-class _Entry:
-    nbytes: int
-    pins: int = 0
-
-
-@dataclass
 class PrefixCacheStats:
     """Counters of a `PrefixCache` (blocks are hash blocks, tokens = blocks * block size)."""
     lookups: int = 0
@@ -343,6 +340,10 @@ class PrefixCache:
     appended as ("stored", [keys]) or ("removed", [keys]), in order: the KV events an
     engine publishes to a KV-aware router (as vLLM's BlockStored / BlockRemoved events
     feed Dynamo's KV router). The owner drains it.
+
+    State: `_lru` maps each key to its entry's bytes, least recently used first; `_pins`
+    maps each pinned key to its pin count (a key absent from it is unpinned); an
+    eviction books all the bytes it frees in one ledger call.
     """
 
     def __init__(self, ledger: MemoryLedger, kv_bytes_per_token: int,
@@ -350,7 +351,8 @@ class PrefixCache:
         self.ledger = ledger
         self.kv_bytes_per_token = _as_bytes(kv_bytes_per_token, "PrefixCache.kv_bytes_per_token")
         self.category = ledger._check_cat(category)
-        self._lru: OrderedDict[tuple[int, int], _Entry] = OrderedDict()
+        self._lru: OrderedDict[tuple[int, int], int] = OrderedDict()
+        self._pins: dict[tuple[int, int], int] = {}
         self._pinned_by: dict[Hashable, list[tuple[int, int]]] = {}
         self._unpinned_bytes = 0
         self.stats = PrefixCacheStats()
@@ -370,13 +372,18 @@ class PrefixCache:
 
     def match(self, hashes: Sequence[int], block_size: int) -> int:
         """Length of the longest leading run of `hashes` present (no side effects)."""
-        n = 0
-        bs = int(block_size)
+        return len(self._run(hashes, int(block_size)))
+
+    def _run(self, hashes: Sequence[int], bs: int) -> list[tuple[int, int]]:
+        """Keys of the longest leading run of `hashes` present."""
+        lru = self._lru
+        keys = []
         for h in hashes:
-            if (bs, h) not in self._lru:
+            key = (bs, h)
+            if key not in lru:
                 break
-            n += 1
-        return n
+            keys.append(key)
+        return keys
 
     def acquire(self, owner: Hashable, hashes: Sequence[int], block_size: int,
                 count: bool = True) -> int:
@@ -388,19 +395,22 @@ class PrefixCache:
         if owner in self._pinned_by:
             raise ValueError(f"PrefixCache: {owner!r} already holds pinned blocks")
         bs = int(block_size)
-        n = self.match(hashes, bs)
-        keys = [(bs, h) for h in hashes[:n]]
-        for key in reversed(keys):
-            entry = self._lru[key]
-            if entry.pins == 0:
-                self._unpinned_bytes -= entry.nbytes
-            entry.pins += 1
-            self._lru.move_to_end(key)
+        keys = self._run(hashes, bs)
         if keys:
+            lru, pins = self._lru, self._pins
+            touch = lru.move_to_end
+            unpinned = 0
+            for key in reversed(keys):
+                n = pins.get(key, 0)
+                if not n:
+                    unpinned += lru[key]
+                pins[key] = n + 1
+                touch(key)
+            self._unpinned_bytes -= unpinned
             self._pinned_by[owner] = keys
         if count:
-            self.count_lookup(n, len(hashes), bs)
-        return n
+            self.count_lookup(len(keys), len(hashes), bs)
+        return len(keys)
 
     def count_lookup(self, hit_blocks: int, looked_up_blocks: int, block_size: int) -> None:
         """Add one lookup of `looked_up_blocks` blocks, `hit_blocks` of them hits."""
@@ -413,12 +423,19 @@ class PrefixCache:
 
     def release(self, owner: Hashable) -> int:
         """Unpin `owner`'s blocks; return how many were pinned (0 if none)."""
-        keys = self._pinned_by.pop(owner, [])
+        keys = self._pinned_by.pop(owner, None)
+        if not keys:
+            return 0
+        lru, pins = self._lru, self._pins
+        unpinned = 0
         for key in keys:
-            entry = self._lru[key]
-            entry.pins -= 1
-            if entry.pins == 0:
-                self._unpinned_bytes += entry.nbytes
+            n = pins[key] - 1
+            if n:
+                pins[key] = n
+            else:
+                del pins[key]
+                unpinned += lru[key]
+        self._unpinned_bytes += unpinned
         return len(keys)
 
     def insert(self, hashes: Iterable[int], block_size: int) -> int:
@@ -429,21 +446,24 @@ class PrefixCache:
         nbytes = self.entry_bytes(bs)
         lru = self._lru
         keys = [(bs, h) for h in hashes]
-        fresh = list(dict.fromkeys(key for key in keys if key not in lru))
+        fresh = dict.fromkeys(key for key in keys if key not in lru)
         need = nbytes * len(fresh)
         if need <= self.ledger.free_bytes:
             # Everything fits without evicting (the common case): what the loop below
-            # would do, booked at once instead of block by block.
+            # would do, booked at once instead of block by block. Touching the keys
+            # last-to-first adds each fresh one where the loop's final touches put it.
             if need:
                 self.ledger.alloc(self.category, need)
-                for key in fresh:
-                    lru[key] = _Entry(nbytes)
                 self._unpinned_bytes += need
                 self.stats.inserted_blocks += len(fresh)
                 if self.journal is not None:
-                    self.journal.append(("stored", fresh))
+                    self.journal.append(("stored", list(fresh)))
+            touch = lru.move_to_end
             for key in reversed(keys):
-                lru.move_to_end(key)
+                if key in lru:
+                    touch(key)
+                else:
+                    lru[key] = nbytes
             return len(fresh)
         added: list[tuple[int, int]] = []
         protected: set[tuple[int, int]] = set()
@@ -457,7 +477,7 @@ class PrefixCache:
             if not self.make_room(nbytes, protect=protected):
                 break
             self.ledger.alloc(self.category, nbytes)
-            lru[key] = _Entry(nbytes)
+            lru[key] = nbytes
             self._unpinned_bytes += nbytes
             new += 1
             stored.append(key)
@@ -474,26 +494,30 @@ class PrefixCache:
         """Evict LRU unpinned entries until the ledger has `nbytes` free; return whether
         it has (nothing is evicted if it cannot). Keys in `protect` are not evicted."""
         need = _as_bytes(nbytes, "PrefixCache.make_room")
-        if self.ledger.free_bytes >= need:
+        free = self.ledger.free_bytes
+        if free >= need:
             return True
-        protected = protect
+        if free + self._unpinned_bytes < need:
+            return False                    # even evicting every unpinned entry falls short
+        pins = self._pins
         victims = []
-        freed = self.ledger.free_bytes
-        for key, entry in self._lru.items():
+        freed = free
+        for key, size in self._lru.items():
             if freed >= need:
                 break
-            if entry.pins or key in protected:
+            if key in pins or key in protect:
                 continue
             victims.append(key)
-            freed += entry.nbytes
+            freed += size
         if freed < need:
             return False
+        lru = self._lru
         for key in victims:
-            entry = self._lru.pop(key)
-            self.ledger.free(self.category, entry.nbytes)
-            self._unpinned_bytes -= entry.nbytes
-            self.stats.evicted_blocks += 1
-        if self.journal is not None and victims:
+            del lru[key]
+        self.ledger.free(self.category, freed - free)
+        self._unpinned_bytes -= freed - free
+        self.stats.evicted_blocks += len(victims)
+        if self.journal is not None:
             self.journal.append(("removed", victims))
         return True
 
@@ -503,9 +527,12 @@ class PrefixCache:
 
     def clear(self) -> None:
         """Drop every unpinned entry."""
-        victims = [k for k, e in self._lru.items() if not e.pins]
+        pins = self._pins
+        victims = [k for k in self._lru if k not in pins]
+        freed = 0
         for key in victims:
-            self.ledger.free(self.category, self._lru.pop(key).nbytes)
+            freed += self._lru.pop(key)
+        self.ledger.free(self.category, freed)
         self._unpinned_bytes = 0
         if self.journal is not None and victims:
             self.journal.append(("removed", victims))

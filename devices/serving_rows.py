@@ -22,10 +22,11 @@ Assumptions, each stated where it is used:
   of 0.9 x nominal; outputs run to their drawn length (--ignore-eos);
 - "fp4" rows serve FP4 weights with an FP8 KV cache (the NVFP4 / MXFP4 DeepSeek-R1
   checkpoints), "fp8" rows FP8 weights and KV;
-- "mtp" rows speculate with DeepSeek's MTP head, 3 draft tokens at acceptance 0.77:
-  TensorRT-LLM's DeepSeek-R1 MTP ablation measured 2.82 accepted tokens per step with
-  3 MTP layers (row T7 of gpu-calibration.md), and (1 - a^4) / (1 - a) = 2.82 gives
-  a = 0.77;
+- how the benchmark ran the row (prompts per user, the scheduler's receive interval,
+  chunked-prefill budget, running-request cap, and for "mtp" rows the draft tokens
+  and acceptance rate of DeepSeek's MTP head) comes from the launch script of its
+  source and date: `devices.harness` (devices/catalog/serving-harness.toml, each fact
+  with its source);
 - a disaggregated row's workers are instances: prefill_gpus / prefill_workers GPUs
   each (likewise decode); when that exceeds the row's TP with data-parallel
   attention, the instance runs attention data-parallel over its GPUs and the experts
@@ -44,6 +45,7 @@ import numpy as np
 
 from .catalog import CatalogError, resolve_device
 from .costmodel import CostModel, Parallelism, SpeculativeConfig
+from .harness import DEFAULT_REQUESTS_PER_USER, harness_for
 
 #: Columns of gpu-calibration.csv, in order (units in the names).
 COLUMNS = (
@@ -56,8 +58,6 @@ COLUMNS = (
 )
 #: Length draws: uniform in [LENGTH_LOW, 1] x nominal (see the module docstring).
 LENGTH_LOW = 0.8
-#: MTP rows: draft tokens and acceptance rate (row T7, see the module docstring).
-MTP_DRAFT_TOKENS, MTP_ACCEPTANCE = 3, 0.77
 #: Framework names of the CSV -> catalog stack keys.
 FRAMEWORK_STACKS = {"sglang": "sglang", "dynamo-sglang": "sglang", "trt": "trtllm", "trtllm": "trtllm",
                     "dynamo-trt": "trtllm", "vllm": "vllm", "dynamo-vllm": "vllm"}
@@ -208,6 +208,13 @@ class Deployment:
     concurrency: int
     isl: int
     osl: int
+    #: how the benchmark ran it (`devices.harness`): prompts per user, the scheduler's
+    #: receive interval (decode steps), chunked-prefill tokens and running-request cap
+    #: (None: the pool's and the stack's defaults)
+    requests_per_user: int = DEFAULT_REQUESTS_PER_USER
+    recv_interval: int = 1
+    chunk_tokens: int | None = None
+    max_num_seqs: int | None = None
 
     @property
     def gpus(self) -> int:
@@ -249,11 +256,15 @@ def deployment(row: ServingRow) -> Deployment:
                            f"(known: {', '.join(sorted(FRAMEWORK_STACKS))})")
     if row.precision not in ("fp8", "fp4", "bf16"):
         raise CatalogError(f"row {row.id}: precision must be bf16, fp8 or fp4, got {row.precision!r}")
+    harness = harness_for(row)
     spec = None
     if row.spec_decoding not in ("", "none"):
         if row.spec_decoding != "mtp":
             raise CatalogError(f"row {row.id}: spec_decoding {row.spec_decoding!r} is not modelled (mtp or none)")
-        spec = SpeculativeConfig(MTP_DRAFT_TOKENS, MTP_ACCEPTANCE, "mtp")
+        if harness.speculative is None:
+            raise CatalogError(f"row {row.id}: no speculative configuration in the serving harness "
+                               "(devices/catalog/serving-harness.toml) applies to it")
+        spec = SpeculativeConfig(harness.speculative["draft_tokens"], harness.speculative["acceptance_rate"], "mtp")
     if row.disaggregated:
         pools = (_pool(row, "prefill"), _pool(row, "decode"))
     else:
@@ -265,7 +276,9 @@ def deployment(row: ServingRow) -> Deployment:
     return Deployment(model=row.model, device=row.hardware, stack=stack, weight_dtype=row.precision,
                       kv_dtype="fp8" if row.precision == "fp4" else row.precision, pools=pools,
                       speculative=spec, concurrency=row.concurrency_requests, isl=row.isl_tokens,
-                      osl=row.osl_tokens)
+                      osl=row.osl_tokens, requests_per_user=harness.requests_per_user,
+                      recv_interval=harness.recv_interval(row.concurrency_requests),
+                      chunk_tokens=harness.chunk_tokens, max_num_seqs=harness.max_num_seqs)
 
 
 def mean_lengths(dep: Deployment) -> tuple[float, float]:
@@ -281,11 +294,15 @@ def closed_loop_estimate(dep: Deployment, device=None, iterations: int = 60) -> 
       the decode batch B steps in s(B) (cost.decode_step at the mean context); X
       requests/s complete; each new prompt is prefilled in a pass of its own (stacks
       without `mixed_prefill`: k waiting prompts batched per pass, k = max(1, X (s +
-      pf)), the pass taking pf(k)); decode runs in the time prefill leaves: TPOT = s /
+      pf(k))) solved by iteration, the pass taking pf(k)); decode runs in the time prefill leaves: TPOT = s /
       tps / (1 - f), f = X / k x pf(k) the prefill share of time; TTFT = s / 2 + pf(k)
       (the step in flight, then the prompt's pass). With `mixed_prefill` a share q =
       X t of the iterations fuses one prompt with the decode step (t_mix), the mean
       iteration t = (1 - q) s + q t_mix: TPOT = t / tps, TTFT = t / 2 + t_mix.
+      With a scheduler receive interval of N decode steps (`dep.recv_interval`, SGLang
+      --scheduler-recv-interval) a prompt waits N s / 2 on average for the next receive
+      instead of s / 2, and the prompts that arrived over those N steps are prefilled
+      together: k = max(1, X (N s + pf(k))); with mixed prefill the wait is N t / 2.
     Disaggregated: prefill instances serve X prompts/s (TTFT = pf + an M/D/1 queue
       wait + the decode engine's first step); decode steps are not interrupted.
     Closed loop: N = X x (TTFT + (O - 1) x TPOT) users, B = X x (O - 1) x TPOT in
@@ -307,7 +324,7 @@ def closed_loop_estimate(dep: Deployment, device=None, iterations: int = 60) -> 
         pf_cost = dep.cost(by_role["prefill"], device)
         n_users = dep.concurrency / pool.instances
     tps = dec_cost.tokens_per_step
-    cap = dec_cost.max_num_seqs or 10 ** 9
+    cap = dep.max_num_seqs or dec_cost.max_num_seqs or 10 ** 9
     ctx = P + O / 2
 
     def step(b: float) -> float:
@@ -321,6 +338,7 @@ def closed_loop_estimate(dep: Deployment, device=None, iterations: int = 60) -> 
         return pf_cost.prefill(np.array(chunks), 0).time_s
 
     B = min(n_users, cap)
+    N = dep.recv_interval
     X = 0.0
     out: dict = {}
     for _ in range(iterations):
@@ -334,13 +352,15 @@ def closed_loop_estimate(dep: Deployment, device=None, iterations: int = 60) -> 
                     q = min(1.0, X * t)
                     t = (1 - q) * s + q * t_mix
                 tpot = t / tps
-                ttft = t / 2 + t_mix
+                ttft = N * t / 2 + t_mix
             else:
-                k = max(1.0, X * (s + prefill(1.0)))
-                pf = prefill(k)
+                pf = prefill(1.0)
+                for _ in range(8):      # the prompts that arrive while a batch of k is served
+                    k = max(1.0, X * (N * s + pf))
+                    pf = prefill(k)
                 frac = min(0.95, X / k * pf)
                 tpot = s / tps / (1.0 - frac)
-                ttft = s / 2 + pf
+                ttft = N * s / 2 + pf
         else:
             pf = prefill(1.0)
             rho = min(0.95, X * pf / by_role["prefill"].instances)
@@ -364,6 +384,6 @@ def measured(row: ServingRow) -> dict:
 
 
 __all__ = [
-    "COLUMNS", "Deployment", "FRAMEWORK_STACKS", "LENGTH_LOW", "MTP_ACCEPTANCE", "MTP_DRAFT_TOKENS", "PoolPlan",
+    "COLUMNS", "Deployment", "FRAMEWORK_STACKS", "LENGTH_LOW", "PoolPlan",
     "ServingRow", "closed_loop_estimate", "deployment", "load_serving_rows", "mean_lengths", "measured",
 ]

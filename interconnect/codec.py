@@ -18,13 +18,16 @@ Speed (see scripts/bench_codec.py): encoding allocates (or reuses) one output bu
 writes the header, then copies the body in cache-sized chunks while hashing each chunk
 just written (it is still in L2), so the body crosses main memory once for read and
 once for write, like a plain memcpy. Decoding parses only the header and returns the
-body as a zero-copy view after one hash pass over it.
+body as a zero-copy view after one hash pass over it. A request's payload (`KVFrames`,
+all frames in one buffer) is checked in one call (`scan_kv_frames`): in the process
+that made it, each header is compared with the record `make_kv_frames` kept of it
+instead of being parsed; elsewhere (after pickling) each header is one msgpack call.
 """
 
 from __future__ import annotations
 
-import itertools
 import math
+import operator
 import struct
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -426,50 +429,73 @@ _TAIL_BYTES = _TAIL.size
 _U8 = np.dtype(np.uint8)     # numpy's built-in dtypes are singletons: `is` compares them
 
 
-def _fast_view(frame) -> tuple[memoryview | np.ndarray, tuple, int, int] | None:
-    """The fast parse of a frame laid out as `encode_frame` / `make_kv_frames` write it
-    (the header map ends with the xxh3 entry, then a bin32 body fills the rest of the
-    frame): (the frame as a 1-D byte buffer (a uint8 array or a memoryview), header
-    entry, body offset, checksum), or None for any other frame (or a non-buffer), which
-    `_parse` then checks field by field.
-
-    The header entry is `_HEADERS`' tuple (request_id, layer_start, layer_end,
-    token_start, token_end, dtype, shape, logical_bytes, payload_bytes). On a cache miss
-    one msgpack call parses the exact header bytes: it succeeds only if the map ends
-    exactly at the end of the xxh3 entry, so a frame accepted here parses to the same
-    header as on the general path. The body is not hashed here.
-    """
+def _frame_buffer(frame) -> memoryview | np.ndarray | None:
+    """`frame` as a 1-D C-contiguous byte buffer (the array itself for a uint8 array),
+    or None if it is not one (or not a buffer at all)."""
     if type(frame) is np.ndarray:
         # the frames `make_kv_frames` cuts: read as they are (a memoryview of each costs
         # more than the rest of the parse)
         if frame.dtype is not _U8 or frame.ndim != 1 or not frame.flags.c_contiguous:
             return None
-        mv = frame
-    else:
-        try:
-            mv = memoryview(frame)
-        except Exception:   # no buffer (TypeError), or one numpy cannot export (ValueError)
-            return None
-        if mv.format != "B" or mv.ndim != 1 or not mv.c_contiguous:
-            return None
-    head = mv[:_FIRST_PEEK].tobytes()
+        return frame
+    try:
+        mv = memoryview(frame)
+    except Exception:   # no buffer (TypeError), or one numpy cannot export (ValueError)
+        return None
+    if mv.format != "B" or mv.ndim != 1 or not mv.c_contiguous:
+        return None
+    return mv
+
+
+def _fast_view(frame) -> tuple[memoryview | np.ndarray, tuple, int, int] | None:
+    """The fast parse of a frame laid out as `encode_frame` / `make_kv_frames` write it
+    (the header map ends with the xxh3 entry, then a bin32 body fills the rest of the
+    frame): (the frame as a 1-D byte buffer, header entry, body offset, checksum), or
+    None for any other frame (or a non-buffer), which `_parse` then checks field by
+    field. See `_read_frame`.
+    """
+    mv = _frame_buffer(frame)
+    read = None if mv is None else _read_frame(mv, 0, len(mv))
+    return None if read is None else (mv, *read)
+
+
+def _read_frame(buf: memoryview | np.ndarray, start: int, end: int) -> tuple[tuple, int, int] | None:
+    """(header entry, body offset in `buf`, checksum) of the frame `buf[start:end]` (a
+    1-D byte buffer), or None if it is not laid out as `encode_frame` /
+    `make_kv_frames` write it. The body is not hashed here.
+
+    The header entry is the tuple (request_id, layer_start, layer_end, token_start,
+    token_end, dtype, shape, logical_bytes, payload_bytes). One msgpack call parses the
+    exact header bytes: it succeeds only if the map ends exactly at the end of the xxh3
+    entry, so a frame accepted here parses to the same header as on the general path.
+    """
+    head = buf[start : min(end, start + _FIRST_PEEK)].tobytes()
     kend = head.find(_XXH3_ENTRY) + len(_XXH3_ENTRY)
-    if kend < len(_XXH3_ENTRY) or kend + _TAIL_BYTES > len(head):
+    if kend < len(_XXH3_ENTRY) or kend + _TAIL_BYTES > len(head) or head[0] != _FIXARRAY2:
         return None
-    key = head[:kend]
-    entry = _HEADERS.get(key)
+    entry = _entry_of(head[1 : kend + 8])
     if entry is None:
-        if head[0] != _FIXARRAY2:
-            return None
-        entry = _entry_of(head[1 : kend + 8])
-        if entry is None:
-            return None
-        _remember_header(key, entry)
-    checksum, marker, body_len = _TAIL.unpack_from(head, kend)
-    body_off = kend + _TAIL_BYTES
-    if marker != _BIN32 or body_len != entry[8] or body_off + body_len != len(mv):
         return None
-    return mv, entry, body_off, checksum
+    checksum, marker, body_len = _TAIL.unpack_from(head, kend)
+    body = start + kend + _TAIL_BYTES
+    if marker != _BIN32 or body_len != entry[8] or body + body_len != end:
+        return None
+    return entry, body, checksum
+
+
+def _read_known(buf: memoryview, start: int, end: int, head: tuple[bytes, tuple]) -> tuple[tuple, int, int] | None:
+    """`_read_frame` for a frame whose header its maker recorded: `head` is (the packed
+    header up to the checksum, its header tuple). The frame's bytes are compared with
+    the record, so a changed header falls back to parsing (None)."""
+    key, entry = head
+    kend = start + len(key)
+    if kend + _TAIL_BYTES > end or buf[start:kend].tobytes() != key:
+        return None
+    checksum, marker, body_len = _TAIL.unpack_from(buf, kend)
+    body = kend + _TAIL_BYTES
+    if marker != _BIN32 or body_len != entry[8] or body + body_len != end:
+        return None
+    return entry, body, checksum
 
 
 def _parse_fast(frame: np.ndarray) -> tuple[FrameHeader, int, int] | None:
@@ -481,35 +507,8 @@ def _parse_fast(frame: np.ndarray) -> tuple[FrameHeader, int, int] | None:
     return FrameHeader._trusted(*entry, checksum), body_off, len(mv) - body_off
 
 
-# Parsed headers by their packed bytes from the frame marker to the xxh3 entry's uint64
-# marker, checksum excluded: parsing is a pure function of those bytes (any 8 checksum
-# bytes are a valid uint64), so a hit returns what parsing would, and `make_kv_frames`
-# can record its frames before hashing their bodies. It spares the second parse of a
-# frame (the interconnect peeks, the receiver decodes) and the first of the frames this
-# process built. Values are plain tuples (see `_fast_view`): the hot paths read fields by
-# index, only `peek_header` / `decode_frame` build a FrameHeader. Bodies are always
-# hashed afresh. 16k entries (~5 MB): the frames of 2k requests in flight at 8 each.
-# A plain dict (an insert is ~half the cost of an OrderedDict's insert plus popitem)
-# that drops its older half when full (`_evict_old_headers`).
-_HEADERS: dict[bytes, tuple] = {}
-_HEADERS_MAX = 1 << 14
-
-
-def _evict_old_headers() -> None:
-    """Drop the older half of `_HEADERS` (a dict keeps insertion order): one pass per
-    `_HEADERS_MAX` / 2 inserts, not a scan from the dict's front per insert."""
-    for key in list(itertools.islice(_HEADERS, len(_HEADERS) // 2)):
-        _HEADERS.pop(key, None)                 # (tolerates another thread's eviction)
-
-
-def _remember_header(key: bytes, entry: tuple) -> None:
-    if len(_HEADERS) >= _HEADERS_MAX:
-        _evict_old_headers()
-    _HEADERS[key] = entry
-
-
 def _entry_of_header(h: FrameHeader) -> tuple:
-    """`h` as a `_HEADERS` entry (checksum and version dropped)."""
+    """`h` as a header tuple (checksum and version dropped; see `_read_frame`)."""
     return (h.request_id, h.layer_start, h.layer_end, h.token_start, h.token_end, h.dtype, h.shape,
             h.logical_bytes, h.payload_bytes)
 
@@ -545,16 +544,32 @@ def scan_kv_frames(frames, verify: bool) -> list[tuple | None]:
     body is hashed); without, the body is not hashed and the list ends after the first
     None (a frame `peek_header` rejects).
 
-    Frames in the layout `make_kv_frames` / `encode_frame` write take `_fast_view`
-    (a header-cache lookup); any other frame takes `decode_frame` / `peek_header`.
+    The frames of an intact `KVFrames` are read through its one buffer, each header
+    compared with the record `make_kv_frames` attached (`_read_known`); other frames in
+    the layout `make_kv_frames` / `encode_frame` write take one msgpack call on their
+    exact header bytes (`_read_frame`), and any other frame `decode_frame` /
+    `peek_header`.
     """
     out: list[tuple | None] = []
     digest = xxhash.xxh3_64_intdigest
-    for f in frames:
-        fast = _fast_view(f)
-        if fast is not None:
-            mv, entry, body_off, checksum = fast
-            if verify and digest(mv[body_off:]) != checksum:
+    whole = type(frames) is KVFrames and frames.intact()
+    if whole:
+        base, bounds = memoryview(frames._base), frames._bounds
+        heads = frames._heads if len(frames._heads) == len(bounds) else None
+    for i, f in enumerate(frames):
+        if whole:
+            buf = base
+            start, end = bounds[i]
+            read = _read_known(buf, start, end, heads[i]) if heads is not None else None
+            if read is None:
+                read = _read_frame(buf, start, end)
+        else:
+            buf = _frame_buffer(f)
+            read = None if buf is None else _read_frame(buf, 0, len(buf))
+            end = 0 if buf is None else len(buf)
+        if read is not None:
+            entry, body, checksum = read
+            if verify and digest(buf[body:end]) != checksum:
                 out.append(None)            # read fine, corrupted: ChecksumError
                 continue
         else:
@@ -808,8 +823,8 @@ def _kv_layout(request_id: int, n_tokens: int, kv_bytes_per_token: int, n_layers
                payload_scale: float, kv_dtype: str) -> tuple[tuple[tuple, ...], int]:
     """The request-independent part of `make_kv_frames`' frames (arguments already
     checked): (groups, size) with, per group of layers [a, b), (the "<Q" packed a, the
-    packed header after the request id up to the checksum, body bytes, the `_HEADERS`
-    entry without its request id, length of the packed header up to the checksum
+    packed header after the request id up to the checksum, body bytes, the header
+    tuple without its request id, length of the packed header up to the checksum
     without the request id), and `size` the bytes of all the frames without their
     request ids. `request_id` only names the request in errors. Raises FrameError if a
     body exceeds a msgpack bin32."""
@@ -826,10 +841,14 @@ def _kv_layout(request_id: int, n_tokens: int, kv_bytes_per_token: int, n_layers
         shape_rest = _pack_uint(n_tokens) + _pack_uint(elems)
     k_logical, k_payload = _K["logical"], _K["payload"]
     n_key_head = len(_KEY_HEAD)
+    packed: dict[int, bytes] = {}               # the groups share a few byte counts
     groups = []
     size = 0
+    done = 0                                    # logical bytes of the groups before
     for a, b, layer8, layers_entry, shape_head in plan_groups:
-        logical = group_logical_bytes(total, n_layers, a, b)
+        upto = total * b // n_layers            # `group_logical_bytes` as a running sum
+        logical = upto - done
+        done = upto
         n_body = payload_size(logical, payload_scale)
         if n_body > MAX_BODY_BYTES:
             raise FrameError(
@@ -841,8 +860,13 @@ def _kv_layout(request_id: int, n_tokens: int, kv_bytes_per_token: int, n_layers
         else:
             shape = ((logical * 8) // bits,)
             shape_entry = shape_head + _pack_uint(shape[0])
-        tail = b"".join((layers_entry, mid, shape_entry, k_logical, _pack_uint(logical), k_payload,
-                         _pack_uint(n_body), _XXH3_ENTRY))
+        p_logical = packed.get(logical)
+        if p_logical is None:
+            p_logical = packed[logical] = _pack_uint(logical)
+        p_body = packed.get(~n_body)            # (keys of body sizes: ~n < 0 <= logical)
+        if p_body is None:
+            p_body = packed[~n_body] = _pack_uint(n_body)
+        tail = b"".join((layers_entry, mid, shape_entry, k_logical, p_logical, k_payload, p_body, _XXH3_ENTRY))
         n_head = n_key_head + len(tail)
         groups.append((layer8, tail, n_body, (a, b, 0, n_tokens, kv_dtype, shape, logical, n_body), n_head))
         size += n_head + _TAIL_BYTES + n_body
@@ -916,12 +940,13 @@ def make_kv_frames(
     digest = xxhash.xxh3_64_intdigest
     pack_tail = _TAIL.pack_into
     # Every frame is a view of one buffer (one allocation per request, not per group).
-    # Each header is recorded in `_HEADERS` (its bytes are known before the body is
-    # hashed: the checksum is not part of the key) for the parses that follow.
+    # Each header's bytes up to its checksum and its header tuple go with the payload
+    # (`KVFrames`), for the checks that follow.
     buf = np.empty(size + len(groups) * n_rid, dtype=np.uint8)
     mv = memoryview(buf)
     frames: list[np.ndarray] = []
     bounds = []
+    heads = []
     off = 0
     for layer8, tail, n_body, entry, n_head in groups:
         key = head + tail
@@ -938,11 +963,11 @@ def make_kv_frames(
         else:
             checksum = _copy_body(buf[body:end], n_body, block, start)
         pack_tail(mv, h, checksum, _BIN32, n_body)
-        _remember_header(key, (request_id, *entry))
         frames.append(buf[off:end])
         bounds.append((off, end))
+        heads.append((key, (request_id, *entry)))
         off = end
-    return KVFrames(frames, buf, tuple(bounds))
+    return KVFrames(frames, buf, tuple(bounds), tuple(heads))
 
 
 class KVFrames(list):
@@ -958,31 +983,31 @@ class KVFrames(list):
     runtime sets it to the ObjectRef the frames were read from, so forwarding them
     sends that reference again instead of the bytes); None otherwise. It is not
     pickled, and a runtime must only reuse it while `intact()` holds.
+
+    `_heads`: from `make_kv_frames`, per frame the header's bytes up to its checksum
+    and the header tuple they parse to, so that `scan_kv_frames` compares each header
+    with those bytes instead of parsing it; not pickled (a receiver in another process
+    parses the headers).
     """
 
-    __slots__ = ("_base", "_bounds", "store_ref")
+    __slots__ = ("_base", "_bounds", "_views", "_heads", "store_ref")
 
-    def __init__(self, frames=(), base: np.ndarray | None = None, bounds: tuple = ()) -> None:
+    def __init__(self, frames=(), base: np.ndarray | None = None, bounds: tuple = (),
+                 heads: tuple = ()) -> None:
         super().__init__(frames)
         self._base = base
         self._bounds = bounds
+        self._views = tuple(self)
+        self._heads = heads
         self.store_ref = None
 
     def intact(self) -> bool:
-        """Whether the list still holds exactly the views it was built with."""
-        base, bounds = self._base, self._bounds
-        if base is None or len(self) != len(bounds):
-            return False
-        # Views are recognised by address and size: `f.base` is not `base` when `base`
-        # is itself a view (numpy points a view of a view at the owner of the memory),
-        # as it is for a payload read back from Ray's object store. `base` is held
-        # here, so its memory cannot have been reused by another array.
-        addr = base.__array_interface__["data"][0]
-        for f, (start, stop) in zip(self, bounds):
-            if (type(f) is not np.ndarray or f.dtype != np.uint8 or f.ndim != 1 or f.nbytes != stop - start
-                    or f.__array_interface__["data"][0] != addr + start):
-                return False
-        return True
+        """Whether the list still holds exactly the views it was built with: the same
+        array objects in the same places (an array cannot be pointed at other memory,
+        so these are still views of the buffer at `_bounds`)."""
+        views = self._views
+        return (self._base is not None and len(self) == len(views) == len(self._bounds)
+                and all(map(operator.is_, self, views)))
 
     def __reduce__(self):
         if self.intact():

@@ -449,7 +449,7 @@ class Interconnect(Core):
                 shipped += memoryview(f).nbytes
             else:
                 raise TransferError(f"request {req.id}: frame {i} is a {type(f).__name__}, expected a uint8 array")
-        # Header tuples (from the header cache make_kv_frames filled, no FrameHeader per
+        # Header tuples (from the header records make_kv_frames attaches, no FrameHeader per
         # frame); a payload with an unreadable frame is left for the receiver to count bad.
         entries = scan_kv_frames(frames, False)
         headers = entries if len(entries) == len(frames) and None not in entries else None

@@ -13,7 +13,7 @@ import pytest
 
 from devices.costmodel import CostModel, Parallelism, SpeculativeConfig
 from devices.engines.decode import _count_bad_frames
-from interconnect.codec import (FrameError, FrameHeader, KVFrames, _HEADERS, _LAYOUTS, scan_kv_frames, corrupt_frame,
+from interconnect.codec import (FrameError, FrameHeader, KVFrames, _LAYOUTS, scan_kv_frames, corrupt_frame,
                                 decode_frame, encode_frame, make_kv_frames, peek_header, verify_kv_frames)
 from rack.runtime.virtual import VirtualDriver
 from workloads.core import BROADCAST, Core
@@ -51,14 +51,13 @@ def test_cost_model_scalar_paths_equal_array_paths(model, device, par):
             assert cm._bound(lean) == cm._bound(full)
 
 
-def test_frame_header_cache_returns_what_parsing_returns():
+def test_recorded_headers_return_what_parsing_returns():
     frames = make_kv_frames(77, 3000, 35_136, 61, 8, 1e-3, seed=3)
-    seeded = [peek_header(f) for f in frames]              # from make_kv_frames' cache entries
-    _HEADERS.clear()
+    recorded = scan_kv_frames(frames, True)                # from make_kv_frames' header records
     parsed = [peek_header(f) for f in frames]              # parsed afresh
-    assert seeded == parsed
+    assert recorded == [_entry(h) for h in parsed] == scan_kv_frames(list(frames), True)
     assert [decode_frame(f)[0] for f in frames] == parsed
-    # a frame built by encode_frame (no cache seeding) parses to its header
+    # a frame built by encode_frame (no header record) parses to its header
     h = FrameHeader(request_id=5, layer_start=0, layer_end=8, token_start=0, token_end=10, dtype="bf16",
                     shape=(8, 10, 4), logical_bytes=640)
     got, body = decode_frame(encode_frame(h, np.arange(64, dtype=np.uint8)))
@@ -256,6 +255,37 @@ def test_decode_steps_affine_path_equals_the_general_pass(model, device, par):
             np.testing.assert_allclose(fast.work(m), (fast.flops[:m].sum(), fast.bytes[:m].sum()), rtol=1e-12)
 
 
+def test_decode_steps_when_the_compute_and_memory_lines_cross():
+    """A large batch of short contexts starts compute-bound and becomes memory-bound
+    (KV reads grow faster than attention FLOPs): `decode_steps` takes the larger line
+    step by step, as the general pass does."""
+    cm = CostModel("llama-2-70b", "a100", Parallelism(tp=2), "fp8", "fp8")
+    ctx = np.random.default_rng(4).integers(1, 64, 200)
+    n = 30_000
+    full = cm._decode_dict(ctx.astype(float), np.arange(n, dtype=float))
+    assert full["compute"][0] > full["memory"][0] and full["compute"][-1] < full["memory"][-1]
+    fast = cm.decode_steps(ctx, n)
+    np.testing.assert_allclose(fast.time_s, full["time"], rtol=1e-12, atol=0)
+    assert fast.bound == "compute"
+
+
+@pytest.mark.parametrize("model,device,par", MODELS)
+def test_memoized_pass_terms_give_what_fresh_terms_give(model, device, par):
+    """Prefill, mixed and decode iterations priced by a model that has seen other
+    iterations (its terms per token count memoized) equal those of a fresh model."""
+    rng = np.random.default_rng(5)
+    for spec in (None, SpeculativeConfig(2, 0.7)):
+        seasoned = CostModel(model, device, par, "fp8", "fp8", speculative=spec)
+        for _ in range(12):
+            n = rng.integers(1, 3000, int(rng.integers(1, 4)))
+            n[0] = 8192 if rng.random() < 0.5 else n[0]        # repeated token counts: memo hits
+            c = rng.integers(0, 20_000, n.size)
+            ctx = rng.integers(1, 30_000, int(rng.integers(1, 20)))
+            for call in (lambda m: m.prefill(n, c), lambda m: m.mixed(n, c, ctx), lambda m: m.decode_step(ctx)):
+                call(seasoned)
+                assert call(seasoned) == call(CostModel(model, device, par, "fp8", "fp8", speculative=spec))
+
+
 def _entry(h: FrameHeader) -> tuple:
     return (h.request_id, h.layer_start, h.layer_end, h.token_start, h.token_end, h.dtype, h.shape,
             h.logical_bytes, h.payload_bytes)
@@ -285,15 +315,17 @@ def test_batched_frame_scan_equals_per_frame_decoding():
         g = f.copy()
         g[pos] ^= 0x41
         variants.append(g)
-    for cold in (False, True):
-        for v in variants:
-            if cold:
-                _HEADERS.clear()
-            payload = [frames[0], v, frames[3]]
-            assert scan_kv_frames(payload, True) == _one_by_one(payload, True)
-            if cold:
-                _HEADERS.clear()
-            assert scan_kv_frames(payload, False) == _one_by_one(payload, False)
+    for v in variants:
+        payload = [frames[0], v, frames[3]]
+        assert scan_kv_frames(payload, True) == _one_by_one(payload, True)
+        assert scan_kv_frames(payload, False) == _one_by_one(payload, False)
+    # the same byte flips in place, in an intact payload read through its header records
+    for pos in range(hend + 13):
+        payload = make_kv_frames(300, 700, 35_136, 61, 8, 1e-3, seed=4)
+        payload[2][pos] ^= 0x41
+        assert payload.intact()
+        assert scan_kv_frames(payload, True) == _one_by_one(list(payload), True)
+        assert scan_kv_frames(payload, False) == _one_by_one(list(payload), False)
 
 
 def test_every_corrupted_body_byte_is_caught():
@@ -320,7 +352,6 @@ def test_cached_layouts_give_the_frames_a_fresh_layout_gives():
     other = make_kv_frames(2**40, 1234, 35_136, 61, 8, 1e-3, seed=1)                  # longer request id
     assert first == again
     assert verify_kv_frames(other)[1] == 0
-    _HEADERS.clear()                                                                  # parsed afresh
     fields = [_entry(peek_header(f))[1:] for f in first]
     assert [_entry(peek_header(f)) for f in other] == [(2**40, *rest) for rest in fields]
 

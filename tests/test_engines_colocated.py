@@ -140,3 +140,42 @@ def test_rejections_and_capacity_failures():
     assert oc[4] == {"outcome": "rejected", "reason": "prefill_queue_full", "itl_s": None, "t": 0.0}
     assert oc[2]["outcome"] == oc[3]["outcome"] == "completed"
     assert set(oc) == {0, 1, 2, 3, 4}
+
+
+def _step_ends(col, rid):
+    """End times of the steps request `rid` decoded in (its token times after the first)."""
+    return col.times("first_token")[rid] + np.cumsum(col.outcomes[rid]["itl_s"])
+
+
+@pytest.mark.parametrize("interval", [1, 10])
+def test_receive_interval_holds_prompts_until_the_next_receive(interval):
+    """SGLang --scheduler-recv-interval N: a prompt that arrives while the batch decodes
+    is taken in only after N decode steps since the last receive (which follows every
+    prefill); prompts arriving within one window are prefilled together."""
+    cost = llama("h100")
+    long = Request(id=0, arrival_s=0.0, prompt_tokens=500, output_tokens=400)
+    col, _, _ = _run([long], cost, recv_interval=interval)
+    ends = _step_ends(col, 0)                   # decode step m (1-based) ends at ends[m - 1]
+    t1 = float(ends[12] + 0.25 * (ends[13] - ends[12]))     # during step 14
+    late = [Request(id=1, arrival_s=t1, prompt_tokens=300, output_tokens=20),
+            Request(id=2, arrival_s=float(ends[16] + 0.5 * (ends[17] - ends[16])), prompt_tokens=300,
+                    output_tokens=20)]                          # during step 18
+    col, eng, stats = _run([long, *late], cost, recv_interval=interval)
+    _check(col, stats, [long, *late])
+    start = col.times("prefill_start")
+    if interval == 1:       # at the next step boundary, one after the other
+        assert start[1] == pytest.approx(ends[13]) and start[2] > start[1]
+    else:                   # at the 20th step since the prompt of request 0, together
+        assert start[1] == pytest.approx(ends[19]) and start[2] == start[1]
+    assert eng.recv_interval == interval
+
+
+def test_receive_interval_idle_scheduler_receives_at_once():
+    cost = llama("h100")
+    reqs = [Request(id=0, arrival_s=0.0, prompt_tokens=200, output_tokens=5),
+            Request(id=1, arrival_s=1.0, prompt_tokens=200, output_tokens=5)]
+    col, _, stats = _run(reqs, cost, recv_interval=30)
+    _check(col, stats, reqs)
+    assert col.times("prefill_start") == {0: 0.0, 1: 1.0}
+    with pytest.raises(ValueError, match="recv_interval must be >= 1"):
+        ColocatedEngine(name="x", cost=cost, collector="c", recv_interval=0)

@@ -173,7 +173,7 @@ def test_pool_and_cache_random_sequences(ops):
         assert 0 <= led.used <= led.capacity and led.peak <= led.capacity
         assert led.held("kv") == pool.blocks_in_use * pool.block_bytes
         assert led.held("prefix_cache") == len(pc) * bs * bpt
-        assert pc.evictable_bytes() == sum(e.nbytes for e in pc._lru.values() if not e.pins)
+        assert pc.evictable_bytes() == sum(nb for key, nb in pc._lru.items() if key not in pc._pins)
     for owner in range(4):
         pool.free(owner)
         pc.release(owner)

@@ -91,3 +91,111 @@ def test_ledgers_stay_within_capacity_and_empty_at_the_end(capacity, script):
     ledger.free("reserved", ledger.held("reserved"))
     check(ledger, pool, cache, capacity)
     assert ledger.used == 0 and len(cache) == 0 and pool.blocks_in_use == 0
+
+
+class _ReferenceCache:
+    """The prefix cache's rules written plainly (a list in LRU order, least recent
+    first): what `PrefixCache` must do, entry for entry, however it is built."""
+
+    def __init__(self, capacity: int, entry: int) -> None:
+        self.free, self.entry = capacity, entry
+        self.order: list[int] = []
+        self.pins: dict[int, int] = {}
+        self.owners: dict[int, list[int]] = {}
+        self.journal: list = []
+
+    def touch(self, keys: list[int]) -> None:
+        for k in reversed(keys):            # last-to-first: the head ends most recent
+            self.order.remove(k)
+            self.order.append(k)
+
+    def make_room(self, need: int, protect: frozenset | set = frozenset()) -> bool:
+        victims, freed = [], self.free
+        for k in self.order:
+            if freed >= need:
+                break
+            if not self.pins.get(k) and k not in protect:
+                victims.append(k)
+                freed += self.entry
+        if freed < need:
+            return False
+        for k in victims:
+            self.order.remove(k)
+        self.free = freed
+        if victims:
+            self.journal.append(("removed", victims))
+        return True
+
+    def insert(self, hashes: list[int]) -> int:
+        keys, added, protected, new = list(hashes), [], set(), 0
+        fresh = list(dict.fromkeys(k for k in keys if k not in self.order))
+        if len(fresh) * self.entry <= self.free:
+            self.order += fresh
+            self.free -= len(fresh) * self.entry
+            self.touch(keys)
+            if fresh:
+                self.journal.append(("stored", fresh))
+            return len(fresh)
+        stored = []
+        for k in keys:
+            if k not in self.order:
+                if not self.make_room(self.entry, protected):
+                    break
+                self.order.append(k)
+                self.free -= self.entry
+                new += 1
+                stored.append(k)
+            added.append(k)
+            protected.add(k)
+        self.touch(added)
+        if stored:
+            self.journal.append(("stored", stored))
+        return new
+
+    def acquire(self, owner: int, hashes: list[int]) -> int:
+        run = []
+        for k in hashes:
+            if k not in self.order:
+                break
+            run.append(k)
+        for k in run:
+            self.pins[k] = self.pins.get(k, 0) + 1
+        self.touch(run)
+        if run:
+            self.owners[owner] = run
+        return len(run)
+
+    def release(self, owner: int) -> None:
+        for k in self.owners.pop(owner, []):
+            self.pins[k] -= 1
+
+
+@settings(max_examples=200, deadline=None)
+@given(capacity=st.integers(0, 12), script=st.lists(st.one_of(
+    st.tuples(st.just("insert"), st.lists(st.integers(0, 9), max_size=6)),
+    st.tuples(st.just("acquire"), owners, st.lists(st.integers(0, 9), max_size=6)),
+    st.tuples(st.just("release"), owners),
+    st.tuples(st.just("make_room"), st.integers(0, 14))), max_size=50))
+def test_prefix_cache_follows_the_reference_lru(capacity, script):
+    """Hits, insertions, evictions, the KV events and the LRU order itself are those of
+    the plain reference, after every operation."""
+    entry = HASH_BLOCK * KV_PER_TOKEN
+    ledger = MemoryLedger(capacity * entry, "prop")
+    cache, ref = PrefixCache(ledger, KV_PER_TOKEN), _ReferenceCache(capacity * entry, entry)
+    cache.journal = []
+    for op in script:
+        kind = op[0]
+        if kind == "insert":
+            assert cache.insert(op[1], HASH_BLOCK) == ref.insert(op[1])
+        elif kind == "acquire":
+            if op[1] not in ref.owners:
+                assert cache.acquire(op[1], op[2], HASH_BLOCK) == ref.acquire(op[1], op[2])
+        elif kind == "release":
+            cache.release(op[1])
+            ref.release(op[1])
+        else:
+            assert cache.make_room(op[1] * entry // 2) == ref.make_room(op[1] * entry // 2)
+        assert [h for _, h in cache._lru] == ref.order
+        assert ledger.free_bytes == ref.free
+        assert cache.evictable_bytes() == entry * sum(1 for k in ref.order if not ref.pins.get(k))
+        assert [(kind, [h for _, h in keys]) for kind, keys in cache.journal] == ref.journal

@@ -83,6 +83,7 @@ CASES = {
     "split-decode-first": ("helios-cs3-kimi-k2", {}),
     "split-prefill-first": ("helios-cs3-kimi-k2", {"first_token": "prefill"}),
     "colocated": ("gpu-only-kimi-k2", {}),
+    "colocated-recv-interval": ("gpu-only-kimi-k2", {"pools.0.scheduler_recv_interval": 8}),
     "speculative": ("helios-cs3-kimi-k2", {"pools.1.speculative": {"draft_tokens": 3, "acceptance_rate": 0.7}}),
 }
 

@@ -50,7 +50,8 @@ def test_deployments(rows):
     assert d.pools[0].role == "both" and d.pools[0].parallelism.tp == 8 and d.speculative is None
     fp4 = deployment(rows["C23"])
     assert (fp4.stack, fp4.weight_dtype, fp4.kv_dtype) == ("trtllm", "fp4", "fp8")
-    assert deployment(rows["C33"]).speculative.tokens_per_step == pytest.approx(2.82, abs=0.01)
+    # SGLang EAGLE with two drafted tokens at InferenceX's measured ~2.5 accept length (serving harness)
+    assert deployment(rows["C33"]).speculative.tokens_per_step == pytest.approx(2.5, abs=0.01)
     dis = deployment(rows["C36"])
     assert [(p.role, p.instances, p.parallelism.tp) for p in dis.pools] == [("prefill", 1, 8), ("decode", 9, 8)]
     gb = deployment(rows["C39"])           # 4 GPUs per worker, tp 1 with DP attention

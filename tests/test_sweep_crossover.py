@@ -129,6 +129,9 @@ def test_find_crossover_cases():
     assert find_crossover(xs, [2, 2, 2], [1, 1, 1])["status"] == "split_always"
     assert find_crossover(xs, [0, 0, 0], [1, 1, 1])["status"] == "colocated_always"
     assert find_crossover(xs, [1, 1.005, 1], [1, 1, 1])["status"] == "tie"
+    # The split only ties at 64 (0.7 % behind): the crossover is 64, not extrapolated past it.
+    c = find_crossover([16, 64], [2.72, 2.74], [2.76, 2.76])
+    assert c["status"] == "crossover" and c["above"] == "tie" and c["x"] == pytest.approx(64.0)
 
 
 def test_with_link_bandwidth_needs_a_link():

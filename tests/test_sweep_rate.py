@@ -34,6 +34,19 @@ def test_rate_sweep_attainment_falls_with_load():
     assert pts[1]["tokens_per_joule"] > pts[0]["tokens_per_joule"]
 
 
+def test_synthetic_duration_keeps_high_rate_points_long():
+    wl = Workload(kind="synthetic", rate_per_s=1.0, prompt_tokens=128, output_tokens=8, n=20,
+                  duration_s=10.0, seed=1)
+    assert len(wl.requests(1.0)) == 20                   # n is the floor
+    hi = wl.requests(50.0)                               # 10 s at 50 req/s
+    assert len(hi) == 500 and 8.0 < hi[-1].arrival_s < 12.0
+    assert len(Workload(kind="synthetic", rate_per_s=1.0, prompt_tokens=128, output_tokens=8,
+                        n=20, seed=1).requests(50.0)) == 20
+    with pytest.raises(ValueError, match="duration_s"):
+        Workload(kind="synthetic", rate_per_s=1.0, prompt_tokens=128, output_tokens=8, n=20,
+                 duration_s=float("inf")).requests()
+
+
 def test_prompt_sweep_longer_prompts_cost_more():
     sc = parse_scenario(COLOC)
     res = prompt_sweep([sc], [256, 8192], rate_per_s=2.0, output_tokens=32, n=30, workers=1, progress=False)

@@ -26,6 +26,17 @@ A prompt's first token is produced at the end of its last chunk (`first_token`);
 joins the decode batch at the next iteration (`decode_admit`); a request with one
 output token completes at its first token. ITL and timing as in `DecodeEngine`; the
 first ITL sample is the gap from the first token to the first decode step.
+
+Receive interval (SGLang's `--scheduler-recv-interval N`,
+python/sglang/srt/managers/scheduler_recv_skipper.py): the scheduler takes new requests
+in only at its receive points. Its counter adds 1 per decode (or speculative verify)
+iteration and 1000 per other iteration (environ.py: SGLANG_SCHEDULER_RECV_SKIPPER_WEIGHT_*
+defaults), and it receives when the counter reaches N, then resets it. So after a
+prefill iteration it receives at once, while decoding only every N decode steps, and
+when idle at once. A prompt that arrives during a run of decode steps waits in the
+engine's inbox until the next receive point (the run is cut there); every prompt that
+arrived by then is queued at once and prefilled together. N = 1 (SGLang's default)
+receives at every iteration, as before.
 """
 
 from __future__ import annotations
@@ -35,7 +46,8 @@ from typing import Any
 
 import numpy as np
 
-from devices.engines.common import admit_with_prefix, enqueue_batch, plan_chunk, prefix_lookup, record_series
+from devices.engines.common import (admit_with_prefix, ceil_div, enqueue_batch, plan_chunk, prefix_lookup,
+                                    record_series)
 from devices.engines.decode import AdmissionPolicy, DecodeEngine, _Seq
 from devices.memory import PrefixCache
 
@@ -67,6 +79,8 @@ class ColocatedEngine(DecodeEngine):
         chunk_tokens: token budget of one iteration (prefill + decode tokens), >= 1.
         max_queue: queued prompts beyond which `submit` rejects ("prefill_queue_full").
         prefix_cache: enable the prefix cache (requests with `block_hashes`).
+        recv_interval: decode steps between the scheduler's receives of new requests
+            (SGLang --scheduler-recv-interval, >= 1; see the module docstring).
     `max_batch` bounds the requests being prefilled or decoded at once.
     """
 
@@ -77,11 +91,13 @@ class ColocatedEngine(DecodeEngine):
                  memory_reserve_fraction: float | None = None, memory_plan: Any = None,
                  max_steps_per_wake: int = 4096, max_reserve_queue: int | None = None,
                  first_token: str = "prefill", loading_until_s: float | None = None,
-                 stream_to: str | None = None) -> None:
+                 recv_interval: int = 1, stream_to: str | None = None) -> None:
         if int(chunk_tokens) < 1:
             raise ValueError(f"ColocatedEngine {name!r}: chunk_tokens must be >= 1, got {chunk_tokens}")
         if int(max_queue) < 0:
             raise ValueError(f"ColocatedEngine {name!r}: max_queue must be >= 0, got {max_queue}")
+        if int(recv_interval) < 1:
+            raise ValueError(f"ColocatedEngine {name!r}: recv_interval must be >= 1, got {recv_interval}")
         super().__init__(name=name, cost=cost, collector=collector,
                          max_batch=max_batch, kv_block_tokens=kv_block_tokens,
                          admission_policy=admission_policy,
@@ -94,6 +110,9 @@ class ColocatedEngine(DecodeEngine):
         self.prefix = PrefixCache(self.ledger, self.pool.kv_bytes_per_token) if prefix_cache else None
         self._queue: deque[_Job] = deque()
         self._prefilling: list[_Job] = []
+        self.recv_interval = int(recv_interval)
+        self._inbox: deque[_Job] = deque()     # arrived, not yet received by the scheduler
+        self._recv_base = 0                    # global step index where the receive counter was reset
         self.queue_peak = 0
         self.tokens_computed = 0
         self.tokens_cached = 0
@@ -105,9 +124,64 @@ class ColocatedEngine(DecodeEngine):
     def submit_many(self, now: float, items) -> None:
         """Queue (request, decode_target) pairs arriving together (prefill then decode
         here; the target is ignored); ends a request itself when rejected or when it can
-        never fit. A new prompt cuts a decode-only run at the next step boundary."""
-        if enqueue_batch(self, now, items, self._refusal, lambda req, _target: _Job(req)):
+        never fit. A new prompt cuts a decode-only run at the next step boundary, or with
+        a receive interval at the scheduler's next receive point (it waits in the inbox)."""
+        n0 = len(self._queue)
+        if not enqueue_batch(self, now, items, self._refusal, lambda req, _target: _Job(req),
+                             held=len(self._inbox)):
+            return
+        if self.recv_interval > 1 and self._phase == "run" and self._run is not None:
+            new = [self._queue.pop() for _ in range(len(self._queue) - n0)]
+            self._inbox.extend(reversed(new))
+            self._cut_at_receive(now)
+        else:
             self._kick(now)
+
+    # ------------------------------------------------------------------ receive interval
+    def _next_receive(self, step: int) -> int:
+        """The first receive point at or after global step boundary `step`: the counter
+        was reset at `_recv_base` and reaches the interval every `recv_interval` steps."""
+        n = self.recv_interval
+        return self._recv_base + n * ceil_div(max(0, step - self._recv_base), n)
+
+    def _cut_at_receive(self, now: float) -> None:
+        """Prompts wait in the inbox: cut the decode run in progress at the first
+        receive point after `now` (the step in progress finishes), if it gets that far."""
+        t0, ends, _, _ = self._run
+        g0 = len(self._t_end)                       # the run's first step (not yet logged)
+        n = int(np.searchsorted(ends, now, side="right"))
+        boundary = g0 + n if (now == t0 or (n > 0 and ends[n - 1] == now)) else g0 + n + 1
+        p = self._next_receive(boundary) - g0
+        if p < self._run_steps:
+            self._run_steps = p
+            self._wake_at(float(ends[p - 1]) if p else t0)
+            self._stream_cut()
+
+    def _receive(self) -> None:
+        """At a batch boundary: take the inbox in if the scheduler receives here (a
+        receive point, or nothing to decode: an idle scheduler receives at once)."""
+        if not self._inbox:
+            return
+        now_step = len(self._t_end)
+        if self._batch or self._ready:
+            if self._next_receive(now_step) != now_step:
+                return
+        self._queue.extend(self._inbox)
+        self._inbox.clear()
+
+    def _run_limit(self) -> int | None:
+        if not self._inbox:
+            return None
+        now_step = len(self._t_end)
+        return max(1, self._next_receive(now_step) - now_step)
+
+    def _body(self, t: float) -> None:
+        self._receive()
+        super()._body(t)
+
+    def _end_stall(self, now: float, t1: float) -> None:
+        super()._end_stall(now, t1)
+        self._recv_base = len(self._t_end)          # after a prefill pass the scheduler receives
 
     def _refusal(self, req, target):
         if self.pool.bytes_for(req.prompt_tokens) > self.kv_capacity_bytes:
@@ -119,19 +193,19 @@ class ColocatedEngine(DecodeEngine):
     def holding(self, now: float, ids, drop_reserved: bool, reply_to: str, tag: Any) -> None:
         """As `DecodeEngine.holding`, plus the prompts queued or being prefilled here."""
         want = set(int(i) for i in ids)
-        mine = [j.req.id for j in (*self._queue, *self._prefilling) if j.req.id in want]
+        mine = [j.req.id for j in (*self._inbox, *self._queue, *self._prefilling) if j.req.id in want]
         super().holding(now, ids, drop_reserved, reply_to, tag)
         dst, method, (tag_, name, held) = self.outbox.pop()
         self.send(dst, method, tag_, name, held + mine)
 
     def is_idle(self) -> bool:
-        return super().is_idle() and not (self._queue or self._prefilling)
+        return super().is_idle() and not (self._queue or self._prefilling or self._inbox)
 
     def stats(self, now: float) -> dict:
         out = super().stats(now)
         out.update({
             "role": "both",
-            "queue_len": len(self._queue),
+            "queue_len": len(self._queue) + len(self._inbox),
             "queue_peak": self.queue_peak,
             "prefilling": len(self._prefilling),
             "tokens_computed": self.tokens_computed,
@@ -254,6 +328,7 @@ class ColocatedEngine(DecodeEngine):
             self._finish(finished)
             return t0
         t1 = float(ends[steps - 1])
+        self._recv_base = len(self._t_end)          # after a prefill pass the scheduler receives
         self.counts["mixed_iterations"] += steps
         self._t_free = t1           # a decode-only run that follows starts here
         if n > 1:

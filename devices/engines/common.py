@@ -305,10 +305,11 @@ def model_layers(cost: Any) -> int:
     raise AttributeError(f"cannot find the layer count of model {model!r}")
 
 
-def enqueue_batch(engine: Any, now: float, items, refuse, make_job) -> bool:
+def enqueue_batch(engine: Any, now: float, items, refuse, make_job, held: int = 0) -> bool:
     """Queue several requests at once (one router tick), for any engine core with a
     FCFS `_queue`, `counts`, `queue_peak`, `max_queue` and `collector`; returns whether
-    any was queued (the caller then schedules its next iteration).
+    any was queued (the caller then schedules its next iteration). `held`: requests
+    waiting on the instance outside `_queue` (they count against `max_queue` too).
 
     `refuse(req, target)` returns None or (outcome, reason) for a request that must end
     at once; `make_job(req, target)` builds the queue entry. The queued requests'
@@ -319,7 +320,7 @@ def enqueue_batch(engine: Any, now: float, items, refuse, make_job) -> bool:
     for req, target in items:
         engine.counts["submitted"] += 1
         verdict = refuse(req, target)
-        if verdict is None and len(engine._queue) >= engine.max_queue:
+        if verdict is None and len(engine._queue) + held >= engine.max_queue:
             verdict = ("rejected", "prefill_queue_full")
         if verdict is not None:
             engine.counts[verdict[0]] += 1
@@ -328,7 +329,7 @@ def enqueue_batch(engine: Any, now: float, items, refuse, make_job) -> bool:
         engine._queue.append(make_job(req, target))
         queued.append((req.id, "prefill_queued", now))
     if queued:
-        engine.queue_peak = max(engine.queue_peak, len(engine._queue))
+        engine.queue_peak = max(engine.queue_peak, len(engine._queue) + held)
         engine.send(engine.collector, "events", queued)
     for rid, (outcome, reason) in ends:
         engine.send(engine.collector, "finish", rid, outcome, reason, None, now)

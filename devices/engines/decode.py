@@ -609,8 +609,7 @@ class DecodeEngine(Core):
                 else:
                     self._run_steps = n + 1                   # the step in progress finishes
                     self._wake_at(float(ends[n]))
-                if self.stream_to is not None:
-                    self.send(self.stream_to, "run_cut", self.name, self._run_steps)
+                self._stream_cut()
 
     def _wake_at(self, t: float) -> None:
         self._due = t
@@ -660,7 +659,7 @@ class DecodeEngine(Core):
         something was started."""
         if self._extra_work(t):
             return True
-        k = self._plan(t)
+        k = self._plan(t, self._run_limit())
         self._grant(t)
         self._flush_events()
         self.memory.add(t, self.ledger.used)
@@ -735,6 +734,12 @@ class DecodeEngine(Core):
         iteration (the colocated engine runs mixed prefill+decode iterations here)."""
         return False
 
+    def _run_limit(self) -> int | None:
+        """Hook: most decode steps the next run may take before the batch must be formed
+        anew (None: no bound; the colocated engine stops at its scheduler's next
+        receive of new requests)."""
+        return None
+
     def _flush_events(self) -> None:
         if self._pending_events:
             ev, self._pending_events = self._pending_events, []
@@ -762,6 +767,12 @@ class DecodeEngine(Core):
             self._run_steps = ends.shape[0]
             self._wake_at(float(ends[-1]))
             self._stream_run(t0, ends, batch)
+
+    def _stream_cut(self) -> None:
+        """Tell the live front (`stream_to`) that the run in progress now stops after
+        `_run_steps` steps."""
+        if self.stream_to is not None:
+            self.send(self.stream_to, "run_cut", self.name, self._run_steps)
 
     def _stream_run(self, t0: float, ends: np.ndarray, batch: list) -> None:
         """Tell the live front (`stream_to`) the planned token times of a run of steps

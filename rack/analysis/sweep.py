@@ -45,7 +45,10 @@ class Workload:
 
     kind "trace": `trace` (name or path) with optional `window` (start_s, end_s),
     `max_requests`, `output_scale`. kind "synthetic": Poisson arrivals at `rate_per_s`,
-    every request `prompt_tokens` in and `output_tokens` out, `n` requests, `seed`.
+    every request `prompt_tokens` in and `output_tokens` out, `n` requests, `seed`;
+    with `duration_s`, at least that many seconds of arrivals at each point's rate
+    (max(n, ceil(rate x duration_s)) requests), so that a point at a high rate is not
+    one short burst that a rack absorbs in its queue and still meets the SLO.
     kind "plan": a `workloads.load.LoadPlan` (`plan`: a trace, random dataset or
     workload file through the load options, possibly a closed loop).
     """
@@ -61,6 +64,7 @@ class Workload:
     n: Optional[int] = None
     seed: int = 0
     plan: Optional[Any] = None
+    duration_s: Optional[float] = None
 
     def requests(self, rate_scale: float = 1.0, prompt_tokens: Optional[int] = None) -> list:
         """The requests, arrivals divided by `rate_scale`; `prompt_tokens` overrides the
@@ -79,9 +83,16 @@ class Workload:
 
             if not (self.rate_per_s and self.n and self.output_tokens and (prompt_tokens or self.prompt_tokens)):
                 raise ValueError("synthetic workload: needs rate_per_s, n, prompt_tokens and output_tokens")
-            return synthesize(PoissonArrivals(self.rate_per_s * rate_scale),
+            if self.duration_s is not None and not (math.isfinite(self.duration_s) and self.duration_s > 0):
+                raise ValueError(f"synthetic workload: duration_s must be a finite number of seconds > 0, "
+                                 f"got {self.duration_s}")
+            rate = self.rate_per_s * rate_scale
+            n = int(self.n)
+            if self.duration_s is not None:
+                n = max(n, math.ceil(rate * self.duration_s))
+            return synthesize(PoissonArrivals(rate),
                               FixedLengths(int(prompt_tokens or self.prompt_tokens), int(self.output_tokens)),
-                              n=int(self.n), seed=self.seed)
+                              n=n, seed=self.seed)
         raise ValueError(f"workload kind: expected 'trace' or 'synthetic', got {self.kind!r}")
 
     def run_kwargs(self) -> dict:
@@ -93,8 +104,9 @@ class Workload:
             return self.plan.label() + (f" window {self.plan.window}" if self.plan.window else "")
         if self.kind == "trace":
             return f"trace {self.trace}" + (f" window {self.window}" if self.window else "")
-        return (f"synthetic: {self.n} requests, Poisson {self.rate_per_s:g} req/s, "
-                f"{self.prompt_tokens} prompt / {self.output_tokens} output tokens")
+        return (f"synthetic: {self.n} requests"
+                + (f" or {self.duration_s:g} s of arrivals, whichever is more" if self.duration_s else "")
+                + f", Poisson {self.rate_per_s:g} req/s, {self.prompt_tokens} prompt / {self.output_tokens} output tokens")
 
 
 @dataclass(frozen=True)
@@ -233,7 +245,10 @@ def find_crossover(xs: Sequence[float], split: Sequence[float], colocated: Seque
         if signs[i - 1] < 0 <= signs[i]:
             (x0, s0, c0), (x1, s1, c1) = pts[i - 1], pts[i]
             d0, d1 = s0 - c0, s1 - c1
-            f = d0 / (d0 - d1) if d0 != d1 else 1.0
+            # Where the difference reaches 0; x1 may be a tie (within `tol`) with the
+            # difference still negative, and the crossover is then x1 itself, never
+            # beyond the points that bracket it.
+            f = min(max(d0 / (d0 - d1), 0.0), 1.0) if d0 != d1 else 1.0
             if x0 > 0 and x1 > 0:
                 x = math.exp(math.log(x0) + f * (math.log(x1) - math.log(x0)))
             else:

@@ -4,8 +4,9 @@ through the engines on the virtual runtime.
 For a row of gpu-calibration.csv's layout (`devices.serving_rows`), `row_scenario`
 builds the deployment as a scenario (one colocated pool, or prefill and decode pools
 joined by a KV link for disaggregated rows; the row's device, stack, parallelism,
-dtypes and MTP speculation), `row_requests` draws its requests (`concurrency` x
-`REQUESTS_PER_USER` prompts, lengths uniform in [0.8, 1] x the nominal isl/osl,
+dtypes and MTP speculation, and the launch script's scheduler settings from the
+serving harness, `devices.harness`), `row_requests` draws its requests (`concurrency`
+x the harness's prompts per user, lengths uniform in [0.8, 1] x the nominal isl/osl,
 seeded), and `replay_row` runs them with `max_concurrency = concurrency` (a user sends
 its next request when its previous one ends, as InferenceX's benchmark_serving.py
 --max-concurrency does) and reads what the benchmark reports: median TPOT, median
@@ -25,10 +26,6 @@ from devices.serving_rows import LENGTH_LOW, Deployment, ServingRow, deployment,
 from rack.wiring.scenario import Scenario, parse_scenario
 from workloads import Request
 
-#: Requests per user: InferenceX sends 10 x concurrency prompts (--num-prompts
-#: $((CONC * 10)) in its launch scripts); the medians are over the whole run, warm-up
-#: included, as the benchmark's.
-REQUESTS_PER_USER = 10
 #: KV link of disaggregated rows: the prefill and decode nodes' RDMA NICs, 8 x 400 Gb/s
 #: per 8-GPU node (DGX H200 / HGX B200 class) = 400 GB/s [E]; GB200 NVL72 rows move KV
 #: over NVLink (900 GB/s per GPU per direction [V]). A few us per message [E].
@@ -47,6 +44,12 @@ def row_scenario(row: ServingRow, dep: Deployment | None = None) -> Scenario:
                 "role": p.role, "instances": p.instances, "tp": par.tp, "ep": par.ep,
                 "dp_attention": par.dp_attention, "prefix_cache": False,        # InferenceX: --disable-radix-cache
                 "max_queue": 10 ** 6}
+        if p.role == "both":
+            pool["scheduler_recv_interval"] = dep.recv_interval
+        if dep.chunk_tokens is not None:
+            pool["chunk_tokens"] = dep.chunk_tokens
+        if dep.max_num_seqs is not None and p.role != "prefill":
+            pool["max_num_seqs"] = dep.max_num_seqs
         if dep.speculative is not None and p.role != "prefill":
             s = dep.speculative
             pool["speculative"] = {"draft_tokens": s.draft_tokens, "acceptance_rate": s.acceptance_rate,
@@ -65,12 +68,13 @@ def row_scenario(row: ServingRow, dep: Deployment | None = None) -> Scenario:
     return parse_scenario(data, f"row {row.id}")
 
 
-def row_requests(dep: Deployment, per_user: int = REQUESTS_PER_USER, seed: int = 0) -> list[Request]:
-    """concurrency x per_user requests, all arriving at 0 (the closed loop paces them),
-    with lengths uniform in [LENGTH_LOW, 1] x nominal (benchmark_serving's random
-    dataset with --random-range-ratio; see devices.serving_rows)."""
+def row_requests(dep: Deployment, per_user: int | None = None, seed: int = 0) -> list[Request]:
+    """concurrency x per_user requests (default: the harness's `dep.requests_per_user`),
+    all arriving at 0 (the closed loop paces them), with lengths uniform in
+    [LENGTH_LOW, 1] x nominal (benchmark_serving's random dataset with
+    --random-range-ratio; see devices.serving_rows)."""
     rng = np.random.default_rng(seed)
-    n = dep.concurrency * per_user
+    n = dep.concurrency * (dep.requests_per_user if per_user is None else per_user)
 
     def lengths(nominal: int) -> np.ndarray:
         return np.maximum(1, rng.integers(math.ceil(LENGTH_LOW * nominal), nominal + 1, size=n))
@@ -95,7 +99,7 @@ class RowReplay:
         return {k: self.predicted[k] / self.measured[k] - 1.0 for k in METRICS}
 
 
-def replay_row(row: ServingRow, per_user: int = REQUESTS_PER_USER) -> RowReplay:
+def replay_row(row: ServingRow, per_user: int | None = None) -> RowReplay:
     """Run the row's closed loop through the engines (virtual runtime) and read its
     median TPOT, median TTFT and total tokens/s per GPU.
 
@@ -124,5 +128,5 @@ def replay_row(row: ServingRow, per_user: int = REQUESTS_PER_USER) -> RowReplay:
     return RowReplay(row, predicted, measured(row), details)
 
 
-__all__ = ["KV_LINK_GBPS", "METRICS", "REQUESTS_PER_USER", "RowReplay", "replay_row", "row_requests",
+__all__ = ["KV_LINK_GBPS", "METRICS", "RowReplay", "replay_row", "row_requests",
            "row_scenario"]

@@ -93,6 +93,9 @@ class PoolConfig(_Strict):
     chunk_tokens: int = Field(default=8192, ge=1, description="chunked-prefill token budget per iteration")
     prefix_cache: bool = True
     max_queue: int = Field(default=1024, ge=1, description="requests waiting per instance before rejection")
+    scheduler_recv_interval: int = Field(default=1, ge=1, description="role both: decode steps between the "
+                                         "scheduler's receives of new requests (SGLang "
+                                         "--scheduler-recv-interval; 1: every iteration)")
     # decode side (role decode or both)
     max_num_seqs: Optional[int] = Field(default=None, ge=1, description="requests an instance runs at once "
                                         "(None: the stack's default)")
@@ -288,6 +291,10 @@ class Scenario(_Strict):
                 for d in decoders:
                     if not any(l.src == p.name and l.dst == d for l in self.links):
                         raise ValueError(f"links: no link from prefill pool {p.name!r} to decode pool {d!r}")
+        for i, p in enumerate(self.pools):
+            if p.scheduler_recv_interval != 1 and p.role != "both":
+                raise ValueError(f"pools[{i}].scheduler_recv_interval (pool {p.name!r}): only modelled on "
+                                 f"role 'both' pools, not {p.role!r}")
         if self.router.local_prefill_threshold_tokens and "both" not in roles:
             raise ValueError("router.local_prefill_threshold_tokens: needs a pool with role 'both'")
         check_faults(self)

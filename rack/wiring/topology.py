@@ -110,6 +110,7 @@ def build_topology(scenario: Scenario, request_ids: Sequence[int]) -> list[Compo
                 "prefix_cache": p.prefix_cache, "admission_policy": p.admission_policy,
                 "memory_reserve_fraction": p.memory_reserve_fraction,
                 "max_reserve_queue": p.max_reserve_queue, "first_token": scenario.first_token,
+                "recv_interval": p.scheduler_recv_interval,
             }, "both", p.name, dict(p.resources)))
 
     if prefillers:

@@ -1,0 +1,53 @@
+"""`rack study`: the split-versus-colocated study behind docs/findings.md (the same as
+`python scripts/study.py`; see rack.analysis.study)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from rack.cli.app import app
+
+
+@app.command()
+def study(
+    quick: bool = typer.Option(False, "--quick", help="smoke test: every experiment on tiny inputs (seconds, not the study)"),
+    out: Path = typer.Option(Path("docs/findings.md"), "--out", help="the findings page to write"),
+    figures: Optional[Path] = typer.Option(None, "--figures", help="folder of the figures and study.json.gz [default: --out without .md]"),
+    workers: int = typer.Option(2, "--workers", min=1, help="parallel processes for the sweeps (1: in this process)"),
+    render_only: bool = typer.Option(False, "--render-only", help="rebuild the page and figures from the folder's study.json.gz, running nothing"),
+    no_progress: bool = typer.Option(False, "--no-progress", help="no progress bars"),
+    resume: bool = typer.Option(False, "--resume", help="reuse the experiments already finished by an interrupted run with the same settings (FIGURES/checkpoints/)"),
+) -> None:
+    """Run the split-versus-colocated study and write findings.md, its figures and study.json.gz."""
+    import shutil
+    import time
+
+    from rack.cli.run import fail
+    from rack.analysis.study.config import StudyConfig
+    from rack.analysis.study.run import STUDY_JSON, command_line, load_results, run_study, write_study
+
+    fig_dir = figures if figures is not None else out.with_suffix("")
+    if out.exists() and out.is_dir():
+        fail(f"--out {out}: is a directory; expected the path of a Markdown file")
+    if not resume and not render_only and (fig_dir / "checkpoints").is_dir():
+        shutil.rmtree(fig_dir / "checkpoints")
+    if render_only:
+        src = fig_dir / STUDY_JSON
+        if not src.is_file():
+            fail(f"--render-only: {src} not found; run the study first")
+        results = load_results(src)
+    else:
+        cfg = (StudyConfig.quick(workers=1, progress=False) if quick else
+               StudyConfig.full(workers=workers, progress=not no_progress))
+        t0 = time.perf_counter()
+        log = (lambda m: typer.echo(f"[study {time.perf_counter() - t0:5.0f} s] {m}", err=True))
+        results = run_study(cfg, command=command_line(), log=log, checkpoints=fig_dir / "checkpoints")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    paths = write_study(results, out, fig_dir)
+    if (fig_dir / "checkpoints").is_dir():      # study.json.gz now holds everything
+        shutil.rmtree(fig_dir / "checkpoints")
+    typer.echo(f"wrote {paths['md']}, {paths['json']} and {len(paths['figures'])} figures in {fig_dir}"
+               + ("" if render_only else f" ({results['meta']['wall_s']:.0f} s)"))
