@@ -168,10 +168,14 @@ class Gateway(Core):
         lr.outcome, lr.reason, lr.t_end = outcome, reason, float(t_end)
         lr.record_times, lr.itl_s = np.asarray(times, dtype=np.float64), itl_s
         if outcome == "completed" and lr.times.shape[0]:
-            t_first = lr.record_times[_FIRST]
             gaps = np.zeros(0) if itl_s is None else np.asarray(itl_s, dtype=np.float64)
-            if not math.isnan(t_first) and gaps.shape[0] == lr.times.shape[0] - 1:
-                lr.times = t_first + np.concatenate(([0.0], np.cumsum(gaps)))
+            if math.isnan(lr.record_times[_FIRST]):
+                # On Ray an engine's `events` may reach the collector after its `finish`
+                # (an async actor does not keep the order of calls): the first token is
+                # then the completion less the gaps, from the same record.
+                lr.record_times[_FIRST] = float(t_end) - float(gaps.sum())
+            if gaps.shape[0] == lr.times.shape[0] - 1:
+                lr.times = lr.record_times[_FIRST] + np.concatenate(([0.0], np.cumsum(gaps)))
         self.counts["ended"] += 1
         self.changed.add(lr.req.id)
 
