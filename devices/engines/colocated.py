@@ -74,7 +74,8 @@ class ColocatedEngine(DecodeEngine):
     Keyword args: as `DecodeEngine` (name, cost, collector, max_batch,
     kv_block_tokens, admission_policy, memory_reserve_fraction, memory_plan,
     max_steps_per_wake, max_reserve_queue, first_token (for KV shipped here by a prefill
-    pool: conditional disaggregation), loading_until_s), plus
+    pool: conditional disaggregation), loading_until_s, stream_to (also told each prompt's
+    first token, `first_token`)), plus
         chunk_tokens: token budget of one iteration (prefill + decode tokens), >= 1.
         max_queue: queued prompts beyond which `submit` rejects ("prefill_queue_full").
         prefix_cache: enable the prefix cache (requests with `block_hashes`).
@@ -90,7 +91,7 @@ class ColocatedEngine(DecodeEngine):
                  memory_reserve_fraction: float | None = None, memory_plan: Any = None,
                  max_steps_per_wake: int = 4096, max_reserve_queue: int | None = None,
                  first_token: str = "prefill", loading_until_s: float | None = None,
-                 recv_interval: int = 1) -> None:
+                 recv_interval: int = 1, stream_to: str | None = None) -> None:
         if int(chunk_tokens) < 1:
             raise ValueError(f"ColocatedEngine {name!r}: chunk_tokens must be >= 1, got {chunk_tokens}")
         if int(max_queue) < 0:
@@ -103,7 +104,7 @@ class ColocatedEngine(DecodeEngine):
                          memory_reserve_fraction=memory_reserve_fraction,
                          memory_plan=memory_plan, max_steps_per_wake=max_steps_per_wake,
                          max_reserve_queue=max_reserve_queue, first_token=first_token,
-                         loading_until_s=loading_until_s)
+                         loading_until_s=loading_until_s, stream_to=stream_to)
         self.chunk_tokens = int(chunk_tokens)
         self.max_queue = int(max_queue)
         self.prefix = PrefixCache(self.ledger, self.pool.kv_bytes_per_token) if prefix_cache else None
@@ -154,6 +155,7 @@ class ColocatedEngine(DecodeEngine):
         if p < self._run_steps:
             self._run_steps = p
             self._wake_at(float(ends[p - 1]) if p else t0)
+            self._stream_cut()
 
     def _receive(self) -> None:
         """At a batch boundary: take the inbox in if the scheduler receives here (a
@@ -304,6 +306,7 @@ class ColocatedEngine(DecodeEngine):
             self._run = None
             self._phase = "mixed"
             self._wake_at(float(ends[0]))
+            self._stream_run(t0, ends, batch)
         return True
 
     def _end_mixed(self, now: float) -> float:
@@ -348,6 +351,8 @@ class ColocatedEngine(DecodeEngine):
             for j in done:
                 self._pending_events.append((j.req.id, "prefill_end", t1))
                 self._pending_events.append((j.req.id, "first_token", t1))
+                if self.stream_to is not None:
+                    self.send(self.stream_to, "first_token", j.req.id, t1)
                 s = _Seq(j.req, t1)
                 s.shared = j.cached
                 if s.n_out == 1:

@@ -91,6 +91,24 @@ def emitted_after(steps, remaining, tokens_per_step: float):
     return np.minimum(remaining, np.floor(np.asarray(steps) * tokens_per_step + _EPS).astype(np.int64))
 
 
+def step_token_times(starts: np.ndarray, ends: np.ndarray, done: int, remaining: int,
+                     tokens_per_step: float) -> np.ndarray:
+    """Times (emulated s) of the tokens a request emits in a run of steps: step j of the
+    run starts at starts[j] and ends at ends[j] (shape (k,)) and is step done + j of a
+    stint of `remaining` tokens (`emitted_after`). One token per step at the step's end,
+    or with speculative decoding the q tokens of a step spread evenly over it (start +
+    i/q * duration, i = 1..q, the last at the end). Shape (tokens emitted in the k
+    steps,); the decode engine's token log and a live front's pacing both use it."""
+    k = ends.shape[0]
+    if tokens_per_step == 1.0:
+        return ends[: max(0, min(k, remaining - done))]
+    e = emitted_after(done + np.arange(k + 1), remaining, tokens_per_step)
+    q = np.diff(e)
+    step_of = np.repeat(np.arange(k), q)
+    i = np.arange(int(e[0]), int(e[-1])) - np.repeat(e[:-1], q) + 1
+    return starts[step_of] + (i / q[step_of]) * (ends[step_of] - starts[step_of])
+
+
 def steps_for(tokens, tokens_per_step: float):
     """Fewest steps S with emitted_after(S, inf) >= tokens (ints or int arrays; 0 for 0)."""
     t = np.asarray(tokens, dtype=np.int64)
@@ -371,5 +389,5 @@ def ceil_div(a: int, b: int) -> int:
 
 __all__ = [
     "EventSeries", "SERIES_COLUMNS", "GrowingArray", "record_series", "Lateness", "TimeSeries", "Utilisation", "ceil_div", "emitted_after",
-    "enqueue_batch", "instance_ledger", "memory_label", "model_layers", "steps_for",
+    "enqueue_batch", "instance_ledger", "memory_label", "model_layers", "step_token_times", "steps_for",
 ]

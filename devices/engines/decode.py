@@ -78,6 +78,7 @@ from devices.engines.common import (
     instance_ledger,
     memory_label,
     model_layers,
+    step_token_times,
     record_series,
     steps_for,
 )
@@ -170,6 +171,10 @@ class DecodeEngine(Core):
             engine generates the rest). See `_Seq`.
         loading_until_s: the engine runs no step before this emulated time (a restarted
             instance reloading its weights, `rack.wiring.faults`); None: ready at once.
+        stream_to: a live front's name (`rack.serve`), told the planned token times of
+            every run of steps (`tokens_planned`) and where a run was cut
+            (`run_cut`), so that it streams tokens at their emulated times without a
+            message per token; None (replays): nothing is sent.
     Raises ValueError on out-of-range arguments; `planner.ModelDoesNotFit` if the
     weights do not fit.
     """
@@ -178,8 +183,10 @@ class DecodeEngine(Core):
                  kv_block_tokens: int = 16, admission_policy: AdmissionPolicy = "reserve",
                  memory_reserve_fraction: float | None = None, memory_plan: Any = None,
                  max_steps_per_wake: int = 4096, max_reserve_queue: int | None = None,
-                 first_token: FirstToken = "prefill", loading_until_s: float | None = None) -> None:
+                 first_token: FirstToken = "prefill", loading_until_s: float | None = None,
+                 stream_to: str | None = None) -> None:
         super().__init__(name)
+        self.stream_to = stream_to
         if first_token not in ("decode", "prefill"):
             raise ValueError(f"DecodeEngine {name!r}: first_token must be 'decode' or 'prefill', "
                              f"got {first_token!r}")
@@ -577,12 +584,7 @@ class DecodeEngine(Core):
         ends = self._t_end.slice(s.start, s.start + d)
         if self.tps == 1.0:
             return ends
-        starts = self._t_start.slice(s.start, s.start + d)
-        e = emitted_after(np.arange(d + 1), s.rem, self.tps)
-        q = np.diff(e)
-        step_of = np.repeat(np.arange(d), q)
-        i = np.arange(int(e[-1])) - np.repeat(e[:-1], q) + 1
-        return starts[step_of] + (i / q[step_of]) * (ends[step_of] - starts[step_of])
+        return step_token_times(self._t_start.slice(s.start, s.start + d), ends, 0, s.rem, self.tps)
 
     def _end_stint(self, s: _Seq) -> None:
         s.times.append(self._stint_times(s))
@@ -607,6 +609,7 @@ class DecodeEngine(Core):
                 else:
                     self._run_steps = n + 1                   # the step in progress finishes
                     self._wake_at(float(ends[n]))
+                self._stream_cut()
 
     def _wake_at(self, t: float) -> None:
         self._due = t
@@ -763,6 +766,27 @@ class DecodeEngine(Core):
         else:
             self._run_steps = ends.shape[0]
             self._wake_at(float(ends[-1]))
+            self._stream_run(t0, ends, batch)
+
+    def _stream_cut(self) -> None:
+        """Tell the live front (`stream_to`) that the run in progress now stops after
+        `_run_steps` steps."""
+        if self.stream_to is not None:
+            self.send(self.stream_to, "run_cut", self.name, self._run_steps)
+
+    def _stream_run(self, t0: float, ends: np.ndarray, batch: list) -> None:
+        """Tell the live front (`stream_to`) the planned token times of a run of steps
+        of `batch` (`_batch`, aligned with the batch arrays): the steps' ends and, per
+        request, the client-side index of its first token in the run and what
+        `step_token_times` needs. A later `run_cut` says how many steps ran."""
+        if self.stream_to is None or not batch:
+            return
+        done = len(self._t_end) - self._a_start
+        index0 = emitted_after(done, self._a_rem, self.tps) + np.fromiter(
+            (s.emitted + (s.first_token_s is not None) for s in batch), np.int64, len(batch))
+        self.send(self.stream_to, "tokens_planned", self.name, float(t0), ends, self.tps,
+                  np.fromiter((s.req.id for s in batch), np.int64, len(batch)), index0, done,
+                  self._a_rem.copy())
 
     def _end_run(self, now: float) -> None:
         """The run ended (or was cut): book its steps, complete finished requests."""

@@ -138,6 +138,8 @@ class PrefillEngine(Core):
         kv_events: publish the prefix cache's changes to the router (`kv_events`
             messages: blocks stored and evicted, as vLLM's KV events feed Dynamo's
             KV router); off by default (no router policy but "prefix_aware" reads them).
+        stream_to: a live front's name (`rack.serve`): under first_token "prefill" it is
+            told each request's first token (`first_token(request id, t)`); None: nothing.
     Raises ValueError on out-of-range arguments; `planner.ModelDoesNotFit` if the
     weights do not fit the instance.
     """
@@ -149,8 +151,9 @@ class PrefillEngine(Core):
                  memory_reserve_fraction: float | None = None, memory_plan: Any = None,
                  max_resends: int = 1, kv_seed: int = 0, max_peer_retries: int = 8,
                  first_token: str = "prefill", loading_until_s: float | None = None,
-                 kv_events: bool = False) -> None:
+                 kv_events: bool = False, stream_to: str | None = None) -> None:
         super().__init__(name)
+        self.stream_to = stream_to
         if first_token not in ("decode", "prefill"):
             raise ValueError(f"PrefillEngine {name!r}: first_token must be 'decode' or 'prefill', "
                              f"got {first_token!r}")
@@ -494,6 +497,8 @@ class PrefillEngine(Core):
             for j in done:
                 j.t_first = t1
                 self._handoff[j.req.id] = j      # held from now on (see `holding`)
+                if self.stream_to is not None and self.first_token == "prefill":
+                    self.send(self.stream_to, "first_token", j.req.id, t1)
         # the next iteration is formed before the handoffs start (back to back)
         self._start_iteration(t1)
         for j in done:

@@ -92,9 +92,10 @@ def summary_text(results: dict) -> str:
         lines.append(f"RUN ABORTED: {err.get('message') if 'component' not in err else _component_error(err)}; "
                      "the figures below cover what was measured until then"
                      + (f" (no statistics from {', '.join(missing)})" if missing else ""))
-    lines += [f"scenario {results['provenance']['scenario']}  runtime {results['emulation']['runtime']}"
-             + (f"  dilation {results['emulation']['dilation']}" if results['emulation']['dilation'] else "")
-             + f"  wall {results['emulation']['wall_s']:.1f} s",
+    e = results["emulation"]
+    lines += [f"scenario {results['provenance']['scenario']}  runtime {e['runtime']}"
+             + (f"  dilation {e['dilation']}" if e['dilation'] else "")
+             + f"  wall {e['wall_s']:.1f} s",
              f"requests: {r['submitted']} submitted, {r['completed']} completed, {r['rejected']} rejected,"
              f" {r['failed']} failed"
              + (f", {r['open']} " + ("unfinished" if results.get("status") == "interrupted" else "never ended")
@@ -111,7 +112,8 @@ def summary_text(results: dict) -> str:
     for key, label in (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("itl_s", "ITL"), ("e2e_s", "E2E")):
         s = lat[key]
         lines.append(f"{label:<8}" + "".join(f"{fmt_s(s.get(p)):>11}" for p in cols))
-    t, g, kv = results["throughput"], results["goodput"], results["kv_transfer"]
+    # a client-side replay (`rack bench-serve`) has no KV, memory or lateness figures
+    t, g, kv = results["throughput"], results["goodput"], results.get("kv_transfer") or {"transfers": 0}
     lines.append(f"throughput: {t['requests_per_s']:.2f} req/s, {t['output_tokens_per_s']:.0f} output tok/s"
                  f" over {t['duration_s']:.1f} s emulated (first arrival to last request event)")
     where = (f"arrivals {g['window_s'][0]:.1f}-{g['window_s'][1]:.1f} s, warm-up and drain excluded"
@@ -132,7 +134,7 @@ def summary_text(results: dict) -> str:
                      + (f"; {pc['capacity_hit_ratio']:.3f} with the instances' {pc['capacity_blocks']:,} blocks pooled"
                         if pc.get("capacity_hit_ratio") is not None else "") + "), "
                      f"{pc['hit_tokens']:,} prompt tokens served from cache")
-    for pool, m in results["memory"].items():
+    for pool, m in results.get("memory", {}).items():
         u = results["utilization"].get(pool, {})
         stack = f" ({u['stack']})" if u.get("stack") else ""
         lines.append(f"pool {pool}: {m['devices']} x {u.get('device', 'devices')}{stack}, memory peak "
@@ -146,7 +148,6 @@ def summary_text(results: dict) -> str:
                      f"{en['mean_power_w'] / 1e3:.1f} kW, idle {en['idle_power_w'] / 1e3:.1f} kW), "
                      + (f"{tpj:.4g} output tokens/J" if tpj else "no output tokens")
                      + (f"; cost ${usd:.2f} per million output tokens ({co['basis']})" if usd is not None else ""))
-    e = results["emulation"]
     if e["runtime"] == "ray":
         ls = e["lateness_s"]
         lines.append(f"lateness (emulated): p50 {fmt_s(ls['p50'])}, p99 {fmt_s(ls['p99'])}, max {fmt_s(ls['max'])}")

@@ -37,12 +37,14 @@ import math
 import os
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from rack.wiring.topology import ComponentSpec
 
 from .errors import ComponentError, RayRunError, RunFailed
 from .interrupt import RunStopped, StopRequest
+from .placement import load_factory
 from .ray_host import CoreHost, _ray
 
 # Ray's predefined resources: not the custom ones a scenario pins components with.
@@ -253,9 +255,68 @@ def run_topology_ray(specs: Sequence[ComponentSpec], requests: Sequence[Any], *,
     at the end; Ray itself keeps running (the caller owns it).
     """
     ray = _ray()
+    span = max((r.arrival_s for r in requests), default=0.0)
+    topo = launch_topology(specs, dilation=dilation, address=address, startup_timeout_s=startup_timeout_s,
+                           placement_timeout_s=placement_timeout_s)
+    actors = topo.actors
+    try:
+        limit = timeout_s if timeout_s is not None else 600.0 + 4.0 * span * dilation
+        deadline = time.time() + limit
+        ray.get(actors["router"].deliver.remote("start", (list(requests), max_concurrency, think_time_s)),
+                timeout=60)
+        # from here a first signal stops the replay and keeps what finished
+        with stop.replaying() if stop is not None else contextlib.nullcontext():
+            try:
+                _wait_with_progress(ray, actors, len(requests), deadline, progress, stop)
+                replay_wall = time.time() - topo.epoch
+                _wait_idle(ray, actors, specs, deadline, stop)
+                return collect_records(topo, replay_wall)
+            except ComponentError as err:
+                err.partial = _partial(ray, actors, topo.engine_names, topo.epoch, dilation)
+                raise
+            except _Stopped:
+                t_halt = _halt(ray, actors)
+                partial = _partial(ray, actors, topo.engine_names, topo.epoch, dilation)
+                if partial is not None and t_halt is not None:
+                    partial["now"] = t_halt
+                raise RunStopped(stop.signal_name, t_halt, partial) from None
+    except ray.exceptions.GetTimeoutError as exc:
+        raise RayRunError(f"Ray run timed out: {exc}") from None
+    finally:
+        remove_topology(topo)
+
+
+@dataclass
+class RayTopology:
+    """Actors placed and built by `launch_topology`, ready for time 0 at `epoch` (wall
+    clock of the driver's host); `collect_records` reads them, `remove_topology` ends them."""
+
+    specs: Sequence[ComponentSpec]
+    dilation: float
+    actors: dict[str, Any]
+    groups: list
+    infos: dict[str, dict]
+    hosts: dict[str, dict]
+    nodes: dict[str, str]
+    pools: dict[str, str]
+    loop_types: set
+    epoch: float
+
+    @property
+    def engine_names(self) -> list[str]:
+        return [s.name for s in self.specs if s.kind in ("prefill", "decode", "both", "interconnect")]
+
+
+def launch_topology(specs: Sequence[ComponentSpec], *, dilation: float, address: str | None = None,
+                    startup_timeout_s: float = 120.0, placement_timeout_s: float = 60.0) -> RayTopology:
+    """Place one actor per core (its `ComponentSpec.host` class, `CoreHost` by
+    default), connect them, measure clock offsets and build every core for a time 0 a
+    little ahead (`RayTopology.epoch`). Raises RayRunError as `run_topology_ray`; the
+    actors made so far are removed when it raises."""
+    ray = _ray()
     ensure_ray(address)
     check_resources(specs)
-    Host = ray.remote(CoreHost)
+    hosts_cls: dict[str, Any] = {}
     registry_name = f"rack-registry-{uuid.uuid4().hex[:12]}"
     actors: dict[str, Any] = {}
     groups: list = []
@@ -272,8 +333,10 @@ def run_topology_ray(specs: Sequence[ComponentSpec], requests: Sequence[Any], *,
             elif spec.weight_load_s is not None:
                 opts["max_restarts"] = 4        # a crash target is restarted (rack.wiring.faults)
                 registry = registry_name
-            actors[spec.name] = Host.options(**opts).remote(spec.name, registry)
-        span = max((r.arrival_s for r in requests), default=0.0)
+            key = spec.host or "rack.runtime.ray_host:CoreHost"
+            if key not in hosts_cls:
+                hosts_cls[key] = ray.remote(CoreHost if spec.host is None else load_factory(spec.host))
+            actors[spec.name] = hosts_cls[key].options(**opts).remote(spec.name, registry)
         infos = _wait_started(ray, actors, specs, startup_timeout_s)
         ray.get([actors[s.name].connect.remote([actors[n] for n in _talks_to(s, specs)]) for s in specs],
                 timeout=startup_timeout_s)
@@ -290,59 +353,55 @@ def run_topology_ray(specs: Sequence[ComponentSpec], requests: Sequence[Any], *,
 
         built = ray.get([actors[s.name].build.remote(s, actors, local_epoch(s.name), dilation) for s in specs],
                         timeout=startup_timeout_s)
-        nodes = {s.name: b["node_id"] for s, b in zip(specs, built)}
-        loop_types = {b["loop_type"] for b in built}
         if time.time() > epoch:
             raise RayRunError(f"building the {len(specs)} components took {time.time() - epoch + slack:.1f} s, "
                               f"past time 0 set {slack:.1f} s ahead (an overloaded host?); retry")
-        limit = timeout_s if timeout_s is not None else 600.0 + 4.0 * span * dilation
-        deadline = time.time() + limit
-        ray.get(actors["router"].deliver.remote("start", (list(requests), max_concurrency, think_time_s)),
-                timeout=60)
-        engine_names = [s.name for s in specs if s.kind in ("prefill", "decode", "both", "interconnect")]
-        # from here a first signal stops the replay and keeps what finished
-        with stop.replaying() if stop is not None else contextlib.nullcontext():
-            try:
-                _wait_with_progress(ray, actors, len(requests), deadline, progress, stop)
-                replay_wall = time.time() - epoch
-                _wait_idle(ray, actors, specs, deadline, stop)
-                router_counts = ray.get(actors["router"].query.remote("counts"), timeout=60)
-                stats = dict(zip(engine_names, ray.get(
-                    [actors[n].query.remote("stats") for n in engine_names], timeout=60)))
-                crashes = ray.get(actors["collector"].crash_counts.remote(), timeout=60)
-                for s in specs:
-                    if s.weight_load_s is not None and s.name in stats:   # a crash target
-                        stats[s.name]["restarts"] = crashes.get(s.name, 0)
-            except ComponentError as err:
-                err.partial = _partial(ray, actors, engine_names, epoch, dilation)
-                raise
-            except _Stopped:
-                t_halt = _halt(ray, actors)
-                partial = _partial(ray, actors, engine_names, epoch, dilation)
-                if partial is not None and t_halt is not None:
-                    partial["now"] = t_halt
-                raise RunStopped(stop.signal_name, t_halt, partial) from None
-            snapshot = ray.get(actors["collector"].query.remote("snapshot"), timeout=60)
-            reports = dict(zip([s.name for s in specs],
-                               ray.get([actors[s.name].report.remote() for s in specs], timeout=60)))
-            now = (time.time() - epoch) / dilation
-            return {"snapshot": snapshot, "stats": stats, "router": router_counts,
-                    "lateness": {n: r["lateness"] for n, r in reports.items()},
-                    "now": now, "loop_type": ",".join(sorted(loop_types)), "nodes": nodes,
-                    "ray": _ray_section(specs, infos, nodes, reports, replay_wall, epoch, hosts, pools)}
-    except ray.exceptions.GetTimeoutError as exc:
-        raise RayRunError(f"Ray run timed out: {exc}") from None
-    finally:
-        for a in actors.values():
-            try:
-                ray.kill(a)
-            except Exception:
-                pass
-        for pg in groups:
-            try:
-                ray.util.remove_placement_group(pg)
-            except Exception:
-                pass
+        return RayTopology(specs=specs, dilation=dilation, actors=actors, groups=groups, infos=infos,
+                           hosts=hosts, nodes={s.name: b["node_id"] for s, b in zip(specs, built)},
+                           pools=pools, loop_types={b["loop_type"] for b in built}, epoch=epoch)
+    except BaseException as exc:
+        remove_topology(RayTopology(specs, dilation, actors, groups, {}, {}, {}, {}, set(), 0.0))
+        if isinstance(exc, ray.exceptions.GetTimeoutError):
+            raise RayRunError(f"Ray run timed out: {exc}") from None
+        raise
+
+
+def collect_records(topo: RayTopology, replay_wall: float) -> dict:
+    """The run's records (`run_topology_ray`'s dict) read from the actors of `topo`:
+    router counts, engine stats, restarts, the collector's snapshot, each host's report."""
+    ray, actors, specs = _ray(), topo.actors, topo.specs
+    engine_names = topo.engine_names
+    router_counts = ray.get(actors["router"].query.remote("counts"), timeout=60)
+    stats = dict(zip(engine_names, ray.get(
+        [actors[n].query.remote("stats") for n in engine_names], timeout=60)))
+    crashes = ray.get(actors["collector"].crash_counts.remote(), timeout=60)
+    for s in specs:
+        if s.weight_load_s is not None and s.name in stats:   # a crash target
+            stats[s.name]["restarts"] = crashes.get(s.name, 0)
+    snapshot = ray.get(actors["collector"].query.remote("snapshot"), timeout=60)
+    reports = dict(zip([s.name for s in specs],
+                       ray.get([actors[s.name].report.remote() for s in specs], timeout=60)))
+    now = (time.time() - topo.epoch) / topo.dilation
+    return {"snapshot": snapshot, "stats": stats, "router": router_counts,
+            "lateness": {n: r["lateness"] for n, r in reports.items()},
+            "now": now, "loop_type": ",".join(sorted(topo.loop_types)), "nodes": topo.nodes,
+            "ray": _ray_section(specs, topo.infos, topo.nodes, reports, replay_wall, topo.epoch,
+                                topo.hosts, topo.pools)}
+
+
+def remove_topology(topo: RayTopology) -> None:
+    """Kill the actors and remove the placement groups of `topo` (best effort)."""
+    ray = _ray()
+    for a in topo.actors.values():
+        try:
+            ray.kill(a)
+        except Exception:
+            pass
+    for pg in topo.groups:
+        try:
+            ray.util.remove_placement_group(pg)
+        except Exception:
+            pass
 
 
 def _talks_to(spec: ComponentSpec, specs: Sequence[ComponentSpec]) -> list[str]:

@@ -41,19 +41,24 @@ class Collector(Core):
         request_ids: ids of every request the run will submit (shape (n,), unique).
         notify: cores told of every request's end (`ended(now, request_id, t_end)`),
             e.g. the router (closed-loop replay, fault recovery).
+        live_front: a live front's name (`rack.serve`): requests are not known in
+            advance (a request's first event or end opens its row; `request_ids` may
+            be empty), and the front is told every request's end with its record
+            (`request_ended(request id, outcome, reason, t_end, times (one per EVENTS),
+            itl_s)`). None: replays.
         name: the core's name ("collector").
         records_dir: write the rows of ended requests to this folder in chunks
             (`rack.serving.records.DiskRecords`); None: keep them in memory.
         chunk_rows, chunk_samples: a chunk's limits (None: `rack.serving.records`'s
             CHUNK_ROWS and CHUNK_SAMPLES).
     Handlers (messages): `event`, `events`, `finish`, `note_fault`, `note_recovery`,
-    `note_truncated`, `open_among` (replies `open_ids`). The driver reads `snapshot()`,
+    `note_truncated`, `open_among` (replies `open_ids`), `end_open`. The driver reads `snapshot()`,
     `all_ended()`, `open_requests()` and `open_examples()` directly.
     Raises ValueError for duplicate request ids, or chunk limits below 1.
     """
 
     def __init__(self, *, request_ids: Sequence[int], notify: Sequence[str] = (),
-                 name: str = "collector", records_dir: str | None = None,
+                 live_front: str | None = None, name: str = "collector", records_dir: str | None = None,
                  chunk_rows: int | None = None, chunk_samples: int | None = None) -> None:
         super().__init__(name)
         ids = np.asarray(request_ids, dtype=np.int64).reshape(-1)
@@ -88,6 +93,16 @@ class Collector(Core):
         self.unknown_events = Counter()
         self.late_events = Counter()
         self.notify = tuple(notify)
+        self.live_front = live_front
+        # live: positions of the requests opened as they came (ids not known in advance)
+        self._live_pos: dict[int, int] | None = None
+        if live_front is not None:
+            self._live_pos = {int(r): i for i, r in enumerate(ids.tolist())}
+            self._n_live = n
+            self._ids_buf, self._outcome_buf = self.ids.copy(), self.outcome.copy()
+            self.ids, self.outcome = self._ids_buf[:n], self._outcome_buf[:n]
+        self._closed: set[int] = set()             # ended by `end_open`
+        self.after_close = 0                       # ends of those reported later (ignored)
         self.faults: dict[int, dict] = {}        # fault injector records, by fault index
         self.recoveries: list[dict] = []         # router: requests re-dispatched per recovery
         self.truncated: dict[int, int] = {}      # router: output tokens served, if truncated
@@ -113,6 +128,9 @@ class Collector(Core):
         pos = self._position(rid)
         if pos is None:
             self.violations.append(f"finish for unknown request {request_id}")
+            return
+        if rid in self._closed:
+            self.after_close += 1
             return
         if outcome not in OUTCOMES:
             self.violations.append(f"request {request_id}: unknown outcome {outcome!r}")
@@ -141,10 +159,21 @@ class Collector(Core):
         self._end[slot] = when
         self._open -= 1
         self._ended.append(slot)
+        if self.live_front is not None:
+            self.send(self.live_front, "request_ended", rid, outcome, reason, float(when),
+                      self._times[slot].copy(), self._itl.get(slot))
         if len(self._ended) >= self.chunk_rows or self._ended_samples >= self.chunk_samples:
             self._flush()
         for dst in self.notify:
             self.send(dst, "ended", rid, float(when))
+
+    def end_open(self, now: float, reason: str) -> None:
+        """End every open request as failed with `reason` (a live front shutting down:
+        what was in flight is recorded, never lost); a later end of one of them is
+        counted in `after_close`, not as a second end."""
+        for rid in self.open_requests():
+            self.finish(now, rid, "failed", reason, None, now)
+            self._closed.add(rid)
 
     def open_among(self, now: float, ids: Iterable[int], reply_to: str, tag: Any) -> None:
         """Reply `open_ids(now, tag, [ids])` to `reply_to`: those of `ids` that have not
@@ -232,11 +261,36 @@ class Collector(Core):
 
     # ----------------------------------------------------------------- internals
     def _position(self, rid: int) -> int | None:
-        """Index of request `rid` in `ids`, None if unknown."""
+        """Index of request `rid` in `ids`, None if unknown; live (`live_front`): a
+        new position for a new id."""
+        if self._live_pos is not None:
+            pos = self._live_pos.get(rid)
+            return self._open_live(rid) if pos is None else pos
         k = int(np.searchsorted(self._sorted, rid))
         if k < len(self._sorted) and self._sorted[k] == rid:
             return int(self._order[k])
         return None
+
+    def _positions(self, ids: np.ndarray) -> np.ndarray:
+        """Indices in `ids` of the known request ids `ids` (shape (k,))."""
+        if self._live_pos is not None:
+            return np.array([self._live_pos[int(r)] for r in ids.tolist()], dtype=np.int64)
+        return self._order[np.searchsorted(self._sorted, ids)] if ids.size else np.zeros(0, np.int64)
+
+    def _open_live(self, rid: int) -> int:
+        """A position for request `rid`, first seen live (`ids` and `outcome` grow by
+        doubling; the public arrays are views of their first `_n_live` entries)."""
+        n = self._n_live
+        if n == self._ids_buf.shape[0]:
+            cap = max(64, 2 * n)
+            self._ids_buf = np.concatenate((self._ids_buf, np.zeros(cap - n, np.int64)))
+            self._outcome_buf = np.concatenate((self._outcome_buf, np.zeros(cap - n, np.int8)))
+        self._ids_buf[n] = rid
+        self._live_pos[rid] = n
+        self._n_live = n + 1
+        self.ids, self.outcome = self._ids_buf[:n + 1], self._outcome_buf[:n + 1]
+        self._open += 1
+        return n
 
     def _take_slot(self, rid: int) -> int:
         if not self._free:
@@ -266,7 +320,7 @@ class Collector(Core):
         itl = [self._itl.get(x) for x in sl.tolist()]
         lengths = np.array([0 if v is None else v.size for v in itl], dtype=np.int64)
         ids = np.asarray(ids, np.int64)
-        pos = self._order[np.searchsorted(self._sorted, ids)] if k else np.zeros(0, np.int64)
+        pos = self._positions(ids)
         return {"id": ids, "times": times, "outcome": self.outcome[pos],
                 "reason": np.array([self._reason.get(x, "") for x in sl.tolist()], dtype=str),
                 "preemptions": pre, "end_s": end, "itl_len": lengths,

@@ -129,6 +129,7 @@ class Router(Core):
         self.recovered = 0
         # replay state
         self._next = 0                            # position of the next request to send
+        self._n_replay = 0                        # requests of `start` (live ones follow them)
         self._slots: int | None = None            # closed loop: concurrency, None: open loop
         self._think = 0.0
         self._free: list[float] = []              # closed loop: when each idle slot may send (heap)
@@ -150,6 +151,7 @@ class Router(Core):
         Raises ValueError for max_concurrency < 1 or a negative or non-finite think time.
         """
         n = len(requests)
+        self._n_replay = n
         self._requests = list(requests)       # a truncated request replaces its original
         self._pos = {r.id: p for p, r in enumerate(self._requests)}
         self._pre_of = np.full(n, -1, np.int32)
@@ -170,7 +172,7 @@ class Router(Core):
 
     def _pump(self, now: float) -> None:
         """Send every request that is due at `now` and set the next wake-up."""
-        reqs, n = self._requests, len(self._requests)
+        reqs, n = self._requests, self._n_replay
         self.wake_at = math.inf
         if self._slots is None:
             while self._next < n:
@@ -195,6 +197,25 @@ class Router(Core):
             self._next += 1
             self._tick(now, [req], self._next - 1)
         # else: every slot is taken; an `ended` frees one
+
+    def submit_live(self, now: float, req: Any, reply_to: str) -> None:
+        """A live request (an HTTP front, `rack.serve`): admit and place it now, as a
+        replayed request at its arrival tick, and reply `reply_to.admitted(request id,
+        reason, output_tokens)`: reason None when it was dispatched (output_tokens: the
+        tokens it will get, less than asked when the context limit truncates it), else
+        the rejection reason (the collector is told as for any rejection).
+        Ids must be unique within the run (also against `start`'s requests)."""
+        pos = len(self._requests)
+        self._requests.append(req)
+        self._pos[req.id] = pos
+        if pos >= self._pre_of.shape[0]:          # amortised growth of the route columns
+            grow = np.full(max(16, pos), -1, np.int32)
+            self._pre_of = np.concatenate((self._pre_of, grow))
+            self._dec_of = np.concatenate((self._dec_of, grow))
+        refused = dict(self._tick(now, [req], pos))
+        reason = refused.get(req.id)
+        self.send(reply_to, "admitted", req.id, reason,
+                  0 if reason is not None else self._requests[pos].output_tokens)
 
     def ended(self, now: float, request_id: int, t_end: float) -> None:
         """The collector: request `request_id` ended at emulated time `t_end`."""
@@ -232,11 +253,11 @@ class Router(Core):
             self.held(now, args[-1], dst, [])
 
     def is_idle(self) -> bool:
-        return self._next >= len(self._requests) and not self._pending
+        return self._next >= self._n_replay and not self._pending
 
     def waiting_for(self) -> str:
-        if self._next < len(self._requests):
-            left = len(self._requests) - self._next
+        if self._next < self._n_replay:
+            left = self._n_replay - self._next
             return (f"{left} request(s) to send" + (f", {len(self._in_flight)} in flight for "
                                                      f"{self._slots} slots" if self._slots else ""))
         return f"{len(self._pending)} recovery(ies) waiting for replies" if self._pending else ""
@@ -249,7 +270,9 @@ class Router(Core):
         return out
 
     # ------------------------------------------------------------------ placement
-    def _tick(self, now: float, batch: Sequence[Any], base: int) -> None:
+    def _tick(self, now: float, batch: Sequence[Any], base: int) -> list[tuple[int, str]]:
+        """Admit and place `batch` (at positions base.. of the requests); returns the
+        refused (request id, reason)."""
         self.send(self.collector, "events", [(r.id, "arrival", now) for r in batch])
         load = dict(self._load)
         per_instance: dict[str, list] = {}
@@ -321,6 +344,7 @@ class Router(Core):
         for nm in per_instance:
             if nm in self._load:
                 self._load[nm] = load[nm]
+        return refused
 
     def _fits(self, name: str, req: Any, decode: bool) -> bool:
         fit = self.kv_fit.get(name)

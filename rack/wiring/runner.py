@@ -27,7 +27,7 @@ from rack.analysis.breakdown import apply_fixed_stages, stage_breakdown
 from rack.analysis.energy import cost_section, energy_section
 from rack.analysis.faults import faults_section, with_work_before_crashes
 from rack.runtime.interrupt import RunStopped, StopRequest
-from rack.serving.records import DiskRecordSet, assemble
+from rack.serving.records import DiskRecordSet, assemble as assemble_records
 from rack.wiring.scenario import Scenario
 from rack.wiring.topology import ComponentSpec, build_topology
 from workloads.clock import check_time_span
@@ -266,7 +266,7 @@ def run_scenario(scenario: Scenario, requests: Sequence[Any], *, runtime: str = 
     except RunStopped as exc:
         if exc.partial is None:
             raise
-        output = _assemble(scenario, specs, requests, exc.partial, runtime, time.perf_counter() - wall0,
+        output = assemble(scenario, specs, requests, exc.partial, runtime, time.perf_counter() - wall0,
                            trace_info, load, status={"status": "interrupted", "interrupted": exc.details()})
         raise RunInterrupted(exc, output) from exc
     except Exception as exc:
@@ -276,22 +276,23 @@ def run_scenario(scenario: Scenario, requests: Sequence[Any], *, runtime: str = 
         details = getattr(exc, "details", None)
         error = details() if details else {"type": type(exc).__name__, "message": " ".join(str(exc).split())}
         error["components_without_stats"] = list(partial.get("stats_missing", []))
-        output = _assemble(scenario, specs, requests, partial, runtime, time.perf_counter() - wall0,
+        output = assemble(scenario, specs, requests, partial, runtime, time.perf_counter() - wall0,
                            trace_info, load, status={"status": "aborted", "error": error})
         raise RunAborted(exc, output) from exc
-    return _assemble(scenario, specs, requests, raw, runtime, time.perf_counter() - wall0, trace_info, load)
+    return assemble(scenario, specs, requests, raw, runtime, time.perf_counter() - wall0, trace_info, load)
 
 
-def _assemble(scenario: Scenario, specs: Sequence[ComponentSpec], requests: Sequence[Any], raw: dict,
-              runtime: str, wall: float, trace_info: dict | None, load: dict,
-              status: dict | None = None) -> RunOutput:
+def assemble(scenario: Scenario, specs: Sequence[ComponentSpec], requests: Sequence[Any], raw: dict,
+             runtime: str, wall: float, trace_info: dict | None, load: dict,
+             status: dict | None = None) -> RunOutput:
     """The RunOutput of a run's raw records (`run_topology_*`'s dict, or the `partial`
-    records of a run that stopped, with `status` {"status": "aborted", "error": ...})."""
+    records of a run that stopped, with `status` {"status": "aborted", "error": ...});
+    also a live session's (`rack.serve.session`)."""
     loop_type = raw.get("loop_type", "VirtualTimeLoop")
     dilation = scenario.dilation if runtime == "ray" else None
     if raw["snapshot"].get("records_dir"):       # streamed: read the rows back (not the ITL samples)
         n_events = len(raw["snapshot"]["events"])
-        raw["snapshot"] = {**raw["snapshot"], **assemble(DiskRecordSet(raw["snapshot"]["records_dir"]),
+        raw["snapshot"] = {**raw["snapshot"], **assemble_records(DiskRecordSet(raw["snapshot"]["records_dir"]),
                                                          raw["snapshot"]["ids"], n_events, flat_itl=False)}
     # a crashed instance's work before its crash still counts (energy, utilisation)
     raw["stats"] = with_work_before_crashes(raw["stats"], raw["snapshot"])

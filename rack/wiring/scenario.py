@@ -198,8 +198,9 @@ class PlacementConfig(_Strict):
     router: dict[str, float] = Field(default_factory=dict, description="Ray resources of the router actor")
     collector: dict[str, float] = Field(default_factory=dict, description="Ray resources of the collector actor")
     interconnect: dict[str, float] = Field(default_factory=dict, description="Ray resources of the interconnect actor")
+    front: dict[str, float] = Field(default_factory=dict, description="Ray resources of the live HTTP front (rack serve)")
 
-    @field_validator("router", "collector", "interconnect")
+    @field_validator("router", "collector", "interconnect", "front")
     @classmethod
     def _positive(cls, v: dict[str, float]) -> dict[str, float]:
         return _positive_resources(v)

@@ -37,15 +37,17 @@ class ComponentSpec:
     `kwargs` may hold Refs to peers (also inside dicts and lists; a driver passes their
     names); `resources` are Ray custom resources for its actor; `weight_load_s`: a
     crash target (`rack.wiring.faults`), rebuilt after a crash and reloading its weights for
-    that long (None: not restartable)."""
+    that long (None: not restartable); `host`: "module:Class" of the Ray actor that hosts
+    it (None: `rack.runtime.ray_host.CoreHost`; a live front's adds its HTTP server)."""
 
     name: str
     factory: str
     kwargs: dict[str, Any]
-    kind: str                      # collector | router | interconnect | prefill | decode | both | faults
+    kind: str                      # collector | router | interconnect | prefill | decode | both | faults | front
     pool: str | None = None
     resources: dict[str, float] = field(default_factory=dict)
     weight_load_s: float | None = None
+    host: str | None = None
 
     def refs(self) -> set[str]:
         """Names of the peers this component needs."""

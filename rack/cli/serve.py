@@ -1,0 +1,146 @@
+"""`rack serve`: an OpenAI-compatible streaming endpoint in front of the emulated rack."""
+
+from __future__ import annotations
+
+import csv
+import signal
+import time
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from rack.cli._checks import check_positive, fail, prepare_out_dir, report_failure
+from rack.cli.app import app
+
+#: Wall seconds between checks for a failed component while serving.
+_POLL_S = 0.5
+
+
+@app.command()
+def serve(
+    scenario: Optional[str] = typer.Option(None, "--scenario", "-s", help="scenario name or TOML file [default: helios-cs3-kimi-k2]"),
+    host: str = typer.Option("127.0.0.1", "--host", help="address to bind (loopback by default; 0.0.0.0 for every interface)"),
+    port: int = typer.Option(8000, "--port", min=0, max=65535, help="port (0: any free port)"),
+    dilation: Optional[float] = typer.Option(None, "--dilation", help="wall seconds per emulated second [default: the scenario's; 100 for helios-cs3-kimi-k2]"),
+    api_key: Optional[str] = typer.Option(None, "--api-key", envvar="RACK_API_KEY", help="require Authorization: Bearer KEY on /v1 routes"),
+    address: Optional[str] = typer.Option(None, "--address", help="Ray cluster address (default: start Ray locally)"),
+    served_model_name: Optional[str] = typer.Option(None, "--served-model-name", help="model name clients send [default: the scenario's model]"),
+    max_outstanding_tokens: Optional[int] = typer.Option(None, "--max-outstanding-tokens", min=1, help="router queue bound per prefill instance (prompt tokens); above it on every instance: 429 [default: the scenario's]"),
+    pacing_quantum_ms: float = typer.Option(1.0, "--pacing-quantum-ms", help="tokens due within this many wall ms go in one chunk"),
+    eos_mean_tokens: float = typer.Option(256.0, "--eos-mean-tokens", help="mean output length of requests without ignore_eos (geometric)"),
+    drain: float = typer.Option(30.0, "--drain", help="on Ctrl-C: wall seconds given to requests in flight before they are ended"),
+    out: Path = typer.Option(Path("rack-results/serve"), "--out", help="results folder, written at shutdown"),
+    payload_scale: Optional[float] = typer.Option(None, "--payload-scale", help="shipped KV bytes / logical KV bytes"),
+) -> None:
+    """Serve the emulated rack over HTTP (OpenAI API: /v1/completions, /v1/chat/completions,
+    /v1/models; /health, /metrics) until Ctrl-C, then write a results folder."""
+    from rack.analysis.results import summary_text, write_results
+    from rack.serve.session import LiveServer
+
+    for name, value in (("--dilation", dilation), ("--payload-scale", payload_scale), ("--drain", drain)):
+        check_positive(name, value)
+    sc = _scenario(scenario, dilation, payload_scale, max_outstanding_tokens)
+    folder = prepare_out_dir("--out", out)
+    try:
+        server = LiveServer(sc, host=host, port=port, api_key=api_key, address=address,
+                            served_model_name=served_model_name, pacing_quantum_ms=pacing_quantum_ms,
+                            eos_mean_tokens=eos_mean_tokens)
+    except ValueError as exc:
+        fail(str(exc))
+    typer.echo(f"starting {sc.name} on Ray (dilation {sc.dilation:g}) ...", err=True)
+    try:
+        url = server.start()
+    except OSError as exc:
+        fail(f"--host {host} --port {port}: cannot bind ({exc.strerror or exc})", code=1)
+    except Exception as exc:  # noqa: BLE001 - one line, the traceback in the log
+        report_failure(folder, exc, what="serve", keep_partial=False)
+    typer.echo(f"serving {server.config.served_model_names[0]} at {url}/v1 (OpenAI API); metrics at {url}/metrics; "
+               "Ctrl-C to stop", err=True)
+    pending = _serve_until_interrupted(server, drain)
+    try:
+        output = server.stop(drain, pending=pending)
+    except Exception as exc:  # noqa: BLE001
+        report_failure(folder, exc, what="serve", keep_partial=False)
+    finally:
+        _shutdown_ray(address)
+    write_results(folder, output.results, output.columns)
+    _write_front_rows(folder / "front.csv", server.front_rows)
+    typer.echo(summary_text(output.results))
+    s = output.results["serve"]
+    late = s["pacing_lateness_s"]
+    typer.echo(f"HTTP: {s['requests']} requests ({s['streamed']} streamed), status {s['http_status']}, "
+               f"{s['client_disconnects']} client disconnect(s); pacing lateness (wall) "
+               + (f"p50 {late['p50'] * 1e3:.2f} ms, p99 {late['p99'] * 1e3:.2f} ms, max {late['max'] * 1e3:.2f} ms"
+                  if late else "n/a"))
+    typer.echo(f"results: {folder}/results.json, {folder}/requests.csv, {folder}/front.csv")
+
+
+def _serve_until_interrupted(server, drain_s: float):
+    """Wait for Ctrl-C (SIGINT) or SIGTERM, watching for a failed component; then ask the
+    front to drain. Returns the stop request's reference."""
+    stop = {"signal": None}
+
+    def on_term(signum, frame):
+        stop["signal"] = signum
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGTERM, on_term)
+    # Ctrl-C raises KeyboardInterrupt also when the shell started us with SIGINT
+    # ignored (a background job of a non-interactive shell); it stays so for `stop`,
+    # where a second one ends the requests in flight at once.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    next_check = time.time() + 2.0
+    try:
+        while True:
+            time.sleep(_POLL_S)
+            if time.time() >= next_check:
+                failure = server.failure()
+                if failure is not None:
+                    typer.echo(f"a component failed: {failure}; stopping", err=True)
+                    break
+                next_check = time.time() + 2.0
+    except KeyboardInterrupt:
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    typer.echo(f"stopping: {drain_s:g} s for the requests in flight, then they end as failed "
+               "(Ctrl-C again: now)", err=True)
+    return server.request_stop(drain_s)
+
+
+def _scenario(name: Optional[str], dilation, payload_scale, max_outstanding_tokens):
+    """The scenario with the command's overrides, or a clean CLI error."""
+    from devices.catalog import CatalogError
+    from devices.planner import ModelDoesNotFit
+    from rack.wiring.scenario import ScenarioError, load_scenario
+
+    try:
+        sc = load_scenario(name).with_overrides(dilation=dilation, payload_scale=payload_scale)
+        if max_outstanding_tokens is not None:
+            router = {**sc.router.model_dump(), "max_outstanding_tokens": max_outstanding_tokens}
+            sc = sc.with_overrides(router=router)
+        return sc
+    except (ScenarioError, CatalogError, ModelDoesNotFit, ValueError) as exc:
+        fail(str(exc))
+    except OSError as exc:
+        fail(f"{exc.filename or name}: {exc.strerror or exc}")
+
+
+def _write_front_rows(path: Path, rows) -> None:
+    names = ["id", "endpoint", "stream", "http_status", "outcome", "reason", "output_tokens", "tokens_sent",
+             "chunks", "client_disconnected", "received_wall_s", "lateness_s", "early_s",
+             "t_arrival_s", "t_first_token_s", "t_completion_s"]
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(names)
+        for r in rows:
+            w.writerow(["" if r.get(k) is None else r.get(k) for k in names])
+
+
+def _shutdown_ray(address: Optional[str]) -> None:
+    if address is None:
+        import ray
+
+        if ray.is_initialized():
+            ray.shutdown()

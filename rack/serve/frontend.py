@@ -1,0 +1,333 @@
+"""The live front's request handling (asyncio; no HTTP, no Ray): from a parsed request
+to the rack and back, paced, recorded and counted.
+
+`LiveFront` is given a *host* (`rack.runtime.ray_front.FrontHost`) that owns the
+gateway core (`rack.serve.gateway.Gateway`) and the emulated clock:
+`host.call_core(method, *args)` runs a gateway handler now, `host.now()` is emulated
+time, `host.wall_of(t)` the wall instant of emulated `t`, `host.send_to(core, method,
+args)` messages another core, `await host.engine_stats()` reads the instances' stats.
+The host calls `notify(ids)` after each call into the core with the requests whose
+state changed, which wakes their handlers.
+
+Per request (`open_request`): the request enters the rack through the router
+(`Gateway.open`); the front waits for the router's verdict (a rejection is an HTTP
+error: 429 with Retry-After for a full queue), then either waits for the request's
+end (non-streaming) or streams its tokens at their emulated times (`rack.serve.pacing`).
+A request stays in the rack when its client goes away: its end is still recorded.
+When the collector's record is in and the response is over, the front keeps one row
+per request (`records`): HTTP status, whether it streamed, chunks, tokens sent, the
+client's disconnect, and the pacing lateness (wall s): for each token the wall time it
+left the front minus the wall time of its recorded emulated time; `lateness_s` is
+the largest, `early_s` the largest negative one (a token sent before a run was cut
+that moved it later; 0 when none).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator
+
+import numpy as np
+
+from rack.serve import openai_api as oa
+from rack.serve.metrics import ServeMetrics
+from rack.serve.pacing import next_chunk
+from rack.serve.tokens import filler
+from rack.serving.collector import EVENTS
+from workloads.request import Request
+
+#: Wall seconds a request waits for the router's verdict before a 503 (the rack is
+#: stalled or gone: never reached in a healthy run, where it takes milliseconds).
+ADMISSION_TIMEOUT_S = 30.0
+#: Wall seconds between liveness checks while a stream waits for planned tokens.
+WAIT_POLL_S = 1.0
+#: Retry-After of a 429 before any request completed (s).
+DEFAULT_RETRY_AFTER_S = 1.0
+#: Requests whose ITL samples `record_of` can still return.
+KEEP_ITL = 1000
+
+
+@dataclass
+class FrontConfig:
+    """Settings of the live front (see `rack serve --help`)."""
+
+    served_model_names: tuple[str, ...]
+    max_model_len: int | None
+    dilation: float
+    pacing_quantum_s: float = 0.001      # wall seconds
+    eos_mean_tokens: float = 256.0
+    api_key: str | None = None
+
+
+@dataclass
+class _Response:
+    """The front's side of one request while it is served."""
+
+    rid: int
+    plan: oa.Plan
+    received_wall: float
+    status: int = 200
+    chunk_end: list[int] = field(default_factory=list)      # tokens sent after each chunk
+    chunk_wall: list[float] = field(default_factory=list)   # when each chunk left
+    disconnected: bool = False
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class LiveFront:
+    """Request handling of the live front (module docstring)."""
+
+    def __init__(self, host: Any, config: FrontConfig) -> None:
+        self.host = host
+        self.config = config
+        self.metrics = ServeMetrics(config.served_model_names[0], config.dilation)
+        self.records: list[dict] = []
+        self.requests: list[Request] = []
+        self.state = "serving"
+        self._ids = itertools.count()
+        self._events: dict[int, asyncio.Event] = {}
+        self._active: dict[int, _Response] = {}
+        self._ttft_ewma: float | None = None      # emulated s, for Retry-After
+        self._itl: dict[int, np.ndarray] = {}     # the last KEEP_ITL requests' ITL samples
+        self._drain_deadline = math.inf
+
+    # ------------------------------------------------------------------ host side
+    def notify(self, ids) -> None:
+        """The gateway's state of these requests changed: wake their handlers."""
+        for rid in ids:
+            ev = self._events.get(rid)
+            if ev is not None:
+                ev.set()
+
+    def retry_after_s(self) -> float:
+        """Retry-After of a 429 (wall s): about one recent TTFT (an EWMA of the
+        completed requests' TTFT, times the dilation), >= 1 s."""
+        if self._ttft_ewma is None:
+            return DEFAULT_RETRY_AFTER_S
+        return max(1.0, self._ttft_ewma * self.config.dilation)
+
+    def in_flight(self) -> int:
+        return len(self._active)
+
+    # ------------------------------------------------------------------ requests
+    async def open_request(self, kind: str, body: Any) -> tuple[oa.Plan, int]:
+        """Parse, send to the rack and wait for the router's verdict: (plan, request id).
+        Raises ApiError (400/404 bad input, 429/400/503 refused by the rack, 503 draining)."""
+        if self.state != "serving":
+            raise oa.ApiError(503, "the server is shutting down", None, "server_error", "shutting_down")
+        rid = next(self._ids)
+        plan = oa.parse_request(kind, body, served=self.config.served_model_names,
+                                max_model_len=self.config.max_model_len,
+                                eos_mean_tokens=self.config.eos_mean_tokens, request_id=rid)
+        wait = self.host.wall_of(0.0) - time.time()
+        if wait > 0:                                  # before emulated time 0
+            await asyncio.sleep(wait)
+        req = Request(id=rid, arrival_s=max(0.0, self.host.now()), prompt_tokens=plan.prompt_tokens,
+                      output_tokens=plan.output_tokens, block_hashes=plan.block_hashes,
+                      block_size=plan.block_size)
+        self.requests.append(req)
+        resp = _Response(rid, plan, time.time())
+        self._active[rid] = resp
+        ev = self._events[rid] = asyncio.Event()
+        asyncio.ensure_future(self._record_when_ended(resp))
+        self.host.call_core("open", req)
+        deadline = time.time() + ADMISSION_TIMEOUT_S
+        while True:
+            lr = self.host.gateway.live(rid)
+            if lr.status != "pending":
+                break
+            ev.clear()
+            if time.time() > deadline:
+                self._end_response(resp, 503)
+                raise oa.ApiError(503, "the emulated rack did not answer in time", None, "server_error")
+            try:
+                await asyncio.wait_for(ev.wait(), timeout=max(0.01, deadline - time.time()))
+            except asyncio.TimeoutError:
+                pass
+        if lr.status == "rejected":
+            err = oa.rejection_error(lr.reason, self.retry_after_s())
+            err.headers["x-request-id"] = str(rid)
+            self._end_response(resp, err.status)
+            raise err
+        if lr.n_out < plan.output_tokens:            # the context limit truncated it
+            plan.output_tokens, plan.finish_reason = lr.n_out, "length"
+        return plan, rid
+
+    async def complete(self, rid: int) -> dict:
+        """A non-streaming response: when the request ends (its last token's time)."""
+        resp = self._active[rid]
+        try:
+            lr = await self._until(rid, lambda lr: lr.ended)
+            if lr.outcome != "completed":
+                err = oa.rejection_error(lr.reason or "failed", self.retry_after_s()) \
+                    if lr.reason in oa.REJECTION_STATUS else \
+                    oa.ApiError(500, f"the request failed in the emulated rack ({lr.reason})", None,
+                                "server_error", lr.reason)
+                resp.status = err.status
+                raise err
+            n = lr.n_out
+            resp.chunk_end.append(n)
+            resp.chunk_wall.append(time.time())
+            return oa.full_response(resp.plan, rid, filler(0, n), n, resp.plan.finish_reason)
+        finally:
+            self._end_response(resp, resp.status)
+
+    async def stream(self, rid: int) -> AsyncIterator[str]:
+        """Server-sent events of a streaming response (module docstring)."""
+        resp = self._active[rid]
+        plan = resp.plan
+        created = int(time.time())
+        quantum = self.config.pacing_quantum_s / self.config.dilation
+        sent = 0
+        try:
+            if plan.kind == "chat":
+                yield _sse(oa.chunk(plan, rid, created, None, role=True))
+            while True:
+                lr = self.host.gateway.live(rid)
+                n = lr.n_out
+                if sent < n:
+                    end, wait = next_chunk(lr.times, sent, self.host.now(), quantum)
+                    if end > sent:
+                        last = end == n
+                        data = _sse(oa.chunk(plan, rid, created, filler(sent, end - sent),
+                                             plan.finish_reason if last else None))
+                        resp.chunk_end.append(end)
+                        resp.chunk_wall.append(time.time())
+                        sent = end
+                        yield data
+                        continue
+                if sent >= n:
+                    if plan.include_usage:
+                        yield _sse(oa.usage_chunk(plan, rid, created, n))
+                    yield "data: [DONE]\n\n"
+                    return
+                if lr.ended and lr.outcome != "completed":
+                    err = oa.ApiError(500, f"the request ended in the emulated rack: {lr.outcome} ({lr.reason})",
+                                      None, "server_error", lr.reason)
+                    resp.status = 200
+                    yield _sse(err.body())
+                    yield "data: [DONE]\n\n"
+                    return
+                await self._wait(rid, wait)
+        except (asyncio.CancelledError, GeneratorExit):
+            resp.disconnected = True
+            raise
+        finally:
+            self._end_response(resp, resp.status)
+
+    # ------------------------------------------------------------------ shutdown
+    async def drain(self, timeout_s: float) -> None:
+        """Refuse new requests; wait up to `timeout_s` (wall) for those in flight, then
+        end the rest as failed ("server_shutdown") in the collector, and wait until every
+        response is over and recorded."""
+        self.state = "draining"
+        self._drain_deadline = time.time() + max(0.0, timeout_s)
+        while self._active and time.time() < self._drain_deadline:
+            await asyncio.sleep(0.05)
+        if self._active or self.host.gateway.open_count():
+            self.host.send_to("collector", "end_open", ("server_shutdown",))
+        deadline = time.time() + 30.0
+        while self._active and time.time() < deadline:
+            await asyncio.sleep(0.05)
+        self.state = "stopped"
+
+    def hurry(self) -> None:
+        """A drain in progress stops waiting for the requests in flight (they end as
+        failed "server_shutdown")."""
+        self._drain_deadline = 0.0
+
+    # ------------------------------------------------------------------ internals
+    async def _wait(self, rid: int, until_emulated: float) -> None:
+        """Until emulated time `until_emulated` (inf: until the request's state changes,
+        polled every WAIT_POLL_S)."""
+        ev = self._events[rid]
+        ev.clear()
+        if until_emulated == math.inf:
+            try:
+                await asyncio.wait_for(ev.wait(), timeout=WAIT_POLL_S)
+            except asyncio.TimeoutError:
+                pass
+            return
+        delay = self.host.wall_of(until_emulated) - time.time()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        else:
+            await asyncio.sleep(0)
+
+    async def _until(self, rid: int, cond) -> Any:
+        while True:
+            lr = self.host.gateway.live(rid)
+            if cond(lr):
+                return lr
+            await self._wait(rid, math.inf)
+
+    def _end_response(self, resp: _Response, status: int) -> None:
+        resp.status = status
+        resp.done.set()
+
+    async def _record_when_ended(self, resp: _Response) -> None:
+        """Once the response is over and the rack's record is in: one row in `records`,
+        the metrics, and the gateway forgets the request."""
+        rid = resp.rid
+        await resp.done.wait()
+        lr = await self._until(rid, lambda lr: lr.ended)
+        lateness = early = None
+        if resp.chunk_end and lr.outcome == "completed":
+            truth = np.array([self.host.wall_of(t) for t in lr.times])
+            ends = np.asarray(resp.chunk_end)
+            walls = np.asarray(resp.chunk_wall)
+            sent_at = np.repeat(walls, np.diff(np.concatenate(([0], ends))))
+            diff = sent_at - truth[: sent_at.shape[0]]
+            lateness, early = float(diff.max()), float(max(0.0, -diff.min()))
+        times = {}
+        if lr.record_times is not None:
+            times = {name: float(t) for name, t in zip(EVENTS, lr.record_times)}
+        if lr.outcome == "completed" and times:
+            ttft = times["first_token"] - times["arrival"]
+            self._ttft_ewma = ttft if self._ttft_ewma is None else 0.8 * self._ttft_ewma + 0.2 * ttft
+        self.metrics.observe_request(
+            outcome=lr.outcome or "failed", reason=lr.reason, finish_reason=resp.plan.finish_reason,
+            prompt_tokens=resp.plan.prompt_tokens, output_tokens=lr.n_out, times=times or
+            {k: math.nan for k in EVENTS}, itl_s=lr.itl_s, lateness_wall_s=lateness)
+        self.records.append({
+            "id": rid, "endpoint": resp.plan.kind, "stream": resp.plan.stream, "http_status": resp.status,
+            "outcome": lr.outcome, "reason": lr.reason, "output_tokens": lr.n_out,
+            "tokens_sent": int(resp.chunk_end[-1]) if resp.chunk_end else 0, "chunks": len(resp.chunk_end),
+            "client_disconnected": resp.disconnected, "received_wall_s": resp.received_wall,
+            "lateness_s": lateness, "early_s": early,
+            # HTTP receipt to the router's arrival (wall s): the front's own delay before TTFT starts
+            "intake_s": _finite(self.host.wall_of(times["arrival"]) - resp.received_wall) if times else None,
+            **{f"t_{k}_s": _finite(times.get(k)) for k in ("arrival", "first_token", "completion")}})
+        if lr.itl_s is not None:
+            self._itl[rid] = np.asarray(lr.itl_s)
+            while len(self._itl) > KEEP_ITL:
+                self._itl.pop(next(iter(self._itl)))
+        self._active.pop(rid, None)
+        self._events.pop(rid, None)
+        self.host.call_core("forget", rid)
+
+    def record_of(self, rid: int) -> dict | None:
+        """The front's row of request `rid` with the rack's ITL samples (emulated s; kept
+        for the last KEEP_ITL requests) under "itl_s"; None until it is recorded."""
+        for r in reversed(self.records):
+            if r["id"] == rid:
+                itl = self._itl.get(rid)
+                row = {k: _finite(v) if isinstance(v, float) else v for k, v in r.items()}
+                return {**row, "itl_s": None if itl is None else itl.tolist()}
+        return None
+
+
+def _finite(x: float | None) -> float | None:
+    """x, or None for NaN / absent (JSON has no NaN)."""
+    return None if x is None or not math.isfinite(x) else float(x)
+
+
+def _sse(obj: dict) -> str:
+    return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"
+
+
+__all__ = ["FrontConfig", "LiveFront"]

@@ -1,0 +1,162 @@
+"""A live serving session: the scenario's rack on Ray with the HTTP front, from start
+to a results folder (the Python API under `rack serve`).
+
+    server = LiveServer(load_scenario(), port=8000)
+    url = server.start()          # actors placed and built, the router started, HTTP up
+    ...                           # clients talk to url
+    output = server.stop(drain_s=30)   # drained, every request ended and recorded
+    write_results(folder, output.results, output.columns)
+
+`stop` returns the same `RunOutput` as `run_scenario` (results.json sections, one row
+per request that reached the router: completed, rejected or failed), plus a `serve`
+section: the HTTP front's counts and pacing lateness; `LiveServer.front_rows` then
+holds one row per HTTP request the rack saw (`rack.serve.frontend`).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict
+from typing import Any, Sequence
+
+import numpy as np
+
+from rack.analysis.metrics import summarize
+from rack.serve.frontend import FrontConfig
+from rack.serve.topology import FRONT, live_topology
+from rack.wiring.runner import RunOutput, assemble
+from rack.wiring.scenario import Scenario
+from rack.wiring.sizing import context_limit
+
+
+class LiveServer:
+    """`scenario` served over HTTP (module docstring).
+
+    Keyword args: host, port (0: any free port), api_key (None: open), address (a Ray
+    cluster; None: Ray started locally), served_model_name (default: the scenario's
+    model), pacing_quantum_ms (wall ms; `rack.serve.pacing`), eos_mean_tokens (mean
+    output length without `ignore_eos`, `rack.serve.openai_api`), startup_timeout_s.
+    The dilation is the scenario's (`Scenario.dilation`).
+    """
+
+    def __init__(self, scenario: Scenario, *, host: str = "127.0.0.1", port: int = 8000,
+                 api_key: str | None = None, address: str | None = None,
+                 served_model_name: str | None = None, pacing_quantum_ms: float = 1.0,
+                 eos_mean_tokens: float = 256.0, startup_timeout_s: float = 120.0) -> None:
+        if not (pacing_quantum_ms >= 0 and math.isfinite(pacing_quantum_ms)):
+            raise ValueError(f"pacing_quantum_ms: expected a finite number >= 0, got {pacing_quantum_ms!r}")
+        if not eos_mean_tokens >= 1:
+            raise ValueError(f"eos_mean_tokens: expected >= 1, got {eos_mean_tokens!r}")
+        self.scenario = scenario
+        self.host, self.port, self.address = host, int(port), address
+        self.config = FrontConfig(
+            served_model_names=(served_model_name or scenario.model,), max_model_len=context_limit(scenario),
+            dilation=float(scenario.dilation), pacing_quantum_s=pacing_quantum_ms / 1e3,
+            eos_mean_tokens=float(eos_mean_tokens), api_key=api_key)
+        self.startup_timeout_s = startup_timeout_s
+        self.specs = live_topology(scenario)          # ScenarioError before anything starts
+        self.topo: Any = None
+        self.http: dict = {}
+        self.front_rows: list[dict] = []          # the front's row per request, after `stop`
+        self._wall0 = 0.0
+
+    @property
+    def url(self) -> str:
+        return self.http.get("url", "")
+
+    def start(self) -> str:
+        """Place and build the rack, start the router and the HTTP server; the URL.
+        Raises RayRunError (Ray could not place or build it) or OSError (the address
+        cannot be bound); nothing is left running when it raises."""
+        from rack.runtime.ray_runtime import launch_topology, remove_topology
+
+        self._wall0 = time.perf_counter()
+        self.topo = launch_topology(self.specs, dilation=self.scenario.dilation, address=self.address,
+                                    startup_timeout_s=self.startup_timeout_s)
+        ray = _ray()
+        actors = self.topo.actors
+        try:
+            ray.get(actors["router"].deliver.remote("start", ([], None, 0.0)), timeout=60)
+            stats_names = [s.name for s in self.specs if s.kind in ("prefill", "decode", "both", "interconnect")]
+            self.http = ray.get(actors[FRONT].serve_http.remote({
+                "host": self.host, "port": self.port, "front": asdict(self.config),
+                "info": {"scenario": self.scenario.name, "model": self.scenario.model},
+                "stats_names": stats_names}), timeout=60)
+        except BaseException:
+            remove_topology(self.topo)
+            self.topo = None
+            raise
+        wait = self.topo.epoch - time.time()
+        if wait > 0:                 # emulated time 0: a request now arrives at t >= 0
+            time.sleep(wait)
+        return self.url
+
+    def state(self) -> dict:
+        """The front's state ({"state", "in_flight", "recorded", "emulated_s"})."""
+        return _ray().get(self.topo.actors[FRONT].front_state.remote(), timeout=30)
+
+    def failure(self):
+        """The first component failure (a `ComponentError`), or None."""
+        from rack.runtime.ray_runtime import _first_failure
+
+        return _first_failure(_ray(), self.topo.actors)
+
+    def request_stop(self, drain_s: float) -> Any:
+        """Ask the front to drain and stop (returns the Ray reference; `stop` waits)."""
+        return self.topo.actors[FRONT].stop_http.remote(float(drain_s))
+
+    def stop(self, drain_s: float = 30.0, pending: Any = None) -> RunOutput:
+        """Drain (`drain_s` wall seconds for the requests in flight, then the rest end
+        as failed "server_shutdown"), gather every record, remove the actors; the
+        session's RunOutput (module docstring). `pending`: a `request_stop` reference
+        already made (e.g. by a signal handler)."""
+        from rack.runtime.ray_runtime import collect_records, remove_topology
+
+        ray = _ray()
+        try:
+            ref = pending if pending is not None else self.request_stop(drain_s)
+            try:
+                ray.get(ref, timeout=drain_s + 120.0)
+            except KeyboardInterrupt:            # asked again: end what is in flight now
+                ray.get(self.request_stop(0.0), timeout=120.0)
+            front = ray.get(self.topo.actors[FRONT].front_records.remote(), timeout=60)
+            raw = collect_records(self.topo, time.time() - self.topo.epoch)
+            requests = sorted(front["requests"], key=lambda r: r.id)
+            load = {"max_concurrency": None, "think_time_s": 0.0, "source": "live HTTP clients"}
+            out = assemble(self.scenario, self.specs, requests, raw, "ray", time.perf_counter() - self._wall0,
+                           {"source": "live", "url": self.url}, load)
+            out.results["serve"] = serve_section(front["records"], self.config, self.url, front["counts"])
+            self.front_rows = front["records"]
+            return out
+        finally:
+            remove_topology(self.topo)
+            self.topo = None
+
+
+def serve_section(rows: Sequence[dict], config: FrontConfig, url: str, counts: dict) -> dict:
+    """results.json `serve`: the HTTP front's counts and pacing (wall seconds)."""
+    late = np.array([r["lateness_s"] for r in rows if r.get("lateness_s") is not None], dtype=np.float64)
+    early = np.array([r["early_s"] for r in rows if r.get("early_s") is not None], dtype=np.float64)
+    status: dict[str, int] = {}
+    for r in rows:
+        status[str(r["http_status"])] = status.get(str(r["http_status"]), 0) + 1
+    return {
+        "url": url, "served_model_names": list(config.served_model_names),
+        "dilation": config.dilation, "pacing_quantum_s": config.pacing_quantum_s,
+        "eos_mean_tokens": config.eos_mean_tokens, "requests": len(rows),
+        "streamed": sum(1 for r in rows if r["stream"]), "http_status": status,
+        "client_disconnects": sum(1 for r in rows if r["client_disconnected"]),
+        "pacing_lateness_s": summarize(late) if late.size else None,
+        "pacing_early_max_s": float(early.max()) if early.size else 0.0,
+        "gateway": dict(counts),
+    }
+
+
+def _ray():
+    from rack.runtime.ray_host import _ray as ray_module
+
+    return ray_module()
+
+
+__all__ = ["LiveServer", "serve_section"]
