@@ -27,6 +27,9 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
+from workloads.errors import TraceError
+from workloads.names import resolve_trace
+
 #: Longest a single replay subprocess may take (s): a whole trace takes ~5-30 s here.
 REPLAY_TIMEOUT_S = 1800.0
 
@@ -109,6 +112,10 @@ def replay_in(root: Path, trace: str, scenario: str | None, *, output_scale: flo
     RuntimeError with the subprocess's last lines if it fails or times out."""
     w0, w1 = ("", "") if window is None else (str(window[0] or 0.0), str(window[1]))
     env = dict(os.environ, PYTHONPATH=str(root), RAY_USAGE_STATS_ENABLED="0")
+    # a trace name is resolved here: a checkout in a temporary worktree does not see
+    # the shared traces folder beside this one
+    with contextlib.suppress(TraceError):
+        trace = str(resolve_trace(trace))
     cmd = [sys.executable, "-c", _SCRIPT, trace, scenario or "", repr(float(output_scale)), w0, w1]
     try:
         r = subprocess.run(cmd, cwd=str(root), env=env, capture_output=True, text=True,
