@@ -46,6 +46,8 @@ from typing import Hashable, Iterable, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from workloads.series import BoundedSeries
+
 __all__ = [
     "CS3_IO_GBPS",
     "DEFAULT_LATENCY_US",
@@ -170,7 +172,7 @@ class _Link:
     bytes: float = 0.0
     busy_s: float = 0.0
     peak_flows: int = 0
-    series: list[tuple[float, float]] = field(default_factory=list)
+    series: BoundedSeries = field(default_factory=lambda: BoundedSeries(1))
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,7 +184,8 @@ class LinkUsage:
     utilisation: bytes / (nominal bandwidth x (t - t0)), in [0, 1].
     peak_flows: most flows crossing the link at once.
     series: (time s, aggregate rate / nominal bandwidth) sampled at every event that
-        changed rates (flow start, drain, capacity change); a step function.
+        changed rates (flow start, drain, capacity change); a step function, bounded as
+        `workloads.series.BoundedSeries` (a long run keeps each window's last sample).
     """
 
     name: str
@@ -292,7 +295,7 @@ class FairShareNetwork:
                 busy_s=ln.busy_s,
                 utilisation=min(1.0, util),
                 peak_flows=ln.peak_flows,
-                series=tuple(ln.series),
+                series=tuple(zip(*(c.tolist() for c in ln.series.columns()))),
             )
         return out
 
@@ -488,7 +491,6 @@ class FairShareNetwork:
         """Append each link's utilisation to its series when it changed."""
         for ln in self._links.values():
             util = sum(f.rate for f in ln.flows.values()) / ln.nominal
-            if ln.series and ln.series[-1][0] == self.now:
-                ln.series[-1] = (self.now, util)
-            elif not ln.series or ln.series[-1][1] != util:
-                ln.series.append((self.now, util))
+            last = ln.series.last()
+            if last is None or last[0] == self.now or last[1] != util:
+                ln.series.add(self.now, util)      # the same instant: its last state

@@ -15,12 +15,13 @@ from rack.analysis.breakdown import engine_tracks, write_chrome_trace
 from rack.analysis.timeseries import (CSV_COLUMNS, counter_points, instance_series, link_series, step_means,
                                       windowed_hit_ratio, write_timeseries_csv)
 from rack.wiring.runner import run_scenario
+from workloads.series import BoundedSeries
 from rack.wiring.scenario import load_scenario
 from workloads import load_requests
 
 
 def test_event_series_keeps_an_instants_last_state_and_grows():
-    s = EventSeries(capacity=16)
+    s = EventSeries()
     s.add(0.0, 1, 0, 10, 0, 0, 0)
     s.add(0.0, 2, 1, 20, 0, 0, 0)          # same instant: replaces
     for i in range(1, 40):
@@ -29,6 +30,31 @@ def test_event_series_keeps_an_instants_last_state_and_grows():
     assert len(s) == 40 and list(d) == ["t_s", *SERIES_COLUMNS]
     assert d["queue_depth"][0] == 2 and d["kv_bytes"][0] == 20
     assert d["prefix_lookup_blocks"][-1] == 78 and d["t_s"][-1] == 39.0
+
+
+def test_bounded_series_keeps_every_event_of_a_short_run_and_bounds_a_long_one():
+    short = BoundedSeries(1, max_rows=64)
+    for i in range(50):
+        short.add(float(i), float(i))
+    assert len(short) == 50 and short.resolution_s == 0.0
+    s = BoundedSeries(2, max_rows=64)
+    rng = np.random.default_rng(0)
+    t = np.cumsum(rng.exponential(1.0, 100_000))
+    peak = 0
+    for x in t.tolist():
+        s.add(x, x, 2 * x)
+        peak = max(peak, len(s))
+    assert peak <= 64 and s.resolution_s > 0
+    ts, v1, v2 = s.columns()
+    assert np.array_equal(v1, ts) and np.array_equal(v2, 2 * ts)    # each row's own values
+    assert ts[-1] == t[-1]                                          # the latest state is kept
+    assert np.all(np.diff(ts) > 0)
+    w = (ts - s.origin_s) // s.resolution_s                         # at most one row per window
+    assert np.all(np.diff(w) >= 1)
+    # every kept row is the last event of its window
+    tw = (t - s.origin_s) // s.resolution_s
+    last_of = {int(k): x for k, x in zip(tw.tolist(), t.tolist())}
+    assert all(last_of[int(k)] == x for k, x in zip(w.tolist(), ts.tolist()))
 
 
 def test_step_means_and_windowed_hit_ratio_are_exact():

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from devices.memory import MemoryLedger
+from workloads.series import BoundedSeries
 
 #: Slack for float products such as steps * tokens_per_step (e.g. 3 * (1/3 * 3)) so an
 #: expected count that is an integer in exact arithmetic is not floored one too low.
@@ -198,56 +199,53 @@ class Lateness:
 
 
 class TimeSeries:
-    """(t, value) samples, appended at events (memory occupancy, batch size)."""
+    """(t, value) samples, appended at events (memory occupancy, batch size); bounded
+    (`workloads.series.BoundedSeries`: a long run keeps the last sample of each window)."""
 
-    __slots__ = ("t", "v")
+    __slots__ = ("_s",)
 
     def __init__(self) -> None:
-        self.t = GrowingArray(256)
-        self.v = GrowingArray(256)
+        self._s = BoundedSeries(1)
 
     def add(self, t: float, value: float) -> None:
-        self.t.append(t)
-        self.v.append(float(value))
+        self._s.add(t, float(value))
 
     def as_arrays(self) -> tuple[np.ndarray, np.ndarray]:
-        return self.t.slice(self.t.base, len(self.t)), self.v.slice(self.v.base, len(self.v))
+        return self._s.columns()
 
 
 class EventSeries:
     """An instance's gauges over time, one row per event that may change them (an
     iteration, a batch boundary, a submission, a handoff), never per token.
 
-    Rows are (t, *values) with the columns `SERIES_COLUMNS` (float64, in a buffer that
-    doubles when full); a row at the same time as the last one replaces it, so an
-    instant's several events leave its final state. `as_dict()` returns {"t_s": (n,),
+    Rows are (t, *values) with the columns `SERIES_COLUMNS`; a row at the same time as
+    the last one replaces it, so an instant's several events leave its final state.
+    Bounded (`workloads.series.BoundedSeries`): past `MAX_ROWS` rows a long run keeps
+    the last row of each window of `resolution_s`. `as_dict()` returns {"t_s": (n,),
     column: (n,)} arrays.
     """
 
-    __slots__ = ("_buf", "_n")
+    __slots__ = ("_s",)
 
-    def __init__(self, capacity: int = 1024) -> None:
-        self._buf = np.empty((max(16, capacity), 1 + len(SERIES_COLUMNS)), dtype=np.float64)
-        self._n = 0
+    def __init__(self) -> None:
+        self._s = BoundedSeries(len(SERIES_COLUMNS))
 
     def __len__(self) -> int:
-        return self._n
+        return len(self._s)
+
+    @property
+    def resolution_s(self) -> float:
+        return self._s.resolution_s
 
     def add(self, t: float, queue_depth: int, running: int, kv_bytes: int, prefix_cache_bytes: int,
             prefix_hit_blocks: int, prefix_lookup_blocks: int) -> None:
-        n = self._n
-        if n and self._buf[n - 1, 0] == t:
-            n -= 1                                   # same instant: keep its last state
-        elif n == self._buf.shape[0]:
-            self._buf = np.concatenate((self._buf, np.empty_like(self._buf)))
-        self._buf[n] = (t, queue_depth, running, kv_bytes, prefix_cache_bytes,
-                        prefix_hit_blocks, prefix_lookup_blocks)
-        self._n = n + 1
+        self._s.add(t, queue_depth, running, kv_bytes, prefix_cache_bytes, prefix_hit_blocks,
+                    prefix_lookup_blocks)
 
     def as_dict(self) -> dict[str, np.ndarray]:
-        rows = self._buf[: self._n]
-        out = {"t_s": rows[:, 0].copy()}
-        out.update({c: rows[:, i + 1].copy() for i, c in enumerate(SERIES_COLUMNS)})
+        t, *cols = self._s.columns()
+        out = {"t_s": t}
+        out.update(dict(zip(SERIES_COLUMNS, cols)))
         return out
 
 

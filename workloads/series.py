@@ -1,0 +1,115 @@
+"""Gauges over emulated time in bounded memory, for any core (beside `workloads.core`,
+the bottom layer every core may import).
+
+An engine's occupancy, a link's utilisation: rows are added at events, never per
+token, so a short run keeps every change; a day-long trace would keep millions of rows
+per instance. `BoundedSeries` keeps at most `max_rows`: once full it coarsens to the
+last row of each window of `dt` emulated seconds, so its memory no longer grows with
+the run's length.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+#: Rows a series keeps at most (each row: time + values, float64): 32,768 rows of an
+#: engine's 7 columns are 1.8 MB, whatever the run's length.
+MAX_ROWS = 1 << 15
+
+
+class BoundedSeries:
+    """Rows (t, v_1 .. v_k) of k gauges over emulated time (s), at most `max_rows`.
+
+    A row at the same time as the last one replaces it (an instant's several events
+    leave its final state). When `max_rows` rows are held, the series coarsens: time is
+    cut into windows of `dt` seconds from the first row's time (dt = twice the span over
+    `max_rows` the first time, then doubled until at least that) and only the last row of each window
+    is kept; from then on a row in the same window as the last one replaces it. Every
+    row keeps the exact values at its own time; what a coarsened series loses is the
+    states in between (a peak between two kept rows). `dt` is 0 until the first
+    coarsening (`resolution_s`).
+
+    k: values per row (>= 1); max_rows: >= 4. Raises ValueError otherwise.
+    """
+
+    __slots__ = ("_buf", "_n", "_dt", "_t0", "max_rows")
+
+    def __init__(self, k: int, max_rows: int = MAX_ROWS, capacity: int = 256) -> None:
+        if k < 1 or max_rows < 4:
+            raise ValueError(f"BoundedSeries: k must be >= 1 and max_rows >= 4, got {k}, {max_rows}")
+        self.max_rows = int(max_rows)
+        self._buf = np.empty((max(4, min(capacity, self.max_rows)), 1 + k), dtype=np.float64)
+        self._n = 0
+        self._dt = 0.0
+        self._t0 = 0.0
+
+    def __len__(self) -> int:
+        return self._n
+
+    @property
+    def resolution_s(self) -> float:
+        """The window (emulated s) rows are coarsened to; 0: every event kept."""
+        return self._dt
+
+    @property
+    def origin_s(self) -> float:
+        """Where the windows start (the first row's time at the first coarsening)."""
+        return self._t0
+
+    def last(self) -> tuple[float, ...] | None:
+        """The last row (t, v_1 .. v_k), or None if empty."""
+        return tuple(self._buf[self._n - 1].tolist()) if self._n else None
+
+    def add(self, t: float, *values: float) -> None:
+        """Append the row (t, *values) (t not before the last row's)."""
+        n = self._n
+        buf = self._buf
+        if n:
+            last = buf[n - 1, 0]
+            dt = self._dt
+            if last == t or (dt and (t - self._t0) // dt == (last - self._t0) // dt):
+                buf[n - 1] = (t, *values)          # the same instant or window: its last state
+                return
+            if n == buf.shape[0]:
+                if n >= self.max_rows:
+                    n = self._coarsen(t)
+                    buf = self._buf
+                    last = buf[n - 1, 0]
+                    if (t - self._t0) // self._dt == (last - self._t0) // self._dt:
+                        buf[n - 1] = (t, *values)
+                        return
+                else:
+                    self._buf = buf = np.concatenate((buf, np.empty((min(n, self.max_rows - n), buf.shape[1]))))
+        buf[n] = (t, *values)
+        self._n = n + 1
+
+    def _coarsen(self, t_next: float) -> int:
+        """Keep the last row of each window of a doubled `dt`; returns the rows left."""
+        rows = self._buf[: self._n]
+        if not self._dt:
+            self._t0 = float(rows[0, 0])          # windows stay aligned here for good
+        want = 2.0 * (max(float(t_next), float(rows[-1, 0])) - self._t0) / self.max_rows
+        if not self._dt:
+            self._dt = want
+        else:
+            # doubling keeps each new window the union of old ones: rows kept by an
+            # earlier coarsening are still each the last of their (larger) window
+            dt = 2.0 * self._dt
+            while dt < want:
+                dt *= 2.0
+            self._dt = dt
+        w = (rows[:, 0] - self._t0) // self._dt
+        keep = np.ones(len(rows), dtype=bool)
+        keep[:-1] = w[1:] != w[:-1]
+        kept = rows[keep]
+        self._buf[: len(kept)] = kept
+        self._n = len(kept)
+        return self._n
+
+    def columns(self) -> tuple[np.ndarray, ...]:
+        """(t, v_1 .. v_k) as arrays of shape (n,) (copies)."""
+        rows = self._buf[: self._n]
+        return tuple(rows[:, i].copy() for i in range(rows.shape[1]))
+
+
+__all__ = ["BoundedSeries", "MAX_ROWS"]
