@@ -8,6 +8,17 @@ field, so that the user can open the file at that line and fix it.
 
 from __future__ import annotations
 
+from typing import Sequence
+
+
+def field_path(loc: Sequence) -> str:
+    """A pydantic error location as the project's error messages name a field:
+    ("pools", 1, "device") -> "pools[1].device" (scenario and workload files)."""
+    out = ""
+    for x in loc:
+        out += f"[{x}]" if isinstance(x, int) else (f".{x}" if out else str(x))
+    return out
+
 
 class TraceError(ValueError):
     """Bad trace input.

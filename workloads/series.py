@@ -62,49 +62,46 @@ class BoundedSeries:
 
     def add(self, t: float, *values: float) -> None:
         """Append the row (t, *values) (t not before the last row's)."""
-        n = self._n
-        buf = self._buf
-        if n:
-            last = buf[n - 1, 0]
-            dt = self._dt
-            if last == t or (dt and (t - self._t0) // dt == (last - self._t0) // dt):
-                buf[n - 1] = (t, *values)          # the same instant or window: its last state
+        while True:
+            n = self._n
+            if n and self._joins_last(t):
+                self._buf[n - 1] = (t, *values)     # the same instant or window: its last state
                 return
-            if n == buf.shape[0]:
-                if n >= self.max_rows:
-                    n = self._coarsen(t)
-                    buf = self._buf
-                    last = buf[n - 1, 0]
-                    if (t - self._t0) // self._dt == (last - self._t0) // self._dt:
-                        buf[n - 1] = (t, *values)
-                        return
-                else:
-                    self._buf = buf = np.concatenate((buf, np.empty((min(n, self.max_rows - n), buf.shape[1]))))
-        buf[n] = (t, *values)
+            if n < self._buf.shape[0]:
+                break
+            if n >= self.max_rows:
+                self._coarsen(t)                    # then the last row may share t's window
+            else:
+                grow = min(n, self.max_rows - n)
+                self._buf = np.concatenate((self._buf, np.empty((grow, self._buf.shape[1]))))
+        self._buf[n] = (t, *values)
         self._n = n + 1
 
-    def _coarsen(self, t_next: float) -> int:
-        """Keep the last row of each window of a doubled `dt`; returns the rows left."""
+    def _joins_last(self, t: float) -> bool:
+        """Whether a row at `t` replaces the last one (same instant, or same window)."""
+        last = self._buf[self._n - 1, 0]
+        dt = self._dt
+        return last == t or bool(dt) and (t - self._t0) // dt == (last - self._t0) // dt
+
+    def _coarsen(self, t_next: float) -> None:
+        """Keep the last row of each window of a doubled `dt`."""
         rows = self._buf[: self._n]
-        if not self._dt:
+        first = not self._dt
+        if first:
             self._t0 = float(rows[0, 0])          # windows stay aligned here for good
         want = 2.0 * (max(float(t_next), float(rows[-1, 0])) - self._t0) / self.max_rows
-        if not self._dt:
-            self._dt = want
-        else:
-            # doubling keeps each new window the union of old ones: rows kept by an
-            # earlier coarsening are still each the last of their (larger) window
-            dt = 2.0 * self._dt
-            while dt < want:
-                dt *= 2.0
-            self._dt = dt
+        # later, doubling keeps each new window the union of old ones: rows kept by an
+        # earlier coarsening are still each the last of their (larger) window
+        dt = want if first else 2.0 * self._dt
+        while dt < want:
+            dt *= 2.0
+        self._dt = dt
         w = (rows[:, 0] - self._t0) // self._dt
         keep = np.ones(len(rows), dtype=bool)
         keep[:-1] = w[1:] != w[:-1]
         kept = rows[keep]
         self._buf[: len(kept)] = kept
         self._n = len(kept)
-        return self._n
 
     def columns(self) -> tuple[np.ndarray, ...]:
         """(t, v_1 .. v_k) as arrays of shape (n,) (copies)."""

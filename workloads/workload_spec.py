@@ -19,6 +19,8 @@ from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from .errors import field_path
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - Python 3.10
@@ -298,12 +300,9 @@ _UNION_FIELDS = ("input_tokens", "output_tokens", "reasoning_share")
 
 
 def _loc(loc: tuple) -> str:
-    out = ""
-    for i, x in enumerate(loc):
-        if x in _TAGS and i and loc[i - 1] in _UNION_FIELDS:
-            continue  # the union's tag: the `dist` value already says which one
-        out += f"[{x}]" if isinstance(x, int) else (f".{x}" if out else str(x))
-    return out
+    # the union's tag is left out: the `dist` value already says which one
+    return field_path([x for i, x in enumerate(loc)
+                       if not (x in _TAGS and i and loc[i - 1] in _UNION_FIELDS)])
 
 
 def _known_fields(loc: tuple) -> list[str]:

@@ -2,12 +2,12 @@
 
 `CoreHost` builds its core (`workloads.core`) from a `ComponentSpec` and drives it:
 
-- **messages**: a peer's `deliver(method, args)` calls the core's handler with the
-  emulated time now; what the core then leaves in its outbox is sent on, fire and
-  forget, the messages to one destination in one actor call (`deliver_many`, handled
-  in order; a `BROADCAST` goes to every other host). A message that cannot be delivered (the destination's actor died or is
-  restarting) comes back to the core as `send_failed(dst, method, args)` if it has that
-  handler;
+- **messages**: `deliver_many([(method, args), ...])` (from a peer) or `deliver(method,
+  args)` (from the driver) calls the core's handlers with the emulated time now; what
+  the core then leaves in its outbox is sent on, fire and forget, the messages to one
+  destination in one `deliver_many` call (a `BROADCAST` goes to every other host). A
+  message that cannot be delivered (the destination's actor died or is restarting)
+  comes back to the core as `send_failed(dst, method, args)` if it has that handler;
 - **timers**: the core's `wake_at` is armed on the event loop; when it fires,
   `on_wake(now)` runs and the lateness (now - wake_at, emulated seconds) is recorded.
   Emulated t = (wall - epoch) / dilation, read fresh at every use (uvloop caches its
@@ -259,9 +259,8 @@ class CoreHost:
 
     # ------------------------------------------------------------------ messages
     async def deliver(self, method: str, args: tuple) -> None:
-        """A message from a peer (or the driver) for this host's core."""
-        if await self._take(method, args):
-            self._after()
+        """One message for this host's core (the driver's; peers use `deliver_many`)."""
+        await self.deliver_many([(method, args)])
 
     async def deliver_many(self, messages: list) -> None:
         """Messages [(method, args), ...] a peer sent this core in one turn (one Ray call

@@ -19,6 +19,7 @@ from typing import Literal, Optional
 from interconnect.link import LinkSpec
 from rack.wiring.faults import FaultConfig, check_faults
 from rack.wiring.settings import CostSettings, EnergySettings, FixedStage, ScenarioError
+from workloads.errors import field_path
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 if sys.version_info >= (3, 11):
@@ -327,15 +328,6 @@ def scenario_names() -> list[str]:
     return sorted(p.stem for p in SCENARIO_DIR.glob("*.toml"))
 
 
-def _loc_str(loc: tuple) -> str:
-    """A pydantic error location as the scenario's own messages write it:
-    ("pools", 1, "device") -> "pools[1].device"."""
-    out = ""
-    for x in loc:
-        out += f"[{x}]" if isinstance(x, int) else (f".{x}" if out else str(x))
-    return out
-
-
 def _fields_at(loc: tuple) -> list[str]:
     """Field names of the model found at `loc` inside Scenario ([] if not a model)."""
     import typing
@@ -377,7 +369,7 @@ def _format_validation(path: str, exc: ValidationError) -> str:
         loc = tuple(err["loc"])
         if err["type"] == "missing" and loc in typos:
             continue
-        field = _loc_str(loc)
+        field = field_path(loc)
         msg = err["msg"]
         got = err.get("input")
         got_s = "" if isinstance(got, (dict, list)) else f" (got {got!r})"
