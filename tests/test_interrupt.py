@@ -219,3 +219,33 @@ def test_signal_handlers_stop_a_replay_then_exit_at_once(capsys):
                 time.sleep(1)
     assert capsys.readouterr().err.strip() == "interrupted again (SIGTERM): stopped at once, no results written"
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler       # restored
+
+
+def test_a_second_signal_swallowed_by_a_finaliser_still_stops_the_command(capsys):
+    """A KeyboardInterrupt raised inside `__del__` (as when Ctrl-C lands while Ray
+    drops an actor handle) is printed by Python as "Exception ignored" and lost; the
+    handlers raise it again in the main thread, with no traceback printed."""
+    import typer
+
+    from rack.cli._checks import interruptible
+
+    hook = sys.unraisablehook
+
+    class Handle:
+        def __del__(self):
+            os.kill(os.getpid(), signal.SIGINT)     # the second signal arrives in here
+            time.sleep(0.2)                         # ... and its KeyboardInterrupt is raised here
+
+    with pytest.raises(typer.Exit) as ex:
+        with interruptible() as stop:
+            with stop.replaying():
+                os.kill(os.getpid(), signal.SIGINT)
+                assert stop.requested
+                Handle()                            # dropped at once: __del__ runs
+                time.sleep(1)                       # the interrupt, raised again, ends this
+                pytest.fail("the swallowed interrupt was not raised again")
+    assert ex.value.exit_code == EXIT_INTERRUPTED
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "Exception ignored" not in err
+    assert err.strip() == "interrupted again (SIGINT): stopped at once, no results written"
+    assert sys.unraisablehook is hook                   # restored

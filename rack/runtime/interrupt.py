@@ -15,13 +15,21 @@ signal raises KeyboardInterrupt at once, as Python's default handler does. A sec
 signal always raises KeyboardInterrupt at once (the gathering is skipped; the
 command's clean-up still shuts Ray down), a third exits the process on the spot
 (`os._exit(130)`).
+
+A KeyboardInterrupt raised while Python runs a finaliser (an object's `__del__`, e.g.
+a Ray actor handle's) cannot propagate: Python prints it as "Exception ignored" with a
+traceback and goes on. While the handlers are installed, such a swallowed interrupt is
+caught by `sys.unraisablehook` and raised again in the main thread once the finaliser
+has returned (`_thread.interrupt_main`, from a 10 ms timer thread), so a second Ctrl-C always stops the command.
 """
 
 from __future__ import annotations
 
+import _thread
 import contextlib
 import os
 import signal
+import sys
 import threading
 from typing import Iterator
 
@@ -42,6 +50,8 @@ class StopRequest:
         self.count = 0
         self._replaying = 0
         self._lock = threading.Lock()
+        #: A KeyboardInterrupt of ours was swallowed by a finaliser: raise it again.
+        self.redeliver = False
 
     @property
     def requested(self) -> bool:
@@ -102,16 +112,34 @@ def handle_signals(stop: StopRequest | None = None,
 
     def handler(signum, frame):  # noqa: ARG001 - the signal module's signature
         name = signal.Signals(signum).name
+        if stop.redeliver:
+            stop.redeliver = False
+            raise KeyboardInterrupt(stop.signal_name or name)
         stop.request(name)
         if stop.count >= 3:
             os._exit(EXIT_INTERRUPTED)
         if stop.count >= 2 or not stop.in_replay:
             raise KeyboardInterrupt(name)
 
+    previous_hook = sys.unraisablehook
+
+    def unraisable(info) -> None:
+        if info.exc_type is KeyboardInterrupt and stop.requested:
+            stop.redeliver = True
+            # Later and from another thread: called now, the handler would raise inside
+            # this hook (even inside Thread.start's wait); 10 ms lets the finaliser return.
+            timer = threading.Timer(0.01, _thread.interrupt_main)
+            timer.daemon = True
+            timer.start()
+            return
+        previous_hook(info)
+
     previous = {s: signal.signal(s, handler) for s in signals}
+    sys.unraisablehook = unraisable
     try:
         yield stop
     finally:
+        sys.unraisablehook = previous_hook
         for s, h in previous.items():
             signal.signal(s, h)
 
