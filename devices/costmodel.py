@@ -22,8 +22,10 @@ Work of one forward pass over T tokens (summed over requests):
             (uniform top-k routing; k for one token, -> E for large batches).
     KV bytes = (cached tokens read + new tokens written) x KV bytes per token-layer.
 
-Time of one pass, with m = min(pp, requests) micro-batches (each request's next
-token depends on its last, so a pipeline keeps at most pp micro-batches in flight):
+Time of one pass, with m micro-batches: m = min(pp, decode requests) for decode (each
+request's next token depends on its last, so a pipeline keeps at most pp micro-batches
+in flight), m = min(pp, prompt tokens) for a prompt chunk (its tokens stream through
+the stages), m = min(pp, prompt tokens + decode requests) for a mixed pass:
     per stage, per micro-batch:
         t_compute = (F_prefill / e_pc + F_decode / e_dc) / (m pp tp P)
         t_memory  = (W(T/m) / e_m / pp + KV / e_kv / (m pp)) / (tp B)
@@ -914,7 +916,11 @@ class CostModel:
         else:
             tok_d, fl_d, att_d, kv_d = 0.0, 0.0, 0.0, 0.0
         pp = self.parallelism.pp
-        m = int(min(pp, int(np.count_nonzero(n)) + ctx.size))
+        # Micro-batches as in the passes of each part alone: the prompt chunk's tokens
+        # split as in `_prefill_dict`, one per decode request as in `decode_steps`.
+        # Counting the chunk as one micro-batch made its pass faster the more decode
+        # requests shared it (the tokens are spread over m micro-batches).
+        m = int(min(pp, tok_p + ctx.size))
         d = self._pass(self._t, tokens=tok_p + tok_d, flops_p=fl_p, flops_d=fl_d, att_p=att_p, att_d=att_d,
                        kv_p=kv_p, kv_d=kv_d, m=max(m, 1), pp=pp, steady=True)
         if self.speculative is not None:
@@ -979,7 +985,7 @@ class CostModel:
         s_compute, s_memory, s_flops, s_bytes = slopes
         rest = first.time_s - max(first.compute_s, first.memory_s)
         time = _larger_line(first.compute_s + rest, s_compute, first.memory_s + rest, s_memory, n_steps)
-        busy_a = min(self.parallelism.pp, 1 + ctx.size) / self.parallelism.pp   # m / pp, see _decode_line
+        busy_a = min(self.parallelism.pp, new_tokens + ctx.size) / self.parallelism.pp   # m / pp, see `mixed`
         return StepCosts(time, None, None, None, first.bound, tps,
                          lines=(first.flops, s_flops, first.bytes, s_bytes, first.comm_s),
                          busy_line=(busy_a, first.device_busy_s - busy_a * first.time_s))
