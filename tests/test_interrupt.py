@@ -60,7 +60,15 @@ def test_a_stop_request_ends_a_virtual_run_with_what_finished(tmp_path):
     _conserved(r)
     assert 0 < r["requests"]["completed"] and r["requests"]["unfinished"] > 0
     assert r["latency"]["ttft_s"]["n"] == r["requests"]["completed"]
+    # requests the replay never reached were not offered: counted, but not in the goodput
+    arrived = sum(q.arrival_s <= r["interrupted"]["t_s"] for q in reqs)
+    assert r["requests"]["not_arrived"] == len(reqs) - arrived > 0
+    g = r["goodput"]
+    assert g["slo_attainment"] == pytest.approx(g["requests_meeting_slo"] / arrived)
+    assert g["window_requests"] <= arrived
+    assert g["offered_requests_per_s"] <= arrived / (r["interrupted"]["t_s"] - reqs[0].arrival_s) * 1.5
     assert summary_text(r).startswith("RUN INTERRUPTED (SIGINT at t=")
+    assert f"({r['requests']['not_arrived']} of them had not arrived)" in summary_text(r)
     write_results(tmp_path, r, out.columns)
     rows = list(csv.DictReader(open(tmp_path / "requests.csv")))
     assert len(rows) == len(reqs) and sum(row["outcome"] == "open" for row in rows) == r["requests"]["unfinished"]

@@ -143,7 +143,12 @@ def steady_window(arrivals: np.ndarray) -> tuple[float, float] | None:
 def goodput_section(arrivals: np.ndarray, meets: np.ndarray, duration_s: float,
                     slo_ttft_s: float, slo_tpot_s: float) -> dict:
     """results.json's `goodput`: steady-state goodput and offered rate (module docstring),
-    SLO attainment over every submitted request, and the window used."""
+    SLO attainment over every request that arrived, and the window used. A request with
+    no arrival time (NaN: an interrupted or aborted run stopped before its arrival) was
+    never offered and counts nowhere here."""
+    arrived = ~np.isnan(arrivals)
+    if not arrived.all():
+        arrivals, meets = arrivals[arrived], meets[arrived]
     n = int(arrivals.shape[0])
     win = steady_window(arrivals)
     if win is None:
@@ -200,6 +205,9 @@ def compute(snapshot: dict, requests: Sequence[Any], slo_ttft_s: float, slo_tpot
             # not ended when the run stopped (interrupted or aborted runs): completed +
             # rejected + failed + unfinished = submitted; "open" is the same count
             "unfinished": int(counts.get("open", 0)),
+            # of the unfinished, those whose arrival time the run never reached (not
+            # offered: left out of the goodput section's rates and SLO attainment)
+            "not_arrived": int(np.count_nonzero(np.isnan(arrivals))),
             "rejected_by_reason": dict(reasons["rejected"]),
             "failed_by_reason": dict(reasons["failed"]),
             "preemptions": int(np.sum(cols["preemptions"])),

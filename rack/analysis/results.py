@@ -99,6 +99,7 @@ def summary_text(results: dict) -> str:
              f"requests: {r['submitted']} submitted, {r['completed']} completed, {r['rejected']} rejected,"
              f" {r['failed']} failed"
              + (f", {r['open']} " + ("unfinished" if results.get("status") == "interrupted" else "never ended")
+                + (f" ({r['not_arrived']} of them had not arrived)" if r.get("not_arrived") else "")
                 if r.get("open") else "")
              + (f" (reasons: {r['rejected_by_reason'] | r['failed_by_reason']})"
                 if r['rejected'] or r['failed'] else "")
