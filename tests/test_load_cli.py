@@ -80,6 +80,8 @@ def test_request_rate_retimes_a_generic_csv_read_with_a_map(cli, tmp_path):
 
 @pytest.mark.parametrize("args,match", [
     (["--dataset", "random", "--trace", "azure-conv-excerpt"], "give one source"),
+    (["--dataset", "random", "--trace", "mooncake-excerpt"], "give one source"),    # the default's name
+    (["--workload", "servegen-example", "-t", "mooncake-excerpt"], "give one source"),
     (["--dataset", "sharegpt"], "--dataset: expected random"),
     (["--input-len", 10], "applies to --dataset random"),
     (["--burstiness", 0.5], "--burstiness: .*give a request rate"),

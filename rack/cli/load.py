@@ -108,6 +108,8 @@ class LoadOptions:
     map: List[str] = field(default_factory=list)
     time_unit: Optional[str] = None
     block_size: Optional[int] = None
+    #: --trace was given on the command line (even as the default trace's name)
+    trace_given: bool = False
 
     def plan(self, trace: str, *, default_trace: str, window: Optional[str] = None,
              rate_scale: float = 1.0, max_requests: Optional[int] = None,
@@ -128,7 +130,7 @@ class LoadOptions:
             raise ValueError(f"--{next(iter(random_opts)).replace('_', '-')} applies to --dataset random")
         synthetic = bool(self.dataset or self.workload)
         reading = self.format or self.map or self.time_unit or self.block_size is not None
-        if synthetic and trace != default_trace:
+        if synthetic and (trace != default_trace or self.trace_given):
             raise ValueError(f"--trace {trace} and {'--dataset' if self.dataset else '--workload'}: "
                              "give one source of requests")
         if synthetic and reading:
@@ -187,13 +189,22 @@ def load_options(func):
     added = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=opt, annotation=ann)
              for name, (ann, opt) in _OPTIONS.items() if name not in have]
 
+    # typer passes the click context to a parameter of this type: it tells whether
+    # --trace was given (the default trace's name given as --trace still contradicts
+    # --dataset); typer vendors its own click in recent releases, so no click import.
+    context = inspect.Parameter("_typer_ctx", inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context)
+
     @functools.wraps(func)
     def wrapper(**kwargs):
+        ctx = kwargs.pop("_typer_ctx")
         values = {name: kwargs.pop(name) for name in _OPTIONS if name in kwargs and name not in have}
         values.update({name: kwargs[name] for name in _OPTIONS if name in have})
-        return func(load=LoadOptions(**values), **kwargs)
+        source = ctx.get_parameter_source("trace") if "trace" in ctx.params else None
+        given = source is not None and source.name != "DEFAULT"
+        return func(load=LoadOptions(**values, trace_given=given), **kwargs)
 
     del wrapper.__wrapped__     # typer must see the new signature, not the original's
-    wrapper.__signature__ = sig.replace(parameters=[*own, *added])
-    wrapper.__annotations__ = {p.name: p.annotation for p in (*own, *added)}
+    wrapper.__signature__ = sig.replace(parameters=[*own, *added, context])
+    wrapper.__annotations__ = {p.name: p.annotation for p in (*own, *added, context)}
     return wrapper
+
