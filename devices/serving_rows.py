@@ -159,23 +159,32 @@ def load_serving_rows(path: str | Path) -> list[ServingRow]:
     """
     path = Path(path)
     try:
-        f = open(path, newline="")
+        f = open(path, newline="", encoding="utf-8")
     except OSError as e:
         raise CatalogError(f"{path}: cannot read serving rows: {e.strerror or e}") from None
     with f:
-        reader = csv.DictReader(f)
-        header = reader.fieldnames or []
-        missing = [c for c in COLUMNS if c not in header]
-        unknown = [c for c in header if c not in COLUMNS]
-        if missing or unknown:
-            raise CatalogError(f"{path}: header does not have gpu-calibration.csv's columns: "
-                               + "; ".join(x for x in (f"missing {missing}" if missing else "",
-                                                      f"unknown {unknown}" if unknown else "") if x))
-        rows = []
-        for line, raw in enumerate(reader, 2):
-            if not any((v or "").strip() for v in raw.values()):
-                continue
-            rows.append(ServingRow(**{c: _cell(path, line, c, raw[c] or "") for c in COLUMNS}))
+        try:
+            return _serving_rows(path, f)
+        except UnicodeDecodeError as e:
+            raise CatalogError(f"{path}: not a UTF-8 text file (byte {e.start}: {e.reason}); "
+                               "expected a CSV in gpu-calibration.csv's layout") from None
+
+
+def _serving_rows(path: Path, f) -> list[ServingRow]:
+    """`load_serving_rows` on the open file `f`."""
+    reader = csv.DictReader(f)
+    header = reader.fieldnames or []
+    missing = [c for c in COLUMNS if c not in header]
+    unknown = [c for c in header if c not in COLUMNS]
+    if missing or unknown:
+        raise CatalogError(f"{path}: header does not have gpu-calibration.csv's columns: "
+                           + "; ".join(x for x in (f"missing {missing}" if missing else "",
+                                                  f"unknown {unknown}" if unknown else "") if x))
+    rows = []
+    for line, raw in enumerate(reader, 2):
+        if not any((v or "").strip() for v in raw.values()):
+            continue
+        rows.append(ServingRow(**{c: _cell(path, line, c, raw[c] or "") for c in COLUMNS}))
     if not rows:
         raise CatalogError(f"{path}: no rows")
     return rows

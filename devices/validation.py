@@ -92,8 +92,8 @@ def load_rows(path: str | Path = CALIBRATION_FILE) -> list[CalibrationRow]:
     """
     path = Path(path)
     try:
-        data = tomllib.loads(path.read_text())
-    except (OSError, tomllib.TOMLDecodeError) as e:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise CatalogError(f"{path}: cannot read calibration rows: {e}") from None
     rows = []
     for i, raw in enumerate(data.get("row", []), 1):

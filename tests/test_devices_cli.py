@@ -26,6 +26,14 @@ def test_validate_published_figures_json():
         assert abs(row["relative_error"]) <= 0.15
 
 
+def test_validate_names_a_file_that_is_not_text(tmp_path):
+    for name in ("rows.csv", "rows.toml"):
+        path = tmp_path / name
+        path.write_bytes(b"\xc9\xff\x00\x17" * 64)
+        r = runner.invoke(app, ["validate", "--rows", str(path)])
+        assert r.exit_code == 2 and str(path) in r.output and "Traceback" not in r.output, r.output
+
+
 def test_validate_table_and_tolerance_exit_code():
     r = runner.invoke(app, ["validate", "--rows", FIGURES])
     assert r.exit_code == 0 and "MI300X" in r.output and "every criterion met" in r.output

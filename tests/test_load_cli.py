@@ -90,6 +90,7 @@ def test_request_rate_retimes_a_generic_csv_read_with_a_map(cli, tmp_path):
     (["--workload", "no-such-thing"], "no such workload file"),
     (["--dataset", "random", "--duration", 10], "a duration needs a finite request rate"),
     (["--dataset", "random", "--format", "csv"], "read a trace"),
+    (["--dataset", "random", "--seed", -1], "--seed: seed must be an integer >= 0"),
 ])
 def test_bad_combinations_are_one_line_errors(cli, tmp_path, args, match):
     r = cli(["run", "--runtime", "virtual", "--out", tmp_path / "x", *args])

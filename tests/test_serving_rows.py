@@ -42,6 +42,9 @@ def test_reader_names_file_line_and_column(tmp_path):
         load_serving_rows(bad)
     with pytest.raises(CatalogError, match="cannot read"):
         load_serving_rows(tmp_path / "absent.csv")
+    bad.write_bytes(src[0].encode() + b"\n\xc9\xff\x00garbage\n")
+    with pytest.raises(CatalogError, match=r"bad\.csv: not a UTF-8 text file"):
+        load_serving_rows(bad)
 
 
 def test_deployments(rows):

@@ -62,6 +62,8 @@ class LoadControls:
             raise ValueError(f"think time must be a finite number of seconds >= 0, got {self.think_time_s}")
         if self.think_time_s and self.max_concurrency is None:
             raise ValueError("think time applies to a closed loop; give max concurrency")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise ValueError(f"seed must be an integer >= 0 (numpy's SeedSequence), got {self.seed!r}")
 
     def arrival_process(self):
         """The arrival process of `request_rate` and `burstiness`, or None (not set, or

@@ -167,7 +167,8 @@ class LoadOptions:
 
 
 _FLAGS = {"request rate": "--request-rate", "burstiness": "--burstiness", "num-prompts": "--num-prompts",
-          "duration": "--duration", "max-concurrency": "--max-concurrency", "think time": "--think-time"}
+          "duration": "--duration", "max-concurrency": "--max-concurrency", "think time": "--think-time",
+          "seed": "--seed"}
 
 
 def _flag_message(text: str) -> str:
