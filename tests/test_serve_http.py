@@ -103,6 +103,18 @@ def test_completions_usage_token_ids_and_finish_reasons(server):
     assert [m.id for m in models.data] == ["kimi-k2"]
 
 
+def test_a_non_streamed_response_is_due_at_its_last_token(server):
+    """Pacing lateness of a response sent in one piece: its send time against its last
+    token's time (~3 s of wall time after the first one here), not against the first."""
+    c = _client(server)
+    r = c.completions.create(model="kimi-k2", prompt=list(range(1, 101)), max_tokens=200,
+                             extra_body={"ignore_eos": True})
+    rec = _record(server, int(r.id.rsplit("-", 1)[1]))
+    decode_wall = (rec["t_completion_s"] - rec["t_first_token_s"]) * D
+    assert rec["chunks"] == 1 and rec["tokens_sent"] == 200 and decode_wall > 2.0
+    assert rec["early_s"] == 0.0 and 0.0 <= rec["lateness_s"] < decode_wall / 2, rec
+
+
 @pytest.mark.parametrize("body, status, param", [
     ({"model": "kimi-k2", "prompt": "x", "max_tokens": "many"}, 400, "max_tokens"),
     ({"model": "kimi-k2", "prompt": "x", "max_tokens": 2, "n": 2}, 400, "n"),

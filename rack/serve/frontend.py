@@ -278,10 +278,12 @@ class LiveFront:
         lateness = early = None
         if resp.chunk_end and lr.outcome == "completed":
             truth = np.array([self.host.wall_of(t) for t in lr.times])
-            ends = np.asarray(resp.chunk_end)
+            ends = np.minimum(np.asarray(resp.chunk_end), truth.shape[0])
             walls = np.asarray(resp.chunk_wall)
-            sent_at = np.repeat(walls, np.diff(np.concatenate(([0], ends))))
-            diff = sent_at - truth[: sent_at.shape[0]]
+            # A chunk is due when its last token is: a non-streamed response (one chunk
+            # of every token) is on time when sent at the last token's time, not late
+            # by E2E - TTFT.
+            diff = walls - truth[ends - 1]
             lateness, early = float(diff.max()), float(max(0.0, -diff.min()))
         times = {}
         if lr.record_times is not None:
