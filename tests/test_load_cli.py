@@ -98,6 +98,13 @@ def test_bad_combinations_are_one_line_errors(cli, tmp_path, args, match):
     assert __import__("re").search(match, r.output), r.output
 
 
+def test_sweep_rate_refuses_a_closed_loop(cli, tmp_path):
+    r = cli(["sweep", "rate", "helios-cs3-kimi-k2", "--dataset", "random", "--max-concurrency", 8,
+             "--num-prompts", 20, "--rates", "1,4", "--out", tmp_path / "sw"])
+    assert r.exit_code == 2 and "--max-concurrency: a closed loop" in r.output, r.output
+    assert not (tmp_path / "sw").exists()
+
+
 def test_sweep_rate_on_a_random_dataset(cli, tmp_path):
     r = cli(["sweep", "rate", "helios-cs3-kimi-k2", "--dataset", "random", "--input-len", 2000,
              "--output-len", 50, "--num-prompts", 40, "--request-rate", 2, "--rates", "1,4",

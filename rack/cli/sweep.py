@@ -112,6 +112,10 @@ def sweep_rate(
     """Goodput and tokens/J against request rate; the max rate each deployment sustains (DistServe)."""
     from rack.analysis.sweep import rate_sweep
 
+    if load is not None and load.max_concurrency is not None:
+        fail("--max-concurrency: a closed loop sends a request when one ends, so it has no "
+             "arrival rate for --rates to scale; sweep an open loop (--request-rate, or the "
+             "trace's own timing)")
     scs = _scenarios(list(scenarios or []))
     wl = _workload(trace, window, max_requests, None, 1, 1.0, 1, 0, load)
     reqs = wl.requests()
