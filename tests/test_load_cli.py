@@ -91,6 +91,8 @@ def test_request_rate_retimes_a_generic_csv_read_with_a_map(cli, tmp_path):
     (["--dataset", "random", "--duration", 10], "a duration needs a finite request rate"),
     (["--dataset", "random", "--format", "csv"], "read a trace"),
     (["--dataset", "random", "--seed", -1], "--seed: seed must be an integer >= 0"),
+    (["--dataset", "random", "--num-prompts", 10**9], "num-prompts 1000000000 .*at most 20,000,000"),
+    (["--dataset", "random", "--request-rate", 1e9, "--duration", 1e5], "request rate 1e.09 .*at most"),
 ])
 def test_bad_combinations_are_one_line_errors(cli, tmp_path, args, match):
     r = cli(["run", "--runtime", "virtual", "--out", tmp_path / "x", *args])

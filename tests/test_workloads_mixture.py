@@ -94,6 +94,17 @@ def test_stationary_counts_vary_but_match_on_average(tmp_path):
     assert any(abs(r["realised_rate_per_s"] - r["rate_per_s"]) > 0.01 * r["rate_per_s"] for r in rows)
 
 
+def test_a_workload_too_large_to_generate_is_refused_before_drawing(tmp_path):
+    path = tmp_path / "big.toml"
+    path.write_text('name = "big"\nduration_s = 100000\n[[clients]]\nname = "a"\nrate_per_s = 1e9\n'
+                    'input_tokens = {dist = "fixed", tokens = 100}\n'
+                    'output_tokens = {dist = "fixed", tokens = 10}\n')
+    spec = load_workload(path)
+    with pytest.raises(ValueError, match=r"big\.toml: clients\[0\.\.0\] \(up to 'a'\).*1e\+14 requests; "
+                                         r"at most 20,000,000"):
+        generate_workload(spec, source=str(path))
+
+
 def test_seeded_and_clients_independent(twelve):
     spec = load_workload(twelve)
     a, b = generate_workload(spec), generate_workload(spec)

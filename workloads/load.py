@@ -147,7 +147,7 @@ def random_dataset(controls: LoadControls, *, input_len: int = RANDOM_INPUT_LEN,
     """
     from .lengths import random_dataset_lengths
     from .prefix import PrefixHasher
-    from .synth import synthesize
+    from .synth import check_generated, synthesize
 
     if prefix_len < 0 or int(prefix_len) != prefix_len:
         raise ValueError(f"prefix length must be an integer >= 0, got {prefix_len}")
@@ -158,6 +158,11 @@ def random_dataset(controls: LoadControls, *, input_len: int = RANDOM_INPUT_LEN,
     n = controls.num_prompts
     if n is None and controls.duration_s is None:
         n = RANDOM_NUM_PROMPTS
+    if n is not None:
+        check_generated(n, f"num-prompts {n}")
+    else:
+        check_generated(process.rate_per_s * controls.duration_s,
+                        f"request rate {process.rate_per_s:g} req/s for duration {controls.duration_s:g} s")
     reqs = synthesize(process, random_dataset_lengths(input_len, output_len, range_ratio),
                       n=n, duration_s=controls.duration_s, seed=controls.seed,
                       block_size=block_size)

@@ -32,6 +32,7 @@ from .arrivals import (ConstantArrivals, GammaArrivals, PoissonArrivals, Weibull
 from .prefix import PrefixHasher, conversation_turns, renumber_hashes, zipf_choice
 from .replay import RequestList
 from .request import Request
+from .synth import check_generated
 from .workload_spec import (Client, ShareFixed, ShareUniform, WorkloadSpec, token_distribution)
 
 
@@ -149,16 +150,29 @@ def _client_rows(spec: WorkloadSpec, index: int, end_s: float, exact: bool,
     return rows
 
 
+def _check_size(spec: WorkloadSpec, end_s: float, where: str) -> None:
+    """Raise ValueError naming the client when the expected number of requests (rate x
+    window length, x the mean turns of a session client) is above
+    `synth.MAX_GENERATED_REQUESTS`, before anything is drawn."""
+    total = 0.0
+    for i, c in enumerate(spec.clients):
+        turns = c.session.turns_mean if c.session is not None else 1.0
+        expected = sum(w.rate_per_s * (w.end_s - w.start_s) for w in client_windows(spec, i, end_s)) * turns
+        total += expected
+        check_generated(total, f"{where}: clients[0..{i}] (up to {c.name!r}), their rates over {end_s:g} s,")
+
+
 def generate_workload(spec: WorkloadSpec, *, seed: int | None = None,
                       duration_s: float | None = None, source: str | None = None) -> RequestList:
     """The requests of `spec` (see the module docstring), up to `duration_s` (default:
     the spec's `end_s`), seeded by `seed` (default: the spec's). Returns a
     `RequestList` (name = `source` or the spec's name). Raises ValueError on a bad
-    duration."""
+    duration or when it would generate more than `synth.MAX_GENERATED_REQUESTS`."""
     seed = spec.seed if seed is None else int(seed)
     end_s = spec.end_s if duration_s is None else float(duration_s)
     if not (math.isfinite(end_s) and end_s > 0):
         raise ValueError(f"duration must be a finite number of seconds > 0, got {end_s}")
+    _check_size(spec, end_s, source or spec.name)
     hasher = PrefixHasher(spec.block_size)
     seqs = np.random.SeedSequence(seed).spawn(len(spec.clients))
     rows: list[tuple] = []
