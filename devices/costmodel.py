@@ -101,6 +101,23 @@ class Parallelism:
         return self.tp * self.pp
 
 
+def _check_head_split(model: ModelSpec, par: Parallelism) -> None:
+    """Tensor parallelism must split the attention heads evenly, as vLLM checks at start
+    (`ModelConfig.verify_with_parallel_config`: heads % tp == 0; GQA: KV heads % tp == 0,
+    or tp % KV heads == 0 when the heads are replicated). Data-parallel attention does
+    not split them. Raises ValueError naming the counts."""
+    tp = par.tp
+    if tp <= 1 or par.dp_attention:
+        return
+    if model.n_heads % tp:
+        raise ValueError(f"tensor parallelism {tp} does not divide {model.key}'s {model.n_heads} "
+                         "attention heads (vLLM and SGLang refuse it): use a divisor of the heads")
+    kv = model.n_kv_heads
+    if model.mla is None and (kv % tp if kv >= tp else tp % kv):
+        raise ValueError(f"tensor parallelism {tp} cannot split {model.key}'s {kv} KV heads "
+                         "(KV heads % tp or tp % KV heads must be 0)")
+
+
 @dataclass(frozen=True)
 class SpeculativeConfig:
     """Speculative decoding: `draft_tokens` (k) drafted per step, each accepted with
@@ -432,6 +449,7 @@ class CostModel:
         self.model: ModelSpec = resolve_model(model)
         self.device: HardwareSpec = resolve_device(device)
         self.parallelism: Parallelism = parallelism or Parallelism()
+        _check_head_split(self.model, self.parallelism)
         self.weight_dtype = weight_dtype
         self.kv_dtype = kv_dtype
         self.speculative = speculative

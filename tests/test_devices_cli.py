@@ -116,3 +116,15 @@ def test_estimate_bad_input():
     assert r.exit_code == 2 and "kimi-k2" in r.output
     r = runner.invoke(app, ["estimate", "--model", "kimi-k2", "--device", "h100", "--count", "8", "--tp", "3"])
     assert r.exit_code == 2 and "tp (3) x pp" in r.output
+    r = runner.invoke(app, ["estimate", "-m", "llama-3.1-8b", "-d", "h100", "-n", "3"])
+    assert r.exit_code == 2 and "tensor parallelism 3 does not divide llama-3.1-8b's 32 attention heads" in r.output
+    for flag in ("-c", "-p"):
+        r = runner.invoke(app, ["estimate", "-m", "llama-3.1-8b", "-d", "h100", "-n", "1", flag, "10000000"])
+        assert r.exit_code == 2 and "above Llama-3.1-8B's context window of 131,072 tokens" in r.output, r.output
+
+
+def test_estimate_batch_one_prints_one_prefill_row():
+    r = runner.invoke(app, ["estimate", "-m", "llama-3.1-8b", "-d", "h100", "-n", "1", "-b", "1"])
+    assert r.exit_code == 0
+    phases = r.output.split("Where a step's time goes")[0]
+    assert phases.count("prefill 1 x") == 1, r.output

@@ -63,6 +63,11 @@ def build_estimate(model: str, device: str, count: int, tp: Optional[int], pp: O
     if draft_tokens:
         spec = SpeculativeConfig(draft_tokens, acceptance_rate, spec_method, draft_model)
     cost = CostModel(model, dev, par, weight_dtype=weight_dtype, kv_dtype=kv_dtype, speculative=spec)
+    limit = cost.model.max_context_tokens
+    for name, v in (("context", context), ("prompt", prompt)):
+        if limit is not None and v > limit:
+            raise ValueError(f"--{name} {v:,} is above {cost.model.name}'s context window of {limit:,} "
+                             "tokens (max_context_tokens in its catalog file): no server would accept it")
     out: dict = {"instance": cost.describe(), "model_name": cost.model.name, "device_name": cost.device.name,
                  "stack": cost.device.stack_label, "software_stack": cost.device.software_stack}
     try:
@@ -141,8 +146,9 @@ def _print_tables(est: dict) -> None:
         t.add_column(col)
     t.add_row(f"prefill 1 x {p['prompt_tokens']:,}", _fmt_time(p["single"]["time_s"]),
               f"{p['single']['tokens_per_s']:,.0f}", "", p["single"]["bound"], f"MFU {p['single']['mfu']:.0%}")
-    t.add_row(f"prefill {p['batch']['requests']} x {p['prompt_tokens']:,}", _fmt_time(p["batch"]["time_s"]),
-              f"{p['batch']['tokens_per_s']:,.0f}", "", p["batch"]["bound"], f"MFU {p['batch']['mfu']:.0%}")
+    if p["batch"]["requests"] > 1:         # batch 1 is the row above
+        t.add_row(f"prefill {p['batch']['requests']} x {p['prompt_tokens']:,}", _fmt_time(p["batch"]["time_s"]),
+                  f"{p['batch']['tokens_per_s']:,.0f}", "", p["batch"]["bound"], f"MFU {p['batch']['mfu']:.0%}")
     t.add_row(f"decode {d['batch']} @ {d['context']:,}", f"{_fmt_time(d['step_time_s'])}/step",
               f"{d['tokens_per_s']:,.0f}", f"{d['tokens_per_s_per_user']:,.1f}", d["bound"],
               f"MFU {d['mfu']:.0%}, MBU {d['mbu']:.0%}")
