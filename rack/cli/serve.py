@@ -69,7 +69,9 @@ def serve(
     typer.echo(summary_text(output.results))
     s = output.results["serve"]
     late = s["pacing_lateness_s"]
-    typer.echo(f"HTTP: {s['requests']} requests ({s['streamed']} streamed), status {s['http_status']}, "
+    answered = s.get("http_answered") or {}
+    typer.echo(f"HTTP: {sum(answered.values())} answered (status {answered}); {s['requests']} reached the rack "
+               f"({s['streamed']} streamed), status {s['http_status']}, "
                f"{s['client_disconnects']} client disconnect(s); pacing lateness (wall) "
                + (f"p50 {late['p50'] * 1e3:.2f} ms, p99 {late['p99'] * 1e3:.2f} ms, max {late['max'] * 1e3:.2f} ms"
                   if late else "n/a"))

@@ -135,10 +135,14 @@ class FrontHost(CoreHost):
 
     async def front_records(self) -> dict:
         """{"records": the front's row per request, "requests": the Requests opened,
-        "counts": the gateway's counters}."""
+        "counts": the gateway's counters, "http": every HTTP answer by status (also
+        those refused before reaching the rack: bad input, unknown model, no key)}."""
         f = self.front
+        http: dict[str, int] = {}
+        for (_, status), n in (f.metrics.http.items() if f else ()):
+            http[status] = http.get(status, 0) + n
         return {"records": list(f.records) if f else [], "requests": list(f.requests) if f else [],
-                "counts": dict(self.core.counts), "wall_s": time.time()}
+                "counts": dict(self.core.counts), "http": http, "wall_s": time.time()}
 
 
 __all__ = ["FrontHost"]

@@ -17,10 +17,13 @@ ids, or a list holding one of either; or the extra field `prompt_token_ids`) and
 Extra fields: `rack_block_hashes` (list of 64-bit ints, one per prompt block) and
 `rack_block_size` (tokens per block, default 512 as in Mooncake traces) carry the
 prefix-cache identity of a prompt that a trace replay knows; absent, hashes are
-derived from the prompt (`tokens.block_hashes`). Unknown fields are ignored (sampling
-parameters change no timing). Refused with 400 and the field named: `n` > 1,
-`best_of` > 1, `echo`, `logprobs`, several prompts, non-text message parts, and any
-value of the wrong type or range.
+derived from the prompt (`tokens.block_hashes`). Unknown fields are ignored, and
+sampling parameters change no timing: `temperature`, `top_p`, the penalties and `stop`
+are only checked for type and range as OpenAI's API checks them (`stop` is accepted
+but never ends an output: the text is filler, the length is set as above). Refused
+with 400 and the field named: `n` > 1, `best_of` > 1, `echo`, `logprobs`, several
+prompts, non-text message parts, an unknown message role, a negative token id, a
+`stream` that is not a JSON boolean, and any value of the wrong type or range.
 
 Errors are OpenAI's JSON: {"error": {"message", "type", "param", "code"}}.
 """
@@ -30,10 +33,10 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import Any, Literal, Optional, Union
+from typing import Annotated, Any, Literal, Optional, Union
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
 
 from rack.serve import tokens as tk
 
@@ -58,24 +61,38 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
+#: Token ids are non-negative (a vocabulary index).
+TokenIds = list[Annotated[int, Field(ge=0)]]
+
+#: Message roles of OpenAI's chat API (and vLLM's).
+ROLES = ("system", "developer", "user", "assistant", "tool", "function")
+
+
 class _Common(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=False)
     model: str
     max_tokens: Optional[int] = Field(default=None, ge=1)
     min_tokens: int = Field(default=0, ge=0)
-    stream: bool = False
+    stream: StrictBool = False
     stream_options: Optional[StreamOptions] = None
-    ignore_eos: bool = False
+    ignore_eos: StrictBool = False
+    # Sampling parameters change no timing; they are checked as OpenAI's API does
+    # (temperature in [0, 2], top_p in (0, 1], penalties in [-2, 2], at most 4 stops).
+    temperature: Optional[float] = Field(default=None, ge=0.0, le=2.0)
+    top_p: Optional[float] = Field(default=None, gt=0.0, le=1.0)
+    presence_penalty: Optional[float] = Field(default=None, ge=-2.0, le=2.0)
+    frequency_penalty: Optional[float] = Field(default=None, ge=-2.0, le=2.0)
+    stop: Union[str, Annotated[list[str], Field(max_length=4)], None] = None
     n: int = Field(default=1, ge=1)
     best_of: Optional[int] = Field(default=None, ge=1)
     seed: Optional[int] = None
-    rack_block_hashes: Optional[list[int]] = None
+    rack_block_hashes: Optional[list[int]] = None  # 64-bit hashes: any sign
     rack_block_size: int = Field(default=512, ge=1)
 
 
 class CompletionRequest(_Common):
-    prompt: Union[str, list[int], list[str], list[list[int]], None] = None
-    prompt_token_ids: Optional[list[int]] = None
+    prompt: Union[str, TokenIds, list[str], list[TokenIds], None] = None
+    prompt_token_ids: Optional[TokenIds] = None
     echo: bool = False
     logprobs: Optional[int] = None
 
@@ -102,9 +119,16 @@ class Plan:
     include_usage: bool
 
 
+_UNION_TAGS = ("str", "int", "float", "bool", "none")
+
+
 def _param(err: ValidationError) -> tuple[str, str]:
-    e = err.errors()[0]
-    loc = ".".join(str(x) for x in e["loc"] if not str(x).startswith(("list[", "str", "int")))
+    """(field path, message) of a validation error. Of a union's errors (one per member
+    type) the one that got deepest into the value names the field best: a negative id
+    in a token list, not "not a string"."""
+    e = max(err.errors(), key=lambda x: (len(x["loc"]), str(x["loc"][-1]) not in _UNION_TAGS))
+    loc = ".".join(str(x) for x in e["loc"]
+                   if not (str(x) in _UNION_TAGS or str(x).startswith(("list[", "function-"))))
     return loc or "body", f"{loc or 'body'}: {e['msg']}"
 
 
@@ -113,6 +137,9 @@ def _chat_prompt(messages: list[dict[str, Any]]) -> tuple[int, list[str]]:
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or "role" not in m:
             raise ApiError(400, f"messages[{i}]: expected an object with 'role' and 'content'", f"messages.{i}")
+        if m["role"] not in ROLES:
+            raise ApiError(400, f"messages[{i}].role: expected one of {', '.join(ROLES)}, got {m['role']!r}",
+                           f"messages.{i}.role")
         content = m.get("content") or ""
         if isinstance(content, list):
             texts = []

@@ -126,7 +126,8 @@ class LiveServer:
             load = {"max_concurrency": None, "think_time_s": 0.0, "source": "live HTTP clients"}
             out = assemble(self.scenario, self.specs, requests, raw, "ray", time.perf_counter() - self._wall0,
                            {"source": "live", "url": self.url}, load)
-            out.results["serve"] = serve_section(front["records"], self.config, self.url, front["counts"])
+            out.results["serve"] = serve_section(front["records"], self.config, self.url, front["counts"],
+                                                 front["http"])
             self.front_rows = front["records"]
             return out
         finally:
@@ -134,8 +135,12 @@ class LiveServer:
             self.topo = None
 
 
-def serve_section(rows: Sequence[dict], config: FrontConfig, url: str, counts: dict) -> dict:
-    """results.json `serve`: the HTTP front's counts and pacing (wall seconds)."""
+def serve_section(rows: Sequence[dict], config: FrontConfig, url: str, counts: dict,
+                  http: dict | None = None) -> dict:
+    """results.json `serve`: the HTTP front's counts and pacing (wall seconds).
+    `requests` and `http_status` cover the requests that reached the rack (one row each
+    in `rows`); `http_answered` every API answer by status, refusals before the rack
+    (400, 401, 404) included, as /metrics' `rack:http_requests_total` counts them."""
     late = np.array([r["lateness_s"] for r in rows if r.get("lateness_s") is not None], dtype=np.float64)
     early = np.array([r["early_s"] for r in rows if r.get("early_s") is not None], dtype=np.float64)
     status: dict[str, int] = {}
@@ -146,6 +151,7 @@ def serve_section(rows: Sequence[dict], config: FrontConfig, url: str, counts: d
         "dilation": config.dilation, "pacing_quantum_s": config.pacing_quantum_s,
         "eos_mean_tokens": config.eos_mean_tokens, "requests": len(rows),
         "streamed": sum(1 for r in rows if r["stream"]), "http_status": status,
+        "http_answered": dict(sorted((http or {}).items())),
         "client_disconnects": sum(1 for r in rows if r["client_disconnected"]),
         "pacing_lateness_s": summarize(late) if late.size else None,
         "pacing_early_max_s": float(early.max()) if early.size else 0.0,
