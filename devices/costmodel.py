@@ -24,8 +24,9 @@ Work of one forward pass over T tokens (summed over requests):
 
 Time of one pass, with m micro-batches: m = min(pp, decode requests) for decode (each
 request's next token depends on its last, so a pipeline keeps at most pp micro-batches
-in flight), m = min(pp, prompt tokens) for a prompt chunk (its tokens stream through
-the stages), m = min(pp, prompt tokens + decode requests) for a mixed pass:
+in flight), for a prompt chunk the m <= min(pp, prompt tokens) that finishes first
+(its tokens stream through the stages; each micro-batch pays the per-layer latencies
+and a weight read), m = min(pp, prompt tokens + decode requests) for a mixed pass:
     per stage, per micro-batch:
         t_compute = (F_prefill / e_pc + F_decode / e_dc) / (m pp tp P)
         t_memory  = (W(T/m) / e_m / pp + KV / e_kv / (m pp)) / (tp B)
@@ -797,9 +798,19 @@ class CostModel:
         head's own prefill of the prompt when speculating."""
         tokens, flops, att, kv = self._prefill_work(self._t, n, c)
         pp = self.parallelism.pp
-        m = int(min(pp, tokens))
-        d = self._pass(self._t, tokens=tokens, flops_p=flops, flops_d=0.0, att_p=att, att_d=0.0, kv_p=kv,
-                       kv_d=0.0, m=m, pp=pp, steady=False)
+        # The prompt's tokens stream through the stages in m micro-batches; each one
+        # pays the per-layer latencies and reads the weights again, so the stack picks
+        # the m that finishes first (m = min(pp, tokens) made 28 tokens on the 28-stage
+        # wafer cost 1.8x one token, and 2 tokens on two GPU stages 1.5x one).
+        d = None
+        for m in range(1, int(min(pp, tokens)) + 1):
+            dm = self._pass(self._t, tokens=tokens, flops_p=flops, flops_d=0.0, att_p=att, att_d=0.0, kv_p=kv,
+                            kv_d=0.0, m=m, pp=pp, steady=False)
+            if d is None or dm["time"] < d["time"]:
+                d = dm
+        if d is None:       # no prompt token: the pass still runs (m = 1)
+            d = self._pass(self._t, tokens=tokens, flops_p=flops, flops_d=0.0, att_p=att, att_d=0.0, kv_p=kv,
+                           kv_d=0.0, m=1, pp=pp, steady=False)
         if self.speculative is not None:  # the draft (or MTP head) builds its KV of the prompt too
             d = self._combine([d, self._draft_prefill(n, c, tokens)])
         return d

@@ -196,6 +196,23 @@ def test_a_mixed_pass_never_gets_faster_when_decode_requests_join(name):
             assert c.mixed([8192], [0], []).time_s <= c.prefill([8192], [0]).time_s
 
 
+@pytest.mark.parametrize("model, device, par", [
+    ("kimi-k2", "cs3-2024q4", Parallelism(pp=28)),
+    ("llama-3.1-70b", "cs3", Parallelism(pp=4)),
+    ("llama-3.1-405b", "h200-sglang", Parallelism(tp=8, pp=2)),
+])
+def test_a_pipelined_prefill_never_pays_for_needless_micro_batches(model, device, par):
+    """Each micro-batch pays the per-layer latencies and a weight read, so a stack does
+    not split 2 tokens in two: prefill time is non-decreasing in tokens, and one more
+    token never adds 10% (with m = min(pp, tokens) it added 50% on two GPU stages)."""
+    c = CostModel(model, device, par, "bf16", "bf16")
+    times = [c.prefill([t], [0]).time_s for t in range(1, 65)]
+    assert all(a <= b for a, b in zip(times, times[1:]))
+    assert times[1] < 1.1 * times[0]
+    big = c.prefill([8192], [0])          # long prompts still stream through every stage
+    assert big.time_s < 8192 * times[0] / par.pp
+
+
 def test_instance_rates_and_bad_inputs():
     c = CostModel("llama-3.1-8b", "h100", Parallelism(tp=4), "fp8", "fp8")
     dev = get_device("h100")
