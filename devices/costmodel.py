@@ -556,7 +556,11 @@ class CostModel:
         w_mb, pad, comm_bw, comm_lat, hop_xfer, hop_lat = terms
         decode_part = flops_d > 0 if isinstance(flops_d, float) else np.any(np.asarray(flops_d) > 0)
         prefill_part = flops_p > 0 if isinstance(flops_p, float) else np.any(np.asarray(flops_p) > 0)
-        e_w = eff.decode_memory if decode_part else eff.prefill_memory
+        # Weights are read once per micro-batch pass for both parts; a fused pass reads
+        # them no faster than either phase alone would (taking the decode figure made a
+        # memory-bound prompt chunk faster when a decode request joined it).
+        e_w = (min(eff.decode_memory, eff.prefill_memory) if decode_part and prefill_part
+               else eff.decode_memory if decode_part else eff.prefill_memory)
         peak, bw = tp * self._peak_dev, tp * dev.memory_bandwidth_Bps
         lin_p, lin_d = flops_p - att_p, flops_d - att_d
         if prefill_part:

@@ -213,6 +213,20 @@ def test_a_pipelined_prefill_never_pays_for_needless_micro_batches(model, device
     assert big.time_s < 8192 * times[0] / par.pp
 
 
+@pytest.mark.parametrize("model, device, tp, chunk", [
+    ("gpt-oss-120b", "b300-trtllm", 1, 512), ("llama-2-70b", "a100-vllm", 2, 16)])
+def test_a_decode_request_joining_a_fused_pass_never_speeds_up_its_weight_reads(model, device, tp, chunk):
+    """A fused pass (vLLM, TensorRT-LLM) reads the weights once for both parts; it took
+    the decode phase's streaming efficiency as soon as one decode request joined, so a
+    memory-bound chunk got 6% faster with more work (found by a physics probe)."""
+    c = CostModel(model, device, Parallelism(tp=tp), "bf16", "bf16")
+    assert c.device.mixed_prefill
+    alone = c.mixed([chunk], [0], [])
+    assert alone.time_s == pytest.approx(c.prefill([chunk], [0]).time_s)
+    assert c.mixed([chunk], [0], [2000]).time_s >= alone.time_s
+    assert c.mixed([chunk], [0], [2000]).time_s >= c.decode_step([2000]).time_s
+
+
 def test_instance_rates_and_bad_inputs():
     c = CostModel("llama-3.1-8b", "h100", Parallelism(tp=4), "fp8", "fp8")
     dev = get_device("h100")
