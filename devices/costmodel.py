@@ -589,7 +589,7 @@ class CostModel:
             return {
                 "time": time,
                 "flops": flops_p + flops_d,
-                "bytes": m * w_mb + kv_p + kv_d,
+                "bytes": m * w_mb + t.kv_rep * (kv_p + kv_d),
                 "comm": np.full(np.shape(time), passes * comm_s + (pp - 1) * hop),
                 "busy": busy,
                 "compute": passes * _at(compute_s),
@@ -603,7 +603,7 @@ class CostModel:
             "time": time,
             "flops": (flops_p + flops_d if isinstance(flops_p + flops_d, float)
                       else np.asarray(flops_p + flops_d, dtype=float)) + z,
-            "bytes": m * w_mb + kv_p + kv_d + z,
+            "bytes": m * w_mb + t.kv_rep * (kv_p + kv_d) + z,
             # all time spent communicating (collectives and pipeline hops, both terms)
             "comm": passes * comm_s + (pp - 1) * hop + z,
             "busy": busy + z,

@@ -120,10 +120,15 @@ def test_moe_decode_reads_the_experts_the_batch_touches():
     b1 = c.decode_step([1000]).bytes
     b64 = c.decode_step(np.full(64, 1000)).bytes
     b4k = c.decode_step(np.full(4096, 10)).bytes
-    kv1 = m.kv_bytes_per_token("fp8") * 1001
+    # MLA's latent KV is read by every device of the tp group (`kv_replication` copies)
+    rep = c.kv_replication
+    assert rep == 8
+    kv1 = m.kv_bytes_per_token("fp8") * 1001 * rep
     assert b1 == pytest.approx(active_only + kv1, rel=0.01)
     assert b1 < b64 < b4k
-    assert b4k < m.weight_bytes("fp8") * 1.01 + 4096 * 11 * m.kv_bytes_per_token("fp8")
+    assert b4k < m.weight_bytes("fp8") * 1.01 + 4096 * 11 * m.kv_bytes_per_token("fp8") * rep
+    longer = c.decode_step(np.full(64, 2000)).bytes - b64     # same weights, 1,000 more tokens each
+    assert longer == pytest.approx(64 * 1000 * m.kv_bytes_per_token("fp8") * rep, rel=1e-9)
 
 
 def test_dtypes_change_bytes_and_flops():
