@@ -50,11 +50,6 @@ def synthesize(arrivals: ArrivalProcess | None, lengths: LengthDistribution, *, 
     `workloads.prefix.shared_prefix_requests` for prefix sharing). Raises ValueError
     on bad parameters.
     """
-    if n is not None:
-        check_generated(n, f"n = {n}")
-    elif arrivals is not None and duration_s is not None:
-        check_generated(arrivals.rate_per_s * duration_s,
-                        f"a rate of {arrivals.rate_per_s:g} req/s over {duration_s:g} s")
     rng_arrivals, rng_lengths = _streams(seed, 2)
     if arrivals is None:
         if n is None:

@@ -20,7 +20,8 @@ A KeyboardInterrupt raised while Python runs a finaliser (an object's `__del__`,
 a Ray actor handle's) cannot propagate: Python prints it as "Exception ignored" with a
 traceback and goes on. While the handlers are installed, such a swallowed interrupt is
 caught by `sys.unraisablehook` and raised again in the main thread once the finaliser
-has returned (`_thread.interrupt_main`, from a 10 ms timer thread), so a second Ctrl-C always stops the command.
+has returned (`_thread.interrupt_main`, from a 10 ms timer thread), so a second Ctrl-C
+always stops the command.
 """
 
 from __future__ import annotations
