@@ -102,11 +102,16 @@ class Parallelism:
         return self.tp * self.pp
 
 
-def _check_head_split(model: ModelSpec, par: Parallelism) -> None:
-    """Tensor parallelism must split the attention heads evenly, as vLLM checks at start
-    (`ModelConfig.verify_with_parallel_config`: heads % tp == 0; GQA: KV heads % tp == 0,
-    or tp % KV heads == 0 when the heads are replicated). Data-parallel attention does
-    not split them. Raises ValueError naming the counts."""
+def _check_split(model: ModelSpec, par: Parallelism) -> None:
+    """The model must split as the parallelism says. Every pipeline stage holds at
+    least one layer (pp <= layers). Tensor parallelism must split the attention heads
+    evenly, as vLLM checks at start (`ModelConfig.verify_with_parallel_config`: heads %
+    tp == 0; GQA: KV heads % tp == 0, or tp % KV heads == 0 when the heads are
+    replicated); data-parallel attention does not split them. Raises ValueError naming
+    the counts."""
+    if par.pp > model.n_layers:
+        raise ValueError(f"{par.pp} pipeline stages for {model.key}'s {model.n_layers} layers: a stage "
+                         "holds at least one layer (use pp <= layers, or fewer systems)")
     tp = par.tp
     if tp <= 1 or par.dp_attention:
         return
@@ -450,7 +455,7 @@ class CostModel:
         self.model: ModelSpec = resolve_model(model)
         self.device: HardwareSpec = resolve_device(device)
         self.parallelism: Parallelism = parallelism or Parallelism()
-        _check_head_split(self.model, self.parallelism)
+        _check_split(self.model, self.parallelism)
         self.weight_dtype = weight_dtype
         self.kv_dtype = kv_dtype
         self.speculative = speculative

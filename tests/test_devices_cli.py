@@ -118,6 +118,10 @@ def test_estimate_bad_input():
     assert r.exit_code == 2 and "tp (3) x pp" in r.output
     r = runner.invoke(app, ["estimate", "-m", "llama-3.1-8b", "-d", "h100", "-n", "3"])
     assert r.exit_code == 2 and "tensor parallelism 3 does not divide llama-3.1-8b's 32 attention heads" in r.output
+    r = runner.invoke(app, ["estimate", "-m", "llama-3.2-1b", "-d", "cs3", "-n", "200"])
+    assert r.exit_code == 2 and "200 pipeline stages for llama-3.2-1b's 16 layers" in r.output, r.output
+    r = runner.invoke(app, ["estimate", "-m", "llama-3.1-8b", "-d", "h100", "-n", "1", "-b", "100000", "-c", "1"])
+    assert r.exit_code == 0 and "max_num_seqs 512" in r.output, r.output
     for flag in ("-c", "-p"):
         r = runner.invoke(app, ["estimate", "-m", "llama-3.1-8b", "-d", "h100", "-n", "1", flag, "10000000"])
         assert r.exit_code == 2 and "above Llama-3.1-8B's context window of 131,072 tokens" in r.output, r.output

@@ -149,8 +149,8 @@ def sweep_markdown_report(sweep: Mapping[str, Any], table_md: str, plots: Mappin
     for caption, rel in plots.items():
         lines += [f"### {caption}", "", f"![{caption}]({rel})", ""]
     lines += ["## Definitions", ""] + [f"- {d}" for d in METRIC_DEFINITIONS]
-    lines.append("- Maximum sustainable rate: the largest request rate whose SLO attainment meets the target, "
-                 "interpolated between the swept rates (DistServe's goodput).")
+    lines.append("- Maximum sustainable rate: the highest swept rate whose SLO attainment meets the target, "
+                 "scanning up to the first miss: a measured point, never an interpolation (DistServe's goodput).")
     return "\n".join(lines) + "\n"
 
 

@@ -138,7 +138,10 @@ def _print_tables(est: dict) -> None:
     t.add_row("KV per token", format_bytes(m["kv_bytes_per_token"]))
     ctx = est["decode"]["context"]
     fits = "fits" if m["batch_fits"] else "[red]does NOT fit[/red]"
-    t.add_row(f"max batch at {ctx:,} tokens", f"{m['max_batch_at_context']:,} (batch {est['decode']['batch']} {fits})")
+    seqs = inst.get("max_num_seqs")
+    over = (f"; [red]above the stack's max_num_seqs {seqs:,}[/red]"
+            if seqs is not None and est["decode"]["batch"] > seqs else "")
+    t.add_row(f"max batch at {ctx:,} tokens", f"{m['max_batch_at_context']:,} (batch {est['decode']['batch']} {fits}{over})")
     con.print(t)
     p, d = est["prefill"], est["decode"]
     t = Table(title="Throughput and latency")

@@ -32,7 +32,7 @@ def run_topology_virtual(specs: Sequence[ComponentSpec], requests: Sequence[Any]
 
     Returns {"snapshot": collector records, "stats": {component: stats dict},
     "router": router counts, "lateness": {} (virtual time is never late), "now":
-    emulated s at the end}.
+    emulated s at the end, "loop_type": the driver's class (results' provenance)}.
     Raises `ComponentError` (rack.runtime.errors) when a core raises, and
     `VirtualTimeDeadlock` naming the requests still open and what each core waits for
     if the rack stalls; both carry `partial`, the same dict with the records up to that
@@ -69,7 +69,8 @@ def run_topology_virtual(specs: Sequence[ComponentSpec], requests: Sequence[Any]
                 if spec.weight_load_s is not None:      # a crash target: how often it restarted
                     stats[spec.name]["restarts"] = driver.incarnation[spec.name]
         return {"snapshot": cores["collector"].snapshot(), "stats": stats, "stats_missing": missing,
-                "router": cores["router"].counts(), "lateness": {}, "now": driver.now}
+                "router": cores["router"].counts(), "lateness": {}, "now": driver.now,
+                "loop_type": f"{type(driver).__module__}.{type(driver).__name__} (no event loop)"}
 
     try:
         with stop.replaying() if stop is not None else contextlib.nullcontext():

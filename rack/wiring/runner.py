@@ -288,7 +288,7 @@ def assemble(scenario: Scenario, specs: Sequence[ComponentSpec], requests: Seque
     """The RunOutput of a run's raw records (`run_topology_*`'s dict, or the `partial`
     records of a run that stopped, with `status` {"status": "aborted", "error": ...});
     also a live session's (`rack.serve.session`)."""
-    loop_type = raw.get("loop_type", "VirtualTimeLoop")
+    loop_type = raw.get("loop_type", "unknown")
     dilation = scenario.dilation if runtime == "ray" else None
     if raw["snapshot"].get("records_dir"):       # streamed: read the rows back (not the ITL samples)
         n_events = len(raw["snapshot"]["events"])
