@@ -3,12 +3,12 @@ stored reference within 1e-9 s. The reference (tests/data/reference_core.json.gz
 recorded before the engine-core rewrite (issue 15) with the code of the time (async
 components on an asyncio virtual loop); the cores and the virtual driver must give the
 same numbers. Re-record it only for a deliberate change of behaviour, and say so:
-re-recorded with that same pre-rewrite code (git tag pre-engine-core, 7bbe12a) plus
-the cost-model fixes made since (`CostModel.mixed` splits a prompt chunk over
-micro-batches; a prefill pass takes the micro-batch count that finishes first; a fused
-pass streams weights at the lower of the two phases' efficiencies: the wafer-colocated
-and A100 deployments changed, the others are bit-identical), so it still pins the
-rewrite."""
+it is recorded with that same pre-rewrite code (git tag pre-engine-core, 7bbe12a) plus
+the cost-model fixes made since (tests/data/pre_engine_core_fixes.patch: `CostModel.mixed`
+splits a prompt chunk over micro-batches; a prefill pass takes the micro-batch count
+that finishes first; a fused pass streams weights at the lower of the two phases'
+efficiencies; a pass's bytes count the KV replicas), so it still pins the rewrite;
+`scripts/record_core_reference.py` says how."""
 
 from __future__ import annotations
 
