@@ -812,14 +812,11 @@ class CostModel:
         # the m that finishes first (m = min(pp, tokens) made 28 tokens on the 28-stage
         # wafer cost 1.8x one token, and 2 tokens on two GPU stages 1.5x one).
         d = None
-        for m in range(1, int(min(pp, tokens)) + 1):
+        for m in range(1, max(1, int(min(pp, tokens))) + 1):      # no prompt token: m = 1
             dm = self._pass(self._t, tokens=tokens, flops_p=flops, flops_d=0.0, att_p=att, att_d=0.0, kv_p=kv,
                             kv_d=0.0, m=m, pp=pp, steady=False)
             if d is None or dm["time"] < d["time"]:
                 d = dm
-        if d is None:       # no prompt token: the pass still runs (m = 1)
-            d = self._pass(self._t, tokens=tokens, flops_p=flops, flops_d=0.0, att_p=att, att_d=0.0, kv_p=kv,
-                           kv_d=0.0, m=1, pp=pp, steady=False)
         if self.speculative is not None:  # the draft (or MTP head) builds its KV of the prompt too
             d = self._combine([d, self._draft_prefill(n, c, tokens)])
         return d

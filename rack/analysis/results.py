@@ -77,6 +77,13 @@ def fmt_s(v: float | None) -> str:
     return f"{v:.2f} s"
 
 
+def not_arrived_note(requests: dict) -> str:
+    """" (N of them had not arrived)" for results.json's `requests` section when the
+    run stopped before N requests arrived, else ""."""
+    n = requests.get("not_arrived")
+    return f" ({n} of them had not arrived)" if n else ""
+
+
 def summary_text(results: dict) -> str:
     """A plain-text summary of one run (what `rack run` prints)."""
     r, lat = results["requests"], results["latency"]
@@ -99,7 +106,7 @@ def summary_text(results: dict) -> str:
              f"requests: {r['submitted']} submitted, {r['completed']} completed, {r['rejected']} rejected,"
              f" {r['failed']} failed"
              + (f", {r['open']} " + ("unfinished" if results.get("status") == "interrupted" else "never ended")
-                + (f" ({r['not_arrived']} of them had not arrived)" if r.get("not_arrived") else "")
+                + not_arrived_note(r)
                 if r.get("open") else "")
              + (f" (reasons: {r['rejected_by_reason'] | r['failed_by_reason']})"
                 if r['rejected'] or r['failed'] else "")

@@ -142,16 +142,14 @@ def run(
 
 def interrupted_line(results: dict, folder: Path) -> str:
     """The one line `rack run` prints for an interrupted run."""
+    from rack.analysis.results import not_arrived_note
+
     r, why = results["requests"], results.get("interrupted") or {}
     at = f" at t={why['t_s']:.3f} s of emulated time" if why.get("t_s") is not None else ""
     return (f"interrupted ({why.get('signal') or 'stop request'}){at}: {r['completed']} completed, "
             f"{r['rejected']} rejected, {r['failed']} failed, {r['unfinished']} unfinished of {r['submitted']} "
-            f"submitted{_not_arrived(r)}; results of what finished in {folder}/results.json (status interrupted)")
+            f"submitted{not_arrived_note(r)}; results of what finished in {folder}/results.json (status interrupted)")
 
-
-def _not_arrived(r: dict) -> str:
-    n = r.get("not_arrived")
-    return f" ({n} of them had not arrived)" if n else ""
 
 
 def write_run_series(folder: Path, output, sc, plots: bool = True) -> list[str]:
