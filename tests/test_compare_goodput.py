@@ -124,6 +124,9 @@ def test_fixed_stages_shift_ttft_and_e2e_exactly(toy_requests):
     done = staged.columns["outcome"] == "completed"
     assert np.allclose(sum(d.values()), staged.columns["e2e_s"][done], atol=1e-9)
     assert np.allclose(d["kv_transfer"], stage_durations(base.columns)["kv_transfer"])
+    # a request's end moves with its events: a completed one ends at its completion
+    assert np.allclose(staged.columns["t_end"][done], staged.columns["t_completion"][done], rtol=0, atol=1e-12)
+    assert np.allclose(staged.columns["t_end"], base.columns["t_end"] + np.where(done, extra, 3.5e-3), rtol=0, atol=1e-12)
 
 
 def test_parse_stage_errors():
@@ -149,3 +152,22 @@ def test_chrome_trace_is_valid_json(toy_requests):
     assert len({e["tid"] for e in xs}) == 5
     assert {e["name"] for e in xs} >= {"prefill", "kv_transfer", "decode"}
     assert all(e["dur"] > 0 and e["ts"] >= 0 for e in xs)
+
+
+def test_goodput_of_a_burst_is_never_above_the_rate_the_rack_served():
+    # 40 arrivals within 40 us, each in the rack for ~0.1 s: a 31 us "steady state"
+    # window would report a million req/s (new-user trial); the whole run is used.
+    arrivals = np.arange(40) * 1e-6
+    ends = 0.1 + np.arange(40) * 2e-3
+    meets = np.ones(40, dtype=bool)
+    duration = float(ends.max() - arrivals.min())
+    g = metrics.goodput_section(arrivals, meets, duration, 2.0, 0.08, ends=ends)
+    assert g["basis"] == "whole_run" and g["basis_reason"] == "burst"
+    assert g["requests_per_s"] == pytest.approx(40 / duration)
+    # the same arrivals spread over 400 s, each in the rack 0.1 s: a steady state
+    spread = np.arange(40) * 10.0
+    g = metrics.goodput_section(spread, meets, 390.1, 2.0, 0.08, ends=spread + 0.1)
+    assert g["basis"] == "steady_state" and g["basis_reason"] is None
+    assert g["requests_per_s"] == pytest.approx(g["window_requests"] / (g["window_s"][1] - g["window_s"][0]))
+    g = metrics.goodput_section(spread[:5], meets[:5], 40.1, 2.0, 0.08, ends=spread[:5] + 0.1)
+    assert g["basis"] == "whole_run" and g["basis_reason"] == "too_few_arrivals"

@@ -98,6 +98,8 @@ def test_estimate_names_the_stack_and_splits_a_step():
     assert s["collectives_s"] > 0 and s["fixed_s"] > 0
     r = runner.invoke(app, ["estimate", "-m", "deepseek-r1", "-d", "b200", "--stack", "sglang", "-n", "8"])
     assert r.exit_code == 0 and "software stack: SGLang 0.5.9" in r.output
+    # MLA's latent is held by each of the 8 TP devices: the table says so (new-user trial)
+    assert "x 8 copies across TP" in " ".join(r.output.split())
     assert "collectives" in r.output and "fixed" in r.output
     r = runner.invoke(app, ["estimate", "-m", "deepseek-r1", "-d", "b200", "--stack", "vllm", "-n", "8"])
     assert r.exit_code == 2 and "no software stack 'vllm'" in r.output

@@ -34,6 +34,25 @@ def test_rate_sweep_attainment_falls_with_load():
     assert pts[1]["tokens_per_joule"] > pts[0]["tokens_per_joule"]
 
 
+def test_rate_sweep_reports_tokens_per_joule_at_the_sustained_rate(monkeypatch):
+    """Attainment that recovers above the first miss: the capacity is the rate below the
+    miss, and tokens/J is that point's, not the higher rate's (new-user trial)."""
+    import rack.analysis.sweep as sweep
+
+    att = {1.0: 0.95, 2.0: 0.80, 4.0: 0.93}
+    tpj = {1.0: 0.01, 2.0: 0.02, 4.0: 0.04}
+
+    def fake(tasks, **_):
+        return [{**t.labels, "slo_attainment": att[t.rate_scale], "tokens_per_joule": tpj[t.rate_scale]}
+                for t in tasks]
+
+    monkeypatch.setattr(sweep, "run_tasks", fake)
+    wl = Workload(kind="synthetic", rate_per_s=2.0, prompt_tokens=128, output_tokens=8, n=10, seed=1)
+    res = rate_sweep([parse_scenario(COLOC)], wl, [1.0, 2.0, 4.0], workers=1, progress=False)
+    assert res.summary["max_rate_scale"]["toy-coloc"] == 1.0
+    assert res.summary["tokens_per_joule_at_max"]["toy-coloc"] == 0.01
+
+
 def test_synthetic_duration_keeps_high_rate_points_long():
     wl = Workload(kind="synthetic", rate_per_s=1.0, prompt_tokens=128, output_tokens=8, n=20,
                   duration_s=10.0, seed=1)
@@ -63,6 +82,21 @@ def test_prompt_sweep_names_no_winner_within_one_percent():
     from rack.analysis.sweep import summary_lines
 
     assert "512 prompt tokens: no winner (the best goodputs are within 1%)" in summary_lines(res)
+
+
+def test_sweep_summary_names_points_whose_requests_were_refused():
+    # a prompt above Llama-3.1-8B's 131,072-token window is refused at admission: the
+    # summary says so instead of leaving a bare "no winner" (new-user trial)
+    from rack.analysis.sweep import summary_lines
+
+    a = parse_scenario(COLOC)
+    res = prompt_sweep([a], [512, 200_000], rate_per_s=2.0, output_tokens=16, n=10, workers=1, progress=False)
+    by = {p["prompt_tokens"]: p for p in res.points}
+    assert by[200_000]["rejected"] == 10 and by[512]["rejected"] == 0
+    lines = summary_lines(res)
+    refused = [ln for ln in lines if ln.startswith("point toy-coloc prompt_tokens=200000:")]
+    assert len(refused) == 1 and "all of 10 requests rejected (" in refused[0]
+    assert not any("prompt_tokens=512:" in ln for ln in lines)
 
 
 def test_goodput_is_the_offered_rate_where_every_request_meets_the_slo():

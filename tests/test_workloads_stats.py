@@ -110,6 +110,9 @@ def test_definitions_on_a_hand_made_trace():
     gaps = np.array([1.0, 2.0, 58.0, 1.0])
     assert s.count == 5 and s.span_s == 62.0 and s.rate_mean_per_s == 5 / 62
     assert s.rate_peak_per_min == 3 and s.rate_peak_1min_per_s == 3 / 60
+    # under a minute of arrivals: no whole minute, no per-minute peak rate
+    short = trace_stats(reqs[:3])
+    assert short.rate_peak_per_min == 3 and short.rate_peak_1min_per_s is None
     assert s.interarrival_cv == pytest.approx(gaps.std() / gaps.mean())
     assert s.input_tokens.p90 == pytest.approx(np.percentile([10, 6, 4, 8, 3], 90))
     # blocks hit: req1 (1,2), req3 (1), req4 (9) -> 4 of 9 blocks

@@ -4,7 +4,8 @@ Definitions (the shared traces' READMEs were computed the same way, and tests pi
 them against those READMEs):
 - span_s: last arrival - first arrival; rate_mean_per_s: count / span_s.
 - rate_peak_per_min: most requests in one minute, minutes counted in fixed 60 s bins
-  from the first arrival; rate_peak_1min_per_s is that divided by 60.
+  from the first arrival; rate_peak_1min_per_s is that divided by 60 (None when the
+  trace spans under 60 s: its one bin is not a whole minute).
 - interarrival_cv: population standard deviation / mean of the gaps between
   consecutive arrivals (numpy ``std``, ddof=0).
 - percentiles: linear interpolation (numpy's default), as everywhere in the project.
@@ -144,7 +145,8 @@ def trace_stats(source: str | os.PathLike | TraceReader | Iterable[Request], *,
         span = float(t[-1] - t[0])
         rate = n / span if span > 0 else None
         peak = int(np.bincount(((t - t[0]) // 60.0).astype(np.int64)).max())
-        peak_rate = peak / 60.0
+        # a trace shorter than a minute has no whole minute to take a per-minute peak of
+        peak_rate = peak / 60.0 if span >= 60.0 else None
         if n >= 2:
             gaps = np.diff(t)
             mean_gap = gaps.mean()

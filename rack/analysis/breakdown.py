@@ -75,6 +75,12 @@ def apply_fixed_stages(snapshot: dict, stages: Sequence[FixedStage]) -> dict:
         times[:, col[name]] += after
     out = dict(snapshot)
     out["times"] = times
+    if snapshot.get("end_s") is not None:
+        # a request's end moves with the rack's events, and a completed one ends for
+        # the client at its (delayed) completion
+        end = np.asarray(snapshot["end_s"], dtype=np.float64) + before
+        completed = np.asarray(snapshot["outcome"]) == 1 + list(snapshot["outcomes"]).index("completed")
+        out["end_s"] = np.where(completed, end + after, end)
     return out
 
 

@@ -19,7 +19,10 @@ Definitions (pinned by tests, stated in the README):
   rack that meets the SLO for every request has goodput = offered rate. (Dividing by
   first arrival to last completion instead lets the drain of a time-compressed trace
   dominate.) With fewer than `STEADY_MIN_REQUESTS` arrivals in the window (or all
-  arrivals at one instant) the whole run is the window, as `goodput.basis` says.
+  arrivals at one instant), or a window shorter than the median time its requests
+  spent in the rack (a burst, all in flight at once: dividing by the window would
+  report a rate the rack never served), the whole run is the window, as
+  `goodput.basis` and `goodput.basis_reason` say.
   SLO attainment = requests meeting both targets / submitted (DistServe).
 - The run's duration (throughput) is from the first arrival to the last request's end.
 - Percentiles: linear interpolation between closest ranks (numpy's default method),
@@ -141,16 +144,27 @@ def steady_window(arrivals: np.ndarray) -> tuple[float, float] | None:
 
 
 def goodput_section(arrivals: np.ndarray, meets: np.ndarray, duration_s: float,
-                    slo_ttft_s: float, slo_tpot_s: float) -> dict:
+                    slo_ttft_s: float, slo_tpot_s: float, ends: np.ndarray | None = None) -> dict:
     """results.json's `goodput`: steady-state goodput and offered rate (module docstring),
     SLO attainment over every request that arrived, and the window used. A request with
     no arrival time (NaN: an interrupted or aborted run stopped before its arrival) was
-    never offered and counts nowhere here."""
+    never offered and counts nowhere here.
+
+    ends: when each request ended in the rack (s, NaN: open), aligned with `arrivals`;
+    with it, a window shorter than the median time its requests spent in the rack is no
+    steady state (a burst: they were all in flight at once) and the whole run is used
+    (`basis_reason` says which rule applied)."""
     arrived = ~np.isnan(arrivals)
     if not arrived.all():
         arrivals, meets = arrivals[arrived], meets[arrived]
+        ends = None if ends is None else ends[arrived]
     n = int(arrivals.shape[0])
     win = steady_window(arrivals)
+    why = None if win is not None else "too_few_arrivals"
+    if win is not None and ends is not None:
+        sel = (arrivals >= win[0]) & (arrivals <= win[1]) & ~np.isnan(ends)
+        if sel.any() and float(np.median(ends[sel] - arrivals[sel])) > win[1] - win[0]:
+            win, why = None, "burst"
     if win is None:
         inside = np.ones(n, dtype=bool)
         length, basis = duration_s, "whole_run"
@@ -166,6 +180,7 @@ def goodput_section(arrivals: np.ndarray, meets: np.ndarray, duration_s: float,
         "slo_attainment": float(meets.sum() / n) if n else 0.0,
         "requests_meeting_slo": int(meets.sum()),
         "basis": basis,
+        "basis_reason": why,
         "window_s": list(win) if win is not None else None,
         "window_requests": n_in,
         "window_slo_attainment": good_in / n_in if n_in else 0.0,
@@ -227,5 +242,5 @@ def compute(snapshot: dict, requests: Sequence[Any], slo_ttft_s: float, slo_tpot
             "input_tokens_per_s": rate(int(cols["prompt_tokens"][completed].sum())),
             "output_tokens": out_tokens,
         },
-        "goodput": goodput_section(arrivals, meets, duration, slo_ttft_s, slo_tpot_s),
+        "goodput": goodput_section(arrivals, meets, duration, slo_ttft_s, slo_tpot_s, ends=cols["t_end"]),
     }, cols

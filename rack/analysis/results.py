@@ -125,7 +125,9 @@ def summary_text(results: dict) -> str:
     lines.append(f"throughput: {t['requests_per_s']:.2f} req/s, {t['output_tokens_per_s']:.0f} output tok/s"
                  f" over {t['duration_s']:.1f} s emulated (first arrival to last request event)")
     where = (f"arrivals {g['window_s'][0]:.1f}-{g['window_s'][1]:.1f} s, warm-up and drain excluded"
-             if g.get("basis") == "steady_state" else "whole run: too few arrivals for a steady-state window")
+             if g.get("basis") == "steady_state" else
+             "whole run: the arrivals came in a burst shorter than the requests' median time in the rack"
+             if g.get("basis_reason") == "burst" else "whole run: too few arrivals for a steady-state window")
     lines.append(f"goodput: {g['requests_per_s']:.2f} req/s meeting TTFT<={g['slo']['ttft_s']*1e3:.0f} ms and "
                  f"TPOT<={g['slo']['tpot_s']*1e3:.0f} ms of {g['offered_requests_per_s']:.2f} req/s offered "
                  f"({where}); SLO attainment {g['slo_attainment']:.1%} of all requests")

@@ -130,6 +130,8 @@ def point_summary(results: dict) -> dict:
         "completed": results["requests"]["completed"],
         "rejected": results["requests"]["rejected"],
         "failed": results["requests"]["failed"],
+        "rejected_by_reason": dict(results["requests"].get("rejected_by_reason") or {}),
+        "failed_by_reason": dict(results["requests"].get("failed_by_reason") or {}),
         "ttft_p50_s": lat["ttft_s"]["p50"], "ttft_p99_s": lat["ttft_s"]["p99"],
         "tpot_p50_s": lat["tpot_s"]["p50"], "tpot_p99_s": lat["tpot_s"]["p99"],
         "e2e_p99_s": lat["e2e_s"]["p99"],
@@ -271,8 +273,8 @@ def rate_sweep(scenarios: Sequence[Scenario], workload: Workload, rate_scales: S
 
     base_rate: the unscaled workload's rate (req/s) so points also carry `rate_per_s`
     (None: rate_scale only). Summary: {"max_rate_scale": {scenario: x or None},
-    "max_rate_per_s": {...}, "tokens_per_joule_at_max": {scenario: value at the highest
-    rate scale meeting the target}, "target": target}.
+    "max_rate_per_s": {...}, "tokens_per_joule_at_max": {scenario: value at
+    `max_rate_scale`, the highest rate below the first miss}, "target": target}.
     """
     tasks = [Task(s.model_dump(mode="json"), workload, rate_scale=float(r),
                   labels={"scenario": s.name, "rate_scale": float(r),
@@ -287,9 +289,10 @@ def rate_sweep(scenarios: Sequence[Scenario], workload: Workload, rate_scales: S
         summary["max_rate_scale"][s.name] = m
         summary["held_every_rate"][s.name] = held
         summary["max_rate_per_s"][s.name] = m * base_rate if (m is not None and base_rate) else None
-        ok = [p for p in mine if p["slo_attainment"] >= target]
-        best = max(ok, key=lambda p: p["rate_scale"]) if ok else None
-        summary["tokens_per_joule_at_max"][s.name] = best["tokens_per_joule"] if best else None
+        # tokens/J at the very point reported as sustained (a higher rate that met the
+        # target again after a miss is not the rack's capacity)
+        at_max = [p for p in mine if m is not None and p["rate_scale"] == m]
+        summary["tokens_per_joule_at_max"][s.name] = at_max[0]["tokens_per_joule"] if at_max else None
     summary["vendor_ratio"] = _vendor_ratio(scenarios, summary["tokens_per_joule_at_max"])
     return SweepResult("rate", "rate_scale", points, summary, workload.describe())
 
@@ -425,6 +428,16 @@ def summary_lines(result: SweepResult) -> list[str]:
         for L, name in s["best"].items():
             out.append(f"{L} prompt tokens: " + (f"no winner (the best goodputs are within {TIE_TOLERANCE:.0%})"
                                                  if name == "tie" else f"best goodput {name}"))
+    # a point whose requests were refused measured nothing about them: a tie or a
+    # winner among such points says so here, with the reasons
+    for p in sorted((p for p in result.points if "error" not in p and (p.get("rejected") or p.get("failed"))),
+                    key=lambda p: (p["scenario"], p.get(result.param) or 0)):
+        lost = [(n, k, p.get(f"{k}_by_reason") or {}) for k, n in (("rejected", p.get("rejected") or 0),
+                                                                 ("failed", p.get("failed") or 0)) if n]
+        how = "; ".join(f"{'all' if n == p['submitted'] else n} of {p['submitted']} requests {k}"
+                        + (" (" + ", ".join(f"{r}: {c}" for r, c in sorted(why.items())) + ")" if why else "")
+                        for n, k, why in lost)
+        out.append(f"point {p['scenario']} {result.param}={p.get(result.param):g}: {how}")
     errors = [p for p in result.points if "error" in p]
     for p in errors:
         out.append(f"point {p.get('scenario')} {result.param}={p.get(result.param)} failed: {p['error']}")

@@ -135,7 +135,12 @@ def _print_tables(est: dict) -> None:
     t.add_row(f"activation reserve ({m['reserve_fraction']:.0%})", format_bytes(m["reserve_bytes"]))
     t.add_row("KV cache", f"{format_bytes(m['kv_bytes'])} = {m['kv_tokens']:,} tokens = "
               f"{m['kv_blocks']:,} blocks of {m['block_size']}")
-    t.add_row("KV per token", format_bytes(m["kv_bytes_per_token"]))
+    rep = int(inst.get("kv_replication") or 1)
+    # MLA's latent (or GQA heads fewer than tp) is held by every TP device of a stage:
+    # the cache holds kv_bytes / (per-token bytes x copies) tokens
+    held = (f" x {rep} copies across TP = {format_bytes(m['kv_bytes_per_token'] * rep)} held"
+            if rep > 1 else "")
+    t.add_row("KV per token", format_bytes(m["kv_bytes_per_token"]) + held)
     ctx = est["decode"]["context"]
     fits = "fits" if m["batch_fits"] else "[red]does NOT fit[/red]"
     seqs = inst.get("max_num_seqs")

@@ -36,8 +36,11 @@ def _print_table(d: dict[str, Any]) -> None:
     if d["has_timestamps"]:
         summary.add_row("span", f"{_fmt(d['span_s'])} s ({_fmt(d['span_s'] / 60)} min)")
         summary.add_row("mean rate", f"{_fmt(d['rate_mean_per_s'], 3)} req/s")
-        summary.add_row("peak 1-min rate", f"{_fmt(d['rate_peak_1min_per_s'], 2)} req/s "
-                        f"({_fmt(d['rate_peak_per_min'])} in the busiest minute)")
+        if d["rate_peak_1min_per_s"] is None:
+            summary.add_row("peak 1-min rate", f"n/a (the trace spans under a minute; {_fmt(d['count'])} requests)")
+        else:
+            summary.add_row("peak 1-min rate", f"{_fmt(d['rate_peak_1min_per_s'], 2)} req/s "
+                            f"({_fmt(d['rate_peak_per_min'])} in the busiest minute)")
         summary.add_row("inter-arrival CV", _fmt(d["interarrival_cv"], 2))
     else:
         summary.add_row("span / rate / CV", "n/a (no timestamps: a length distribution)")
