@@ -100,6 +100,15 @@ def test_bad_combinations_are_one_line_errors(cli, tmp_path, args, match):
     assert __import__("re").search(match, r.output), r.output
 
 
+def test_a_workload_that_draws_no_request_says_so(cli, tmp_path):
+    # 1 req/s for 0.5 s: nothing drawn, and no load control to blame (new-user trial)
+    path = tmp_path / "zero.toml"
+    path.write_text("duration_s=0.5\n[[clients]]\nname='a'\nrate_per_s=1\n"
+                    "input_tokens={dist='fixed',tokens=10}\noutput_tokens={dist='fixed',tokens=1}\n")
+    r = cli(["run", "--runtime", "virtual", "--workload", path, "--out", tmp_path / "x"])
+    assert r.exit_code == 2 and "gives no requests" in r.output and "load controls" not in r.output, r.output
+
+
 def test_sweep_rate_refuses_a_closed_loop(cli, tmp_path):
     r = cli(["sweep", "rate", "helios-cs3-kimi-k2", "--dataset", "random", "--max-concurrency", 8,
              "--num-prompts", 20, "--rates", "1,4", "--out", tmp_path / "sw"])

@@ -171,12 +171,14 @@ session = { turns_mean = 1, system_prompt_tokens = 250, system_prompts = 1 }
     ("duration_s=10\n[[clients]]\nname='a'\nrate_per_s=1\ninput_tokens={dist='zipf'}\n"
      "output_tokens={dist='fixed',tokens=1}\n", r"clients\[0\]\.input_tokens\.dist: expected one of .*got 'zipf'"),
     ("duration_s=10\n[[clients]]\nname='a'\nrate_per_s=1\narrival='gamma'\n"
-     "input_tokens={dist='fixed',tokens=1}\noutput_tokens={dist='fixed',tokens=1}\n", "gamma arrivals need cv"),
+     "input_tokens={dist='fixed',tokens=1}\noutput_tokens={dist='fixed',tokens=1}\n", r"client 'a': gamma arrivals need cv"),
     ("duration_s=10\n[[clients]]\nname='a'\nrates=[1]\nrate_per_s=1\n"
      "input_tokens={dist='fixed',tokens=1}\noutput_tokens={dist='fixed',tokens=1}\n", "exactly one of"),
     ("duration_s=10\n[[clients]]\nname='a'\nrate_per_s=1\noutput_tokens={dist='fixed',tokens=1}\n",
      "input_tokens is required"),
     ("duration_s = 10\nclients = [\n", "not valid TOML"),
+    ("duration_s=10\n[[clients]]\nname='a'\nrate_per_s=1\ninput_tokens={dist='lognormal',mean=100,cv=1,max=10}\n"
+     "output_tokens={dist='fixed',tokens=1}\n", r"clients\[0\]\.input_tokens: max \(10\) must be >= mean \(100\)"),
 ])
 def test_errors_name_the_file_and_the_field(tmp_path, text, match):
     path = tmp_path / "bad.toml"

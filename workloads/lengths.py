@@ -86,6 +86,10 @@ class LogNormalTokens:
             raise ValueError(f"cv must be >= 0, got {self.cv}")
         if self.max is not None:
             _check_count("max", self.max)
+            if self.max < self.mean_tokens:
+                # the clip would move most draws onto max: not the law asked for
+                raise ValueError(f"max ({self.max}) must be >= mean ({self.mean_tokens:g}): "
+                                 "a cap below the mean clips most lengths to the cap")
 
     @property
     def mean(self) -> float:

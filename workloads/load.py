@@ -247,6 +247,9 @@ class LoadPlan:
                           rows_read=base.rows_read, skipped_by_reason=base.skipped_by_reason,
                           skipped_examples=base.skipped_examples,
                           failed_requests=base.failed_requests, complete=base.complete)
+        if not base:
+            raise ValueError(f"{self.label()} gives no requests (for a workload file: its clients' "
+                             "rates x duration_s draw none; raise duration_s or the rates)")
         if not out:
             raise ValueError(f"no requests left from {self.label()} after the load controls "
                              f"{c.describe()}")

@@ -69,6 +69,11 @@ class LogNormalDist(_Model):
     cv: float = Field(ge=0)
     max: Optional[int] = Field(default=None, ge=1)
 
+    @model_validator(mode="after")
+    def _cap(self):
+        token_distribution(self)        # the law's own checks (a cap below the mean)
+        return self
+
 
 class _Pmf(_Model):
     """{value: probability}; TOML keys are strings ("512" = 0.25). Subclasses say
@@ -231,11 +236,11 @@ class Client(_ArrivalFields):
             kind = fields.arrival or self.arrival or "poisson"
             cv = fields.cv if fields.cv is not None else (None if fields.arrival else self.cv)
             shape = fields.shape if fields.shape is not None else (None if fields.arrival else self.shape)
+            at = f"client {self.name!r}" + ("" if where == "client" else f" {where}")
             if kind == "gamma" and cv is None:
-                raise ValueError(f"client {self.name!r} {where}: gamma arrivals need cv")
+                raise ValueError(f"{at}: gamma arrivals need cv")
             if kind == "weibull" and (cv is None) == (shape is None):
-                raise ValueError(f"client {self.name!r} {where}: weibull arrivals need cv or "
-                                 "shape (one of them)")
+                raise ValueError(f"{at}: weibull arrivals need cv or shape (one of them)")
         return self
 
 
