@@ -242,14 +242,16 @@ class LoadPlan:
                                          source=str(resolve_workload(self.name)))
             base = RequestList(replay(made, **self._replay(), seed=c.seed), name=made.name,
                                path=made.path, format=made.format, controls=made.controls)
+        if not base:
+            why = (f" in the window {self.window}" if self.window is not None else
+                   " (its clients' rates x duration_s draw none; raise duration_s or the rates)"
+                   if self.source == "workload" else "")
+            raise ValueError(f"{self.label()} gives no requests{why}")
         out = RequestList(apply_load(base, c), name=base.name, path=base.path,
                           format=base.format, controls={**base.controls, **self.describe()},
                           rows_read=base.rows_read, skipped_by_reason=base.skipped_by_reason,
                           skipped_examples=base.skipped_examples,
                           failed_requests=base.failed_requests, complete=base.complete)
-        if not base:
-            raise ValueError(f"{self.label()} gives no requests (for a workload file: its clients' "
-                             "rates x duration_s draw none; raise duration_s or the rates)")
         if not out:
             raise ValueError(f"no requests left from {self.label()} after the load controls "
                              f"{c.describe()}")
