@@ -39,6 +39,8 @@ import json
 from typing import Any, Literal, Mapping, Sequence
 
 import numpy as np
+
+from rack.analysis.metrics import completed_mask
 from rack.wiring.settings import FixedStage
 
 #: Rack stages in path order: (name, start event, end event).
@@ -79,8 +81,7 @@ def apply_fixed_stages(snapshot: dict, stages: Sequence[FixedStage]) -> dict:
         # a request's end moves with the rack's events, and a completed one ends for
         # the client at its (delayed) completion
         end = np.asarray(snapshot["end_s"], dtype=np.float64) + before
-        completed = np.asarray(snapshot["outcome"]) == 1 + list(snapshot["outcomes"]).index("completed")
-        out["end_s"] = np.where(completed, end + after, end)
+        out["end_s"] = np.where(completed_mask(snapshot), end + after, end)
     return out
 
 

@@ -71,6 +71,11 @@ def summarize(values: np.ndarray | SampleChunks) -> dict:
             "p90": float(p[1]), "p99": float(p[2]), "max": float(v.max()), "n": int(v.size)}
 
 
+def completed_mask(snapshot: dict) -> np.ndarray:
+    """Which of a collector snapshot's requests completed (bool, aligned with "ids")."""
+    return np.asarray(snapshot["outcome"]) == 1 + list(snapshot["outcomes"]).index("completed")
+
+
 def per_request(snapshot: dict, requests: Sequence[Any]) -> dict[str, np.ndarray]:
     """Per-request columns aligned with `snapshot["ids"]`: prompt/output tokens,
     outcome, every lifecycle time, ttft_s, tpot_s, e2e_s, meets-SLO flags need SLOs
@@ -87,7 +92,7 @@ def per_request(snapshot: dict, requests: Sequence[Any]) -> dict[str, np.ndarray
     times = snapshot["times"]
     col = {n: i for i, n in enumerate(snapshot["events"])}
     outcome = np.array(snapshot["outcomes"] + ["open"], dtype=object)[snapshot["outcome"] - 1]
-    completed = snapshot["outcome"] == 1 + snapshot["outcomes"].index("completed")
+    completed = completed_mask(snapshot)
     arrival = times[:, col["arrival"]]
     ttft = np.where(completed, times[:, col["first_token"]] - arrival, np.nan)
     e2e = np.where(completed, times[:, col["completion"]] - arrival, np.nan)
@@ -161,16 +166,16 @@ def goodput_section(arrivals: np.ndarray, meets: np.ndarray, duration_s: float,
     n = int(arrivals.shape[0])
     win = steady_window(arrivals)
     why = None if win is not None else "too_few_arrivals"
-    if win is not None and ends is not None:
-        sel = (arrivals >= win[0]) & (arrivals <= win[1]) & ~np.isnan(ends)
-        if sel.any() and float(np.median(ends[sel] - arrivals[sel])) > win[1] - win[0]:
-            win, why = None, "burst"
+    if win is not None:
+        inside = (arrivals >= win[0]) & (arrivals <= win[1])
+        length, basis = win[1] - win[0], "steady_state"
+        if ends is not None:
+            ended = inside & ~np.isnan(ends)
+            if ended.any() and float(np.median(ends[ended] - arrivals[ended])) > length:
+                win, why = None, "burst"
     if win is None:
         inside = np.ones(n, dtype=bool)
         length, basis = duration_s, "whole_run"
-    else:
-        inside = (arrivals >= win[0]) & (arrivals <= win[1])
-        length, basis = win[1] - win[0], "steady_state"
     rate = (lambda x: x / length if length > 0 else 0.0)
     good_in = int(np.count_nonzero(meets & inside))
     n_in = int(np.count_nonzero(inside))
