@@ -23,8 +23,10 @@ How it is built (the `tokenizers` library):
   text whose tokens are all in the vocabulary (a slice of ids decodes to text that
   re-encodes to the same ids: clients that cut a corpus at N tokens ask for N).
 
-The shipped folder was built from the two corpora the benchmark clients build their
-synthetic prompts from (public-domain texts; docs/serve.md gives the command).
+The shipped folder was built from the corpora the benchmark clients build their
+synthetic prompts from (AIPerf's Shakespeare, GuideLLM's Faker words: public-domain
+or generated text), Python's help topics and rack's own docs (the command is in
+docs/serve.md).
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ UNK = "\ufffd"
 SPECIALS = ["<|endoftext|>", "<|start|>", "<|message|>", "<|system|>", "<|developer|>", "<|user|>",
             "<|assistant|>", "<|tool|>", "<|function|>"]
 #: Corpus tokens kept (most frequent first), beyond the systematic ones.
-MAX_CORPUS_TOKENS = 60_000
+MAX_CORPUS_TOKENS = 64_000
 
 
 def _ranges(pred) -> list[tuple[int, int]]:
@@ -111,6 +113,14 @@ def faker_words() -> str:
     return " ".join(words + [w.capitalize() for w in words]) + "\n" + "".join(words) + ". " + ".\n".join(words)
 
 
+def pydoc_topics() -> str:
+    """The text of Python's own help topics (`pydoc_data`, in every CPython): modern
+    technical English and code."""
+    from pydoc_data.topics import topics
+
+    return "\n".join(topics.values())
+
+
 def corpus_tokens(paths: list[Path], extra: str = "") -> list[str]:
     counts: collections.Counter = collections.Counter(tk.text_chunks(extra))
     for p in paths:
@@ -118,13 +128,13 @@ def corpus_tokens(paths: list[Path], extra: str = "") -> list[str]:
     return [t for t, _ in counts.most_common(MAX_CORPUS_TOKENS)]
 
 
-def build(corpora: list[Path], out: Path, faker: bool = False) -> dict:
+def build(corpora: list[Path], out: Path, faker: bool = False, pydoc: bool = False) -> dict:
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from tokenizers import AddedToken
 
     piece, token = patterns()
     vocab: dict[str, int] = {t: i for i, t in enumerate([UNK] + SPECIALS)}
-    for t in systematic_tokens() + corpus_tokens(corpora, faker_words() if faker else ""):
+    for t in systematic_tokens() + corpus_tokens(corpora, (faker_words() if faker else "") + (pydoc_topics() if pydoc else "")):
         if t not in vocab and tk.text_chunks(t) == [t]:       # one token by itself
             vocab[t] = len(vocab)
     tok = Tokenizer(models.WordLevel(vocab, unk_token=UNK))
@@ -142,7 +152,8 @@ def build(corpora: list[Path], out: Path, faker: bool = False) -> dict:
               "add_bos_token": False, "add_eos_token": False, "chat_template": chat,
               "rack": {"what": "rack's default token counter (rack/serve/tokens.py) as a Hugging Face tokenizer",
                        "built_by": "scripts/build_tokenizer.py", "unicode_version": unicodedata.unidata_version,
-                       "corpora": [p.name for p in corpora] + (["faker en_US lorem words"] if faker else []), "vocab_size": tok.get_vocab_size()}}
+                       "corpora": [p.name for p in corpora] + (["faker en_US lorem words"] if faker else [])
+                       + (["pydoc_data topics"] if pydoc else []), "vocab_size": tok.get_vocab_size()}}
     (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
     (out / "special_tokens_map.json").write_text(json.dumps({"eos_token": "<|endoftext|>", "unk_token": UNK},
                                                             ensure_ascii=False) + "\n")
@@ -153,9 +164,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--corpus", type=Path, action="append", default=[], help="text file whose tokens join the vocabulary")
     ap.add_argument("--faker-words", action="store_true", help="add Faker's English lorem words (needs faker)")
+    ap.add_argument("--pydoc-topics", action="store_true", help="add the text of Python's help topics")
     ap.add_argument("--out", type=Path, default=ROOT / "rack" / "serve" / "data" / "tokenizer")
     a = ap.parse_args()
-    info = build(a.corpus, a.out, a.faker_words)
+    info = build(a.corpus, a.out, a.faker_words, a.pydoc_topics)
     print(f"{a.out}: {info['vocab_size']} tokens (Unicode {info['unicode_version']}; corpora {info['corpora']})")
 
 
