@@ -105,12 +105,16 @@ def systematic_tokens() -> list[str]:
 
 
 def faker_words() -> str:
-    """Faker's English lorem words (GuideLLM builds synthetic prompts with `Faker.text`),
-    each lower-case and capitalised, after a space and not, with its sentence marks."""
+    """Faker's English lorem words (GuideLLM builds synthetic prompts with `Faker.text`:
+    sentences of them, the first capitalised, ending in a full stop), each lower-case
+    and capitalised, after a space and at a line's start."""
     from faker.providers.lorem.en_US import Provider
 
-    words = list(Provider.word_list)
-    return " ".join(words + [w.capitalize() for w in words]) + "\n" + "".join(words) + ". " + ".\n".join(words)
+    lines = []
+    for w in Provider.word_list:
+        for form in (w, w.capitalize()):
+            lines.append(f"{form} {form}. {form}")
+    return "\n".join(lines) + "\n"
 
 
 def pydoc_topics() -> str:
@@ -148,15 +152,16 @@ def build(corpora: list[Path], out: Path, faker: bool = False, pydoc: bool = Fal
     chat = ("{% for m in messages %}<|start|><|{{ m['role'] }}|><|message|>{{ m['content'] }}{% endfor %}"
             "{% if add_generation_prompt %}<|start|><|assistant|><|message|>{% endif %}")
     config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 1_048_576,
-              "eos_token": "<|endoftext|>", "unk_token": UNK, "clean_up_tokenization_spaces": False,
+              # no unk_token: transformers would count it special and drop it from text
+              # decoded with skip_special_tokens (a client's prompt would lose tokens)
+              "eos_token": "<|endoftext|>", "clean_up_tokenization_spaces": False,
               "add_bos_token": False, "add_eos_token": False, "chat_template": chat,
               "rack": {"what": "rack's default token counter (rack/serve/tokens.py) as a Hugging Face tokenizer",
                        "built_by": "scripts/build_tokenizer.py", "unicode_version": unicodedata.unidata_version,
                        "corpora": [p.name for p in corpora] + (["faker en_US lorem words"] if faker else [])
                        + (["pydoc_data topics"] if pydoc else []), "vocab_size": tok.get_vocab_size()}}
     (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
-    (out / "special_tokens_map.json").write_text(json.dumps({"eos_token": "<|endoftext|>", "unk_token": UNK},
-                                                            ensure_ascii=False) + "\n")
+    (out / "special_tokens_map.json").write_text(json.dumps({"eos_token": "<|endoftext|>"}) + "\n")
     return config["rack"]
 
 

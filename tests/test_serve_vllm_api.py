@@ -8,7 +8,6 @@ from the prefix cache, `/rack/requests/{response id}` answered right after
 
 from __future__ import annotations
 
-import math
 import time
 
 import httpx
@@ -18,22 +17,29 @@ import pytest
 pytestmark = pytest.mark.ray
 
 openai = pytest.importorskip("openai")
-parser = pytest.importorskip("prometheus_client.parser")
+pytest.importorskip("prometheus_client")
+
+from _prom import _buckets, _families, histogram_quantile  # noqa: E402
 
 D = 20.0
 PROMPT = "The wafer-scale engine keeps every weight in on-chip memory, so decode is bound by latency. " * 12
 
 
 @pytest.fixture(scope="module")
-def url(ray_session):
+def server(ray_session):
     from rack.serve.session import LiveServer
     from rack.wiring.scenario import load_scenario
 
     sc = load_scenario("helios-cs3-kimi-k2").with_overrides(dilation=D).with_router(policy="prefix_aware")
     srv = LiveServer(sc, host="127.0.0.1", port=0)
     srv.start()
-    yield srv.url
+    yield srv
     srv.stop(1.0)
+
+
+@pytest.fixture(scope="module")
+def url(server):
+    return server.url
 
 
 def _client(url):
@@ -84,33 +90,6 @@ def test_continuous_usage_cached_tokens_and_the_record_by_response_id_after_done
     assert httpx.get(f"{url}/rack/requests/banana", timeout=10).status_code == 400
 
 
-def _families(url) -> dict:
-    text = httpx.get(f"{url}/metrics", timeout=30).text
-    return {f.name: f for f in parser.text_string_to_metric_families(text)}
-
-
-def _buckets(fam) -> list[tuple[float, float]]:
-    """(upper bound, count in that bucket) of a histogram family, non-cumulative."""
-    cum = sorted((float(s.labels["le"]), s.value) for s in fam.samples if s.name.endswith("_bucket"))
-    return [(le, c - (cum[i - 1][1] if i else 0.0)) for i, (le, c) in enumerate(cum)]
-
-
-def histogram_quantile(fam, q: float, since=None) -> float:
-    """Prometheus' histogram_quantile (linear interpolation inside the bucket) of the
-    observations made after the scrape `since` (a family, or None: all)."""
-    b = _buckets(fam)
-    if since is not None:
-        b = [(le, c - c0) for (le, c), (_, c0) in zip(b, _buckets(since))]
-    total = sum(c for _, c in b)
-    rank, seen, lower = q * total, 0.0, 0.0
-    for le, c in b:
-        if c and seen + c >= rank:
-            return lower + (le - lower) * (rank - seen) / c
-        seen += c
-        lower = le
-    return math.nan
-
-
 def test_metrics_are_in_the_clients_clock_with_emulated_twins(url):
     c = _client(url)
     before = _families(url)
@@ -142,3 +121,18 @@ def test_metrics_are_in_the_clients_clock_with_emulated_twins(url):
     assert gaps == 6 * 19                        # one sample per chunk after the first (a token per chunk here)
     les = [le for le, _ in _buckets(fams[f"vllm:{name}"])]
     assert les[0] == 1e-5 and les[1] / les[0] == pytest.approx(10 ** (1 / 40), rel=1e-4)
+
+
+def test_pacing_window_counts_each_streamed_chunk_once(server):
+    """What `rack serve` prints while it runs: the chunks streamed since the last look."""
+    server.pacing_window()
+    c = _client(server.url)
+    for _ in range(2):
+        for _ in c.completions.create(model="kimi-k2", prompt=list(range(1, 101)), max_tokens=5, stream=True,
+                                      extra_body={"ignore_eos": True}):
+            pass
+    time.sleep(0.5)
+    w = server.pacing_window()
+    assert w["chunks"] == 10 and w["responses"] == 2 and w["itl_wall_s"] == pytest.approx(0.7624e-3 * D, rel=0.01)
+    assert w["p50_s"] <= w["p99_s"] <= w["max_s"]
+    assert server.pacing_window()["chunks"] == 0
