@@ -115,3 +115,15 @@ def test_bad_tokenizer_paths_are_clear_errors(tmp_path):
     (tmp_path / "tokenizer.json").write_text("{not json")
     with pytest.raises(TokenizerError, match="not a Hugging Face tokenizer.json"):
         load_tokenizer(str(tmp_path))
+
+
+def test_rack_serve_refuses_a_bad_tokenizer_in_one_line_before_starting(tmp_path):
+    from typer.testing import CliRunner
+
+    import rack.cli
+    from rack.cli.app import app
+
+    rack.cli._register_commands()
+    r = CliRunner().invoke(app, ["serve", "--tokenizer", str(tmp_path / "nope"), "--out", str(tmp_path / "o")])
+    lines = [x for x in r.output.splitlines() if x.strip()]
+    assert r.exit_code != 0 and len(lines) == 1 and "expected a tokenizer.json" in lines[0], r.output
