@@ -12,23 +12,11 @@ import pytest
 from typer.testing import CliRunner
 
 from rack.analysis.sweep import Workload
+from test_sweep_crossover import COLOC_TOML
 from workloads.load import LoadControls, LoadPlan
 
-#: A small colocated rack on the hardware's roofline stack (fast to run).
-TOY = """name = "toy-coloc"
-model = "llama-3.1-8b"
-weight_dtype = "bf16"
-kv_dtype = "bf16"
-[[pools]]
-name = "gpu"
-device = "h100"
-stack = "roofline"
-role = "both"
-instances = 1
-[slo]
-ttft_ms = 300
-tpot_ms = 20
-"""
+#: A small colocated rack (fast to run): test_sweep_crossover's.
+TOY = COLOC_TOML.format(ttft=300, tpot=20)
 
 
 def _cli(args):
