@@ -89,7 +89,8 @@ def _tokenizer_line(tok, given: Optional[str]) -> str:
 
     if given is None:
         return (f"tokens: rack's default counter; clients that count tokens get the same counts from the tokenizer "
-                f"folder {SHIPPED} (e.g. guidellm --processor, aiperf --tokenizer)")
+                f"folder {SHIPPED} (guidellm --tokenizer kind=huggingface_auto,model=PATH, aiperf --tokenizer PATH, "
+                "inference-perf tokenizer.pretrained_model_name_or_path: docs/serve.md)")
     return f"tokens: counted with {tok.path} (give clients the same tokenizer)"
 
 
