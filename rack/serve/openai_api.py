@@ -39,6 +39,9 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
 
 from rack.serve import tokens as tk
+from rack.serve.tokenizer import DefaultTokenizer, content_count
+
+_DEFAULT_TOKENIZER = DefaultTokenizer()
 
 
 class ApiError(Exception):
@@ -59,6 +62,7 @@ class ApiError(Exception):
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="ignore")
     include_usage: bool = False
+    continuous_usage_stats: bool = False      # vLLM's: usage (tokens so far) in every chunk
 
 
 #: Token ids are non-negative (a vocabulary index).
@@ -117,6 +121,8 @@ class Plan:
     block_size: int
     stream: bool
     include_usage: bool
+    continuous_usage: bool = False
+    cached_tokens: int = 0         # prompt tokens the prefix cache served (set by the front)
 
 
 _UNION_TAGS = ("str", "int", "float", "bool", "none")
@@ -132,7 +138,7 @@ def _param(err: ValidationError) -> tuple[str, str]:
     return loc or "body", f"{loc or 'body'}: {e['msg']}"
 
 
-def _chat_prompt(messages: list[dict[str, Any]]) -> tuple[int, list[str]]:
+def _chat_prompt(messages: list[dict[str, Any]], tok: Any) -> tuple[int, list]:
     total, keys = tk.CHAT_REPLY_TOKENS, []
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or "role" not in m:
@@ -153,12 +159,12 @@ def _chat_prompt(messages: list[dict[str, Any]]) -> tuple[int, list[str]]:
             raise ApiError(400, f"messages[{i}].content: expected a string or a list of text parts",
                            f"messages.{i}.content")
         text = f"{m['role']}\n{content}"
-        total += tk.CHAT_TOKENS_PER_MESSAGE + tk.count_text_tokens(content)
-        keys.extend(tk.text_token_keys(text))
+        total += tk.CHAT_TOKENS_PER_MESSAGE + content_count(tok, content)
+        keys.extend(tok.block_keys(text))
     return total, keys
 
 
-def _completion_prompt(r: CompletionRequest) -> tuple[int, list]:
+def _completion_prompt(r: CompletionRequest, tok: Any) -> tuple[int, list]:
     p: Any = r.prompt_token_ids if r.prompt_token_ids is not None else r.prompt
     if p is None:
         raise ApiError(400, "prompt: required (a string or a list of token ids)", "prompt")
@@ -167,15 +173,17 @@ def _completion_prompt(r: CompletionRequest) -> tuple[int, list]:
             raise ApiError(400, f"prompt: one prompt per request is emulated, got {len(p)}", "prompt")
         p = p[0]
     if isinstance(p, str):
-        keys = tk.text_token_keys(p)
-        return len(keys), keys
+        return tok.count(p), tok.block_keys(p)
     return len(p), list(p)
 
 
 def parse_request(kind: Literal["completion", "chat"], body: Any, *, served: tuple[str, ...],
-                  max_model_len: int | None, eos_mean_tokens: float, request_id: int) -> Plan:
-    """The `Plan` of one request body (module docstring). Raises ApiError: 400 for bad
+                  max_model_len: int | None, eos_mean_tokens: float, request_id: int,
+                  tokenizer: Any = None) -> Plan:
+    """The `Plan` of one request body (module docstring). `tokenizer` counts text
+    (`rack.serve.tokenizer`; None: rack's default). Raises ApiError: 400 for bad
     input (naming the field), 404 for an unknown model."""
+    tok = tokenizer if tokenizer is not None else _DEFAULT_TOKENIZER
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object", None)
     try:
@@ -191,10 +199,10 @@ def parse_request(kind: Literal["completion", "chat"], body: Any, *, served: tup
         if bad:
             raise ApiError(400, f"{field}: not supported by the emulator (one choice, no logprobs, no echo)", field)
     if kind == "chat":
-        n_prompt, keys = _chat_prompt(r.messages)
+        n_prompt, keys = _chat_prompt(r.messages, tok)
         bound = r.max_completion_tokens or r.max_tokens
     else:
-        n_prompt, keys = _completion_prompt(r)
+        n_prompt, keys = _completion_prompt(r, tok)
         bound = r.max_tokens
     if n_prompt < 1:
         raise ApiError(400, "prompt: empty (at least one token is needed)", "messages" if kind == "chat" else "prompt")
@@ -230,7 +238,8 @@ def parse_request(kind: Literal["completion", "chat"], body: Any, *, served: tup
     stream_usage = bool(r.stream_options and r.stream_options.include_usage)
     if r.stream_options is not None and not r.stream:
         raise ApiError(400, "stream_options: only allowed when stream is true", "stream_options")
-    return Plan(kind, r.model, n_prompt, int(n_out), reason, hashes, bs, r.stream, stream_usage)
+    continuous = bool(r.stream_options and r.stream_options.continuous_usage_stats)
+    return Plan(kind, r.model, n_prompt, int(n_out), reason, hashes, bs, r.stream, stream_usage, continuous)
 
 
 def stop_length(mean_tokens: float, seed: int) -> int:
@@ -249,8 +258,11 @@ def response_id(plan: Plan, request_id: int) -> str:
 
 
 def usage(plan: Plan, completion_tokens: int) -> dict:
+    """OpenAI's usage object; `prompt_tokens_details.cached_tokens` is the prompt
+    tokens the emulated prefix cache served (`plan.cached_tokens`)."""
     return {"prompt_tokens": plan.prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": plan.prompt_tokens + completion_tokens}
+            "total_tokens": plan.prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": int(plan.cached_tokens)}}
 
 
 def full_response(plan: Plan, request_id: int, text: str, n_tokens: int, finish_reason: str,
@@ -269,8 +281,9 @@ def full_response(plan: Plan, request_id: int, text: str, n_tokens: int, finish_
 
 
 def chunk(plan: Plan, request_id: int, created: int, text: str | None, finish_reason: str | None = None,
-          role: bool = False) -> dict:
-    """One streamed chunk (its `usage` is null when usage is asked for, as OpenAI's)."""
+          role: bool = False, tokens_so_far: int = 0) -> dict:
+    """One streamed chunk. Its `usage` is null when usage is asked for (as OpenAI's),
+    or, with `continuous_usage_stats`, the usage of the `tokens_so_far` sent (vLLM's)."""
     if plan.kind == "chat":
         delta: dict = {"role": "assistant", "content": ""} if role else ({"content": text} if text else {})
         choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
@@ -280,7 +293,9 @@ def chunk(plan: Plan, request_id: int, created: int, text: str | None, finish_re
         obj = "text_completion"
     out = {"id": response_id(plan, request_id), "object": obj, "created": created, "model": plan.model,
            "choices": [choice]}
-    if plan.include_usage:
+    if plan.continuous_usage:
+        out["usage"] = usage(plan, tokens_so_far)
+    elif plan.include_usage:
         out["usage"] = None
     return out
 

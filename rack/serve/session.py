@@ -18,12 +18,14 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 
 from rack.analysis.metrics import summarize
 from rack.serve.frontend import FrontConfig
+from rack.serve.tokenizer import load_tokenizer
 from rack.serve.topology import FRONT, live_topology
 from rack.wiring.runner import RunOutput, assemble
 from rack.wiring.scenario import Scenario
@@ -36,14 +38,17 @@ class LiveServer:
     Keyword args: host, port (0: any free port), api_key (None: open), address (a Ray
     cluster; None: Ray started locally), served_model_name (default: the scenario's
     model), pacing_quantum_ms (wall ms; `rack.serve.pacing`), eos_mean_tokens (mean
-    output length without `ignore_eos`, `rack.serve.openai_api`), startup_timeout_s.
+    output length without `ignore_eos`, `rack.serve.openai_api`), tokenizer (a
+    tokenizer.json or its folder, `rack.serve.tokenizer`; None: rack's default counter,
+    which the shipped folder `rack.serve.tokenizer.SHIPPED` reproduces), startup_timeout_s.
     The dilation is the scenario's (`Scenario.dilation`).
     """
 
     def __init__(self, scenario: Scenario, *, host: str = "127.0.0.1", port: int = 8000,
                  api_key: str | None = None, address: str | None = None,
                  served_model_name: str | None = None, pacing_quantum_ms: float = 1.0,
-                 eos_mean_tokens: float = 256.0, startup_timeout_s: float = 120.0) -> None:
+                 eos_mean_tokens: float = 256.0, startup_timeout_s: float = 120.0,
+                 tokenizer: str | None = None) -> None:
         if not (pacing_quantum_ms >= 0 and math.isfinite(pacing_quantum_ms)):
             raise ValueError(f"pacing_quantum_ms: expected a finite number >= 0, got {pacing_quantum_ms!r}")
         if not eos_mean_tokens >= 1:
@@ -53,7 +58,9 @@ class LiveServer:
         self.config = FrontConfig(
             served_model_names=(served_model_name or scenario.model,), max_model_len=context_limit(scenario),
             dilation=float(scenario.dilation), pacing_quantum_s=pacing_quantum_ms / 1e3,
-            eos_mean_tokens=float(eos_mean_tokens), api_key=api_key)
+            eos_mean_tokens=float(eos_mean_tokens), api_key=api_key,
+            tokenizer=None if tokenizer is None else str(Path(tokenizer).expanduser().resolve()))
+        self.tokenizer = load_tokenizer(self.config.tokenizer)     # TokenizerError before anything starts
         self.startup_timeout_s = startup_timeout_s
         self.specs = live_topology(scenario)          # ScenarioError before anything starts
         self.topo: Any = None
@@ -101,6 +108,10 @@ class LiveServer:
         from rack.runtime.ray_runtime import _first_failure
 
         return _first_failure(_ray(), self.topo.actors)
+
+    def pacing_window(self) -> dict:
+        """The front's pacing lateness since the last call (`LiveFront.pacing_window`)."""
+        return _ray().get(self.topo.actors[FRONT].pacing_window.remote(), timeout=30)
 
     def request_stop(self, drain_s: float) -> Any:
         """Ask the front to drain and stop (returns the Ray reference; `stop` waits)."""
