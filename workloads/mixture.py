@@ -176,7 +176,8 @@ def _check_size(spec: WorkloadSpec, end_s: float, where: str) -> None:
     `synth.MAX_GENERATED_REQUESTS`, before anything is drawn."""
     total = 0.0
     for i, c in enumerate(spec.clients):
-        turns = c.session.turns_mean if c.session is not None else 1.0
+        # a geometric number of turns capped at max_turns: its mean is below both
+        turns = min(c.session.turns_mean, c.session.max_turns) if c.session is not None else 1.0
         expected = sum(w.rate_per_s * (w.end_s - w.start_s) for w in client_windows(spec, i, end_s)) * turns
         total += expected
         check_generated(total, f"{where}: clients[0..{i}] (up to {c.name!r}), their rates over {end_s:g} s,")
