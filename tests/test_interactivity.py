@@ -82,6 +82,9 @@ def test_point_metrics_follow_their_definitions():
     assert p["output_tps_per_usd_per_hour"] == pytest.approx(p["output_tps"] / out.results["cost"]["usd_per_hour"])
     assert p["kv_bytes_per_turn"] == 0 and p["prompt_tokens_computed"] + p["prompt_tokens_cached"] == \
         sum(r.prompt_tokens for r in reqs)
+    # requests in the rack on average: their spans over the window, at most the 4 slots
+    spans = (out.columns["t_end"] - out.columns["t_arrival"]).sum() / e["window_s"]
+    assert point_metrics(out, reqs)["mean_concurrency"] == pytest.approx(spans) and 1 < spans <= 4
 
 
 def test_a_session_workload_gives_whole_sessions_and_is_generated_longer_when_short():

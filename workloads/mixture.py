@@ -8,9 +8,12 @@ stationary renewal process); each arrival is a request, or for a client with
 (`workloads.prefix.conversation_turns`), with block hashes from one `PrefixHasher`
 (system prompts are shared within a client, never across clients). A session's turns
 use the lengths of the window it started in; turns at or after the workload's end are
-dropped. Lengths: for a client without sessions `input_tokens` is the prompt; with
-sessions it is each turn's new user message (the prompt also holds the system prompt
-and the history). reasoning_tokens = round(share x output_tokens).
+dropped. A session with `think_after = "answer"` is replayed turn by turn: its requests
+carry `Request.turn` (label "<client>/<session number>", the think time before each
+turn) and are kept whole once the session started before the end. Lengths: for a
+client without sessions `input_tokens` is the prompt; with sessions it is each turn's
+new user message (the prompt also holds the system prompt, the session's initial
+context and the history). reasoning_tokens = round(share x output_tokens).
 
 Seeding: the seed is split (``SeedSequence.spawn``) into one stream per client, and
 each of those into arrivals / lengths / reasoning / sessions, so editing one client

@@ -15,7 +15,9 @@ Hashes are small integers numbered in order of first appearance in time
 
 Arrivals are open loop: the next turn of a conversation arrives a think time after
 the previous turn's arrival (a generated stream does not know when an answer
-finishes; the closed loop that would wait for it is the runtime's job).
+finishes; the closed loop that would wait for it is the runtime's job: requests that
+carry `Request.turn`, as a workload file's `think_after = "answer"` sessions do, are
+sent a think time after the previous turn's answer, `workloads.sessions`).
 """
 
 from __future__ import annotations

@@ -22,7 +22,8 @@ Per point (`point_metrics`):
   accelerator the deployment provisions: GPUs and wafer systems alike), per kW (output
   tokens over the devices' energy of the run, idle included, x 1000: tokens/s per kW
   = tokens per kJ), per MW, and per $/h (the deployment's `cost.usd_per_hour`);
-- TTFT p50 / p90, TPOT p50, SLO attainment, completed / refused requests;
+- TTFT p50 / p90, TPOT p50, SLO attainment, completed / refused requests, and the
+  mean number of units in flight over the run (below C by the ramp and the drain);
 - the KV cache's work: prefix hit ratio (hit / looked-up full blocks), recomputed
   tokens (`results.json` `prefix_cache.recomputed_tokens`: blocks an earlier request
   also held that were computed again), prompt tokens computed and served from cache
@@ -101,10 +102,31 @@ def _percentile(v: np.ndarray, q: float) -> Optional[float]:
     return float(np.percentile(v, q)) if v.size else None
 
 
-def point_metrics(out: Any) -> dict:
+def mean_concurrency(cols: Mapping[str, np.ndarray], requests: Sequence[Any], window_s: float) -> Optional[float]:
+    """Units in flight on average over [0, window_s]: the sum over units (a session, or
+    a request without a turn) of the time from its first request's send to its last
+    request's end, over the window. Below the point's concurrency by the ramp and the
+    drain (slots that ran out of units)."""
+    if not window_s > 0:
+        return None
+    pos = {int(i): k for k, i in enumerate(cols["id"])}
+    t0, t1 = np.asarray(cols["t_arrival"]), np.asarray(cols["t_end"])
+    span: dict = {}
+    for r in requests:
+        k = pos.get(r.id)
+        if k is None or not (np.isfinite(t0[k]) and np.isfinite(t1[k])):
+            continue
+        key = r.turn.session if r.turn is not None else ("request", r.id)
+        a, b = span.get(key, (math.inf, -math.inf))
+        span[key] = (min(a, float(t0[k])), max(b, float(t1[k])))
+    return sum(b - a for a, b in span.values()) / window_s
+
+
+def point_metrics(out: Any, requests: Optional[Sequence[Any]] = None) -> dict:
     """The figures of one closed-loop run (a `rack.wiring.runner.RunOutput`), flat and
     JSON-ready (see the module docstring for the definitions). None where a figure is
-    undefined (no completed request with two tokens; no price)."""
+    undefined (no completed request with two tokens; no price). With the run's
+    `requests`, also `mean_concurrency` (`mean_concurrency`)."""
     res, cols, stats = out.results, out.columns, out.stats
     done = cols["outcome"] == "completed"
     tpot = np.asarray(cols["tpot_s"], dtype=np.float64)
@@ -143,6 +165,7 @@ def point_metrics(out: Any) -> dict:
         "prompt_tokens_cached": int(sum(s.get("tokens_cached", 0) for s in engines)),
         "kv_transfers": int(kv["transfers"]), "kv_bytes_logical": int(kv["bytes_logical"]),
         "kv_bytes_per_turn": kv["bytes_logical"] / completed if completed else None,
+        "mean_concurrency": mean_concurrency(cols, requests, window) if requests is not None else None,
     }
 
 
@@ -162,7 +185,7 @@ def run_point(task: LadderTask) -> dict:
         out.update(units=count_sessions(reqs), units_available=have, requests=len(reqs))
         run = run_scenario(sc, reqs, runtime="virtual", max_concurrency=task.concurrency,
                            think_time_s=task.think_time_s)
-        out.update(point_metrics(run))
+        out.update(point_metrics(run, reqs))
     except Exception as exc:  # reported with the point, the other points still run
         out["error"] = f"{type(exc).__name__}: {exc}"
     return out
@@ -323,7 +346,7 @@ def ratio_at_equal_interactivity(curves: Mapping[str, Any], a: str, b: str, *,
 
 
 # ---------------------------------------------------------------------------- reporting
-_COLS = (("concurrency", "C", "{:d}"), ("units", "units", "{:d}"),
+_COLS = (("concurrency", "C", "{:d}"), ("units", "units", "{:d}"), ("mean_concurrency", "mean in flight", "{:.3g}"),
          ("tps_user_p50", "tok/s/user p50", "{:.4g}"), ("tps_user_p90", "p90", "{:.4g}"),
          ("output_tps_per_device", "tok/s/device", "{:.4g}"), ("output_tps_per_kw", "tok/s/kW", "{:.4g}"),
          ("output_tps_per_usd_per_hour", "tok/s per $/h", "{:.4g}"),
@@ -423,5 +446,5 @@ def write_interactivity(curves: Mapping[str, Any], out_dir: Any, *, pairs: Seque
 
 
 __all__ = ["DEFAULT_METRIC", "DEFAULT_PER_SLOT", "DEFINITIONS", "LadderTask", "METRICS", "X_KEY",
-           "interactivity_sweep", "interpolate", "measured_range", "point_metrics", "point_requests", "points_table",
+           "interactivity_sweep", "interpolate", "mean_concurrency", "measured_range", "point_metrics", "point_requests", "points_table",
            "ratio_at_equal_interactivity", "run_point", "summary_lines", "write_interactivity"]

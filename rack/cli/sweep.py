@@ -272,7 +272,7 @@ def sweep_interactivity(
         t.add_column(h, justify="left" if i == 0 else "right")
     for r in rows:
         t.add_row(*r)
-    Console(width=max(160, Console().width)).print(t)
+    Console(width=max(200, Console().width)).print(t)
     for line in summary_lines(curves, pairs, metric):
         typer.echo(line)
     typer.echo(f"report: {paths['report_md']} (and .html); JSON: {paths['json']}"
