@@ -70,10 +70,20 @@ def _workload(trace: Optional[str], window: Optional[str], max_requests: Optiona
     return wl
 
 
-def _finish(result, out: Path, as_json: bool, no_plots: bool) -> None:
+def _print_table(title: str, heads: list[str], rows: list[list[str]], min_width: int = 140) -> None:
+    """A points table on stdout (first column left-aligned, the rest right-aligned)."""
     from rich.console import Console
     from rich.table import Table
 
+    t = Table(title=title)
+    for i, h in enumerate(heads):
+        t.add_column(h, justify="left" if i == 0 else "right")
+    for r in rows:
+        t.add_row(*r)
+    Console(width=max(min_width, Console().width)).print(t)
+
+
+def _finish(result, out: Path, as_json: bool, no_plots: bool) -> None:
     from rack.analysis.results import to_json
     from rack.analysis.sweep import points_table, summary_lines, write_sweep
 
@@ -81,13 +91,7 @@ def _finish(result, out: Path, as_json: bool, no_plots: bool) -> None:
     if as_json:
         typer.echo(to_json(result.as_dict()))
         return
-    heads, rows = points_table(result)
-    t = Table(title=f"rack sweep {result.kind}: {result.workload}")
-    for i, h in enumerate(heads):
-        t.add_column(h, justify="left" if i == 0 else "right")
-    for r in rows:
-        t.add_row(*r)
-    Console(width=max(140, Console().width)).print(t)
+    _print_table(f"rack sweep {result.kind}: {result.workload}", *points_table(result))
     for line in summary_lines(result):
         typer.echo(line)
     typer.echo(f"report: {paths['report_md']} (and .html); JSON: {paths['json']}")
@@ -223,9 +227,6 @@ def sweep_interactivity(
     concurrency ladders (InferenceX's curves); ratios read at equal interactivity."""
     import dataclasses
 
-    from rich.console import Console
-    from rich.table import Table
-
     from rack.analysis.compare import is_gpu_prefill_wafer_decode, is_wafer_only
     from rack.analysis.interactivity import METRICS, interactivity_sweep, points_table, summary_lines, \
         write_interactivity
@@ -266,13 +267,7 @@ def sweep_interactivity(
     if as_json:
         typer.echo(paths["json"].read_text())
         return
-    heads, rows = points_table(curves)
-    t = Table(title=f"rack sweep interactivity: {curves['workload']}")
-    for i, h in enumerate(heads):
-        t.add_column(h, justify="left" if i == 0 else "right")
-    for r in rows:
-        t.add_row(*r)
-    Console(width=max(200, Console().width)).print(t)
+    _print_table(f"rack sweep interactivity: {curves['workload']}", *points_table(curves), min_width=200)
     for line in summary_lines(curves, pairs, metric):
         typer.echo(line)
     typer.echo(f"report: {paths['report_md']} (and .html); JSON: {paths['json']}"
