@@ -30,7 +30,8 @@ B = _curve((90.0, 5.0), (40.0, 40.0))
 def test_interpolation_along_a_curve_and_never_past_its_ends():
     assert interpolate(A, 70.0)["value"] == pytest.approx(40.0)          # 30 + (70-80)/(50-80) x 30
     assert interpolate(A, 70.0)["between"] == [2, 4]
-    assert interpolate(A, 80.0) == {"value": 30.0, "status": "measured", "range": [50.0, 100.0], "between": [2, 2]}
+    assert interpolate(A, 80.0) == {"value": 30.0, "status": "measured", "range": [50.0, 100.0], "between": [2, 2],
+                                    "segments": 1}
     assert interpolate(A, 100.5) == {"value": None, "status": "above_range", "range": [50.0, 100.0]}
     assert interpolate(A, 49.0)["status"] == "below_range" and interpolate(A, 49.0)["value"] is None
     assert interpolate([], 1.0)["status"] == "no_points"
@@ -38,6 +39,26 @@ def test_interpolation_along_a_curve_and_never_past_its_ends():
     back = _curve((100.0, 10.0), (60.0, 50.0), (90.0, 70.0))
     r = interpolate(back, 80.0)
     assert r["segments"] == 2 and r["value"] == pytest.approx(70.0 - (90.0 - 80.0) / 30.0 * 20.0)
+    # a measured point competes with the segments at its x: at x=90 the point C=4 (70)
+    # beats the segment C=1-C=2 (20)
+    assert interpolate(back, 90.0)["value"] == 70.0 and interpolate(back, 90.0)["status"] == "measured"
+    with pytest.raises(ValueError, match="reading"):
+        interpolate(A, 70.0, reading="closest")
+
+
+def test_the_at_least_reading_takes_the_best_point_giving_that_interactivity_or_more():
+    # every user must get >= 70 tokens/s: A's best is on the C=2..C=4 segment at 70 (40);
+    # >= 85: the best of C=1 (10) and the segment C=1..C=2 crossing 85 (25)
+    assert interpolate(A, 70.0, reading="at_least")["value"] == pytest.approx(40.0)
+    assert interpolate(A, 85.0, reading="at_least")["value"] == pytest.approx(25.0)
+    # below the curve's lowest x every point qualifies: its best point, not an extrapolation
+    low = interpolate(A, 10.0, reading="at_least")
+    assert (low["value"], low["status"], low["between"]) == (60.0, "measured", [4, 4])
+    assert interpolate(A, 101.0, reading="at_least")["value"] is None          # none is that fast
+    r = ratio_at_equal_interactivity({"a": A, "b": B}, "a", "b", reading="at_least")
+    # read at every measured x up to the lower top (90): 40, 50, 80, 90
+    assert [x["x"] for x in r["readings"]] == [40.0, 50.0, 80.0, 90.0]
+    assert r["readings"][0]["ratio"] == pytest.approx(60.0 / 40.0) and r["reading"] == "at_least"
 
 
 def test_ratio_at_equal_interactivity_of_two_small_curves():
@@ -119,3 +140,17 @@ def test_a_sweep_and_its_command(tmp_path):
     bad = CliRunner().invoke(app, ["sweep", "interactivity", "--max-concurrency", "4", "--out", str(tmp_path)])
     assert bad.exit_code == 2 and "pure closed loop" in bad.output
     assert math.isfinite(doc["deployments"]["helios-cs3-kimi-k2"]["points"][0]["kv_bytes_per_turn"])
+
+
+def test_a_tolerance_makes_nearly_equal_interactivity_comparable():
+    flat = _curve((1271.0, 1.4), (1267.0, 4.2), (1221.0, 10.4))      # the wafer's: nearly vertical
+    other = _curve((1272.0, 6.7),)
+    strict = ratio_at_equal_interactivity({"w": flat, "s": other}, "s", "w", reading="at_least", at=[1271.0])
+    within = ratio_at_equal_interactivity({"w": flat, "s": other}, "s", "w", reading="at_least", at=[1271.0],
+                                          tolerance=0.01)
+    assert strict["readings"][0]["ratio"] == pytest.approx(6.7 / 1.4)
+    # within 1 % of 1271 is 1258.29 or more: the segment 1267 -> 1221 crosses it
+    at = 4.2 + (1258.29 - 1267.0) / (1221.0 - 1267.0) * (10.4 - 4.2)
+    assert within["readings"][0]["ratio"] == pytest.approx(6.7 / at)
+    with pytest.raises(ValueError, match="tolerance"):
+        ratio_at_equal_interactivity({"w": flat, "s": other}, "s", "w", tolerance=0.01)

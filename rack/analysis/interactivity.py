@@ -34,8 +34,10 @@ Reading two curves at equal interactivity (`ratio_at_equal_interactivity`): each
 curve's metric is interpolated linearly in tokens/s per user between neighbouring
 concurrency points (where several segments of one curve cover the same x, the best
 of them: the curve's frontier); a value outside a curve's measured range is never
-extrapolated: the reading says which curve does not reach it. Definitions also in
-docs/interactivity.md.
+extrapolated: the reading says which curve does not reach it. The "at_least" reading
+takes each curve's best operating point that gives every user x tokens/s or more
+(InferenceX's Pareto reading), which stays well defined where a curve is nearly
+vertical. Definitions also in docs/interactivity.md.
 """
 
 from __future__ import annotations
@@ -56,6 +58,8 @@ DEFAULT_METRIC = "output_tps_per_kw"
 #: Metrics a curve can be read at (y axes).
 METRICS = ("output_tps", "output_tps_per_device", "output_tps_per_kw", "output_tps_per_mw",
            "output_tps_per_usd_per_hour")
+#: "Comparable interactivity" of the at_least reading in reports: within 1 % of x.
+DEFAULT_TOLERANCE = 0.01
 #: Most times a session workload is generated longer to give a point enough sessions.
 _MAX_EXTEND = 64
 
@@ -246,6 +250,8 @@ DEFINITIONS = (
     "tokens/s per $/h: output tokens/s over the deployment's cost per hour (results.json cost.usd_per_hour)",
     "ratio at equal interactivity: each curve interpolated linearly in tokens/s per user between neighbouring "
     "concurrency points (the best segment where several cover it); never extrapolated past a curve's ends",
+    "ratio at least x: each curve's best operating point (measured, or on a segment crossing x) that gives every "
+    "user x tokens/s or more (within a tolerance: 1% in reports); none above a curve's fastest point",
 )
 
 
@@ -263,36 +269,45 @@ def measured_range(points: Sequence[Mapping[str, Any]], x_key: str = X_KEY,
     return [min(xs), max(xs)] if xs else None
 
 
+#: How a curve is read at an interactivity x (`interpolate`, `ratio_at_equal_interactivity`).
+READINGS = ("equal", "at_least")
+
+
 def interpolate(points: Sequence[Mapping[str, Any]], x: float, *, x_key: str = X_KEY,
-                metric: str = DEFAULT_METRIC) -> dict:
+                metric: str = DEFAULT_METRIC, reading: str = "equal") -> dict:
     """`metric` of one measured curve at interactivity `x`, by linear interpolation
     between neighbouring points (in concurrency order), never extrapolated.
 
     points: the curve's points (dicts with "concurrency", `x_key` and `metric`; points
-    missing either value are left out). Returns {"value": float or None, "status":
-    "measured" (x is a point's), "interpolated", "below_range" / "above_range" (x
-    outside the curve's measured [lo, hi]: no value), or "no_points"; "range": [lo, hi]
-    of the curve's x; "between": [C0, C1] the concurrencies around x (interpolated)}.
-    Where several segments cover x (a curve that turns back), the highest value is
-    taken (the curve's frontier) and "segments" counts them.
+    missing either value are left out). reading: "equal", the curve's value at x
+    exactly; "at_least", the best value among the curve's operating points that give
+    x or more (its measured points at or above x, and the segments crossing x): what
+    the deployment delivers when every user must get at least x (InferenceX's Pareto
+    reading), defined for every x up to the curve's highest, none above.
+
+    Returns {"value": float or None, "status": "measured" (the value is a point's),
+    "interpolated", "below_range" / "above_range" (x outside the curve's measured
+    [lo, hi]: no value; "at_least" has no below_range), or "no_points"; "range": [lo,
+    hi] of the curve's x; "between": [C0, C1] the concurrencies of the value's segment
+    (C0 = C1 for a point); "segments": the candidates}. Where several candidates cover
+    x (a curve that turns back), the highest value is taken (the curve's frontier).
+    Raises ValueError for an unknown reading.
     """
+    if reading not in READINGS:
+        raise ValueError(f"reading: expected one of {', '.join(READINGS)}, got {reading!r}")
     pts = _measured(points, x_key, metric)
     if not pts:
         return {"value": None, "status": "no_points", "range": None}
     lo, hi = measured_range(points, x_key, metric)
-    if x < lo or x > hi:
+    if x > hi or (x < lo and reading == "equal"):
         return {"value": None, "status": "below_range" if x < lo else "above_range", "range": [lo, hi]}
-    exact = [(py, c) for c, px, py in pts if px == x]
-    if exact:
-        best = max(exact)
-        return {"value": best[0], "status": "measured", "range": [lo, hi], "between": [best[1], best[1]]}
-    cands = []
+    cands = [(py, [c, c], "measured") for c, px, py in pts
+             if px == x or (reading == "at_least" and px >= x)]
     for (c0, x0, y0), (c1, x1, y1) in zip(pts, pts[1:]):
         if min(x0, x1) < x < max(x0, x1):
-            cands.append((y0 + (x - x0) / (x1 - x0) * (y1 - y0), [c0, c1]))
-    value, between = max(cands, key=lambda t: t[0])
-    return {"value": value, "status": "interpolated", "range": [lo, hi], "between": between,
-            "segments": len(cands)}
+            cands.append((y0 + (x - x0) / (x1 - x0) * (y1 - y0), [c0, c1], "interpolated"))
+    value, between, status = max(cands, key=lambda t: t[0])
+    return {"value": value, "status": status, "range": [lo, hi], "between": between, "segments": len(cands)}
 
 
 def _curve(curves: Mapping[str, Any], name: str) -> list:
@@ -305,44 +320,64 @@ def _curve(curves: Mapping[str, Any], name: str) -> list:
 
 def ratio_at_equal_interactivity(curves: Mapping[str, Any], a: str, b: str, *,
                                  metric: str = DEFAULT_METRIC, x_key: str = X_KEY,
-                                 at: Optional[Sequence[float]] = None) -> dict:
+                                 at: Optional[Sequence[float]] = None, reading: str = "equal",
+                                 tolerance: float = 0.0) -> dict:
     """The ratio metric(a) / metric(b) of two curves read at equal tokens/s per user.
 
     curves: `interactivity_sweep`'s result (or {name: {"points": [...]}} / {name:
-    [points]}); a, b: deployment names; metric: one of `METRICS`; at: interactivity
-    values (tokens/s per user) to read at; None: every measured x of either curve
-    inside the two curves' overlap (both ends included).
+    [points]}); a, b: deployment names; metric: one of `METRICS`; reading: "equal"
+    (each curve at x exactly) or "at_least" (each curve's best operating point giving
+    x or more, `interpolate`); at: interactivity values (tokens/s per user) to read at;
+    None: every measured x of either curve where both curves can be read ("equal":
+    inside their overlap, both ends included; "at_least": up to the lower of the two
+    curves' highest x). tolerance ("at_least" only, a fraction >= 0): a point gives x
+    when it gives x (1 - tolerance) or more, a "comparable interactivity point" (0.01:
+    within 1 %).
 
-    Returns {"a", "b", "metric", "x", "overlap": [lo, hi] or None (the curves share no
-    interactivity), "readings": [{"x", "a", "b", "ratio", "a_status", "b_status"}],
-    "ratio_min", "ratio_max" (over the readings that have both values), "note"}. A
-    reading outside either curve's measured range has no ratio (never extrapolated),
-    and its status says which curve it lies beyond. Raises KeyError for an unknown name,
-    ValueError for an unknown metric.
+    Returns {"a", "b", "metric", "x", "reading", "overlap": [lo, hi] or None (the
+    curves share no interactivity), "readings": [{"x", "a", "b", "ratio", "a_status",
+    "b_status"}], "ratio_min", "ratio_max" (over the readings that have both values),
+    "note"}. A reading where either curve has no value has no ratio (never
+    extrapolated), and its status says which curve it lies beyond. Raises KeyError for
+    an unknown name, ValueError for an unknown metric or reading.
     """
     if metric not in METRICS:
         raise ValueError(f"metric: expected one of {', '.join(METRICS)}, got {metric!r}")
+    if reading not in READINGS:
+        raise ValueError(f"reading: expected one of {', '.join(READINGS)}, got {reading!r}")
+    if not (0.0 <= tolerance < 1.0) or (tolerance and reading == "equal"):
+        raise ValueError(f"tolerance: expected a fraction in [0, 1) with reading 'at_least', got {tolerance!r} "
+                         f"with {reading!r}")
     pa, pb = _curve(curves, a), _curve(curves, b)
     ra, rb = measured_range(pa, x_key, metric), measured_range(pb, x_key, metric)
     overlap = None
     if ra and rb and max(ra[0], rb[0]) <= min(ra[1], rb[1]):
         overlap = [max(ra[0], rb[0]), min(ra[1], rb[1])]
     if at is None:
+        top = min(ra[1], rb[1]) if ra and rb else -math.inf
+        bottom = overlap[0] if reading == "equal" and overlap else -math.inf
+        if reading == "equal" and overlap is None:
+            top = -math.inf
         at = sorted({float(p[x_key]) for p in (*pa, *pb) if p.get(x_key) is not None
-                     and overlap and overlap[0] <= p[x_key] <= overlap[1]})
+                     and bottom <= p[x_key] <= top})
     readings = []
     for x in at:
-        ia = interpolate(pa, float(x), x_key=x_key, metric=metric)
-        ib = interpolate(pb, float(x), x_key=x_key, metric=metric)
+        ia = interpolate(pa, float(x) * (1 - tolerance), x_key=x_key, metric=metric, reading=reading)
+        ib = interpolate(pb, float(x) * (1 - tolerance), x_key=x_key, metric=metric, reading=reading)
         va, vb = ia["value"], ib["value"]
         readings.append({"x": float(x), "a": va, "b": vb,
                          "ratio": va / vb if va is not None and vb not in (None, 0) else None,
                          "a_status": ia["status"], "b_status": ib["status"]})
     ratios = [r["ratio"] for r in readings if r["ratio"] is not None]
-    return {"a": a, "b": b, "metric": metric, "x": x_key, "overlap": overlap, "readings": readings,
-            "ratio_min": min(ratios) if ratios else None, "ratio_max": max(ratios) if ratios else None,
-            "note": "each curve interpolated linearly in tokens/s per user between neighbouring concurrency "
-                    "points; no value outside a curve's measured range (never extrapolated)"}
+    how = ("each curve interpolated linearly in tokens/s per user between neighbouring concurrency points"
+           if reading == "equal" else
+           f"each curve's best operating point giving at least x{f' (1 - {tolerance:g})' if tolerance else ''} "
+           "tokens/s per user (measured points, or interpolated on a segment crossing it)")
+    return {"a": a, "b": b, "metric": metric, "x": x_key, "reading": reading, "tolerance": tolerance,
+            "overlap": overlap,
+            "readings": readings, "ratio_min": min(ratios) if ratios else None,
+            "ratio_max": max(ratios) if ratios else None,
+            "note": how + "; no value beyond a curve's measured range (never extrapolated)"}
 
 
 # ---------------------------------------------------------------------------- reporting
@@ -374,10 +409,11 @@ def points_table(curves: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]
 
 
 def summary_lines(curves: Mapping[str, Any], pairs: Sequence[tuple[str, str]] = (),
-                  metric: str = DEFAULT_METRIC) -> list[str]:
+                  metric: str = DEFAULT_METRIC, tolerance: float = DEFAULT_TOLERANCE) -> list[str]:
     """Sentences: each curve's interactivity range, each pair's ratio at equal
-    interactivity (its range over the overlap), points short of units or with refused
-    requests."""
+    interactivity (its range over the overlap) and at comparable interactivity (each
+    at its best point within `tolerance` of x or faster), points short of units or
+    with refused requests."""
     out = []
     for name, d in curves["deployments"].items():
         xs = [p["tps_user_p50"] for p in d["points"] if p.get("tps_user_p50") is not None]
@@ -400,14 +436,21 @@ def summary_lines(curves: Mapping[str, Any], pairs: Sequence[tuple[str, str]] = 
             lo, hi = r["overlap"]
             out.append(f"{a} / {b} ({metric}) at equal tokens/s per user, over their overlap {lo:.4g}-{hi:.4g}: "
                        f"{r['ratio_min']:.3g}x to {r['ratio_max']:.3g}x (interpolated along each curve)")
+        q = ratio_at_equal_interactivity(curves, a, b, metric=metric, reading="at_least", tolerance=tolerance)
+        if q["ratio_min"] is not None:
+            xs = [x["x"] for x in q["readings"] if x["ratio"] is not None]
+            out.append(f"{a} / {b} ({metric}), each at its best point giving every user at least x tokens/s "
+                       f"(within {tolerance:.0%}), x from {min(xs):.4g} to {max(xs):.4g}: "
+                       f"{q['ratio_min']:.3g}x to {q['ratio_max']:.3g}x")
     for p in curves.get("errors", ()):
         out.append(f"point {p['scenario']} C={p['concurrency']} failed: {p['error']}")
     return out
 
 
 def write_interactivity(curves: Mapping[str, Any], out_dir: Any, *, pairs: Sequence[tuple[str, str]] = (),
-                        plots: bool = True, metric: str = DEFAULT_METRIC) -> dict:
-    """Write interactivity.json (the curves, plus the pairs' ratios), interactivity.csv
+                        plots: bool = True, metric: str = DEFAULT_METRIC,
+                        tolerance: float = DEFAULT_TOLERANCE) -> dict:
+    """Write interactivity.json (the curves, plus the pairs' ratios, both readings), interactivity.csv
     (one row per point), interactivity.png (`plots.interactivity_curves`) and
     report.md/.html into `out_dir`; returns {what: path}."""
     import csv
@@ -418,7 +461,9 @@ def write_interactivity(curves: Mapping[str, Any], out_dir: Any, *, pairs: Seque
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    doc = {**curves, "ratios": [ratio_at_equal_interactivity(curves, a, b, metric=metric) for a, b in pairs]}
+    doc = {**curves, "ratios": [ratio_at_equal_interactivity(curves, a, b, metric=metric, reading=how,
+                                                             tolerance=tolerance if how == "at_least" else 0.0)
+                                for a, b in pairs for how in READINGS]}
     (out / "interactivity.json").write_text(to_json(doc))
     pts = [{"deployment": n, **p} for n, d in curves["deployments"].items() for p in d["points"]]
     keys = sorted({k for p in pts for k in p})
@@ -435,7 +480,7 @@ def write_interactivity(curves: Mapping[str, Any], out_dir: Any, *, pairs: Seque
     heads, rows = points_table(curves)
     lines = [f"# Interactivity: {curves['workload']}", "",
              f"Concurrency ladder {curves['concurrencies']}, {curves['per_slot']} units per slot.", "",
-             "## Summary", ""] + [f"- {s}" for s in summary_lines(curves, pairs, metric)]
+             "## Summary", ""] + [f"- {s}" for s in summary_lines(curves, pairs, metric, tolerance)]
     lines += ["", "## Points", "", report.md_table(heads, rows), ""]
     if png is not None:
         lines += ["## Curves", "", "![interactivity curves](interactivity.png)", ""]
@@ -445,6 +490,6 @@ def write_interactivity(curves: Mapping[str, Any], out_dir: Any, *, pairs: Seque
     return paths
 
 
-__all__ = ["DEFAULT_METRIC", "DEFAULT_PER_SLOT", "DEFINITIONS", "LadderTask", "METRICS", "X_KEY",
+__all__ = ["DEFAULT_METRIC", "DEFAULT_PER_SLOT", "DEFAULT_TOLERANCE", "DEFINITIONS", "LadderTask", "METRICS", "READINGS", "X_KEY",
            "interactivity_sweep", "interpolate", "mean_concurrency", "measured_range", "point_metrics", "point_requests", "points_table",
            "ratio_at_equal_interactivity", "run_point", "summary_lines", "write_interactivity"]

@@ -213,6 +213,7 @@ def sweep_interactivity(
     per_slot: int = typer.Option(4, "--per-slot", min=1, help="requests (or whole sessions) replayed per slot at each point"),
     pair: Optional[List[str]] = typer.Option(None, "--pair", metavar="A:B", help="ratio A/B read at equal tokens/s per user (repeatable) [default: each GPU-prefill + wafer-decode deployment over the wafer-only one]"),
     metric: str = typer.Option("output_tps_per_kw", "--metric", help="metric of the ratios: output_tps_per_kw, output_tps_per_device, output_tps_per_usd_per_hour, ..."),
+    tolerance: float = typer.Option(0.01, "--tolerance", min=0.0, max=0.5, help="the 'at least' ratio: a point gives x tokens/s per user within this fraction"),
     trace: str = typer.Option(DEFAULT_TRACE, "--trace", "-t"),
     window: Optional[str] = typer.Option(None, "--window", help="START:END seconds of the trace"),
     max_requests: Optional[int] = typer.Option(None, "--max-requests", min=1),
@@ -263,12 +264,12 @@ def sweep_interactivity(
     curves = interactivity_sweep(scs, plan, [int(c) for c in ladder], per_slot=per_slot,
                                  think_time_s=load.think_time, workers=workers,
                                  address=address, progress=not as_json)
-    paths = write_interactivity(curves, out, pairs=pairs, plots=not no_plots, metric=metric)
+    paths = write_interactivity(curves, out, pairs=pairs, plots=not no_plots, metric=metric, tolerance=tolerance)
     if as_json:
         typer.echo(paths["json"].read_text())
         return
     _print_table(f"rack sweep interactivity: {curves['workload']}", *points_table(curves), min_width=200)
-    for line in summary_lines(curves, pairs, metric):
+    for line in summary_lines(curves, pairs, metric, tolerance):
         typer.echo(line)
     typer.echo(f"report: {paths['report_md']} (and .html); JSON: {paths['json']}"
                + (f"; plot: {paths['png']}" if "png" in paths else ""))
