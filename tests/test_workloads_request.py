@@ -5,16 +5,23 @@ import pickle
 
 import pytest
 
-from workloads import Request
+from workloads import Request, Turn
 
 
 def test_fields_and_defaults_match_the_contract():
     names = [f.name for f in dataclasses.fields(Request)]
     assert names == ["id", "arrival_s", "prompt_tokens", "output_tokens", "block_hashes",
-                     "block_size", "tenant", "slo_class", "reasoning_tokens"]
+                     "block_size", "tenant", "slo_class", "reasoning_tokens", "turn"]
     r = Request(3, 1.5, 100, 20)
-    assert (r.block_hashes, r.block_size, r.tenant, r.slo_class, r.reasoning_tokens) == \
-        (None, 512, None, None, 0)
+    assert (r.block_hashes, r.block_size, r.tenant, r.slo_class, r.reasoning_tokens, r.turn) == \
+        (None, 512, None, None, 0, None)
+    assert [f.name for f in dataclasses.fields(Turn)] == ["session", "index", "think_time_s"]
+
+
+@pytest.mark.parametrize("args", [("", 0, 0.0), ("s", -1, 0.0), ("s", 1, -0.5), ("s", 1, float("nan"))])
+def test_bad_turns_are_refused(args):
+    with pytest.raises(ValueError, match="Turn"):
+        Turn(*args)
 
 
 def test_frozen_slots_and_picklable():

@@ -31,7 +31,7 @@ from .names import resolve_trace, trace_dirs, trace_names
 from .reader import TraceReader, open_trace
 from .replay import (RequestList, load_requests, parse_window, replay, sample_fraction,
                      scale_output, scale_rate, select_window, take)
-from .request import Request
+from .request import Request, Turn
 from .stats import LengthStats, TraceStats, ideal_prefix_hits, trace_stats
 
 # Generators need numpy; load them on first attribute access (PEP 562) so that
@@ -51,6 +51,7 @@ _LAZY = {
     "WorkloadSpec": "workload_spec", "load_workload": "workload_spec",
     "WorkloadSpecError": "workload_spec", "workload_names": "workload_spec",
     "generate_workload": "mixture", "realised_windows": "mixture",
+    "session_chains": "sessions", "take_sessions": "sessions", "count_sessions": "sessions",
 }
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -62,6 +63,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from .load import LoadControls, LoadPlan, apply_load, closed_loop, random_dataset, retime
     from .mixture import generate_workload, realised_windows
     from .prefix import PrefixHasher, shared_prefix_requests
+    from .sessions import count_sessions, session_chains, take_sessions
     from .synth import ClosedLoop, ClosedLoopSource, make_arrivals, make_lengths, synthesize
     from .workload_spec import WorkloadSpec, WorkloadSpecError, load_workload, workload_names
 
@@ -80,7 +82,7 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
-    "Request", "TraceError", "TraceReader", "open_trace", "load_requests", "RequestList",
+    "Request", "Turn", "TraceError", "TraceReader", "open_trace", "load_requests", "RequestList",
     "trace_stats", "ideal_prefix_hits", "TraceStats", "LengthStats", "resolve_trace", "trace_names", "trace_dirs",
     "replay", "select_window", "scale_rate", "sample_fraction", "take", "scale_output",
     "parse_window", "Schema", "FORMATS", *_LAZY,

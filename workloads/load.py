@@ -91,24 +91,34 @@ class LoadControls:
 def retime(requests: Sequence[Request], controls: LoadControls) -> list[Request]:
     """`requests` in their order with arrivals from `controls`' request rate (first at
     0 s; all 0 s for inf), up to `controls.duration_s` if set. Ids, lengths, hashes and
-    labels are kept. Raises ValueError if no request rate is set."""
+    labels are kept. Turns of a session (`Request.turn`) are re-timed as one unit: the
+    rate is the rate of new sessions, and every turn takes its session's new start (the
+    runtime sends later turns after the previous one ends, not at their arrival).
+    Raises ValueError if no request rate is set."""
     import numpy as np
 
     from .arrivals import arrival_times, window_times
 
     if controls.request_rate is None:
         raise ValueError("retime needs a request rate")
+    # one arrival per unit: a session (all its turns), or a request without a turn
+    unit: dict = {}
+    of = [unit.setdefault(r.turn.session if r.turn is not None else ("request", i), len(unit))
+          for i, r in enumerate(requests)]
     process = controls.arrival_process()
     if process is None:
-        times = np.zeros(len(requests))
+        times = np.zeros(len(unit))
     elif controls.duration_s is not None:       # exactly round(rate x duration) in it (module docstring)
         times = window_times(process, 0.0, controls.duration_s, exact=True,
-                             seed=controls.seed)[:len(requests)]
+                             seed=controls.seed)[:len(unit)]
     else:
-        times = arrival_times(process, n=len(requests), seed=controls.seed)
-    return [Request(r.id, t, r.prompt_tokens, r.output_tokens, r.block_hashes, r.block_size,
-                    r.tenant, r.slo_class, r.reasoning_tokens)
-            for r, t in zip(requests, times.tolist())]
+        times = arrival_times(process, n=len(unit), seed=controls.seed)
+    times = times.tolist()
+    out = [Request(r.id, times[u], r.prompt_tokens, r.output_tokens, r.block_hashes, r.block_size,
+                   r.tenant, r.slo_class, r.reasoning_tokens, r.turn)
+           for r, u in zip(requests, of) if u < len(times)]
+    # a session's later turns take its (earlier) start: back in arrival order, stable
+    return sorted(out, key=lambda r: r.arrival_s) if len(unit) < len(requests) else out
 
 
 def apply_load(requests: Sequence[Request], controls: LoadControls) -> list[Request]:

@@ -8,9 +8,12 @@ stationary renewal process); each arrival is a request, or for a client with
 (`workloads.prefix.conversation_turns`), with block hashes from one `PrefixHasher`
 (system prompts are shared within a client, never across clients). A session's turns
 use the lengths of the window it started in; turns at or after the workload's end are
-dropped. Lengths: for a client without sessions `input_tokens` is the prompt; with
-sessions it is each turn's new user message (the prompt also holds the system prompt
-and the history). reasoning_tokens = round(share x output_tokens).
+dropped. A session with `think_after = "answer"` is replayed turn by turn: its requests
+carry `Request.turn` (label "<client>/<session number>", the think time before each
+turn) and are kept whole once the session started before the end. Lengths: for a
+client without sessions `input_tokens` is the prompt; with sessions it is each turn's
+new user message (the prompt also holds the system prompt, the session's initial
+context and the history). reasoning_tokens = round(share x output_tokens).
 
 Seeding: the seed is split (``SeedSequence.spawn``) into one stream per client, and
 each of those into arrivals / lengths / reasoning / sessions, so editing one client
@@ -31,7 +34,7 @@ from .arrivals import (ConstantArrivals, GammaArrivals, PoissonArrivals, Weibull
                        window_times)
 from .prefix import PrefixHasher, conversation_turns, renumber_hashes, zipf_choice
 from .replay import RequestList
-from .request import Request
+from .request import Request, Turn
 from .synth import check_generated
 from .workload_spec import (Client, ShareFixed, ShareUniform, WorkloadSpec, token_distribution)
 
@@ -109,7 +112,7 @@ def _shares(share: Any, n: int, rng: np.random.Generator) -> np.ndarray:
 
 def _client_rows(spec: WorkloadSpec, index: int, end_s: float, exact: bool,
                  seq: np.random.SeedSequence, hasher: PrefixHasher) -> list[tuple]:
-    """(arrival_s, client, session, turn, prompt, output, reasoning, hashes) rows."""
+    """(arrival_s, client, session, turn, prompt, output, reasoning, hashes, Turn or None) rows."""
     c = spec.clients[index]
     rng_arr, rng_len, rng_share, rng_sess = (np.random.default_rng(s) for s in seq.spawn(4))
     s = c.session
@@ -126,7 +129,7 @@ def _client_rows(spec: WorkloadSpec, index: int, end_s: float, exact: bool,
             prompt, output = w.input_tokens.draw(n, rng_len), w.output_tokens.draw(n, rng_len)
             reason = np.rint(_shares(w.reasoning_share, n, rng_share) * output).astype(np.int64)
             for t, p, o, r in zip(starts.tolist(), prompt.tolist(), output.tolist(), reason.tolist()):
-                rows.append((t, index, session_no, 0, p, o, r, None))
+                rows.append((t, index, session_no, 0, p, o, r, None, None))
                 session_no += 1
             continue
         turns = np.minimum(rng_sess.geometric(1.0 / s.turns_mean, n), s.max_turns)
@@ -134,20 +137,40 @@ def _client_rows(spec: WorkloadSpec, index: int, end_s: float, exact: bool,
         total = int(turns.sum())
         user, answer = w.input_tokens.draw(total, rng_len), w.output_tokens.draw(total, rng_len)
         reason = np.rint(_shares(w.reasoning_share, total, rng_share) * answer).astype(np.int64)
-        think = (rng_sess.exponential(s.think_time_s, total) if s.think_time_s > 0
-                 else np.zeros(total))
+        think = _think_times(s, total, rng_sess)
+        # drawn last, and only when asked for: the other draws stay as they were
+        context = (token_distribution(s.initial_context_tokens).draw(n, rng_sess).tolist()
+                   if s.initial_context_tokens is not None else [0] * n)
+        chained = s.think_after == "answer"
         k = 0
-        for t0, nt, sp in zip(starts.tolist(), turns.tolist(), sys_of.tolist()):
+        for t0, nt, sp, h0 in zip(starts.tolist(), turns.tolist(), sys_of.tolist(), context):
+            if s.max_prompt_tokens is not None:     # the first turn must fit: cut its context
+                h0 = max(0, min(h0, s.max_prompt_tokens - s.system_prompt_tokens - int(user[k])))
+            label = f"{c.name}/{session_no}"
             for j, (t, p, o) in enumerate(conversation_turns(
                     t0, user[k:k + nt], answer[k:k + nt], think[k:k + nt],
-                    s.system_prompt_tokens, s.max_prompt_tokens)):
-                if t >= end_s:
+                    s.system_prompt_tokens, s.max_prompt_tokens, h0)):
+                # a chained session started before the end is kept whole (its later
+                # turns' times are estimates: they go when the previous turn ends)
+                if t >= end_s and not chained:
                     break
                 h = hasher.hashes(p, s.system_prompt_tokens, (index, sp), (index, session_no))
-                rows.append((t, index, session_no, j, p, o, int(reason[k + j]), h))
+                turn = Turn(label, j, float(think[k + j - 1]) if j else 0.0) if chained else None
+                rows.append((t, index, session_no, j, p, o, int(reason[k + j]), h, turn))
             k += nt
             session_no += 1
     return rows
+
+
+def _think_times(s: Any, n: int, rng: np.random.Generator) -> np.ndarray:
+    """`n` think times (s) of session spec `s`: exponential with mean `think_time_s`, or
+    log-normal with that mean and CV `think_time_cv` (heavy-tailed tool latencies)."""
+    if s.think_time_s <= 0:
+        return np.zeros(n)
+    if s.think_time_cv is None:
+        return rng.exponential(s.think_time_s, n)
+    sigma2 = math.log1p(s.think_time_cv ** 2)
+    return rng.lognormal(math.log(s.think_time_s) - sigma2 / 2, math.sqrt(sigma2), n)
 
 
 def _check_size(spec: WorkloadSpec, end_s: float, where: str) -> None:
@@ -156,7 +179,8 @@ def _check_size(spec: WorkloadSpec, end_s: float, where: str) -> None:
     `synth.MAX_GENERATED_REQUESTS`, before anything is drawn."""
     total = 0.0
     for i, c in enumerate(spec.clients):
-        turns = c.session.turns_mean if c.session is not None else 1.0
+        # a geometric number of turns capped at max_turns: its mean is below both
+        turns = min(c.session.turns_mean, c.session.max_turns) if c.session is not None else 1.0
         expected = sum(w.rate_per_s * (w.end_s - w.start_s) for w in client_windows(spec, i, end_s)) * turns
         total += expected
         check_generated(total, f"{where}: clients[0..{i}] (up to {c.name!r}), their rates over {end_s:g} s,")
@@ -181,8 +205,8 @@ def generate_workload(spec: WorkloadSpec, *, seed: int | None = None,
     rows.sort(key=lambda r: r[:4])
     names = [c.name for c in spec.clients]
     slo = [c.slo_class for c in spec.clients]
-    reqs = renumber_hashes(Request(i, t, p, o, h, spec.block_size, names[c], slo[c], r)
-                           for i, (t, c, _, _, p, o, r, h) in enumerate(rows))
+    reqs = renumber_hashes(Request(i, t, p, o, h, spec.block_size, names[c], slo[c], r, turn)
+                           for i, (t, c, _, _, p, o, r, h, turn) in enumerate(rows))
     return RequestList(reqs, name=source or spec.name, path=source, format="workload",
                        controls={"seed": seed, "duration_s": end_s,
                                  "exact_counts": spec.exact_counts})

@@ -15,7 +15,9 @@ Hashes are small integers numbered in order of first appearance in time
 
 Arrivals are open loop: the next turn of a conversation arrives a think time after
 the previous turn's arrival (a generated stream does not know when an answer
-finishes; the closed loop that would wait for it is the runtime's job).
+finishes; the closed loop that would wait for it is the runtime's job: requests that
+carry `Request.turn`, as a workload file's `think_after = "answer"` sessions do, are
+sent a think time after the previous turn's answer, `workloads.sessions`).
 """
 
 from __future__ import annotations
@@ -76,21 +78,23 @@ def renumber_hashes(requests: Iterable[Request]) -> list[Request]:
         if r.block_hashes is not None:
             r = Request(r.id, r.arrival_s, r.prompt_tokens, r.output_tokens,
                         tuple([order.setdefault(x, len(order)) for x in r.block_hashes]),
-                        r.block_size, r.tenant, r.slo_class, r.reasoning_tokens)
+                        r.block_size, r.tenant, r.slo_class, r.reasoning_tokens, r.turn)
         out.append(r)
     return out
 
 
 def conversation_turns(start_s: float, user_tokens: Sequence[int], answer_tokens: Sequence[int],
                        think_s: Sequence[float], system_prompt_tokens: int,
-                       max_prompt_tokens: int | None = None) -> list[tuple[float, int, int]]:
+                       max_prompt_tokens: int | None = None,
+                       context_tokens: int = 0) -> list[tuple[float, int, int]]:
     """(arrival_s, prompt_tokens, output_tokens) of each turn of one conversation.
 
-    Turn j's prompt = system prompt + every earlier user message and answer + user
-    message j; turn j+1 arrives think_s[j] after turn j. The conversation ends before
-    a turn (after the first) whose prompt would exceed `max_prompt_tokens`.
+    Turn j's prompt = system prompt + `context_tokens` of the conversation's own
+    earlier context + every earlier user message and answer + user message j; turn j+1
+    arrives think_s[j] after turn j. The conversation ends before a turn (after the
+    first) whose prompt would exceed `max_prompt_tokens`.
     """
-    turns, history, t = [], system_prompt_tokens, float(start_s)
+    turns, history, t = [], system_prompt_tokens + int(context_tokens), float(start_s)
     for j, (u, a) in enumerate(zip(user_tokens, answer_tokens)):
         prompt = history + int(u)
         if max_prompt_tokens is not None and prompt > max_prompt_tokens and j > 0:

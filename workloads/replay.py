@@ -63,7 +63,7 @@ def select_window(requests: Iterable[Request], start_s: float | None = None,
         if t >= start:
             if start:
                 r = Request(r.id, t - start, r.prompt_tokens, r.output_tokens, r.block_hashes,
-                            r.block_size, r.tenant, r.slo_class, r.reasoning_tokens)
+                            r.block_size, r.tenant, r.slo_class, r.reasoning_tokens, r.turn)
             yield r
 
 
@@ -77,7 +77,7 @@ def scale_rate(requests: Iterable[Request], factor: float) -> Iterator[Request]:
         return
     for r in requests:
         yield Request(r.id, r.arrival_s / factor, r.prompt_tokens, r.output_tokens,
-                      r.block_hashes, r.block_size, r.tenant, r.slo_class, r.reasoning_tokens)
+                      r.block_hashes, r.block_size, r.tenant, r.slo_class, r.reasoning_tokens, r.turn)
 
 
 def sample_fraction(requests: Iterable[Request], fraction: float, seed: int = 0) -> Iterator[Request]:
@@ -122,7 +122,7 @@ def scale_output(requests: Iterable[Request], factor: float) -> Iterator[Request
     for r in requests:
         out = max(1, round(r.output_tokens * factor))
         yield Request(r.id, r.arrival_s, r.prompt_tokens, out, r.block_hashes, r.block_size,
-                      r.tenant, r.slo_class, min(out, round(r.reasoning_tokens * factor)))
+                      r.tenant, r.slo_class, min(out, round(r.reasoning_tokens * factor)), r.turn)
 
 
 def replay(requests: Iterable[Request], *, window: tuple[float | None, float | None] | None = None,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 
@@ -10,6 +11,32 @@ MAX_TOKENS = 100_000_000
 published for any model (10 M tokens, Llama 4 Scout, Meta, April 2025). A length above
 it is a broken trace row (e.g. 10**30), refused before it reaches the integer and
 float arithmetic of the engines and the metrics."""
+
+
+@dataclass(frozen=True, slots=True)
+class Turn:
+    """Where a request sits in a multi-turn session replayed turn by turn (an agent's
+    loop of model calls and tool calls, or a user's chat): the runtime sends turn
+    `index` of `session` `think_time_s` seconds after the previous turn ended (the
+    tool call, or the user reading and typing), never before; turn 0 goes at its
+    arrival (or, in a closed loop, when a slot frees). The turns of a label are
+    chained by `index` (`workloads.sessions.session_chains`; a gap left by a selection
+    is closed).
+
+    Raises ValueError for an empty session label, a negative index or a negative or
+    non-finite think time.
+    """
+
+    session: str
+    index: int
+    think_time_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.session or self.index < 0 or not (
+                math.isfinite(self.think_time_s) and self.think_time_s >= 0):
+            raise ValueError(f"Turn: session must be a non-empty label, index >= 0 and "
+                             f"think_time_s a finite number >= 0, got {self.session!r}, "
+                             f"{self.index}, {self.think_time_s}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +60,9 @@ class Request:
         tokens, 0 <= reasoning_tokens <= output_tokens (0 when the source does not
         say). They are decoded like any output token; the count lets results report
         the reasoning share (ServeGen's reason_ratio).
+      turn: a `Turn` when the request is a turn of a session that the runtime
+        replays turn by turn (each turn sent a think time after the previous one
+        ended); None (the default): the request goes at its own arrival time.
 
     Raises ValueError if a length is < 1 or > MAX_TOKENS, block_size < 1 or
     reasoning_tokens is outside [0, output_tokens].
@@ -47,6 +77,7 @@ class Request:
     tenant: str | None = None
     slo_class: str | None = None
     reasoning_tokens: int = 0
+    turn: Turn | None = None
 
     def __post_init__(self) -> None:
         # A few comparisons: cheap enough for 10^7 rows, and they stop a zero-length

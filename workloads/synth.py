@@ -178,7 +178,7 @@ class ClosedLoopSource:
         if r.arrival_s >= t:
             return r
         return Request(r.id, t, r.prompt_tokens, r.output_tokens, r.block_hashes, r.block_size,
-                       r.tenant, r.slo_class, r.reasoning_tokens)
+                       r.tenant, r.slo_class, r.reasoning_tokens, r.turn)
 
     def start(self, t: float = 0.0) -> list[Request]:
         """The first min(concurrency, n_requests) requests, arriving at `t` (s) or at

@@ -181,15 +181,23 @@ class Window(_ArrivalFields):
 
 class Session(_Model):
     """Multi-turn sessions: the schedule's rate is the rate of new sessions; each has
-    1 + geometric turns (mean `turns_mean`, at most `max_turns`); turn j+1 arrives an
-    exponential think time (mean `think_time_s`) after turn j; every prompt starts with
-    one of `system_prompts` system prompts (Zipf popularity) and holds the history."""
+    1 + geometric turns (mean `turns_mean`, at most `max_turns`); a think time (mean
+    `think_time_s`: exponential, or log-normal with CV `think_time_cv`) separates turn j
+    and turn j+1: counted from turn j's arrival (`think_after = "arrival"`, open loop)
+    or from its answer (`"answer"`: the requests carry `Request.turn` and the runtime
+    sends each turn when the previous one has ended plus the think time); every prompt
+    starts with one of `system_prompts` system prompts (Zipf popularity), then
+    `initial_context_tokens` of the session's own earlier context (none by default),
+    then the history."""
     turns_mean: float = Field(default=1.0, ge=1)
     max_turns: int = Field(default=32, ge=1)
     think_time_s: float = Field(default=30.0, ge=0)
+    think_time_cv: Optional[float] = Field(default=None, gt=0)
+    think_after: Literal["arrival", "answer"] = "arrival"
     system_prompt_tokens: int = Field(default=0, ge=0)
     system_prompts: int = Field(default=1, ge=1)
     system_prompt_zipf: float = Field(default=1.0, ge=0)
+    initial_context_tokens: Optional[TokenDist] = None
     max_prompt_tokens: Optional[int] = Field(default=None, ge=1)
 
 
@@ -301,7 +309,7 @@ def resolve_workload(path_or_name: str | Path) -> Path:
 
 
 _TAGS = ("fixed", "uniform", "lognormal", "pmf")
-_UNION_FIELDS = ("input_tokens", "output_tokens", "reasoning_share")
+_UNION_FIELDS = ("input_tokens", "output_tokens", "reasoning_share", "initial_context_tokens")
 
 
 def _loc(loc: tuple) -> str:

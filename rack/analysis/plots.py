@@ -312,5 +312,49 @@ def sweep_metric(points: Sequence[Mapping[str, Any]], x: str, y: str, path: Path
     return _save(fig, path)
 
 
-__all__ = ["binned_utilisation", "latency_cdfs", "link_utilisation", "memory_over_time", "palette", "timeseries",
-           "pool_memory_series", "stage_breakdown", "sweep_metric"]
+#: Panels of `interactivity_curves`: (point key, y label), InferenceX's y axes.
+_INTERACTIVITY_PANELS = (("output_tps_per_device", "output tokens/s per device"),
+                         ("output_tps_per_mw", "output tokens/s per MW"),
+                         ("output_tps_per_usd_per_hour", "output tokens/s per $/h"))
+
+
+def interactivity_curves(curves: Mapping[str, Sequence[Mapping[str, Any]]], path: Path | str, *,
+                         title: str, x: str = "tps_user_p50",
+                         colours: Optional[Mapping[str, str]] = None) -> Path:
+    """InferenceX's trade-off, one curve per deployment: throughput per device, per MW
+    and per $/h (three panels) against tokens/s per user (`x`), points joined in
+    concurrency order and labelled with their concurrency.
+
+    curves: deployment -> points (`rack.analysis.interactivity.point_metrics` dicts with
+    "concurrency"). The x axis is logarithmic when the points span more than a decade
+    (a wafer's and a GPU's tokens/s per user differ by that much); y axes start at 0.
+    """
+    plt = _plt()
+    colours = colours or palette(list(curves))
+    fig, axes = plt.subplots(1, len(_INTERACTIVITY_PANELS), figsize=(5.0 * len(_INTERACTIVITY_PANELS), 4.0))
+    xs = [p[x] for pts in curves.values() for p in pts if p.get(x)]
+    logx = bool(xs) and max(xs) > 10 * min(xs)
+    for ax, (key, label) in zip(axes, _INTERACTIVITY_PANELS):
+        for name, pts in curves.items():
+            xy = sorted((p["concurrency"], p[x], p[key]) for p in pts
+                        if p.get(x) is not None and p.get(key) is not None)
+            if not xy:
+                continue
+            ax.plot([a for _, a, _ in xy], [b for _, _, b in xy], marker="o", ms=4, label=name,
+                    color=colours.get(name))
+            for c, a, b in xy:
+                ax.annotate(str(c), (a, b), textcoords="offset points", xytext=(3, 3), fontsize=6,
+                            color=colours.get(name))
+        if logx:
+            ax.set_xscale("log")
+        ax.set_ylim(bottom=0)
+        ax.set_xlabel("tokens/s per user (p50 of 1/TPOT)")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7)
+    fig.suptitle(f"{title}: throughput against interactivity (labels: concurrency)", fontsize=9)
+    return _save(fig, path)
+
+
+__all__ = ["binned_utilisation", "interactivity_curves", "latency_cdfs", "link_utilisation", "memory_over_time",
+           "palette", "timeseries", "pool_memory_series", "stage_breakdown", "sweep_metric"]

@@ -1,5 +1,7 @@
 """`rack sweep rate|bandwidth|prompt`: goodput, SLO attainment, tokens per joule and
-cost of deployments against request rate, KV link bandwidth or prompt length."""
+cost of deployments against request rate, KV link bandwidth or prompt length;
+`rack sweep interactivity`: throughput against tokens/s per user over closed-loop
+concurrency ladders (rack.analysis.interactivity)."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import typer
 from rack.cli.app import app, command_group
 from rack.cli._checks import check_positive, prepare_out_dir
 from rack.cli.load import LoadOptions, load_options
+from rack.cli._routing import POLICY_OPTION, WEIGHT_OPTION, with_routing
 from rack.cli.run import DEFAULT_TRACE, fail
 
 sweep_app = command_group(help="Sweep request rate, KV link bandwidth or prompt length across deployments.")
@@ -68,10 +71,20 @@ def _workload(trace: Optional[str], window: Optional[str], max_requests: Optiona
     return wl
 
 
-def _finish(result, out: Path, as_json: bool, no_plots: bool) -> None:
+def _print_table(title: str, heads: list[str], rows: list[list[str]], min_width: int = 140) -> None:
+    """A points table on stdout (first column left-aligned, the rest right-aligned)."""
     from rich.console import Console
     from rich.table import Table
 
+    t = Table(title=title)
+    for i, h in enumerate(heads):
+        t.add_column(h, justify="left" if i == 0 else "right")
+    for r in rows:
+        t.add_row(*r)
+    Console(width=max(min_width, Console().width)).print(t)
+
+
+def _finish(result, out: Path, as_json: bool, no_plots: bool) -> None:
     from rack.analysis.results import to_json
     from rack.analysis.sweep import points_table, summary_lines, write_sweep
 
@@ -79,13 +92,7 @@ def _finish(result, out: Path, as_json: bool, no_plots: bool) -> None:
     if as_json:
         typer.echo(to_json(result.as_dict()))
         return
-    heads, rows = points_table(result)
-    t = Table(title=f"rack sweep {result.kind}: {result.workload}")
-    for i, h in enumerate(heads):
-        t.add_column(h, justify="left" if i == 0 else "right")
-    for r in rows:
-        t.add_row(*r)
-    Console(width=max(140, Console().width)).print(t)
+    _print_table(f"rack sweep {result.kind}: {result.workload}", *points_table(result))
     for line in summary_lines(result):
         typer.echo(line)
     typer.echo(f"report: {paths['report_md']} (and .html); JSON: {paths['json']}")
@@ -211,3 +218,78 @@ def sweep_prompt(
     result = prompt_sweep(scs, Ls, rate_per_s=rate, output_tokens=output_tokens, n=n, seed=seed,
                           workers=workers, address=address, progress=not as_json)
     _finish(result, out, as_json, no_plots)
+
+
+#: `rack sweep interactivity`'s deployments: the wafer alone, the 16- and 72-GPU splits,
+#: the GPUs alone (the study's vendor-claim comparison).
+INTERACTIVITY_SCENARIOS = ("wafer-only-kimi-k2", "helios-cs3-kimi-k2", "helios72-cs3-kimi-k2", "gpu-only-kimi-k2")
+
+
+@sweep_app.command("interactivity")
+@load_options
+def sweep_interactivity(
+    scenarios: Optional[List[str]] = typer.Argument(None, help="scenario names or TOML files [default: wafer-only, helios-cs3, helios72-cs3, gpu-only Kimi-K2]"),
+    concurrency: str = typer.Option("1,4,16,64", "--concurrency", help="closed-loop concurrencies: requests (or sessions) in the rack at once"),
+    per_slot: int = typer.Option(4, "--per-slot", min=1, help="requests (or whole sessions) replayed per slot at each point"),
+    pair: Optional[List[str]] = typer.Option(None, "--pair", metavar="A:B", help="ratio A/B read at equal tokens/s per user (repeatable) [default: each GPU-prefill + wafer-decode deployment over the wafer-only one]"),
+    metric: str = typer.Option("output_tps_per_kw", "--metric", help="metric of the ratios: output_tps_per_kw, output_tps_per_device, output_tps_per_usd_per_hour, ..."),
+    tolerance: float = typer.Option(0.01, "--tolerance", min=0.0, max=0.5, help="the 'at least' ratio: a point gives x tokens/s per user within this fraction"),
+    trace: str = typer.Option(DEFAULT_TRACE, "--trace", "-t"),
+    window: Optional[str] = typer.Option(None, "--window", help="START:END seconds of the trace"),
+    max_requests: Optional[int] = typer.Option(None, "--max-requests", min=1),
+    router_policy: Optional[str] = POLICY_OPTION, prefix_weight: Optional[float] = WEIGHT_OPTION,
+    workers: int = _WORKERS, address: Optional[str] = _ADDRESS,
+    out: Path = typer.Option(Path("rack-results/sweep-interactivity"), "--out"),
+    no_plots: bool = typer.Option(False, "--no-plots"),
+    as_json: bool = typer.Option(False, "--json", help="print interactivity.json"),
+    load: Optional[LoadOptions] = None,
+) -> None:
+    """Throughput per device, per kW and per $/h against tokens/s per user, from closed-loop
+    concurrency ladders (InferenceX's curves); ratios read at equal interactivity."""
+    import dataclasses
+
+    from rack.analysis.compare import is_gpu_prefill_wafer_decode, is_wafer_only
+    from rack.analysis.interactivity import METRICS, interactivity_sweep, points_table, summary_lines, \
+        write_interactivity
+    from workloads import TraceError
+
+    if load is not None and (load.request_rate is not None or load.max_concurrency is not None):
+        fail("--request-rate/--max-concurrency: an interactivity sweep is a pure closed loop at each "
+             "--concurrency (every request ready at 0 s); give the ladder with --concurrency")
+    if metric not in METRICS:
+        fail(f"--metric: expected one of {', '.join(METRICS)}, got {metric!r}")
+    ladder = _floats(concurrency, "--concurrency")
+    if any(c != int(c) for c in ladder):
+        fail(f"--concurrency: expected whole numbers, e.g. 1,4,16,64, got {concurrency!r}")
+    scs = with_routing(_scenarios(list(scenarios or INTERACTIVITY_SCENARIOS)), router_policy, prefix_weight)
+    names = [s.name for s in scs]
+    pairs = []
+    for p in pair or []:
+        a, sep, b = p.partition(":")
+        if not sep or a not in names or b not in names:
+            fail(f"--pair: expected A:B of the swept deployments ({', '.join(names)}), got {p!r}")
+        pairs.append((a, b))
+    if pair is None:
+        wafer = next((s.name for s in scs if is_wafer_only(s)), None)
+        pairs = [(s.name, wafer) for s in scs if wafer and is_gpu_prefill_wafer_decode(s)]
+    load = load or LoadOptions()
+    try:
+        # --think-time is between a slot's requests (or sessions): the sweep's, not the plan's
+        plan = dataclasses.replace(load, think_time=0.0).plan(trace or DEFAULT_TRACE, default_trace=DEFAULT_TRACE,
+                                                             window=window, max_requests=max_requests)
+        plan.requests()              # fail fast on a bad trace, with the reader's message
+    except (TraceError, ValueError) as exc:
+        fail(str(exc))
+    prepare_out_dir("--out", out)
+    curves = interactivity_sweep(scs, plan, [int(c) for c in ladder], per_slot=per_slot,
+                                 think_time_s=load.think_time, workers=workers,
+                                 address=address, progress=not as_json)
+    paths = write_interactivity(curves, out, pairs=pairs, plots=not no_plots, metric=metric, tolerance=tolerance)
+    if as_json:
+        typer.echo(paths["json"].read_text())
+        return
+    _print_table(f"rack sweep interactivity: {curves['workload']}", *points_table(curves), min_width=200)
+    for line in summary_lines(curves, pairs, metric, tolerance):
+        typer.echo(line)
+    typer.echo(f"report: {paths['report_md']} (and .html); JSON: {paths['json']}"
+               + (f"; plot: {paths['png']}" if "png" in paths else ""))

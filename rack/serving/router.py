@@ -34,6 +34,7 @@ import dataclasses
 import heapq
 import itertools
 import math
+from collections import deque
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -134,6 +135,11 @@ class Router(Core):
         self._think = 0.0
         self._free: list[float] = []              # closed loop: when each idle slot may send (heap)
         self._in_flight: set[int] = set()         # closed loop: sent, not ended
+        # sessions replayed turn by turn (`Request.turn`; `workloads.sessions`): None, or
+        # per position the position of the session's next turn (-1: its last)
+        self._chain: np.ndarray | None = None
+        self._heads: deque[int] = deque()         # closed loop: first turns not yet given a slot
+        self._due: list[tuple[float, int]] = []   # (send time, position) of turns due (heap)
 
     # ------------------------------------------------------------------ replay
     def start(self, now: float, requests: Sequence[Any], max_concurrency: int | None = None,
@@ -148,6 +154,13 @@ class Router(Core):
             a slot frees, i.e. `think_time_s` after one of the requests in flight ends
             (completed, rejected or failed). Its arrival (hence TTFT) is when it is
             sent. None: open loop, every request at its arrival time.
+        Sessions: when requests carry `Request.turn`, each session is replayed turn by
+            turn (`workloads.sessions.session_chains`): its first turn goes at its
+            arrival time, every later turn its `turn.think_time_s` after the previous
+            turn ended (whatever the outcome), its own arrival time ignored; a request
+            without a turn is a session of one turn. With max_concurrency a slot holds
+            a session from its first turn's send to its last turn's end (the number of
+            agents or users looping at once), and frees `think_time_s` after that.
         Raises ValueError for max_concurrency < 1 or a negative or non-finite think time.
         """
         n = len(requests)
@@ -165,6 +178,16 @@ class Router(Core):
             self._slots = int(max_concurrency)
             self._think = float(think_time_s)
             self._free = [0.0] * self._slots
+        if any(r.turn is not None for r in self._requests):
+            from workloads.sessions import session_chains
+
+            heads, chain = session_chains(self._requests)
+            self._chain = np.asarray(chain, dtype=np.int64)
+            if self._slots is None:
+                self._due = [(self._requests[p].arrival_s, p) for p in heads]
+                heapq.heapify(self._due)
+            else:
+                self._heads = deque(heads)
         self._pump(now)
 
     def on_wake(self, now: float) -> None:
@@ -174,6 +197,9 @@ class Router(Core):
         """Send every request that is due at `now` and set the next wake-up."""
         reqs, n = self._requests, self._n_replay
         self.wake_at = math.inf
+        if self._chain is not None:
+            self._pump_sessions(now)
+            return
         if self._slots is None:
             while self._next < n:
                 t = reqs[self._next].arrival_s
@@ -198,6 +224,19 @@ class Router(Core):
             self._tick(now, [req], self._next - 1)
         # else: every slot is taken; an `ended` frees one
 
+    def _pump_sessions(self, now: float) -> None:
+        """Sessions (`start`): give free slots their next sessions, send every turn due
+        at `now` (one tick each), wake at the next one due."""
+        reqs, due = self._requests, self._due
+        while self._free and self._heads:
+            p = self._heads.popleft()
+            heapq.heappush(due, (max(reqs[p].arrival_s, heapq.heappop(self._free)), p))
+        while due and due[0][0] <= now:
+            _, p = heapq.heappop(due)
+            self._next += 1                       # sent so far (`is_idle`)
+            self._tick(now, [reqs[p]], p)
+        self.wake_at = due[0][0] if due else math.inf
+
     def submit_live(self, now: float, req: Any, reply_to: str) -> None:
         """A live request (an HTTP front, `rack.serve`): admit and place it now, as a
         replayed request at its arrival tick, and reply `reply_to.admitted(request id,
@@ -219,6 +258,16 @@ class Router(Core):
 
     def ended(self, now: float, request_id: int, t_end: float) -> None:
         """The collector: request `request_id` ended at emulated time `t_end`."""
+        if self._chain is not None:
+            p = self._pos.get(request_id, self._n_replay)
+            if p < self._n_replay:                # not a live request
+                nxt = int(self._chain[p])
+                if nxt >= 0:                      # the session's next turn, after its think time
+                    heapq.heappush(self._due, (t_end + self._requests[nxt].turn.think_time_s, nxt))
+                elif self._slots is not None:     # the session is over: its slot frees
+                    heapq.heappush(self._free, t_end + self._think)
+                self._pump(now)
+            return
         if self._slots is not None and request_id in self._in_flight:
             self._in_flight.discard(request_id)
             heapq.heappush(self._free, t_end + self._think)
@@ -258,6 +307,10 @@ class Router(Core):
     def waiting_for(self) -> str:
         if self._next < self._n_replay:
             left = self._n_replay - self._next
+            if self._chain is not None:
+                return (f"{left} turn(s) to send ({len(self._due)} timed, the rest wait for their "
+                        f"previous turn's end" + (f"; {len(self._heads)} session(s) wait for a slot"
+                                                   if self._heads else "") + ")")
             return (f"{left} request(s) to send" + (f", {len(self._in_flight)} in flight for "
                                                      f"{self._slots} slots" if self._slots else ""))
         return f"{len(self._pending)} recovery(ies) waiting for replies" if self._pending else ""

@@ -136,8 +136,11 @@ def _prefix_cache_section(stats: dict, requests: Sequence[Any]) -> dict | None:
     the run's requests (`workloads.ideal_prefix_hits`: an unbounded cache shared by
     every instance, full blocks only) and `capacity_hit_ratio`, the same with the
     instances' KV capacity pooled into one LRU cache (what routing alone could reach
-    with this rack's memory). None when no instance has a prefix cache or no request
-    carries block hashes."""
+    with this rack's memory), and `recomputed_blocks`/`recomputed_tokens`: the ideal's
+    hits the rack missed, i.e. full prompt blocks an earlier-arriving request also held
+    that were computed again (evicted before their reuse, cached on another instance, or
+    computed by two requests at once).
+    None when no instance has a prefix cache or no request carries block hashes."""
     caches = [s["prefix_cache"] for s in stats.values() if s.get("prefix_cache")]
     if not caches or not any(r.block_hashes for r in requests):
         return None
@@ -154,10 +157,14 @@ def _prefix_cache_section(stats: dict, requests: Sequence[Any]) -> dict | None:
         cap_hit, _ = ideal_prefix_hits(requests, capacity)
     except TypeError:       # hashes that are not hashes (requests built in code): no ideal
         ideal_hit = ideal_looked = cap_hit = 0
+    # blocks an earlier-arriving request also held that were computed again: evicted
+    # before their reuse, cached on another instance, or computed by both at once
+    recomputed = max(0, ideal_hit - tot["hit_blocks"]) if ideal_looked else 0
     return {**tot, "hit_ratio": tot["hit_blocks"] / looked if looked else 0.0,
             "ideal_hit_ratio": ideal_hit / ideal_looked if ideal_looked else None,
             "capacity_blocks": capacity,
-            "capacity_hit_ratio": cap_hit / ideal_looked if ideal_looked else None}
+            "capacity_hit_ratio": cap_hit / ideal_looked if ideal_looked else None,
+            "recomputed_blocks": recomputed, "recomputed_tokens": recomputed * bs}
 
 
 def _trace_counts(trace_info: dict | None) -> dict:
