@@ -96,6 +96,10 @@ def run(
         for name, value in (("--dilation", dilation), ("--payload-scale", payload_scale),
                             ("--rate-scale", rate_scale), ("--output-scale", output_scale), ("--timeout", timeout)):
             check_positive(name, value)
+        from rack.runtime.pace import dilation_error, replay_error
+
+        if dilation is not None and dilation_error(dilation):
+            fail(f"--dilation {dilation:g}: {dilation_error(dilation)}")
         if runtime == "ray" and window is None and trace == DEFAULT_TRACE and not (load.dataset or load.workload):
             window = DEFAULT_RAY_WINDOW
         for name, value in (("--dilation", dilation), ("--timeout", timeout)):
@@ -105,6 +109,8 @@ def run(
                                  skip_bad_rows, load, dilation=dilation, payload_scale=payload_scale)
         sc = with_routing([sc], router_policy, prefix_weight)[0]
         reqs = loaded.requests
+        if runtime == "ray" and reqs and replay_error(reqs[-1].arrival_s, sc.dilation, timeout):
+            fail(replay_error(reqs[-1].arrival_s, sc.dilation, timeout))
         if fault:
             from rack.wiring.faults import parse_fault_option
             from rack.wiring.scenario import ScenarioError

@@ -44,6 +44,7 @@ from rack.wiring.topology import ComponentSpec
 
 from .errors import ComponentError, RayRunError, RunFailed
 from .interrupt import RunStopped, StopRequest
+from .pace import dilation_error, replay_error, replay_timeout_s
 from .placement import load_factory
 from .ray_host import CoreHost, _ray
 
@@ -250,17 +251,22 @@ def run_topology_ray(specs: Sequence[ComponentSpec], requests: Sequence[Any], *,
     frames at `payload_scale`), summed over the hops prefill -> interconnect -> decode.
     Raises RayRunError on a missing resource or a timeout (startup_timeout_s: actors
     started; placement_timeout_s: placement groups; timeout_s: the replay, default
-    600 s + 4 x the arrival span x dilation), ComponentError when a core raises (with
+    `rack.runtime.pace.replay_timeout_s`; a dilation outside `rack.runtime.pace`'s
+    limits, or arrivals that would take more than a week without `timeout_s`, are
+    refused before any actor exists), ComponentError when a core raises (with
     `partial` records), RunStopped on `stop`. Actors and placement groups are removed
     at the end; Ray itself keeps running (the caller owns it).
     """
     ray = _ray()
     span = max((r.arrival_s for r in requests), default=0.0)
+    why = replay_error(span, dilation, timeout_s)
+    if why is not None:
+        raise RayRunError(why)
     topo = launch_topology(specs, dilation=dilation, address=address, startup_timeout_s=startup_timeout_s,
                            placement_timeout_s=placement_timeout_s)
     actors = topo.actors
     try:
-        limit = timeout_s if timeout_s is not None else 600.0 + 4.0 * span * dilation
+        limit = timeout_s if timeout_s is not None else replay_timeout_s(span, dilation)
         deadline = time.time() + limit
         ray.get(actors["router"].deliver.remote("start", (list(requests), max_concurrency, think_time_s)),
                 timeout=60)
@@ -313,6 +319,9 @@ def launch_topology(specs: Sequence[ComponentSpec], *, dilation: float, address:
     default), connect them, measure clock offsets and build every core for a time 0 a
     little ahead (`RayTopology.epoch`). Raises RayRunError as `run_topology_ray`; the
     actors made so far are removed when it raises."""
+    why = dilation_error(dilation)
+    if why is not None:
+        raise RayRunError(f"dilation {dilation!r}: {why}")
     ray = _ray()
     ensure_ray(address)
     check_resources(specs)

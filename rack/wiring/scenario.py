@@ -253,6 +253,17 @@ class Scenario(_Strict):
             raise ValueError(f"{where}: expected a finite number, got {value!r}")
         return data
 
+    @field_validator("dilation")
+    @classmethod
+    def _sane_dilation(cls, v: float) -> float:
+        # the Ray runtime's limits, with their reasons (rack.runtime.pace)
+        from rack.runtime.pace import dilation_error
+
+        why = dilation_error(v)
+        if why is not None:
+            raise ValueError(why)
+        return v
+
     @field_validator("pools")
     @classmethod
     def _unique_pools(cls, pools: list[PoolConfig]) -> list[PoolConfig]:
