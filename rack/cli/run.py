@@ -81,9 +81,10 @@ def run(
     """Replay a trace through the emulated rack and report TTFT, TPOT, ITL, goodput, KV traffic.
 
     SIGINT (Ctrl-C) or SIGTERM during the replay stops it and writes the results of what
-    finished (status "interrupted"), exit code 130; a second signal exits at once."""
+    finished (status "interrupted"), exit code 130 (SIGINT) or 143 (SIGTERM); a second
+    signal exits at once."""
     from rack.analysis.results import summary_text, to_json, write_results
-    from rack.runtime.interrupt import EXIT_INTERRUPTED
+    from rack.runtime.interrupt import exit_code
 
     if runtime not in ("ray", "virtual"):
         fail(f"--runtime: expected 'ray' or 'virtual', got {runtime!r}")
@@ -137,7 +138,7 @@ def run(
             fail(f"--out {folder}: could not write the results ({exc.strerror or exc})", code=1)
         if output.results["status"] == "interrupted":
             typer.echo(interrupted_line(output.results, folder), err=True)
-            raise typer.Exit(EXIT_INTERRUPTED)
+            raise typer.Exit(exit_code((output.results.get("interrupted") or {}).get("signal")))
         if as_json:
             typer.echo(to_json(output.results))
         else:
@@ -198,8 +199,11 @@ def execute(folder: Path, sc, reqs, *, runtime: str, address: Optional[str], **k
     except Exception as exc:  # noqa: BLE001 - aborted, a stalled Ray run, or a bug: one line, the rest in the log
         report_failure(folder, exc)
     finally:
-        if runtime == "ray" and address is None:
-            import ray
-
-            if ray.is_initialized():
-                ray.shutdown()
+        # not `import ray`: a signal that stopped its first import leaves it half made
+        ray = sys.modules.get("ray")
+        if runtime == "ray" and address is None and callable(getattr(ray, "is_initialized", None)):
+            try:
+                if ray.is_initialized():
+                    ray.shutdown()
+            except (ImportError, AttributeError):     # that half-made module
+                pass

@@ -43,7 +43,7 @@ from typing import Any, Callable, Sequence
 from rack.wiring.topology import ComponentSpec
 
 from .errors import ComponentError, RayRunError, RunFailed
-from .interrupt import RunStopped, StopRequest
+from .interrupt import RunStopped, StopRequest, reclaim_signals, signals_claimed
 from .pace import dilation_error, replay_error, replay_timeout_s
 from .placement import load_factory
 from .ray_host import CoreHost, _ray
@@ -74,12 +74,39 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None) -> bool:
                                   f"not {address}: one process has one Ray session (ray.shutdown() first)")
         return False
     if address and address != "local":
-        ray.init(address=address, log_to_driver=False, logging_level="ERROR")
-        return True
-    ray.init(address="local", num_cpus=num_cpus or max(2, os.cpu_count() or 2), include_dashboard=False,
-             log_to_driver=False, logging_level="ERROR", object_store_memory=512 * 1024 * 1024,
-             _temp_dir=os.environ.get("RACK_RAY_TMP", "/tmp/rack-ray"))
+        init_ray(address=address, log_to_driver=False, logging_level="ERROR")
+    else:
+        init_ray(address="local", num_cpus=num_cpus or max(2, os.cpu_count() or 2), include_dashboard=False,
+                 log_to_driver=False, logging_level="ERROR", object_store_memory=512 * 1024 * 1024,
+                 _temp_dir=os.environ.get("RACK_RAY_TMP", "/tmp/rack-ray"))
     return True
+
+
+def init_ray(**kwargs: Any) -> None:
+    """`ray.init(**kwargs)`, leaving rack's SIGINT/SIGTERM handlers in charge when a
+    `rack.runtime.interrupt.handle_signals` block is open (a command's run).
+
+    ray.init installs SIGTERM handlers of its own in the driver: in Python, through
+    `ray._private.utils.set_sigterm_handler` (`sys.exit(15)` when it starts, a node's
+    clean-up and `sys.exit(1)` for a local head), and in C (absl's failure handler:
+    "*** SIGTERM received at time=..." and a stack dump). During the call the Python
+    one is kept out (that function is replaced by a no-op, the only way to stop it
+    short of not calling ray.init: a SIGTERM while Ray starts is then rack's, the run
+    stops at once with exit code 143), and afterwards rack's handlers are installed
+    again over the C one (`reclaim_signals`). Outside such a block Ray's own handlers
+    stay, as a library user expects."""
+    ray = _ray()
+    utils = getattr(getattr(ray, "_private", None), "utils", None)
+    original = getattr(utils, "set_sigterm_handler", None)
+    keep_out = original is not None and signals_claimed()
+    if keep_out:
+        utils.set_sigterm_handler = lambda handler: None
+    try:
+        ray.init(**kwargs)
+    finally:
+        if keep_out:
+            utils.set_sigterm_handler = original
+        reclaim_signals()
 
 
 def live_nodes() -> list[dict]:
