@@ -64,6 +64,9 @@ def run(
     output_scale: float = typer.Option(1.0, "--output-scale", help="multiply every output length"),
     skip_bad_rows: bool = typer.Option(False, "--skip-bad-rows", help="skip and count bad trace rows"),
     timeout: Optional[float] = typer.Option(None, "--timeout", help="ray runtime: wall-clock limit (s)"),
+    max_restarts: Optional[int] = typer.Option(None, "--max-restarts", min=0, help="ray runtime: real deaths each "
+                                               "engine instance's actor survives (restarted, its requests recovered); "
+                                               "0 ends the run on a death [default: the scenario's, 0]"),
     as_json: bool = typer.Option(False, "--json", help="print results.json instead of the summary"),
     fault: Optional[List[str]] = typer.Option(None, "--fault", help="inject a fault (repeatable): "
                                               "KIND:TARGET@AT_S[+DURATION_S][,factor=F][,count=N][,seed=S], KIND one of "
@@ -107,7 +110,8 @@ def run(
             if runtime == "virtual" and value is not None:
                 typer.echo(f"warning: {name} applies to the ray runtime only; the virtual runtime ignores it", err=True)
         sc, loaded = load_inputs(scenario, trace, window, rate_scale, max_requests, output_scale,
-                                 skip_bad_rows, load, dilation=dilation, payload_scale=payload_scale)
+                                 skip_bad_rows, load, dilation=dilation, payload_scale=payload_scale,
+                                 max_restarts=max_restarts)
         sc = with_routing([sc], router_policy, prefix_weight)[0]
         reqs = loaded.requests
         if runtime == "ray" and reqs and replay_error(reqs[-1].arrival_s, sc.dilation, timeout):

@@ -241,6 +241,11 @@ class Scenario(_Strict):
     fixed_stages: list[FixedStage] = Field(default_factory=list)
     # Injected faults (rack.wiring.faults; docs/robustness.md).
     faults: list[FaultConfig] = Field(default_factory=list)
+    # Ray runtime: real deaths (not injected faults) each prefill/decode instance's actor
+    # survives: Ray restarts it and its requests are recovered as after an injected crash
+    # (docs/robustness.md); 0: a death ends the run, status aborted.
+    max_restarts: int = Field(default=0, ge=0, le=1000, description="Ray runtime: real deaths each engine "
+                              "instance's actor survives (restarted, its requests recovered)")
 
     @model_validator(mode="before")
     @classmethod
