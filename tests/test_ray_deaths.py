@@ -137,6 +137,8 @@ def test_a_killed_actor_ends_the_run_at_once_naming_it(ray_session, monkeypatch,
     rows = {int(row.split(",")[0]): row for row in (tmp_path / "requests.csv").read_text().splitlines()[1:]}
     assert len(rows) == 40
     assert (tmp_path / "error.log").exists()
+    summary = (tmp_path / "summary.txt").read_text()
+    assert summary.startswith(f"RUN ABORTED: the actor of component '{VICTIM}' (node ")
 
 
 @pytest.mark.ray
@@ -169,6 +171,9 @@ def test_with_restarts_configured_a_killed_actor_is_recovered_and_the_run_comple
     assert rec["serving_from_s"] > rec["applied_at_s"]          # it reloaded its weights
     assert f["requests_redispatched"] > 0 and f["requests_recovered"] == f["requests_redispatched"]
     assert out["value"].stats[VICTIM]["restarts"] == 1
+    from rack.analysis.results import summary_text
+
+    assert "faults: 0 injected, 1 actor death(s) (not injected), 1 recovered" in summary_text(res)
     for name, st in out["value"].stats.items():
         mem = st.get("memory")
         if mem:

@@ -116,10 +116,10 @@ class ActorLost(ComponentError):
 
     def details(self) -> dict:
         """ComponentError's details plus how, node_ip, node_id, pid, last_answer_t_s,
-        held_requests (count, None if unknown), held_request_ids (up to 100) and restarts;
-        message is the cause's first line."""
+        held_requests (count, None if unknown), held_request_ids (up to 100), restarts
+        and line (`str(self)`); message is the cause's first line."""
         out = super().details()
-        out.update(message=(str(self.cause).strip().splitlines() or [""])[0], how=self.how,
+        out.update(message=(str(self.cause).strip().splitlines() or [""])[0], how=self.how, line=str(self),
                    node_ip=self.node_ip, node_id=self.node_id, pid=self.pid, last_answer_t_s=self.last_answer_t_s,
                    held_requests=None if self.held is None else len(self.held),
                    held_request_ids=None if self.held is None else list(self.held[:100]), restarts=self.restarts)
