@@ -1,7 +1,8 @@
 """SIGINT and SIGTERM stop a run and keep what finished: results.json with status
 "interrupted", every request counted once (completed + rejected + failed + unfinished =
-submitted), Ray shut down with no process of the run left, exit code 130 and one line
-that says so; a second signal exits at once (docs/robustness.md, section 7)."""
+submitted), Ray shut down with no process of the run left, exit code 130 (SIGINT) or
+143 (SIGTERM) and one line that says so; a second signal exits at once, a third too,
+never with a traceback (docs/robustness.md, section 7)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import psutil
 import pytest
 
 from rack.analysis.results import summary_text
-from rack.runtime.interrupt import EXIT_INTERRUPTED, StopRequest
+from rack.runtime.interrupt import EXIT_INTERRUPTED, EXIT_TERMINATED, StopRequest
 from rack.wiring.runner import RunInterrupted, run_scenario
 from rack.wiring.scenario import load_scenario
 from workloads import load_requests
@@ -131,9 +132,11 @@ def _wait_gone(seen: dict, timeout_s: float = 20.0) -> list:
     return _left(seen)
 
 
-@pytest.mark.ray
-@pytest.mark.parametrize("twice", [False, True], ids=["sigint", "sigint-twice"])
-def test_sigint_during_a_ray_run(twice, tmp_path):
+def _signal_a_ray_run(tmp_path, sig: int, times: int, group: bool) -> tuple[subprocess.Popen, str, float, dict]:
+    """`rack run` on Ray, `sig` sent `times` times (0.3 s apart) ~1 s of emulated time
+    into the replay, to the process group (as a terminal's Ctrl-C) or to the driver
+    alone (as `kill`, `timeout` and job schedulers do). Returns the process, its stderr,
+    the wall seconds from the first signal to the exit, and every process it started."""
     out = tmp_path / "run"
     proc = subprocess.Popen([*RACK, "run", "--runtime", "ray", "--window", "0:20", "--dilation", "5",
                              "--out", str(out)], start_new_session=True, env=_env(),
@@ -152,31 +155,90 @@ def test_sigint_during_a_ray_run(twice, tmp_path):
         while time.time() < end:            # ~1 s of emulated time at dilation 5
             _descendants(proc.pid, seen)
             time.sleep(0.5)
-        os.killpg(proc.pid, signal.SIGINT)            # as Ctrl-C in a terminal: the whole group
-        if twice:
-            time.sleep(0.3)
-            os.killpg(proc.pid, signal.SIGINT)
         t0 = time.time()
+        for i in range(times):
+            if i:
+                time.sleep(0.3)
+            (os.killpg if group else os.kill)(proc.pid, sig)
         _, err = proc.communicate(timeout=120)
         took = time.time() - t0
     finally:
         _kill_all(proc, seen)
-    lines = err.strip().splitlines()
-    assert proc.returncode == EXIT_INTERRUPTED, err
-    assert "Traceback" not in err
+    return proc, err, took, seen
+
+
+def _check_stopped_ray_run(proc, err: str, seen: dict, code: int) -> None:
+    assert proc.returncode == code, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    assert "SIGTERM received" not in err and "PC: @" not in err, err       # no Ray stack dump
     assert _wait_gone(seen) == [], "processes of the run left behind"
     assert any("raylet" in name for name, _ in seen.values())      # Ray's own processes were watched
-    if twice:
-        assert lines[-1] == "interrupted again (SIGINT): stopped at once, no results written"
-        assert took < 30
-        return
-    assert lines[-1].startswith("interrupted (SIGINT) at t=") and "unfinished of" in lines[-1]
+
+
+def _check_interrupted_results(out: Path, name: str) -> None:
     r = json.loads((out / "results.json").read_text())
-    assert r["status"] == "interrupted" and r["interrupted"]["signal"] == "SIGINT"
+    assert r["status"] == "interrupted" and r["interrupted"]["signal"] == name
     _conserved(r)
     assert r["requests"]["submitted"] == 65 and r["requests"]["unfinished"] > 0
     assert r["emulation"]["runtime"] == "ray"
     assert len(list(csv.DictReader(open(out / "requests.csv")))) == 65
+
+
+@pytest.mark.ray
+def test_sigint_during_a_ray_run(tmp_path):
+    proc, err, _, seen = _signal_a_ray_run(tmp_path, signal.SIGINT, 1, group=True)
+    _check_stopped_ray_run(proc, err, seen, EXIT_INTERRUPTED)
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("interrupted (SIGINT) at t=") and "unfinished of" in last
+    _check_interrupted_results(tmp_path / "run", "SIGINT")
+
+
+@pytest.mark.ray
+def test_three_sigints_stop_a_ray_run_at_once_without_a_traceback(tmp_path):
+    """The second exits at once; the third finds the command exiting (its handler, or
+    Ray's atexit shutdown after the command: rack.runtime.interrupt.quiet_after_command)
+    and ends it at once too, without a KeyboardInterrupt traceback."""
+    proc, err, took, seen = _signal_a_ray_run(tmp_path, signal.SIGINT, 3, group=True)
+    _check_stopped_ray_run(proc, err, seen, EXIT_INTERRUPTED)
+    assert err.strip().splitlines()[-1].startswith("interrupted again (SIGINT): ")
+    print(f"three SIGINTs: exit {proc.returncode} {took:.1f} s after the first")
+
+
+@pytest.mark.ray
+def test_sigterm_during_a_ray_run_keeps_what_finished(tmp_path):
+    """SIGTERM to the driver alone, as `kill` or `timeout` send it: rack's handler runs,
+    not Ray's (which printed a stack dump and exited with nothing written)."""
+    proc, err, took, seen = _signal_a_ray_run(tmp_path, signal.SIGTERM, 1, group=False)
+    _check_stopped_ray_run(proc, err, seen, EXIT_TERMINATED)
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("interrupted (SIGTERM) at t=") and "unfinished of" in last
+    _check_interrupted_results(tmp_path / "run", "SIGTERM")
+    print(f"SIGTERM: exit {proc.returncode} {took:.1f} s after the signal")
+
+
+@pytest.mark.ray
+def test_sigterm_while_ray_starts_stops_the_run_at_once(tmp_path):
+    """Before the replay (importing Ray, ray.init, the actors' start) a signal stops at
+    once; ray.init's own SIGTERM handlers are kept out (rack.runtime.ray_runtime.init_ray)."""
+    proc = subprocess.Popen([*RACK, "run", "--runtime", "ray", "--window", "0:20", "--dilation", "5",
+                             "--out", str(tmp_path / "run")], start_new_session=True, env=_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seen: dict = {}
+    try:
+        first = proc.stderr.readline()
+        assert first.startswith("replaying 65 requests"), first
+        end = time.time() + 1.5                  # Ray is being imported or started
+        while time.time() < end:
+            _descendants(proc.pid, seen)
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        _kill_all(proc, seen)
+    assert proc.returncode == EXIT_TERMINATED, err
+    assert "Traceback" not in err and "SIGTERM received" not in err, err
+    assert err.strip().splitlines()[-1].startswith("interrupted (SIGTERM)"), err
+    assert _wait_gone(seen) == [], "processes of the run left behind"
 
 
 def test_sigterm_during_a_long_virtual_run_keeps_the_streamed_records(tmp_path):
@@ -193,7 +255,7 @@ def test_sigterm_during_a_long_virtual_run_keeps_the_streamed_records(tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == EXIT_INTERRUPTED, err
+    assert proc.returncode == EXIT_TERMINATED, err
     assert err.strip().splitlines()[-1].startswith("interrupted (SIGTERM) at t=")
     r = json.loads((out / "results.json").read_text())
     assert r["status"] == "interrupted" and r["emulation"]["records"] == "disk"   # auto: 400k requests
@@ -218,7 +280,7 @@ def test_signal_handlers_stop_a_replay_then_exit_at_once(capsys):
             time.sleep(1)                                   # the handler raises before this ends
     assert ex.value.exit_code == EXIT_INTERRUPTED
     assert capsys.readouterr().err.strip() == "interrupted (SIGINT): stopped at once, no results written"
-    with pytest.raises(typer.Exit):
+    with pytest.raises(typer.Exit) as ex:
         with interruptible() as stop:
             with stop.replaying():
                 os.kill(os.getpid(), signal.SIGTERM)
@@ -226,7 +288,32 @@ def test_signal_handlers_stop_a_replay_then_exit_at_once(capsys):
                 os.kill(os.getpid(), signal.SIGINT)
                 time.sleep(1)
     assert capsys.readouterr().err.strip() == "interrupted again (SIGTERM): stopped at once, no results written"
+    assert ex.value.exit_code == EXIT_TERMINATED            # 128 + the first signal's number
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler       # restored
+
+
+def test_handlers_replaced_by_a_library_are_reclaimed():
+    """ray.init replaces SIGTERM's handler; `reclaim_signals` puts rack's back (and does
+    nothing once the block has ended)."""
+    from rack.runtime.interrupt import exit_code, handle_signals, reclaim_signals, signals_claimed
+
+    def theirs(signum, frame):
+        raise AssertionError("the library's handler ran")
+
+    assert not signals_claimed()
+    with handle_signals() as stop:
+        assert signals_claimed()
+        ours = signal.getsignal(signal.SIGTERM)
+        signal.signal(signal.SIGTERM, theirs)
+        reclaim_signals()
+        assert signal.getsignal(signal.SIGTERM) is ours
+        with stop.replaying():
+            os.kill(os.getpid(), signal.SIGTERM)
+        assert stop.signal_name == "SIGTERM"
+    previous = signal.getsignal(signal.SIGTERM)
+    reclaim_signals()
+    assert signal.getsignal(signal.SIGTERM) is previous
+    assert (exit_code("SIGINT"), exit_code("SIGTERM"), exit_code(None), exit_code("request")) == (130, 143, 130, 130)
 
 
 def test_a_second_signal_swallowed_by_a_finaliser_still_stops_the_command(capsys):

@@ -281,8 +281,12 @@ class DecodeEngine(Core):
         ("exceeds_decode_kv_capacity") and "refused" is replied (the sender just frees
         its copy); so is a request refused because the reservation queue is full
         ("rejected"/"decode_queue_full") or whose KV is here already.
-        `first_token_s` (optional) is kept for `receive_kv`. Raises RuntimeError for a
-        request reserved twice.
+        `first_token_s` (optional) is kept for `receive_kv`. The same sender asking again
+        for a reservation held or waiting here gets the one there is ("granted" again,
+        or the grant when it comes): after a restart it cannot tell whether its first
+        ask reached this engine (on Ray, calls queued while an actor restarts reach the
+        new process, and the death's `peer_lost` then voids the exchange at the sender).
+        Raises RuntimeError for a request reserved by two senders.
         """
         rid = req.id
         final = int(kv_tokens) + req.output_tokens - 1
@@ -292,7 +296,15 @@ class DecodeEngine(Core):
             self.send(src, "kv_reserved", rid, "refused")
             return
         if rid in self._reservations or rid in self._waiting_ids:
-            raise RuntimeError(f"DecodeEngine {self.name!r}: request {rid} reserved twice")
+            held = self._reservations.get(rid)
+            first = held if held is not None else next(w for w in self._waiters if w.req.id == rid and w.seq is None)
+            if first.src != src:
+                raise RuntimeError(f"DecodeEngine {self.name!r}: request {rid} reserved twice "
+                                   f"(by {first.src!r} and {src!r})")
+            self.counts["reserve_repeated"] = self.counts.get("reserve_repeated", 0) + 1
+            if held is not None:
+                self.send(src, "kv_reserved", rid, "granted")
+            return
         if self.counts.get("reservations_dropped") and rid in self._decoding_ids():
             # After a recovery dropped reservations, a stale payload of this request may
             # have been admitted already: its KV is here, so there is nothing to reserve.

@@ -58,7 +58,9 @@ def faults_section(snapshot: dict, stats: dict, columns: dict) -> dict:
     "no target at that time" (`outcome`) and is neither recovered nor a failure.
 
     Keys: "errors" (faults that could not be applied or recovered from: a bug, with
-    its exception), "injected", "recovered", "no_target", "requests_failed" (requests
+    its exception), "injected", "actor_deaths" (real deaths of Ray actors, handled as
+    crashes: records with "cause" "actor_died"), "recovered" (both kinds),
+    "no_target", "requests_failed" (requests
     a fault made fail: re-dispatched ones that did not complete, plus failures with a
     fault-only reason, FAULT_REASONS), "requests_redispatched", "requests_recovered"
     (re-dispatched and completed), "kv_resent_after_restart", "payloads_resent" (after
@@ -98,7 +100,9 @@ def faults_section(snapshot: dict, stats: dict, columns: dict) -> dict:
     pre = [s for s in stats.values() if s.get("role") == "prefill"]
     return {
         "errors": [f"fault {r['index']} ({r['kind']}): {r['error']}" for r in records if r.get("error")],
-        "injected": sum(1 for r in records if r["applied"]),
+        "injected": sum(1 for r in records if r["applied"] and r.get("cause") != "actor_died"),
+        # real deaths of actors (Ray), recovered by restarting them (Scenario.max_restarts)
+        "actor_deaths": sum(1 for r in records if r.get("cause") == "actor_died"),
         "recovered": sum(1 for r in records if r["recovered"]),
         "no_target": sum(1 for r in records if r.get("outcome") == "no target at that time"),
         "requests_failed": len(failed),

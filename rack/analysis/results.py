@@ -166,9 +166,10 @@ def summary_text(results: dict) -> str:
             lines.append(f"WARNING: p99 lateness {fmt_s(ls['p99'])} is more than 1% of the median TPOT "
                          f"{fmt_s(tpot50)}: the host could not keep pace; raise --dilation")
     f = results.get("faults")
-    if f and (f["injected"] or f["checksum_failures"] or f["requests_failed"]):
+    if f and (f["injected"] or f.get("actor_deaths") or f["checksum_failures"] or f["requests_failed"]):
         no_target = f"{f['no_target']} with no target at that time, " if f.get("no_target") else ""
-        lines.append(f"faults: {f['injected']} injected, {f['recovered']} recovered, {no_target}"
+        deaths = f"{f['actor_deaths']} actor death(s) (not injected), " if f.get("actor_deaths") else ""
+        lines.append(f"faults: {f['injected']} injected, {deaths}{f['recovered']} recovered, {no_target}"
                      f"{f['requests_failed']} requests failed, {f['checksum_failures']} checksum "
                      f"failures caught, {f['payloads_resent']} KV payloads re-sent")
     if f:
@@ -185,6 +186,8 @@ def summary_text(results: dict) -> str:
 
 
 def _component_error(err: dict) -> str:
+    if err.get("line"):             # a lost Ray actor (rack.runtime.errors.ActorLost): its own line
+        return err["line"]
     req = f" (request {err['request_id']})" if err.get("request_id") is not None else ""
     t = f" at t={err['t_s']:.6f} s" if err.get("t_s") is not None else ""
     return f"component {err['component']!r} raised{t}{req}: {err['type']}: {err['message']}"

@@ -19,4 +19,11 @@ def _register_commands() -> None:
 def main() -> None:
     """Entry point of the `rack` console script."""
     _register_commands()
-    app()
+    try:
+        app()
+    finally:
+        # only clean-up is left (Ray's atexit shutdown): a signal now exits at once,
+        # without a KeyboardInterrupt traceback from it (rack.runtime.interrupt)
+        from rack.runtime.interrupt import quiet_after_command
+
+        quiet_after_command()

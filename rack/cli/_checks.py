@@ -75,8 +75,9 @@ def interruptible() -> Iterator:
     """SIGINT/SIGTERM handlers for a command's work (`rack.runtime.interrupt`): yields
     the StopRequest to hand to `run_scenario(stop=...)`. A signal that stops the
     command at once (outside a replay, or a second one) ends it here with one line and
-    exit code 130, without a traceback."""
-    from rack.runtime.interrupt import EXIT_INTERRUPTED, handle_signals
+    exit code 128 + the first signal's number (130 for SIGINT, 143 for SIGTERM), without
+    a traceback."""
+    from rack.runtime.interrupt import exit_code, handle_signals
 
     with handle_signals() as stop:
         try:
@@ -85,4 +86,4 @@ def interruptible() -> Iterator:
             again = "again " if stop.count > 1 else ""
             typer.echo(f"interrupted {again}({stop.signal_name or 'SIGINT'}): stopped at once, "
                        "no results written", err=True)
-            raise typer.Exit(EXIT_INTERRUPTED) from None
+            raise typer.Exit(exit_code(stop.signal_name or "SIGINT")) from None

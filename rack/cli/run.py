@@ -64,6 +64,9 @@ def run(
     output_scale: float = typer.Option(1.0, "--output-scale", help="multiply every output length"),
     skip_bad_rows: bool = typer.Option(False, "--skip-bad-rows", help="skip and count bad trace rows"),
     timeout: Optional[float] = typer.Option(None, "--timeout", help="ray runtime: wall-clock limit (s)"),
+    max_restarts: Optional[int] = typer.Option(None, "--max-restarts", min=0, help="ray runtime: real deaths each "
+                                               "engine instance's actor survives (restarted, its requests recovered); "
+                                               "0 ends the run on a death [default: the scenario's, 0]"),
     as_json: bool = typer.Option(False, "--json", help="print results.json instead of the summary"),
     fault: Optional[List[str]] = typer.Option(None, "--fault", help="inject a fault (repeatable): "
                                               "KIND:TARGET@AT_S[+DURATION_S][,factor=F][,count=N][,seed=S], KIND one of "
@@ -81,9 +84,10 @@ def run(
     """Replay a trace through the emulated rack and report TTFT, TPOT, ITL, goodput, KV traffic.
 
     SIGINT (Ctrl-C) or SIGTERM during the replay stops it and writes the results of what
-    finished (status "interrupted"), exit code 130; a second signal exits at once."""
+    finished (status "interrupted"), exit code 130 (SIGINT) or 143 (SIGTERM); a second
+    signal exits at once."""
     from rack.analysis.results import summary_text, to_json, write_results
-    from rack.runtime.interrupt import EXIT_INTERRUPTED
+    from rack.runtime.interrupt import exit_code
 
     if runtime not in ("ray", "virtual"):
         fail(f"--runtime: expected 'ray' or 'virtual', got {runtime!r}")
@@ -96,15 +100,22 @@ def run(
         for name, value in (("--dilation", dilation), ("--payload-scale", payload_scale),
                             ("--rate-scale", rate_scale), ("--output-scale", output_scale), ("--timeout", timeout)):
             check_positive(name, value)
+        from rack.runtime.pace import dilation_error, replay_error
+
+        if dilation is not None and dilation_error(dilation):
+            fail(f"--dilation {dilation:g}: {dilation_error(dilation)}")
         if runtime == "ray" and window is None and trace == DEFAULT_TRACE and not (load.dataset or load.workload):
             window = DEFAULT_RAY_WINDOW
         for name, value in (("--dilation", dilation), ("--timeout", timeout)):
             if runtime == "virtual" and value is not None:
                 typer.echo(f"warning: {name} applies to the ray runtime only; the virtual runtime ignores it", err=True)
         sc, loaded = load_inputs(scenario, trace, window, rate_scale, max_requests, output_scale,
-                                 skip_bad_rows, load, dilation=dilation, payload_scale=payload_scale)
+                                 skip_bad_rows, load, dilation=dilation, payload_scale=payload_scale,
+                                 max_restarts=max_restarts)
         sc = with_routing([sc], router_policy, prefix_weight)[0]
         reqs = loaded.requests
+        if runtime == "ray" and reqs and replay_error(reqs[-1].arrival_s, sc.dilation, timeout):
+            fail(replay_error(reqs[-1].arrival_s, sc.dilation, timeout))
         if fault:
             from rack.wiring.faults import parse_fault_option
             from rack.wiring.scenario import ScenarioError
@@ -132,7 +143,7 @@ def run(
             fail(f"--out {folder}: could not write the results ({exc.strerror or exc})", code=1)
         if output.results["status"] == "interrupted":
             typer.echo(interrupted_line(output.results, folder), err=True)
-            raise typer.Exit(EXIT_INTERRUPTED)
+            raise typer.Exit(exit_code((output.results.get("interrupted") or {}).get("signal")))
         if as_json:
             typer.echo(to_json(output.results))
         else:
@@ -193,8 +204,11 @@ def execute(folder: Path, sc, reqs, *, runtime: str, address: Optional[str], **k
     except Exception as exc:  # noqa: BLE001 - aborted, a stalled Ray run, or a bug: one line, the rest in the log
         report_failure(folder, exc)
     finally:
-        if runtime == "ray" and address is None:
-            import ray
-
-            if ray.is_initialized():
-                ray.shutdown()
+        # not `import ray`: a signal that stopped its first import leaves it half made
+        ray = sys.modules.get("ray")
+        if runtime == "ray" and address is None and callable(getattr(ray, "is_initialized", None)):
+            try:
+                if ray.is_initialized():
+                    ray.shutdown()
+            except (ImportError, AttributeError):     # that half-made module
+                pass

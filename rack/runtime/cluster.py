@@ -145,7 +145,9 @@ class LocalCluster:
                     self.node_ids[w.name] = node.node_id
                 self._cluster.wait_for_nodes(timeout=self.node_timeout_s)
             if self.connect:
-                ray.init(address=self.address, log_to_driver=False, logging_level="ERROR")
+                from .ray_runtime import init_ray
+
+                init_ray(address=self.address, log_to_driver=False, logging_level="ERROR")
                 self._connected = True
         except Exception as exc:
             self.down()

@@ -63,6 +63,75 @@ class ComponentError(RuntimeError):
         return "".join(traceback.format_exception(type(self.cause), self.cause, self.cause.__traceback__))
 
 
+class ActorLost(ComponentError):
+    """A component's Ray actor was lost without an injected fault: it died (its process
+    killed, its node gone), stopped answering (`rack.runtime.pace.liveness_timeout_s`),
+    died more often than its restarts allow, or was not back from a restart in time.
+    Raised by the Ray driver, which names the component, where it ran and what it held.
+
+    Attributes beyond ComponentError's: how ("died", "hung", "died again", "not back"),
+    node_ip, node_id, pid (its last process), last_answer_t_s (emulated s of its last
+    answer to the driver), held (ids of the open requests routed to it, None when that
+    could not be read or it is not an engine), restarts (real deaths it may survive,
+    `Scenario.max_restarts`), can_restart (a prefill or decode instance: the only
+    components `max_restarts` covers), detail (the how in words). `t_s` is when the
+    driver noticed, in emulated seconds.
+    """
+
+    def __init__(self, component: str, t_s: float | None, cause: BaseException, *, how: str, detail: str,
+                 node_ip: str | None = None, node_id: str | None = None, pid: int | None = None,
+                 last_answer_t_s: float | None = None, held: list[int] | None = None, restarts: int = 0,
+                 can_restart: bool = True) -> None:
+        self.how, self.detail = how, detail
+        self.node_ip, self.node_id, self.pid = node_ip, node_id, pid
+        self.last_answer_t_s, self.held, self.restarts = last_answer_t_s, held, restarts
+        self.can_restart = can_restart
+        super().__init__(component, t_s, None, cause)
+
+    def _line(self) -> str:
+        where = ", ".join(x for x in (f"node {self.node_ip}" if self.node_ip else "",
+                                      f"pid {self.pid}" if self.pid else "") if x)
+        when = f" at about t={self.t_s:.3f} s of emulated time" if self.t_s is not None else ""
+        last = (f" (it last answered at t={self.last_answer_t_s:.3f} s)"
+                if self.last_answer_t_s is not None else "")
+        if self.held is None:
+            held = ""
+        else:
+            eg = f", e.g. {', '.join(map(str, self.held[:8]))}" if self.held else ""
+            held = f"; {len(self.held)} open request(s) routed to it{eg}"
+        if not self.can_restart:
+            budget = "only prefill and decode instances are restarted"
+        elif self.restarts:
+            budget = f"max_restarts = {self.restarts}"
+        else:
+            budget = "no restarts configured (scenario max_restarts, rack run --max-restarts)"
+        cause = (str(self.cause).strip().splitlines() or ["(no message)"])[0].rstrip(".")
+        lost = "; the run's per-request records were in it" if self.component == "collector" else ""
+        return (f"the actor of component {self.component!r} ({where}) {self.detail}{when}{last}, not an injected "
+                f"fault; {budget}{held}{lost}: {type(self.cause).__name__}: {cause}")
+
+    def __reduce__(self):  # the driver's own error; picklable for completeness
+        state = {k: v for k, v in self.__dict__.items() if k != "partial"}
+        return (_actor_lost, (self.component, self.t_s, self.cause, state))
+
+    def details(self) -> dict:
+        """ComponentError's details plus how, node_ip, node_id, pid, last_answer_t_s,
+        held_requests (count, None if unknown), held_request_ids (up to 100), restarts
+        and line (`str(self)`); message is the cause's first line."""
+        out = super().details()
+        out.update(message=(str(self.cause).strip().splitlines() or [""])[0], how=self.how, line=str(self),
+                   node_ip=self.node_ip, node_id=self.node_id, pid=self.pid, last_answer_t_s=self.last_answer_t_s,
+                   held_requests=None if self.held is None else len(self.held),
+                   held_request_ids=None if self.held is None else list(self.held[:100]), restarts=self.restarts)
+        return out
+
+
+def _actor_lost(component, t_s, cause, state):
+    err = ActorLost(component, t_s, cause, how=state["how"], detail=state["detail"])
+    err.__dict__.update(state)
+    return err
+
+
 class RayRunError(RuntimeError):
     """The Ray run could not start (missing resources, actors not placed in time) or
     did not finish in time."""

@@ -14,7 +14,18 @@ ended (starting Ray, writing the results) there is nothing to keep, and the firs
 signal raises KeyboardInterrupt at once, as Python's default handler does. A second
 signal always raises KeyboardInterrupt at once (the gathering is skipped; the
 command's clean-up still shuts Ray down), a third exits the process on the spot
-(`os._exit(130)`).
+(`exit_now`: the processes it started, e.g. a local Ray's, are killed by PID, then
+`os._exit`). Exit codes are 128 + the first signal's number (`exit_code`): 130 for
+SIGINT, 143 for SIGTERM.
+
+`ray.init` installs its own SIGTERM handlers in the driver, in Python (`sys.exit`) and
+in C (a stack dump, "*** SIGTERM received at time=..."), over whatever was there; the
+Ray driver keeps the Python one out while rack's handlers are installed
+(`signals_claimed`) and calls `reclaim_signals()` right after it, so rack's handlers
+win again (`rack.runtime.ray_runtime.init_ray`).
+After a command has finished (`quiet_after_command`, rack's console entry point), a
+signal during the interpreter's own clean-up (Ray's atexit shutdown) also exits at once
+instead of printing a KeyboardInterrupt traceback from it.
 
 A KeyboardInterrupt raised while Python runs a finaliser (an object's `__del__`, e.g.
 a Ray actor handle's) cannot propagate: Python prints it as "Exception ignored" with a
@@ -34,9 +45,40 @@ import sys
 import threading
 from typing import Iterator
 
-#: Exit status of a command stopped by a signal (128 + SIGINT, the shell's convention
-#: for Ctrl-C; the same for SIGTERM, as docs/robustness.md says).
+#: Exit status of a command stopped by SIGINT (128 + 2, the shell's convention for Ctrl-C).
 EXIT_INTERRUPTED = 130
+#: Exit status of a command stopped by SIGTERM (128 + 15).
+EXIT_TERMINATED = 143
+
+
+def exit_code(signal_name: str | None) -> int:
+    """128 + the number of signal `signal_name` ("SIGINT": 130, "SIGTERM": 143), the
+    shell's convention; EXIT_INTERRUPTED for a stop requested in code (None or a name
+    that is not a signal's)."""
+    try:
+        return 128 + int(signal.Signals[signal_name])
+    except (KeyError, TypeError):
+        return EXIT_INTERRUPTED
+
+
+def exit_now(code: int) -> None:
+    """End this process on the spot with `code`: first SIGKILL, by PID, every process it
+    started that is still running (a local Ray's GCS, raylet and workers, which
+    `os._exit` alone would leave behind), then `os._exit(code)`. Never returns."""
+    try:
+        import psutil
+
+        for child in psutil.Process().children(recursive=True):
+            try:
+                child.kill()
+            except psutil.Error:
+                pass
+    finally:
+        os._exit(code)
+
+
+#: Handlers installed by the `handle_signals` blocks now open, innermost last.
+_ACTIVE: list[dict] = []
 
 
 class StopRequest:
@@ -118,7 +160,9 @@ def handle_signals(stop: StopRequest | None = None,
             raise KeyboardInterrupt(stop.signal_name or name)
         stop.request(name)
         if stop.count >= 3:
-            os._exit(EXIT_INTERRUPTED)
+            # straight to fd 2: the main thread may be inside a write to sys.stderr
+            os.write(2, f"interrupted again ({name}): exited at once, no results written\n".encode())
+            exit_now(exit_code(stop.signal_name))
         if stop.count >= 2 or not stop.in_replay:
             raise KeyboardInterrupt(name)
 
@@ -137,12 +181,44 @@ def handle_signals(stop: StopRequest | None = None,
 
     previous = {s: signal.signal(s, handler) for s in signals}
     sys.unraisablehook = unraisable
+    installed = {s: handler for s in signals}
+    _ACTIVE.append(installed)
     try:
         yield stop
     finally:
+        _ACTIVE.remove(installed)
         sys.unraisablehook = previous_hook
         for s, h in previous.items():
             signal.signal(s, h)
 
 
-__all__ = ["EXIT_INTERRUPTED", "RunStopped", "StopRequest", "handle_signals"]
+def signals_claimed() -> bool:
+    """True while a `handle_signals` block is open in the main thread (rack's handlers
+    are the ones that must run)."""
+    return bool(_ACTIVE) and threading.current_thread() is threading.main_thread()
+
+
+def reclaim_signals() -> None:
+    """Install the innermost open `handle_signals` block's handlers again (nothing when
+    none is open, or outside the main thread). Called right after `ray.init`, which
+    replaces the SIGTERM handler in Python and in C (module docstring):
+    `signal.signal` sets the C-level handler again, so rack's is the one that runs."""
+    if not signals_claimed():
+        return
+    for s, h in _ACTIVE[-1].items():
+        signal.signal(s, h)
+
+
+def quiet_after_command(signals: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM)) -> None:
+    """From now on, SIGINT or SIGTERM ends the process at once (`exit_now`, code 128 +
+    the signal's number) without a traceback: for the end of a command, when only the
+    interpreter's clean-up is left (Ray's atexit shutdown sleeps and waits, and a
+    KeyboardInterrupt there is printed with its traceback). Main thread only."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for s in signals:
+        signal.signal(s, lambda signum, frame: exit_now(128 + signum))
+
+
+__all__ = ["EXIT_INTERRUPTED", "EXIT_TERMINATED", "RunStopped", "StopRequest", "exit_code", "exit_now",
+           "handle_signals", "quiet_after_command", "reclaim_signals", "signals_claimed"]

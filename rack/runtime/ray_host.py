@@ -22,7 +22,13 @@
   the restarted host rebuilds its core from the build arguments kept in the registry
   actor, reloading its weights from at_s + `ComponentSpec.weight_load_s`: the restart's
   own wall time is not counted), and `ping(reply_to, tag)` replies `pong(tag,
-  {"incarnation": pid, "work": work counters})`.
+  {"incarnation": pid, "work": work counters})`;
+- **health** (`health()`, the driver's liveness probe, `rack.runtime.ray_runtime`): the
+  process id, the core's failure if any and the emulated time. A restarted host first
+  tells the registry (`note_restart`), which tells an injected crash (recorded by
+  `keep_crash` before the kill) from a real death: the registry keeps the real ones
+  (`deaths`, in its own `health()` answer) with the emulated time of the restart, from
+  which the restarted core reloads its weights, as after an injected crash.
 
 Large KV payloads (`transfer`, `receive_kv`) are sent from a helper thread by
 object-store reference: the sender's copy into shared memory runs beside its event
@@ -180,9 +186,15 @@ class CoreHost:
         self._crashes: dict[str, float] = {}
         self._crash_counts: dict[str, int] = {}
         self._rebuilding: asyncio.Future | None = None
+        self._announcing: asyncio.Future | None = None
         self._halted_at: float | None = None   # emulated s when the driver stopped the run
         self._restarted = False
         self._dying = False
+        # registry role: injected crashes not yet matched by a restart, each host's last
+        # process id, and the real deaths seen (restarts no injected crash explains)
+        self._injected_pending: dict[str, int] = {}
+        self._pids: dict[str, int] = {}
+        self._deaths: list[dict] = []
         if registry is not None:
             self._restarted = _ray().get_runtime_context().was_current_actor_reconstructed
 
@@ -229,7 +241,8 @@ class CoreHost:
         self.core = construct(spec, loading_until_s)
         ray = _ray()
         if self._registry is not None:      # for a rebuild after Ray restarts this actor
-            await ray.get_actor(self._registry).keep.remote(self.name, (spec, peers, epoch_wall, dilation))
+            await ray.get_actor(self._registry).keep.remote(self.name, (spec, peers, epoch_wall, dilation),
+                                                            os.getpid())
         self._after()
         # Everything built so far (Ray, numpy, the core) lives for the whole run: moved
         # out of the collector's generations, a full collection during the replay no
@@ -245,6 +258,21 @@ class CoreHost:
         if self._halted_at is not None:
             return self._halted_at
         return (time.time() - self._epoch) / self._dilation
+
+    async def health(self) -> dict:
+        """The driver's liveness probe: {"pid", "failure" (this core's ComponentError or
+        None), "t_s" (emulated s now), "deaths" (registry role: the real deaths seen,
+        `note_restart`)}. A restarted host first reports its restart to the registry."""
+        if self._restarted:
+            await self._announce()
+        return {"pid": os.getpid(), "failure": self.failure, "t_s": self.now(), "deaths": list(self._deaths)}
+
+    async def _announce(self) -> None:
+        """Once per restarted process: tell the registry (`note_restart`)."""
+        if self._announcing is None:
+            self._announcing = asyncio.ensure_future(
+                _ray().get_actor(self._registry).note_restart.remote(self.name, os.getpid()))
+        await asyncio.shield(self._announcing)
 
     async def halt(self) -> float:
         """Stop the core where it is (an interrupted run, `rack.runtime.interrupt`): no
@@ -469,14 +497,36 @@ class CoreHost:
                 "sent": {p: {"calls": c[0], "bytes": c[1], "kv_bytes": c[2]} for p, c in self.sent.items()}}
 
     # ------------------------------------------------------------------ registry role
-    async def keep(self, name: str, build_args: tuple) -> None:
-        """Registry role: keep `name`'s build arguments (spec, peers, epoch, dilation)."""
+    async def keep(self, name: str, build_args: tuple, pid: int | None = None) -> None:
+        """Registry role: keep `name`'s build arguments (spec, peers, epoch, dilation) and
+        the process id of the host that built it."""
         self._kept[name] = build_args
+        if pid is not None:
+            self._pids[name] = pid
 
     async def keep_crash(self, name: str, at_s: float) -> None:
-        """Registry role: `name` crashed at emulated time `at_s`."""
+        """Registry role: `name` crashed at emulated time `at_s` (an injected crash, told
+        before the kill: the restart that follows is its)."""
         self._crashes[name] = at_s
         self._crash_counts[name] = self._crash_counts.get(name, 0) + 1
+        self._injected_pending[name] = self._injected_pending.get(name, 0) + 1
+
+    async def note_restart(self, name: str, pid: int) -> bool:
+        """Registry role: `name`'s actor was restarted, now as process `pid`. True when an
+        injected crash explains it; otherwise it died for real: the death is kept
+        (`deaths`: {"instance", "t_s", "pid_before", "pid"}, t_s the emulated time now),
+        counted among its restarts, and its restarted core reloads its weights from now
+        (`recall`), as after an injected crash."""
+        before = self._pids.get(name)
+        self._pids[name] = pid
+        if self._injected_pending.get(name, 0) > 0:
+            self._injected_pending[name] -= 1
+            return True
+        now = self.now()
+        self._deaths.append({"instance": name, "t_s": now, "pid_before": before, "pid": pid})
+        self._crashes[name] = now
+        self._crash_counts[name] = self._crash_counts.get(name, 0) + 1
+        return False
 
     async def crash_counts(self) -> dict[str, int]:
         """Registry role: crashes per component (its restarts)."""
@@ -494,6 +544,7 @@ class CoreHost:
         return (*args, until)
 
     async def _rebuild(self) -> None:
+        await self._announce()          # first: a real death sets the time it reloads from
         args = await _ray().get_actor(self._registry).recall.remote(self.name)
         if args is None:
             raise RayRunError(f"component {self.name!r} restarted but its build arguments were not kept")

@@ -42,10 +42,12 @@ from typing import Any, Callable, Sequence
 
 from rack.wiring.topology import ComponentSpec
 
-from .errors import ComponentError, RayRunError, RunFailed
-from .interrupt import RunStopped, StopRequest
+from .errors import ActorLost, ComponentError, RayRunError, RunFailed
+from .interrupt import RunStopped, StopRequest, reclaim_signals, signals_claimed
+from .pace import LIVENESS_FLOOR_S, dilation_error, replay_error, replay_timeout_s
 from .placement import load_factory
 from .ray_host import CoreHost, _ray
+from .ray_watch import ActorWatch
 
 # Ray's predefined resources: not the custom ones a scenario pins components with.
 _PREDEFINED = ("CPU", "GPU", "memory", "object_store_memory")
@@ -73,12 +75,39 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None) -> bool:
                                   f"not {address}: one process has one Ray session (ray.shutdown() first)")
         return False
     if address and address != "local":
-        ray.init(address=address, log_to_driver=False, logging_level="ERROR")
-        return True
-    ray.init(address="local", num_cpus=num_cpus or max(2, os.cpu_count() or 2), include_dashboard=False,
-             log_to_driver=False, logging_level="ERROR", object_store_memory=512 * 1024 * 1024,
-             _temp_dir=os.environ.get("RACK_RAY_TMP", "/tmp/rack-ray"))
+        init_ray(address=address, log_to_driver=False, logging_level="ERROR")
+    else:
+        init_ray(address="local", num_cpus=num_cpus or max(2, os.cpu_count() or 2), include_dashboard=False,
+                 log_to_driver=False, logging_level="ERROR", object_store_memory=512 * 1024 * 1024,
+                 _temp_dir=os.environ.get("RACK_RAY_TMP", "/tmp/rack-ray"))
     return True
+
+
+def init_ray(**kwargs: Any) -> None:
+    """`ray.init(**kwargs)`, leaving rack's SIGINT/SIGTERM handlers in charge when a
+    `rack.runtime.interrupt.handle_signals` block is open (a command's run).
+
+    ray.init installs SIGTERM handlers of its own in the driver: in Python, through
+    `ray._private.utils.set_sigterm_handler` (`sys.exit(15)` when it starts, a node's
+    clean-up and `sys.exit(1)` for a local head), and in C (absl's failure handler:
+    "*** SIGTERM received at time=..." and a stack dump). During the call the Python
+    one is kept out (that function is replaced by a no-op, the only way to stop it
+    short of not calling ray.init: a SIGTERM while Ray starts is then rack's, the run
+    stops at once with exit code 143), and afterwards rack's handlers are installed
+    again over the C one (`reclaim_signals`). Outside such a block Ray's own handlers
+    stay, as a library user expects."""
+    ray = _ray()
+    utils = getattr(getattr(ray, "_private", None), "utils", None)
+    original = getattr(utils, "set_sigterm_handler", None)
+    keep_out = original is not None and signals_claimed()
+    if keep_out:
+        utils.set_sigterm_handler = lambda handler: None
+    try:
+        ray.init(**kwargs)
+    finally:
+        if keep_out:
+            utils.set_sigterm_handler = original
+        reclaim_signals()
 
 
 def live_nodes() -> list[dict]:
@@ -232,13 +261,17 @@ def run_topology_ray(specs: Sequence[ComponentSpec], requests: Sequence[Any], *,
                      address: str | None = None, progress: bool = False,
                      timeout_s: float | None = None, startup_timeout_s: float = 120.0,
                      placement_timeout_s: float = 60.0, max_concurrency: int | None = None,
-                     think_time_s: float = 0.0, stop: StopRequest | None = None) -> dict:
+                     think_time_s: float = 0.0, stop: StopRequest | None = None,
+                     liveness_timeout_s: float = LIVENESS_FLOOR_S) -> dict:
     """Place one actor per core, replay `requests`, and gather the records.
 
     max_concurrency, think_time_s: closed-loop replay (`rack.serving.router.Router.start`).
     stop: polled while the replay runs (every 0.2 s); once requested, every actor is
         halted (the router first: nothing more is admitted), what finished is gathered
         and `RunStopped` (rack.runtime.interrupt) is raised with it.
+    liveness_timeout_s: wall seconds an actor may leave the driver's probe unanswered
+        before it counts as hung (`rack.runtime.pace.liveness_timeout_s` derives it from
+        the run's pace; `rack.runtime.ray_watch`).
 
     Returns the same dict as `run_topology_virtual` plus "loop_type", "nodes"
     (component -> Ray node id, read inside each actor) and "ray": {"actors": {name:
@@ -250,27 +283,40 @@ def run_topology_ray(specs: Sequence[ComponentSpec], requests: Sequence[Any], *,
     frames at `payload_scale`), summed over the hops prefill -> interconnect -> decode.
     Raises RayRunError on a missing resource or a timeout (startup_timeout_s: actors
     started; placement_timeout_s: placement groups; timeout_s: the replay, default
-    600 s + 4 x the arrival span x dilation), ComponentError when a core raises (with
-    `partial` records), RunStopped on `stop`. Actors and placement groups are removed
-    at the end; Ray itself keeps running (the caller owns it).
+    `rack.runtime.pace.replay_timeout_s`; a dilation outside `rack.runtime.pace`'s
+    limits, or arrivals that would take more than a week without `timeout_s`, are
+    refused before any actor exists), ComponentError when a core raises (with
+    `partial` records), `rack.runtime.errors.ActorLost` (a ComponentError, with the
+    `partial` records of the others) when an actor dies or hangs beyond what its
+    restarts cover (`rack.runtime.ray_watch`), RunStopped on `stop`. Actors and
+    placement groups are removed at the end; Ray itself keeps running (the caller owns it).
     """
     ray = _ray()
     span = max((r.arrival_s for r in requests), default=0.0)
+    why = replay_error(span, dilation, timeout_s)
+    if why is not None:
+        raise RayRunError(why)
     topo = launch_topology(specs, dilation=dilation, address=address, startup_timeout_s=startup_timeout_s,
                            placement_timeout_s=placement_timeout_s)
     actors = topo.actors
     try:
-        limit = timeout_s if timeout_s is not None else 600.0 + 4.0 * span * dilation
+        limit = timeout_s if timeout_s is not None else replay_timeout_s(span, dilation)
         deadline = time.time() + limit
         ray.get(actors["router"].deliver.remote("start", (list(requests), max_concurrency, think_time_s)),
                 timeout=60)
         # from here a first signal stops the replay and keeps what finished
+        watch = ActorWatch(ray, topo, liveness_timeout_s)
         with stop.replaying() if stop is not None else contextlib.nullcontext():
             try:
-                _wait_with_progress(ray, actors, len(requests), deadline, progress, stop)
+                _wait_with_progress(ray, watch, len(requests), deadline, progress, stop)
                 replay_wall = time.time() - topo.epoch
-                _wait_idle(ray, actors, specs, deadline, stop)
+                _wait_idle(ray, watch, specs, deadline, stop)
                 return collect_records(topo, replay_wall)
+            except ActorLost as err:
+                # the others stop where they are (one instant's records); the lost one is not asked
+                _halt(ray, {n: a for n, a in actors.items() if n != err.component})
+                err.partial = _partial(ray, actors, topo.engine_names, topo.epoch, dilation, lost=err.component)
+                raise
             except ComponentError as err:
                 err.partial = _partial(ray, actors, topo.engine_names, topo.epoch, dilation)
                 raise
@@ -313,6 +359,9 @@ def launch_topology(specs: Sequence[ComponentSpec], *, dilation: float, address:
     default), connect them, measure clock offsets and build every core for a time 0 a
     little ahead (`RayTopology.epoch`). Raises RayRunError as `run_topology_ray`; the
     actors made so far are removed when it raises."""
+    why = dilation_error(dilation)
+    if why is not None:
+        raise RayRunError(f"dilation {dilation!r}: {why}")
     ray = _ray()
     ensure_ray(address)
     check_resources(specs)
@@ -331,7 +380,9 @@ def launch_topology(specs: Sequence[ComponentSpec], *, dilation: float, address:
             if spec.kind == "collector":
                 opts["name"] = registry_name    # keeps the engines' build arguments
             elif spec.weight_load_s is not None:
-                opts["max_restarts"] = 4        # a crash target is restarted (rack.wiring.faults)
+                # restarted by Ray after each injected crash and each real death it may
+                # survive (rack.wiring.faults, Scenario.max_restarts; ray_watch tells them apart)
+                opts["max_restarts"] = max(1, spec.crashes + spec.restarts)
                 registry = registry_name
             key = spec.host or "rack.runtime.ray_host:CoreHost"
             if key not in hosts_cls:
@@ -424,7 +475,8 @@ def _check_stop(stop: StopRequest | None) -> None:
 
 def _halt(ray, actors: dict[str, Any]) -> float | None:
     """Halt every actor's core (`CoreHost.halt`), the router first so that nothing more
-    is admitted; returns the router's emulated time then (None if it did not answer)."""
+    is admitted; returns the router's emulated time then (None if it did not answer or
+    is not among `actors`)."""
     try:
         t = ray.get(actors["router"].halt.remote(), timeout=10)
     except Exception:  # noqa: BLE001 - best effort: the records are read anyway
@@ -437,18 +489,22 @@ def _halt(ray, actors: dict[str, Any]) -> float | None:
     return t
 
 
-def _wait_idle(ray, actors: dict[str, Any], specs: Sequence[ComponentSpec], deadline: float,
+def _wait_idle(ray, watch: ActorWatch, specs: Sequence[ComponentSpec], deadline: float,
                stop: StopRequest | None = None) -> None:
     """Wait until every core says it is idle (every request has ended: the engines
     finish their bookkeeping, e.g. a last prefix-cache insert)."""
+    actors = watch.actors
     while True:
         _check_stop(stop)
-        idle = ray.get([actors[s.name].query.remote("is_idle") for s in specs], timeout=60)
+        refs = [actors[s.name].query.remote("is_idle") for s in specs]
+        try:
+            idle = ray.get(refs, timeout=min(60.0, watch.liveness_s))
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+            watch.poll()            # names the actor that died or hangs (ActorLost)
+            continue
         if all(idle):
             return
-        failure = _first_failure(ray, actors)
-        if failure is not None:
-            raise failure
+        watch.poll()
         if time.time() > deadline:
             busy = [s.name for s, i in zip(specs, idle) if not i]
             raise RayRunError(f"Ray run: every request ended, but {busy} did not become idle in time")
@@ -491,15 +547,22 @@ def _first_failure(ray, actors: dict[str, Any]) -> ComponentError | None:
     return min(found, key=lambda f: f.t_s if f.t_s is not None else math.inf) if found else None
 
 
-def _partial(ray, actors: dict[str, Any], engine_names: Sequence[str], epoch: float, dilation: float) -> dict | None:
+def _partial(ray, actors: dict[str, Any], engine_names: Sequence[str], epoch: float, dilation: float,
+             lost: str | None = None) -> dict | None:
     """What the components measured until a failure (best effort, short timeouts): the
-    collector's records and every engine's stats that can still be read."""
+    collector's records and every engine's stats that can still be read; `lost`: an
+    actor that is gone (not asked: a restarted one would answer as a fresh core)."""
+    if lost == "collector":
+        return None
     try:
         snapshot = ray.get(actors["collector"].query.remote("snapshot"), timeout=30)
     except Exception:  # noqa: BLE001 - nothing to salvage
         return None
     stats, missing = {}, []
     for n in engine_names:
+        if n == lost:
+            missing.append(n)
+            continue
         try:
             stats[n] = ray.get(actors[n].query.remote("stats"), timeout=30)
         except Exception:  # noqa: BLE001 - e.g. the engine that failed
@@ -508,13 +571,13 @@ def _partial(ray, actors: dict[str, Any], engine_names: Sequence[str], epoch: fl
             "now": (time.time() - epoch) / dilation, "loop_type": "ray"}
 
 
-def _wait_with_progress(ray, actors: dict[str, Any], total: int, deadline: float, progress: bool,
+def _wait_with_progress(ray, watch: ActorWatch, total: int, deadline: float, progress: bool,
                         stop: StopRequest | None = None) -> None:
-    """Wait until every request ended (the collector's `all_ended`, polled); raise the
-    first core failure as soon as a host reports one (polled every `_FAILURE_POLL_S`),
-    RayRunError naming the open requests at `deadline`, and `_Stopped` once `stop` is
-    requested."""
-    collector = actors["collector"]
+    """Wait until every request ended (the collector's `all_ended`, polled); raise what
+    the watch finds (`ActorWatch.poll`, every `rack.runtime.ray_watch.POLL_S`: a lost
+    actor, the first core failure), RayRunError naming the open requests at `deadline`,
+    and `_Stopped` once `stop` is requested."""
+    collector = watch.actors["collector"]
     bar = None
     if progress:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
@@ -523,35 +586,25 @@ def _wait_with_progress(ray, actors: dict[str, Any], total: int, deadline: float
                        TimeElapsedColumn(), transient=True)
         bar.start()
         task = bar.add_task("requests ended", total=total)
-    next_poll = time.time() + _FAILURE_POLL_S
     try:
         while True:
             _check_stop(stop)
-            if ray.get(collector.query.remote("all_ended"), timeout=60):
+            if watch.call("collector", collector.query.remote("all_ended"), 60):
                 return
             if time.time() > deadline:
-                failure = _first_failure(ray, actors)
-                if failure is not None:
-                    raise failure
-                open_ids = ray.get(collector.query.remote("open_requests"), timeout=30)
+                watch.poll()
+                open_ids = watch.call("collector", collector.query.remote("open_requests"), 30)
                 raise RayRunError(f"Ray run did not finish in time: {len(open_ids)} request(s) "
                                   f"still open, e.g. {open_ids[:10]}")
             if bar is not None:
-                n_open = len(ray.get(collector.query.remote("open_requests"), timeout=30))
+                n_open = len(watch.call("collector", collector.query.remote("open_requests"), 30))
                 bar.update(task, completed=total - n_open)
-            if time.time() >= next_poll:
-                failure = _first_failure(ray, actors)
-                if failure is not None:
-                    raise failure
-                next_poll = time.time() + _FAILURE_POLL_S
+            if watch.due():
+                watch.poll()
             time.sleep(0.2)
     finally:
         if bar is not None:
             bar.stop()
-
-
-_FAILURE_POLL_S = 1.0
-"""Wall seconds between two checks for a component failure while a Ray run waits."""
 
 
 # ---------------------------------------------------------------------------------------

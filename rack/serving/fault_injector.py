@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
 from rack.wiring.faults import CRASH_KINDS
 from workloads.core import BROADCAST, Core
@@ -29,17 +29,27 @@ class FaultInjector(Core):
     back-off), then asks the router to `recover` it. Link faults go to the
     interconnect (`degrade`, `flap`, `corrupt`).
 
+    A real death (the Ray driver's `instance_died`: an engine's actor died without an
+    injected fault and Ray restarted it) is handled as a crash that already happened: a
+    record of the same kind ("cause": "actor_died"; injected faults have "injected"),
+    `peer_lost` to every core, pings until the new incarnation answers, then the
+    router's `recover`.
+
     Keyword args: faults: FaultConfig dicts plus "index", "instance" (the resolved
     target) and "weight_load_s", as `apply_faults` builds them; collector, router,
-    interconnect: core names (interconnect None without links); name ("faults").
+    interconnect: core names (interconnect None without links); restartable: {instance:
+    {"kind": "decode_crash" | "prefill_crash", "weight_load_s": s}} of the instances
+    whose real deaths are recovered (`Scenario.max_restarts`); name ("faults").
     """
 
     def __init__(self, *, faults: Sequence[dict], collector: str, router: str,
-                 interconnect: str | None = None, name: str = "faults") -> None:
+                 interconnect: str | None = None, restartable: Mapping[str, dict] | None = None,
+                 name: str = "faults") -> None:
         super().__init__(name)
         self.collector = collector
         self.router = router
         self.interconnect = interconnect
+        self.restartable = {k: dict(v) for k, v in (restartable or {}).items()}
         self.faults = [dict(f) for f in faults]
         self.records: dict[int, dict] = {}
         self._due: list[tuple[float, int, int, str]] = []      # (t, seq, fault index, step)
@@ -47,13 +57,18 @@ class FaultInjector(Core):
         self._backoff: dict[int, float] = {}
         for f in self.faults:
             i = f["index"]
-            rec = {k: f.get(k) for k in ("kind", "target", "at_s", "duration_s", "factor", "count", "seed",
-                                         "weight_load_s")}
-            rec.update(index=i, instance=f["instance"], applied=False, applied_at_s=None, recovered=False,
-                       recovered_at_s=None)
+            rec = self._record(f, "injected")
             self.records[i] = rec
             self.send(collector, "note_fault", i, dict(rec))
             self._at(f["at_s"], i, "start")
+
+    @staticmethod
+    def _record(f: dict, cause: str) -> dict:
+        rec = {k: f.get(k) for k in ("kind", "target", "at_s", "duration_s", "factor", "count", "seed",
+                                     "weight_load_s")}
+        rec.update(index=f["index"], instance=f["instance"], cause=cause, applied=False, applied_at_s=None,
+                   recovered=False, recovered_at_s=None)
+        return rec
 
     def _at(self, t: float, index: int, step: str) -> None:
         heapq.heappush(self._due, (t, self._seq, index, step))
@@ -120,6 +135,28 @@ class FaultInjector(Core):
         # what it re-dispatched is read from the router's recovery records (with those of
         # later recoveries of the same instance it causes), in `faults_section`
         self.send(self.router, "recover", self.faults[i]["instance"], self.name, i)
+
+    def instance_died(self, now: float, instance: str, incarnation: Any, at_s: float | None = None) -> None:
+        """The Ray driver: `instance`'s actor died for real (not an injected fault) and
+        Ray restarted it; `incarnation`: its process id before the death; at_s: the
+        emulated time of the restart (default now). Recovered as an injected crash is,
+        from the point where the instance is down: every core is told (`peer_lost`),
+        the instance is pinged until its new incarnation answers, then the router
+        re-dispatches what it lost. Raises KeyError for an instance not in
+        `restartable` (its death ends the run on the driver's side instead)."""
+        info = self.restartable[instance]
+        i = len(self.faults)
+        at = now if at_s is None else float(at_s)
+        f = {"kind": info["kind"], "target": instance, "instance": instance, "at_s": at, "index": i,
+             "weight_load_s": info.get("weight_load_s"), "seed": None, "count": None}
+        self.faults.append(f)
+        rec = self._record(f, "actor_died")
+        rec.update(applied=True, applied_at_s=at, incarnations=[incarnation], work_before_crash=None,
+                   serving_from_s=at + (info.get("weight_load_s") or 0.0))
+        self.records[i] = rec
+        self._note(i)
+        self.send(BROADCAST, "peer_lost", instance)
+        self.send(instance, "ping", self.name, (i, "after"))
 
     def send_failed(self, now: float, dst: str, method: str, args: tuple) -> None:
         """The Ray driver could not deliver a message (the actor is restarting): a ping

@@ -315,6 +315,16 @@ class Router(Core):
                                                      f"{self._slots} slots" if self._slots else ""))
         return f"{len(self._pending)} recovery(ies) waiting for replies" if self._pending else ""
 
+    def routed_to(self, instance: str) -> list[int]:
+        """Ids of the requests routed to `instance`, as prefill instance or as decode
+        target (a driver read: what a lost instance may have held)."""
+        hit = np.zeros(len(self._pre_of), bool)
+        if instance in self._inst_idx:
+            hit |= self._pre_of == self._inst_idx[instance]
+        if instance in self._dec_idx:
+            hit |= self._dec_of == self._dec_idx[instance]
+        return [self._requests[p].id for p in np.flatnonzero(hit).tolist()]
+
     def counts(self) -> dict:
         """{"dispatched": {instance: n}, "rejected": n} (read by the driver at the end)."""
         out = {"dispatched": dict(self.dispatched), "rejected": self.rejected}

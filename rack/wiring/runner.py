@@ -265,11 +265,13 @@ def run_scenario(scenario: Scenario, requests: Sequence[Any], *, runtime: str = 
             raw = run_topology_virtual(specs, requests, max_concurrency=max_concurrency,
                                        think_time_s=think_time_s, stop=stop)
         else:
+            from rack.runtime.pace import liveness_timeout_s
             from rack.runtime.ray_runtime import run_topology_ray
             raw = run_topology_ray(specs, requests, dilation=scenario.dilation, address=address,
                                    progress=progress, timeout_s=timeout_s,
                                    max_concurrency=max_concurrency, think_time_s=think_time_s,
-                                   stop=stop)
+                                   stop=stop, liveness_timeout_s=liveness_timeout_s(
+                                       scenario.dilation, scenario.slo.tpot_ms / 1e3))
     except RunStopped as exc:
         if exc.partial is None:
             raise

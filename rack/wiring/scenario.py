@@ -241,6 +241,11 @@ class Scenario(_Strict):
     fixed_stages: list[FixedStage] = Field(default_factory=list)
     # Injected faults (rack.wiring.faults; docs/robustness.md).
     faults: list[FaultConfig] = Field(default_factory=list)
+    # Ray runtime: real deaths (not injected faults) each prefill/decode instance's actor
+    # survives: Ray restarts it and its requests are recovered as after an injected crash
+    # (docs/robustness.md); 0: a death ends the run, status aborted.
+    max_restarts: int = Field(default=0, ge=0, le=1000, description="Ray runtime: real deaths each engine "
+                              "instance's actor survives (restarted, its requests recovered)")
 
     @model_validator(mode="before")
     @classmethod
@@ -252,6 +257,17 @@ class Scenario(_Strict):
         for where, value in _non_finite(data):
             raise ValueError(f"{where}: expected a finite number, got {value!r}")
         return data
+
+    @field_validator("dilation")
+    @classmethod
+    def _sane_dilation(cls, v: float) -> float:
+        # the Ray runtime's limits, with their reasons (rack.runtime.pace)
+        from rack.runtime.pace import dilation_error
+
+        why = dilation_error(v)
+        if why is not None:
+            raise ValueError(why)
+        return v
 
     @field_validator("pools")
     @classmethod

@@ -38,7 +38,9 @@ class ComponentSpec:
     names); `resources` are Ray custom resources for its actor; `weight_load_s`: a
     crash target (`rack.wiring.faults`), rebuilt after a crash and reloading its weights for
     that long (None: not restartable); `host`: "module:Class" of the Ray actor that hosts
-    it (None: `rack.runtime.ray_host.CoreHost`; a live front's adds its HTTP server)."""
+    it (None: `rack.runtime.ray_host.CoreHost`; a live front's adds its HTTP server);
+    `crashes`: injected crashes aimed at it; `restarts`: real deaths of its Ray actor it
+    survives (`Scenario.max_restarts`; its actor's Ray max_restarts is the sum)."""
 
     name: str
     factory: str
@@ -48,6 +50,8 @@ class ComponentSpec:
     resources: dict[str, float] = field(default_factory=dict)
     weight_load_s: float | None = None
     host: str | None = None
+    crashes: int = 0
+    restarts: int = 0
 
     def refs(self) -> set[str]:
         """Names of the peers this component needs."""
@@ -173,30 +177,44 @@ def build_topology(scenario: Scenario, request_ids: Sequence[int]) -> list[Compo
 
 
 def apply_faults(scenario, specs: list) -> list:
-    """The topology with the scenario's faults wired in: crash targets marked
-    restartable (`ComponentSpec.weight_load_s`: a driver rebuilds them, reloading their
-    weights for that long) and a `FaultInjector` core (kind "faults") after the router.
-    Returns `specs` unchanged when there is no fault."""
-    if not scenario.faults:
+    """The topology with the scenario's faults and restarts wired in: crash targets
+    and, with `max_restarts`, every prefill and decode instance marked restartable
+    (`ComponentSpec.weight_load_s`: a driver rebuilds them, reloading their weights for
+    that long; `crashes`, `restarts`), and a `FaultInjector` core (kind "faults") after
+    the router, which also recovers real deaths (`FaultInjector.instance_died`).
+    Returns `specs` unchanged when there is neither."""
+    restarts = scenario.max_restarts
+    if not scenario.faults and not restarts:
         return specs
     faults = []
     for i, f in enumerate(scenario.faults):
         d = f.model_dump()
         d.update(index=i, instance=resolve_target(scenario, f))
         faults.append(d)
-    crashed = {d["instance"] for d in faults if d["kind"] in CRASH_KINDS}
+    crashes: dict[str, int] = {}
+    for d in faults:
+        if d["kind"] in CRASH_KINDS:
+            crashes[d["instance"]] = crashes.get(d["instance"], 0) + 1
+    survivors = {s.name for s in specs if s.kind in _RESTART_KIND} if restarts else set()
     load_s = {s.name: weight_load_s(scenario, scenario.pool(s.pool), s.kwargs["cost"])
-              for s in specs if s.name in crashed}
+              for s in specs if s.name in crashes or s.name in survivors}
     for d in faults:
         d["weight_load_s"] = load_s.get(d["instance"])
     out = []
     for s in specs:
-        if s.name in crashed:
-            s = dataclasses.replace(s, weight_load_s=load_s[s.name])
+        if s.name in load_s:
+            s = dataclasses.replace(s, weight_load_s=load_s[s.name], crashes=crashes.get(s.name, 0),
+                                    restarts=restarts if s.name in survivors else 0)
         out.append(s)
     names = {s.name for s in out}
     out.append(ComponentSpec("faults", "rack.serving.fault_injector:FaultInjector", {
         "faults": faults, "collector": "collector", "router": "router",
         "interconnect": "interconnect" if "interconnect" in names else None,
+        "restartable": {s.name: {"kind": _RESTART_KIND[s.kind], "weight_load_s": s.weight_load_s}
+                        for s in out if s.name in survivors},
     }, "faults"))
     return out
+
+
+#: Components whose real deaths `max_restarts` covers, and the crash kind that records one.
+_RESTART_KIND = {"decode": "decode_crash", "prefill": "prefill_crash"}
