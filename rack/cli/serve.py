@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import os
 import signal
 import time
 from pathlib import Path
@@ -12,6 +13,7 @@ import typer
 
 from rack.cli._checks import check_positive, fail, prepare_out_dir, report_failure
 from rack.cli.app import app
+from rack.serve.limits import HEADER_TIMEOUT_S, MAX_BODY_BYTES, READ_TIMEOUT_S
 
 #: Wall seconds between checks for a failed component while serving.
 _POLL_S = 0.5
@@ -23,7 +25,7 @@ def serve(
     host: str = typer.Option("127.0.0.1", "--host", help="address to bind (loopback by default; 0.0.0.0 for every interface)"),
     port: int = typer.Option(8000, "--port", min=0, max=65535, help="port (0: any free port)"),
     dilation: Optional[float] = typer.Option(None, "--dilation", help="wall seconds per emulated second [default: the scenario's; 100 for helios-cs3-kimi-k2]"),
-    api_key: Optional[str] = typer.Option(None, "--api-key", envvar="RACK_API_KEY", help="require Authorization: Bearer KEY on /v1 routes"),
+    api_key: Optional[str] = typer.Option(None, "--api-key", envvar="RACK_API_KEY", help="require Authorization: Bearer KEY on /v1 and /rack routes (an empty key is refused)"),
     address: Optional[str] = typer.Option(None, "--address", help="Ray cluster address (default: start Ray locally)"),
     served_model_name: Optional[str] = typer.Option(None, "--served-model-name", help="model name clients send [default: the scenario's model]"),
     max_outstanding_tokens: Optional[int] = typer.Option(None, "--max-outstanding-tokens", min=1, help="router queue bound per prefill instance (prompt tokens); above it on every instance: 429 [default: the scenario's]"),
@@ -32,20 +34,37 @@ def serve(
     drain: float = typer.Option(30.0, "--drain", help="on Ctrl-C: wall seconds given to requests in flight before they are ended"),
     out: Path = typer.Option(Path("rack-results/serve"), "--out", help="results folder, written at shutdown"),
     payload_scale: Optional[float] = typer.Option(None, "--payload-scale", help="shipped KV bytes / logical KV bytes"),
+    max_body_bytes: int = typer.Option(MAX_BODY_BYTES, "--max-body-bytes", help="largest request body accepted (413 above it)"),
+    header_timeout: float = typer.Option(HEADER_TIMEOUT_S, "--header-timeout", help="wall seconds a client has to send a request's head (then 408 and the connection closes)"),
+    read_timeout: float = typer.Option(READ_TIMEOUT_S, "--read-timeout", help="wall seconds a request body may pause between two reads"),
 ) -> None:
     """Serve the emulated rack over HTTP (OpenAI API: /v1/completions, /v1/chat/completions,
     /v1/models; /health, /metrics) until Ctrl-C, then write a results folder."""
     from rack.analysis.results import summary_text, write_results
     from rack.serve.session import LiveServer
 
-    for name, value in (("--dilation", dilation), ("--payload-scale", payload_scale), ("--drain", drain)):
+    from rack.serve.limits import HttpLimits
+    from rack.serve.session import check_api_key
+
+    for name, value in (("--dilation", dilation), ("--payload-scale", payload_scale), ("--drain", drain),
+                        ("--header-timeout", header_timeout), ("--read-timeout", read_timeout)):
         check_positive(name, value)
+    if max_body_bytes < 1:
+        fail(f"--max-body-bytes: expected an integer >= 1, got {max_body_bytes}")
+    if api_key is None and "RACK_API_KEY" in os.environ:
+        api_key = os.environ["RACK_API_KEY"]      # click drops an empty variable: refused below
+    try:
+        check_api_key(api_key)        # before Ray starts: an empty RACK_API_KEY is a mistake
+    except ValueError as exc:
+        fail(str(exc))
     sc = _scenario(scenario, dilation, payload_scale, max_outstanding_tokens)
     folder = prepare_out_dir("--out", out)
     try:
         server = LiveServer(sc, host=host, port=port, api_key=api_key, address=address,
                             served_model_name=served_model_name, pacing_quantum_ms=pacing_quantum_ms,
-                            eos_mean_tokens=eos_mean_tokens)
+                            eos_mean_tokens=eos_mean_tokens,
+                            limits=HttpLimits(max_body_bytes, header_timeout_s=header_timeout,
+                                              read_timeout_s=read_timeout))
     except ValueError as exc:
         fail(str(exc))
     typer.echo(f"starting {sc.name} on Ray (dilation {sc.dilation:g}) ...", err=True)
@@ -72,7 +91,9 @@ def serve(
     answered = s.get("http_answered") or {}
     typer.echo(f"HTTP: {sum(answered.values())} answered (status {answered}); {s['requests']} reached the rack "
                f"({s['streamed']} streamed), status {s['http_status']}, "
-               f"{s['client_disconnects']} client disconnect(s); pacing lateness (wall) "
+               f"{s['client_disconnects']} client disconnect(s)"
+               + (f", {s['handler_errors']} handler error(s) (logged)" if s.get("handler_errors") else "")
+               + "; pacing lateness (wall) "
                + (f"p50 {late['p50'] * 1e3:.2f} ms, p99 {late['p99'] * 1e3:.2f} ms, max {late['max'] * 1e3:.2f} ms"
                   if late else "n/a"))
     typer.echo(f"results: {folder}/results.json, {folder}/requests.csv, {folder}/front.csv")

@@ -8,12 +8,16 @@
 - `GET /rack/requests/{id}`: the front's record of a request with the rack's own
   (TTFT, ITL samples, pacing lateness), for comparing a client's measurements.
 
-With an API key, the `/v1` routes need `Authorization: Bearer KEY` (401 otherwise), as
-vLLM's `--api-key` does; the other routes stay open for probes and scrapers.
+With an API key, the `/v1` and `/rack` routes need `Authorization: Bearer KEY` (401
+otherwise), as vLLM's `--api-key` does for `/v1`; `/health` and `/metrics` stay open
+for probes and scrapers. The body's size and nesting, slow clients and handler errors
+are bounded and answered by `rack.serve.limits` (never a plain 500 that drops the
+connection).
 """
 
 from __future__ import annotations
 
+import hmac
 import time
 from typing import Any
 
@@ -22,35 +26,50 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from rack.serve import openai_api as oa
 from rack.serve.frontend import LiveFront
+from rack.serve.limits import Guard, HttpLimits, RequestRefused, parse_json
+
+#: Endpoints counted in `rack:http_requests_total` (the API's; probes are not counted).
+COUNTED = ("/v1/completions", "/v1/chat/completions")
 
 
 def _error(err: oa.ApiError) -> JSONResponse:
     return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
 
 
-def build_app(front: LiveFront, host: Any, info: dict) -> FastAPI:
+def _unauthorised() -> JSONResponse:
+    return _error(oa.ApiError(401, "missing or wrong API key (Authorization: Bearer KEY)", None,
+                              "authentication_error", "invalid_api_key"))
+
+
+def build_app(front: LiveFront, host: Any, info: dict, limits: HttpLimits | None = None) -> FastAPI:
     """The FastAPI application of a live front. `host` gives `now()` and `await
-    engine_stats()`; `info`: {"scenario", "model"} for /health and /v1/models."""
+    engine_stats()`; `info`: {"scenario", "model"} for /health and /v1/models;
+    `limits`: the body and nesting limits (default `HttpLimits()`)."""
     cfg = front.config
+    limits = limits or HttpLimits()
     app = FastAPI(title="rack serve", version="1", docs_url=None, redoc_url=None)
+    app.add_middleware(Guard, max_body_bytes=limits.max_body_bytes,
+                       endpoint=lambda path: path if path in COUNTED else None,
+                       on_answer=front.metrics.count_http, on_error=front.metrics.count_handler_error)
     created = int(time.time())
+    expected = f"Bearer {cfg.api_key}".encode() if cfg.api_key is not None else None
 
     def authorised(request: Request) -> bool:
-        if cfg.api_key is None:
+        if expected is None:
             return True
-        return request.headers.get("authorization", "") == f"Bearer {cfg.api_key}"
+        given = request.headers.get("authorization", "").encode("latin-1", "replace")
+        return hmac.compare_digest(given, expected)
 
     async def body_of(request: Request) -> Any:
         try:
-            return await request.json()
-        except ValueError:
-            raise oa.ApiError(400, "the request body is not valid JSON", None) from None
+            return parse_json(await request.body(), limits.max_json_depth)
+        except RequestRefused as exc:
+            raise oa.ApiError(exc.status, exc.message, exc.param) from None
 
     async def generate(kind: str, endpoint: str, request: Request):
         if not authorised(request):
             front.metrics.count_http(endpoint, 401)
-            return _error(oa.ApiError(401, "missing or wrong API key (Authorization: Bearer KEY)", None,
-                                      "authentication_error", "invalid_api_key"))
+            return _unauthorised()
         try:
             plan, rid = await front.open_request(kind, await body_of(request))
             if not plan.stream:
@@ -75,8 +94,7 @@ def build_app(front: LiveFront, host: Any, info: dict) -> FastAPI:
     @app.get("/v1/models")
     async def models(request: Request):
         if not authorised(request):
-            return _error(oa.ApiError(401, "missing or wrong API key", None, "authentication_error",
-                                      "invalid_api_key"))
+            return _unauthorised()
         return {"object": "list", "data": [
             {"id": name, "object": "model", "created": created, "owned_by": "rack", "root": info["model"],
              "max_model_len": cfg.max_model_len} for name in cfg.served_model_names]}
@@ -94,7 +112,9 @@ def build_app(front: LiveFront, host: Any, info: dict) -> FastAPI:
         return Response(front.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     @app.get("/rack/requests/{rid}")
-    async def request_record(rid: int):
+    async def request_record(rid: int, request: Request):
+        if not authorised(request):
+            return _unauthorised()
         rec = front.record_of(rid)
         if rec is None:
             return _error(oa.ApiError(404, f"request {rid}: not recorded (yet)", "rid", "NotFoundError"))
