@@ -55,6 +55,7 @@ def _compact(name: str) -> str:
 
 
 def _read_toml(path: Path) -> dict:
+    _check_regular(path)
     try:
         with open(path, "rb") as f:
             return tomllib.load(f)
@@ -62,6 +63,15 @@ def _read_toml(path: Path) -> dict:
         raise CatalogError(f"{path}: no such file") from None
     except tomllib.TOMLDecodeError as e:
         raise CatalogError(f"{path}: not valid TOML: {e}") from None
+
+
+def _check_regular(path: Path) -> None:
+    """A FIFO, device or broken link is named, never opened (opening a FIFO blocks)."""
+    from workloads.paths import file_problem
+
+    bad = file_problem(path)
+    if bad is not None:
+        raise CatalogError(f"{path}: {bad}; expected a TOML or JSON file")
 
 
 def _validation_message(path: Path | str, exc: Exception) -> str:
@@ -340,6 +350,7 @@ def load_hf_config(path: str | Path, name: str | None = None) -> ModelSpec:
     path = Path(path)
     if path.is_dir():
         path = path / "config.json"
+    _check_regular(path)
     try:
         cfg = json.loads(path.read_text())
     except FileNotFoundError:

@@ -18,7 +18,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rack.serve.limits import HttpLimits, json_depth, parse_json, RequestRefused
+from rack.serve.limits import HttpLimits, RequestRefused, parse_json
+from workloads.jsontext import json_depth
 from _serve_fakes import KEY, serve_in_thread  # tests/ helpers
 
 AUTH = {"Authorization": f"Bearer {KEY}"}

@@ -20,6 +20,21 @@ def field_path(loc: Sequence) -> str:
     return out
 
 
+def non_finite(value: object, where: str = ""):
+    """(field path, value) of every float in `value` (nested dicts and lists, as read
+    from TOML, which reads `inf` and `nan`) that is NaN or infinite; paths as
+    `field_path` writes them ("clients[0].session.think_time_s")."""
+    if isinstance(value, float):
+        if value != value or value in (float("inf"), float("-inf")):
+            yield where, value
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            yield from non_finite(v, f"{where}.{k}" if where else str(k))
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            yield from non_finite(v, f"{where}[{i}]")
+
+
 class TraceError(ValueError):
     """Bad trace input.
 

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from .errors import TraceError
+from .jsontext import MAX_ROW_DEPTH, brackets, json_depth
 from .textfile import open_binary
 
 #: Units of a numeric timestamp column, and how many of them make one second (exact
@@ -181,10 +182,18 @@ def detect_schema(path: Path, format: str | None = None,
     if first.startswith("{"):
         if mapping:
             return Schema.from_mapping(mapping, "jsonl")
+        depth = json_depth(first) if brackets(first) > MAX_ROW_DEPTH else 0
+        if depth > MAX_ROW_DEPTH:        # before the parser, which recurses per level
+            raise TraceError(str(path), 1, None, f"invalid JSON (nested {depth:,} levels deep; a trace row "
+                             f"nests at most {MAX_ROW_DEPTH})", "invalid_json")
         try:
-            keys = set(json.loads(first))
+            data = json.loads(first)
         except ValueError as e:
             raise TraceError(str(path), 1, None, f"invalid JSON: {e}", "invalid_json") from None
+        if not isinstance(data, dict):
+            raise TraceError(str(path), 1, None, f"expected a JSON object per line, got {first[:200]!r}",
+                             "invalid_json")
+        keys = set(data)
         if {"timestamp", "input_length", "output_length"} <= keys:
             if "hash_ids" not in keys:  # Mooncake-shaped but without prefix hashes
                 return replace(PRESETS["mooncake"], block_hashes=None)

@@ -11,7 +11,7 @@ from typing import Optional
 
 import typer
 
-from rack.cli._checks import check_positive, fail, prepare_out_dir, report_failure
+from rack.cli._checks import check_positive, fail, out_path, prepare_out_dir, report_failure
 from rack.cli.app import app
 from rack.serve.limits import HEADER_TIMEOUT_S, MAX_BODY_BYTES, READ_TIMEOUT_S
 
@@ -32,7 +32,7 @@ def serve(
     pacing_quantum_ms: float = typer.Option(1.0, "--pacing-quantum-ms", help="tokens due within this many wall ms go in one chunk"),
     eos_mean_tokens: float = typer.Option(256.0, "--eos-mean-tokens", help="mean output length of requests without ignore_eos (geometric)"),
     drain: float = typer.Option(30.0, "--drain", help="on Ctrl-C: wall seconds given to requests in flight before they are ended"),
-    out: Path = typer.Option(Path("rack-results/serve"), "--out", help="results folder, written at shutdown"),
+    out: Path = typer.Option(Path("rack-results/serve"), "--out", parser=out_path, help="results folder, written at shutdown"),
     payload_scale: Optional[float] = typer.Option(None, "--payload-scale", help="shipped KV bytes / logical KV bytes"),
     max_body_bytes: int = typer.Option(MAX_BODY_BYTES, "--max-body-bytes", help="largest request body accepted (413 above it)"),
     header_timeout: float = typer.Option(HEADER_TIMEOUT_S, "--header-timeout", help="wall seconds a client has to send a request's head (then 408 and the connection closes)"),

@@ -6,8 +6,8 @@
   holds a full context of 1 M token ids of up to 6 digits (8 bytes each with the
   separator): no legitimate request of a 131,072-token model comes near it.
 - **JSON nesting** (`max_json_depth`, default 64): the depth of `[`/`{` outside
-  strings is measured on the raw bytes before parsing (`json_depth`), so a body nested
-  100,000 deep is a 400, never a `RecursionError`. OpenAI's requests nest 5-6 levels
+  strings is measured on the raw bytes before parsing (`workloads.jsontext`), so a
+  body nested 100,000 deep is a 400, never a `RecursionError`. OpenAI's requests nest 5-6 levels
   (body, messages, message, content parts, part); tool schemas a few more.
 - **Slow clients** (`header_timeout_s`, default 10 s; `read_timeout_s`, 30 s): a
   connection must complete each request's head within the header timeout of its first
@@ -29,13 +29,13 @@ Each refusal is counted by the `on_answer(endpoint, status)` callback the app pa
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import math
-import re
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
+
+from workloads.jsontext import json_depth
 
 log = logging.getLogger("rack.serve")
 
@@ -77,33 +77,6 @@ class RequestRefused(Exception):
 
 
 # ----------------------------------------------------------------------------- JSON
-# A JSON string: quote, then runs of ordinary bytes and escapes (the unrolled form,
-# linear in the string's length).
-_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
-
-
-@functools.lru_cache(maxsize=1)
-def _brackets():
-    """+1 for each byte that opens an array or object, -1 for each that closes one."""
-    import numpy as np
-
-    step = np.zeros(256, dtype=np.int8)
-    step[[ord("["), ord("{")]] = 1
-    step[[ord("]"), ord("}")]] = -1
-    return step
-
-
-def json_depth(body: bytes) -> int:
-    """The deepest nesting of arrays and objects in JSON text `body` (0 for a scalar),
-    counted on the bytes outside strings, without parsing (so without recursion)."""
-    import numpy as np
-
-    bare = _JSON_STRING.sub(b"", body)
-    steps = _brackets()[np.frombuffer(bare, dtype=np.uint8)]
-    steps = steps[steps != 0]
-    return int(np.cumsum(steps, dtype=np.int64).max()) if steps.size else 0
-
-
 def parse_json(body: bytes, max_depth: int = MAX_JSON_DEPTH) -> Any:
     """The JSON value of a request body. Raises RequestRefused (400) for a body that is
     not UTF-8 JSON or nests deeper than `max_depth`."""
