@@ -391,8 +391,11 @@ def format_errors(source: str, exc: ValidationError) -> str:
             ctx = err.get("ctx", {})
             lines.append(f"{source}: field {field}.dist: expected one of {ctx.get('expected_tags')} "
                          f"(got {ctx.get('tag')!r})")
+        elif not loc:
+            # model-level checks name their own field first ("window_s: expected ...")
+            lines.append(f"{source}: field {msg}")
         else:
-            lines.append(f"{source}: field {field or '(top level)'}: {msg}{got_s}")
+            lines.append(f"{source}: field {field}: {msg}{got_s}")
     return "\n".join(lines)
 
 
