@@ -349,7 +349,7 @@ def prefix_lookup(prefix: Any, req: Any) -> tuple[tuple, int, int]:
 def admit_with_prefix(engine: Any, job: Any, hashes: tuple, hit: int, cached: int) -> None:
     """Book an admitted job's prefix-cache hit (counters and `job.cached`)."""
     if engine.prefix is not None and hashes:
-        engine.prefix.count_lookup(hit, len(hashes), job.req.block_size)
+        engine.prefix.count_lookup(hit, len(hashes), job.req.block_size, job.req.prompt_tokens)
     job.cached = cached
     engine.tokens_cached += cached
 
