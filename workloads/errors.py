@@ -35,6 +35,16 @@ def non_finite(value: object, where: str = ""):
             yield from non_finite(v, f"{where}[{i}]")
 
 
+def refuse_non_finite(cls, data: object) -> object:
+    """A pydantic "before" model validator (attach with `model_validator(mode="before")`)
+    that refuses the first NaN or infinite number anywhere in the document: TOML reads
+    `inf` and `nan`, no field of a scenario or workload means anything at either, and a
+    NaN passes every range check (NaN > 0 is False, but so is NaN <= 0)."""
+    for where, value in non_finite(data):
+        raise ValueError(f"{where}: expected a finite number, got {value!r}")
+    return data
+
+
 class TraceError(ValueError):
     """Bad trace input.
 

@@ -19,7 +19,7 @@ from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from .errors import field_path, non_finite
+from .errors import field_path, refuse_non_finite
 from .bounds import MAX_LOGNORMAL_CV, MAX_SYSTEM_PROMPTS
 from .request import MAX_TOKENS
 
@@ -273,14 +273,7 @@ class WorkloadSpec(_Model):
     block_size: int = Field(default=512, ge=1, le=MAX_TOKENS)
     clients: list[Client] = Field(min_length=1)
 
-    @model_validator(mode="before")
-    @classmethod
-    def _finite_numbers(cls, data: object) -> object:
-        # every table at once: TOML reads `inf` and `nan`, and no field of a workload
-        # means anything at either (a NaN passes every range check)
-        for where, value in non_finite(data):
-            raise ValueError(f"{where}: expected a finite number, got {value!r}")
-        return data
+    _finite_numbers = model_validator(mode="before")(refuse_non_finite)     # every table at once
 
     @model_validator(mode="after")
     def _check(self):

@@ -19,7 +19,7 @@ from typing import Literal, Optional
 from interconnect.link import LinkSpec
 from rack.wiring.faults import FaultConfig, check_faults
 from rack.wiring.settings import CostSettings, EnergySettings, FixedStage, ScenarioError
-from workloads.errors import field_path, non_finite
+from workloads.errors import field_path, refuse_non_finite
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 if sys.version_info >= (3, 11):
@@ -249,16 +249,9 @@ class Scenario(_Strict):
     # Injected faults (rack.wiring.faults; docs/robustness.md).
     faults: list[FaultConfig] = Field(default_factory=list)
 
-    @model_validator(mode="before")
-    @classmethod
-    def _finite_numbers(cls, data: object) -> object:
-        # Once for every table, also those defined in other modules (energy, cost,
-        # fixed stages, links, faults): TOML reads `inf` and `nan`, and no field of a
-        # rack means anything at either (a NaN passes every range check: NaN > 0 is
-        # False, but so is NaN <= 0).
-        for where, value in non_finite(data):
-            raise ValueError(f"{where}: expected a finite number, got {value!r}")
-        return data
+    # once for every table, also those defined in other modules (energy, cost, fixed
+    # stages, links, faults)
+    _finite_numbers = model_validator(mode="before")(refuse_non_finite)
 
     @field_validator("pools")
     @classmethod
