@@ -123,6 +123,25 @@ def test_json_depth_counts_brackets_outside_strings_only():
         parse_json(b"[[[1]]]", max_depth=2)
 
 
+def test_a_prompt_beyond_the_context_is_refused_before_it_is_validated_or_counted():
+    """A million ids or megabytes of text took 1-8 s of the front's loop to validate or
+    count before the context check refused them (no stream was paced meanwhile)."""
+    from rack.serve.openai_api import ApiError, parse_request
+
+    kw = dict(served=("kimi-k2",), max_model_len=4096, eos_mean_tokens=8, request_id=1)
+    for kind, body, param, words in (
+            ("completion", {"model": "kimi-k2", "prompt": [1] * 5000, "max_tokens": 2}, "prompt", "5,000 token ids"),
+            ("completion", {"model": "kimi-k2", "prompt_token_ids": ["x"] * 5000}, "prompt_token_ids", "5,000 token"),
+            ("completion", {"model": "kimi-k2", "prompt": ["abcdef " * 6000]}, "prompt", "at least 6,000 tokens"),
+            ("chat", {"model": "kimi-k2", "messages": [{"role": "user", "content": [{"type": "text", "text": "ab" * 13000}]}]},
+             "messages", "at least 4,334 tokens")):
+        with pytest.raises(ApiError) as e:
+            parse_request(kind, body, **kw)
+        assert e.value.status == 400 and e.value.param == param and words in e.value.message, e.value.message
+    assert parse_request("completion", {"model": "kimi-k2", "prompt": " " * 30000 + "x", "max_tokens": 2},
+                         **kw).prompt_tokens == 2          # blanks are not refused by their length alone
+
+
 def test_an_oversized_body_is_413_declared_or_chunked(server):
     limit = LIMITS.max_body_bytes
     big = {**VALID, "junk": "a" * (limit + 10)}

@@ -179,6 +179,40 @@ def _chat_prompt(messages: list[dict[str, Any]]) -> tuple[int, list[str]]:
     return total, keys
 
 
+#: str.translate table deleting every character `str.isspace` calls whitespace (29 of them).
+_DROP_SPACE = dict.fromkeys(c for c in range(0x3001) if chr(c).isspace())
+
+
+def _check_prompt_size(kind: str, body: dict, max_model_len: int | None) -> None:
+    """Refuse a prompt that cannot fit the context before its tokens are validated or
+    counted: a token-id list longer than the context, or text with more non-blank
+    characters than 6 x the context (every estimated token holds at most 6 of them,
+    `rack.serve.tokens`). Validating a million ids or cutting 7 MB of text took 1-8 s of
+    the front's event loop, during which no stream was paced. Raises ApiError (400)."""
+    limit = (max_model_len - 1) if max_model_len is not None else MAX_TOKENS
+    if kind == "chat":
+        items = [(f"messages.{i}.content", m.get("content")) for i, m in enumerate(body.get("messages") or ())
+                 if isinstance(m, dict)] if isinstance(body.get("messages"), list) else []
+        texts = [c for _, c in items if isinstance(c, str)]
+        texts += [p.get("text") for _, c in items if isinstance(c, list) for p in c
+                  if isinstance(p, dict) and isinstance(p.get("text"), str)]
+        param, ids = "messages", None
+    else:
+        param = "prompt_token_ids" if body.get("prompt_token_ids") is not None else "prompt"
+        p = body.get(param)
+        if isinstance(p, list) and len(p) == 1 and isinstance(p[0], (list, str)):
+            p = p[0]
+        ids = p if isinstance(p, list) else None
+        texts = [p] if isinstance(p, str) else []
+    if ids is not None and len(ids) > limit:
+        raise ApiError(400, f"{param}: {len(ids):,} token ids, more than the context allows ({limit:,} with "
+                       "room for one output token)", param)
+    chars = sum(len(t.translate(_DROP_SPACE)) for t in texts) if sum(len(t) for t in texts) > 6 * limit else 0
+    if chars > 6 * limit:
+        raise ApiError(400, f"{param}: at least {-(-chars // 6):,} tokens of text, more than the context "
+                       f"allows ({limit:,} with room for one output token)", param)
+
+
 def _clip(text: str, limit: int = 60) -> str:
     """`text` cut to `limit` characters (a client's value quoted in a message)."""
     return text if len(text) <= limit else text[: limit - 3] + "..."
@@ -215,6 +249,7 @@ def parse_request(kind: Literal["completion", "chat"], body: Any, *, served: tup
     (naming the field), 404 for an unknown model."""
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object", None)
+    _check_prompt_size(kind, body, max_model_len)
     try:
         r = (ChatRequest if kind == "chat" else CompletionRequest).model_validate(body)
     except ValidationError as exc:
