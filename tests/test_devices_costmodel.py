@@ -1,7 +1,5 @@
 """Roofline cost model: physics that must hold, vectorisation, parallelism, speculation."""
 
-import time
-
 import numpy as np
 import pytest
 
@@ -103,14 +101,14 @@ def test_decode_steps_is_the_loop_it_replaces():
         assert s.time_s.shape == s.flops.shape == s.bytes.shape == s.comm_s.shape == (40,)
 
 
-def test_decode_steps_is_fast_for_big_batches_and_many_steps():
+def test_decode_steps_covers_big_batches_and_many_steps():
+    # Its speed is a benchmark's (rack bench); a wall-time bound made the outcome depend on the host's load.
     c = CostModel("gpt-oss-120b", "h100", Parallelism(tp=4), "fp8", "fp8",
                   SpeculativeConfig(2, 0.6))
     ctx = np.random.default_rng(0).integers(1, 32_000, 1000)
-    t0 = time.perf_counter()
     s = c.decode_steps(ctx, 10_000)
-    assert time.perf_counter() - t0 < 1.0
     assert s.time_s.shape == (10_000,) and np.all(s.time_s > 0)
+    assert np.all(np.diff(s.time_s) >= 0)            # the contexts only grow: no step gets cheaper
 
 
 def test_moe_decode_reads_the_experts_the_batch_touches():

@@ -162,28 +162,42 @@ def test_map_virtual_results_in_processes_equals_in_process():
     assert [r["latency"] for r in par] == [virtual_results(it)["latency"] for it in items]
 
 
-def test_clock_offset_corrects_only_hosts_whose_offset_is_measurable():
-    import time
+def test_clock_offset_corrects_only_hosts_whose_offset_is_measurable(monkeypatch):
+    """The probe's arithmetic on a fake clock: every `time.time()` call advances it by
+    one binary-exact step, and a remote host reads its clock (plus its offset) between
+    the driver's two readings, so each round trip is two steps and the measured offset
+    is exactly the host's offset. No reading of the real clock: nothing lands on the
+    |offset| = RTT/2 boundary by float rounding (the earlier version failed ~1 run in 70
+    when an instantaneous fake round trip put a zero offset exactly there)."""
     from types import SimpleNamespace
 
-    class Ref:
-        def __init__(self, offset):
-            self.value = time.time() + offset
+    step = 2.0 ** -10                                    # s; exact in binary
+    clock = {"t": 1024.0}
+
+    def tick() -> float:
+        clock["t"] += step
+        return clock["t"]
+
+    monkeypatch.setattr(ray_runtime, "time", SimpleNamespace(time=tick))   # this module's clock only
 
     class Actor:
         def __init__(self, offset):
-            self.wall_time = SimpleNamespace(remote=lambda: Ref(offset))
+            self.wall_time = SimpleNamespace(remote=lambda: tick() + offset)
 
     fake_ray = SimpleNamespace(util=SimpleNamespace(get_node_ip_address=lambda: "10.0.0.1"),
-                               get=lambda ref, timeout: ref.value)
-    actors = {"router": Actor(0.0), "prefill-0": Actor(5.0), "prefill-1": Actor(5.0), "decode-0": Actor(0.0)}
+                               get=lambda ref, timeout: ref)
+    actors = {"router": Actor(0.0), "prefill-0": Actor(5.0), "prefill-1": Actor(5.0), "decode-0": Actor(0.0),
+              "decode-1": Actor(4 * step)}
     infos = {"router": {"node_ip": "10.0.0.1"}, "prefill-0": {"node_ip": "10.0.0.2"},
-             "prefill-1": {"node_ip": "10.0.0.2"}, "decode-0": {"node_ip": "10.0.0.3"}}
+             "prefill-1": {"node_ip": "10.0.0.2"}, "decode-0": {"node_ip": "10.0.0.3"},
+             "decode-1": {"node_ip": "10.0.0.4"}}
     hosts = ray_runtime._clock_offsets(fake_ray, actors, infos)
-    assert set(hosts) == {"10.0.0.1", "10.0.0.2", "10.0.0.3"}
-    assert hosts["10.0.0.2"]["corrected"] and hosts["10.0.0.2"]["offset_s"] == pytest.approx(5.0, abs=0.01)
+    assert set(hosts) == {"10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.4"}
+    assert all(h["rtt_s"] == 2 * step for h in hosts.values())
+    assert hosts["10.0.0.2"]["corrected"] and hosts["10.0.0.2"]["offset_s"] == 5.0
     assert not hosts["10.0.0.1"]["corrected"]                 # the driver's own clock
-    assert not hosts["10.0.0.3"]["corrected"]                 # offset within RTT/2: trust NTP
+    assert hosts["10.0.0.3"]["offset_s"] == 0.0 and not hosts["10.0.0.3"]["corrected"]   # within RTT/2: trust NTP
+    assert hosts["10.0.0.4"]["offset_s"] == 4 * step and hosts["10.0.0.4"]["corrected"]  # 2 RTT: measurable
 
 
 # -- the scale test's layout and the CLI's argument checks (no cluster started) ----------

@@ -116,4 +116,4 @@ def test_ten_times_overload_is_bounded_and_finishes(sustainable_rate):
     # The emulator's memory: a few MB of per-request records, no growth with the backlog.
     assert s.max() - rss0 < 64e6
     assert half.max() - half.min() < 16e6
-    assert wall < 45.0
+    # (the wall time is printed above; a bound on it made the outcome depend on the host's load: speed is rack bench's)

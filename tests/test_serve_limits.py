@@ -116,6 +116,17 @@ def test_deep_nesting_and_bad_json_are_400_not_500(server):
         assert _post(c, server["url"], VALID).status_code == 200
 
 
+@pytest.mark.parametrize("path, body, words", [
+    ("/tokenize", b"[" * 100_000 + b"]" * 100_000, "nests 100000 levels"),
+    ("/detokenize", json.dumps({"tokens": [2**70]}).encode(), "less than or equal to 2147483647"),
+    ("/detokenize", json.dumps({"tokens": [10**6]}).encode(), "out of the tokenizer's vocabulary"),
+    ("/detokenize", json.dumps({"tokens": [True]}).encode(), "valid integer"),
+])
+def test_vllm_utility_routes_refuse_bad_bodies_with_400(server, path, body, words):
+    r = server["client"].post(server["url"] + path, content=body, headers={"content-type": "application/json"})
+    assert r.status_code == 400 and words in r.json()["error"]["message"], r.text
+
+
 def test_json_depth_counts_brackets_outside_strings_only():
     assert json_depth(b'{"a": "[[[[\\"[[", "b": [[1], {"c": []}]}') == 4
     assert json_depth(b"7") == 0
@@ -285,7 +296,8 @@ _json = st.recursive(st.none() | st.booleans() | st.integers(-2**70, 2**70) | st
                      max_leaves=12)
 _FIELDS = ("model", "prompt", "prompt_token_ids", "messages", "max_tokens", "max_completion_tokens", "min_tokens",
            "stream", "stream_options", "ignore_eos", "temperature", "top_p", "presence_penalty", "stop", "n",
-           "best_of", "seed", "echo", "logprobs", "rack_block_hashes", "rack_block_size")
+           "best_of", "seed", "echo", "logprobs", "rack_block_hashes", "rack_block_size", "tokens",
+           "return_token_strs")
 _value = st.one_of(_json, st.just("kimi-k2"), st.lists(st.integers(-5, 2**64), max_size=6),
                    st.lists(st.fixed_dictionaries({"role": st.sampled_from(["user", "tool", "x", 3]),
                                                    "content": _json}), max_size=3),
@@ -311,13 +323,15 @@ def _body(draw, chat: bool):
 
 @pytest.mark.timeout(300)
 @settings(max_examples=250, deadline=5000, derandomize=True, suppress_health_check=list(HealthCheck))
-@given(data=st.data(), chat=st.booleans())
-def test_fuzzed_requests_never_get_a_500(server, data, chat):
-    """Both endpoints, 250 bodies (a fixed seed: the same bodies every run), streamed
-    or not; every answer is a 200 with a whole response or a 4xx with OpenAI's error
-    JSON, and the server still answers a valid request after each."""
-    path = "/v1/chat/completions" if chat else "/v1/completions"
-    payload = json.dumps(data.draw(_body(chat)), allow_nan=True).encode()
+@given(data=st.data(), path=st.sampled_from(["/v1/completions", "/v1/chat/completions", "/tokenize",
+                                             "/detokenize"]))
+def test_fuzzed_requests_never_get_a_500(server, data, path):
+    """The completion endpoints and vLLM's /tokenize and /detokenize, 250 bodies (a
+    fixed seed: the same bodies every run), streamed or not; every answer is a 200 with
+    a whole response or a 4xx with OpenAI's error JSON, and the server still answers a
+    valid request after each."""
+    payload = json.dumps(data.draw(_body("chat" in path or (path == "/tokenize" and data.draw(st.booleans())))),
+                         allow_nan=True).encode()
     c = server["client"]
     with c.stream("POST", server["url"] + path, content=payload,
                   headers={**AUTH, "content-type": "application/json"}) as r:

@@ -196,15 +196,12 @@ def test_resolve_trace_env_var_and_errors(tmp_path, monkeypatch):
     assert msg.endswith("set RACK_TRACE_DIR to its directory")
 
 
-def test_whole_mooncake_trace_reads_fast_and_in_order():
-    import time
+def test_whole_mooncake_trace_reads_in_order():
+    # How fast it reads is a benchmark's question; a wall-time bound made the outcome depend on the host's load.
     reader = open_trace(full_trace("mooncake_conv"))
-    t0 = time.perf_counter()
     reqs = list(reader)
-    elapsed = time.perf_counter() - t0
     assert len(reqs) == 12_031 and [r.id for r in reqs] == list(range(12_031))
     assert all(len(r.block_hashes) == -(-r.prompt_tokens // 512) for r in reqs)
-    assert elapsed / len(reqs) * 10_000 < 1.0  # well under a second per 10,000 rows
 
 
 def test_mooncake_row_needs_one_hash_per_block(tmp_path):

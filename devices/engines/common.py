@@ -347,11 +347,14 @@ def prefix_lookup(prefix: Any, req: Any) -> tuple[tuple, int, int]:
 
 
 def admit_with_prefix(engine: Any, job: Any, hashes: tuple, hit: int, cached: int) -> None:
-    """Book an admitted job's prefix-cache hit (counters and `job.cached`)."""
+    """Book an admitted job's prefix-cache hit (counters and `job.cached`; a live front,
+    the engine's `stream_to`, is told the cached tokens)."""
     if engine.prefix is not None and hashes:
         engine.prefix.count_lookup(hit, len(hashes), job.req.block_size, job.req.prompt_tokens)
     job.cached = cached
     engine.tokens_cached += cached
+    if getattr(engine, "stream_to", None) is not None:      # a live front: usage.cached_tokens
+        engine.send(engine.stream_to, "prompt_cached", job.req.id, cached)
 
 
 def plan_chunk(active: list, queue, budget: int, try_admit) -> list:

@@ -1,7 +1,11 @@
 """Sweeps: goodput, tokens per joule and cost of deployments against request rate, KV
 link bandwidth and prompt length, run in parallel.
 
-- Rate (`rate_sweep`): the trace's arrival times divided by each rate scale. Each
+- Rate (`rate_sweep`): each point's requests at its rate (`Workload.requests`): a
+  synthetic load (vLLM's random dataset, or any source re-timed by `--request-rate`)
+  draws its own arrivals at the point's rate, for the whole `--duration` when one is
+  set; a trace (or workload file) replay keeps its requests, their arrival times
+  divided by the rate scale, and each point says its arrivals' emulated span. Each
   point's goodput and offered rate are measured over the run's steady-state window
   (warm-up and drain excluded, `rack.analysis.metrics`), so a point where every request meets
   the SLO has goodput = offered rate. For each deployment the maximum sustained rate is
@@ -29,6 +33,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import asdict, dataclass, field
+from dataclasses import replace as dc_replace
 from typing import Any, Optional, Sequence
 
 from rack.wiring.scenario import Scenario
@@ -50,7 +55,12 @@ class Workload:
     (max(n, ceil(rate x duration_s)) requests), so that a point at a high rate is not
     one short burst that a rack absorbs in its queue and still meets the SLO.
     kind "plan": a `workloads.load.LoadPlan` (`plan`: a trace, random dataset or
-    workload file through the load options, possibly a closed loop).
+    workload file through the load options, possibly a closed loop); at a rate scale
+    s (`requests(s)`) the random dataset, or a source re-timed by a request rate,
+    draws fresh arrivals at s x its request rate (same seed: the same lengths in the
+    same order), for its duration when it has one; a workload file with a duration
+    generates s x that duration and is compressed into it (its rates x s); a trace
+    keeps its requests, arrivals divided by s.
     """
 
     kind: str = "trace"
@@ -77,7 +87,18 @@ class Workload:
         if self.kind == "plan":
             from workloads import scale_rate
 
-            return list(scale_rate(self.plan.requests(), rate_scale))
+            plan, c = self.plan, self.plan.controls
+            if rate_scale == 1.0:
+                return list(plan.requests())
+            if plan.source == "random" or (c.request_rate is not None and c.max_concurrency is None):
+                if c.request_rate is None or math.isinf(c.request_rate):
+                    raise ValueError(f"{plan.label()}: no arrival rate to scale (every request arrives at 0 s "
+                                     "without a request rate)")
+                return list(dc_replace(plan, controls=dc_replace(c, request_rate=c.request_rate * rate_scale))
+                            .requests())
+            if plan.source == "workload" and c.duration_s is not None:
+                plan = dc_replace(plan, controls=dc_replace(c, duration_s=c.duration_s * rate_scale))
+            return list(scale_rate(plan.requests(), rate_scale))
         if self.kind == "synthetic":
             from workloads import FixedLengths, PoissonArrivals, synthesize
 
@@ -148,6 +169,16 @@ def point_summary(results: dict) -> dict:
     }
 
 
+def arrival_summary(requests: Sequence) -> dict:
+    """A point's arrivals: {"arrivals": count, "arrival_span_s": first to last arrival
+    (emulated s), "realised_rps": (count - 1) / span (the rate the gaps realise; None
+    for fewer than 2 arrivals or no span)}."""
+    t = [r.arrival_s for r in requests]
+    span = (max(t) - min(t)) if t else 0.0
+    return {"arrivals": len(t), "arrival_span_s": span,
+            "realised_rps": (len(t) - 1) / span if len(t) > 1 and span > 0 else None}
+
+
 def run_task(task: Task) -> dict:
     """Run one point on the virtual runtime; returns labels + `point_summary`, or labels
     + {"error": message} when the scenario is refused or the rack stalls."""
@@ -159,6 +190,7 @@ def run_task(task: Task) -> dict:
         reqs = task.workload.requests(task.rate_scale, task.prompt_tokens)
         res = run_scenario(sc, reqs, runtime="virtual", **task.workload.run_kwargs())
         out.update(point_summary(res.results))
+        out.update(arrival_summary(reqs))
     except Exception as exc:  # one bad point must not sink the sweep; it is reported
         out["error"] = f"{type(exc).__name__}: {exc}"
     return out
@@ -268,11 +300,15 @@ def find_crossover(xs: Sequence[float], split: Sequence[float], colocated: Seque
 # ---------------------------------------------------------------------------- sweeps
 def rate_sweep(scenarios: Sequence[Scenario], workload: Workload, rate_scales: Sequence[float], *,
                target: float = DEFAULT_ATTAINMENT_TARGET, base_rate: Optional[float] = None,
-               workers: int = 2, address: Optional[str] = None, progress: bool = True) -> SweepResult:
+               workers: int = 2, address: Optional[str] = None, progress: bool = True,
+               absolute: bool = False) -> SweepResult:
     """Goodput, attainment, tokens/J and $/Mtok of each scenario at each rate scale.
 
     base_rate: the unscaled workload's rate (req/s) so points also carry `rate_per_s`
-    (None: rate_scale only). Summary: {"max_rate_scale": {scenario: x or None},
+    (None: rate_scale only). absolute: the points were asked as rates (req/s, each
+    scale = rate / base_rate): the sweep's parameter is then `rate_per_s`. Points carry
+    `arrival_summary` (count, span, realised rate) beside the measured offered rate.
+    Summary: {"max_rate_scale": {scenario: x or None},
     "max_rate_per_s": {...}, "tokens_per_joule_at_max": {scenario: value at
     `max_rate_scale`, the highest rate below the first miss}, "target": target}.
     """
@@ -294,7 +330,7 @@ def rate_sweep(scenarios: Sequence[Scenario], workload: Workload, rate_scales: S
         at_max = [p for p in mine if m is not None and p["rate_scale"] == m]
         summary["tokens_per_joule_at_max"][s.name] = at_max[0]["tokens_per_joule"] if at_max else None
     summary["vendor_ratio"] = _vendor_ratio(scenarios, summary["tokens_per_joule_at_max"])
-    return SweepResult("rate", "rate_scale", points, summary, workload.describe())
+    return SweepResult("rate", "rate_per_s" if absolute else "rate_scale", points, summary, workload.describe())
 
 
 def _vendor_ratio(scenarios: Sequence[Scenario], tpj: dict) -> Optional[dict]:
@@ -397,9 +433,18 @@ def summary_lines(result: SweepResult) -> list[str]:
             rps = s["max_rate_per_s"].get(name)
             tpj = s["tokens_per_joule_at_max"].get(name)
             held = s.get("held_every_rate", {}).get(name)
+            ge = ">= " if held else ""
+            # the asked rate names the point; the offered rate is measured there (the
+            # table's column), so the two are named apart
+            at = next((p for p in result.points if p["scenario"] == name and p.get("rate_scale") == m
+                       and "error" not in p), None)
+            asked = (f"{ge}{rps:.3g} req/s asked" if result.param == "rate_per_s" and rps else
+                     f"{ge}{m:.3g}x the source's rate" + (f" ({ge}{rps:.3g} req/s asked)" if rps else "")) \
+                if m is not None else ""
             out.append(f"{name}: " + ("misses the target already at the lowest rate" if m is None else
-                                      f"sustains {'>= ' if held else ''}{m:.3g}x the trace rate"
-                                      + (f" ({'>= ' if held else ''}{rps:.3g} req/s)" if rps else "")
+                                      f"sustains {asked}"
+                                      + (f" (offered {at['offered_rps']:.3g} req/s measured there)"
+                                         if at and at.get("offered_rps") is not None else "")
                                       + f" at >= {s['target']:.0%} SLO attainment"
                                       + (" (every rate tried held: the highest tried)" if held
                                          else " (the highest rate tried that held)")
@@ -451,16 +496,26 @@ _COLS = (("offered_rps", "offered (req/s)", "{:.3g}"), ("goodput_rps", "goodput 
          ("link_utilization", "link util.", "{:.1%}"))
 
 
+#: A rate sweep's columns of each point's arrivals (`arrival_summary`) and asked rate.
+_RATE_COLS = (("rate_per_s", "asked (req/s)", "{:.3g}"), ("arrivals", "arrivals", "{:d}"),
+              ("arrival_span_s", "over (s)", "{:.3g}"))
+
+
 def points_table(result: SweepResult) -> tuple[list[str], list[list[str]]]:
-    """(headers, rows) of the sweep's points, sorted by scenario then parameter."""
-    heads = ["scenario", result.param] + [c[1] for c in _COLS]
+    """(headers, rows) of the sweep's points, sorted by scenario then parameter. A rate
+    sweep's rows also say each point's asked rate and its arrivals (count and emulated
+    span); "offered" is measured over the run's steady-state window."""
+    cols = _COLS
+    if result.kind == "rate":
+        cols = tuple(c for c in _RATE_COLS if c[0] != result.param) + _COLS
+    heads = ["scenario", result.param] + [c[1] for c in cols]
     rows = []
     for p in sorted(result.points, key=lambda p: (p["scenario"], p.get(result.param) or 0)):
         if "error" in p:
-            rows.append([p["scenario"], f"{p.get(result.param)}", "error: " + p["error"][:60]] + [""] * (len(_COLS) - 1))
+            rows.append([p["scenario"], f"{p.get(result.param)}", "error: " + p["error"][:60]] + [""] * (len(cols) - 1))
             continue
         rows.append([p["scenario"], f"{p.get(result.param):g}"] +
-                    ["-" if p.get(k) is None else f.format(p[k]) for k, _, f in _COLS])
+                    ["-" if p.get(k) is None else f.format(p[k]) for k, _, f in cols])
     return heads, rows
 
 
@@ -492,11 +547,14 @@ def write_sweep(result: SweepResult, out_dir: Any, *, plots: bool = True) -> dic
         colours = P.palette(sorted({p["scenario"] for p in result.points}))
         xlabel = {"rate": "rate scale (x trace rate)", "bandwidth": "KV link bandwidth (GB/s)",
                   "prompt": "prompt tokens"}[result.kind]
+        if x == "rate_per_s":
+            xlabel = "asked rate (req/s)"
         vlines = None
         if result.kind == "bandwidth":
             vlines = {f"crossover vs {k}": v.get("x") for k, v in result.summary["crossover"].items()}
         elif result.kind == "rate":
-            vlines = {f"max {k}": v for k, v in result.summary["max_rate_scale"].items()}
+            key = "max_rate_per_s" if x == "rate_per_s" else "max_rate_scale"
+            vlines = {f"max {k}": v for k, v in result.summary[key].items()}
         for key, label, fname in (("goodput_rps", "goodput (req/s meeting the SLO)", "goodput"),
                                   ("tokens_per_joule", "output tokens per joule", "tokens_per_joule"),
                                   ("slo_attainment", "SLO attainment", "slo_attainment")):
@@ -517,6 +575,6 @@ def default_workers() -> int:
     return 1 if (os.cpu_count() or 1) < 2 else 2
 
 
-__all__ = ["DEFAULT_ATTAINMENT_TARGET", "SweepResult", "Task", "Workload", "bandwidth_sweep",
+__all__ = ["DEFAULT_ATTAINMENT_TARGET", "SweepResult", "Task", "Workload", "arrival_summary", "bandwidth_sweep",
            "default_workers", "find_crossover", "max_sustainable_rate", "point_summary",
            "prompt_sweep", "rate_sweep", "run_task", "run_tasks", "with_link_bandwidth"]

@@ -11,7 +11,7 @@ import typer
 from rack.cli.app import app
 from rack.cli._checks import check_positive, out_path, prepare_out_dir, report_failure
 from rack.cli._routing import POLICY_OPTION, WEIGHT_OPTION, with_routing
-from rack.cli.load import LoadOptions, load_options
+from rack.cli.load import LoadOptions, load_options, rate_line
 from rack.cli.run import DEFAULT_TRACE, fail
 
 
@@ -60,6 +60,8 @@ def compare(
     from rich.console import Console
 
     err = Console(stderr=True)
+    if not as_json:
+        err.print(rate_line(reqs, load, rate_scale), markup=False, highlight=False, soft_wrap=True)
 
     def on_start(name: str, i: int, n: int) -> None:
         if not as_json:

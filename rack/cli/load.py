@@ -179,6 +179,25 @@ class LoadOptions:
         return Loaded(reqs, info, plan.run_kwargs(), plan.label(), plan)
 
 
+def rate_line(requests, load: "LoadOptions", rate_scale: float = 1.0) -> str:
+    """The realised arrival rate of `requests` beside the asked one (what `rack run` and
+    `rack compare` print): "arrivals: N over S s (first to last), R req/s realised
+    (asked: ...)". Realised = N / --duration when one is set, else (N - 1) / S (the
+    rate the gaps realise)."""
+    from rack.analysis.sweep import arrival_summary
+
+    a = arrival_summary(requests)
+    if load.duration and a["arrivals"]:
+        a["realised_rps"] = a["arrivals"] / load.duration
+    r = load.request_rate
+    asked = ("--request-rate inf: every request at 0 s" if r is not None and r == float("inf") else
+             f"--request-rate {r:g}" + (f" for --duration {load.duration:g} s" if load.duration else "")
+             if r is not None else "the source's own timing"
+             + (f" x --rate-scale {rate_scale:g}" if rate_scale != 1.0 else ""))
+    real = f"{a['realised_rps']:.3g} req/s realised" if a["realised_rps"] is not None else "no rate realised"
+    return f"arrivals: {a['arrivals']} over {a['arrival_span_s']:.4g} s (first to last), {real} (asked: {asked})"
+
+
 _FLAGS = {"request rate": "--request-rate", "burstiness": "--burstiness", "num-prompts": "--num-prompts",
           "duration": "--duration", "max-concurrency": "--max-concurrency", "think time": "--think-time",
           "seed": "--seed", "prefix length": "--prefix-len", "input_len": "--input-len",

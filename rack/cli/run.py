@@ -11,7 +11,7 @@ import typer
 from rack.cli._checks import check_positive, fail, interruptible, out_path, prepare_out_dir, report_failure
 from rack.cli._routing import POLICY_OPTION, WEIGHT_OPTION, with_routing
 from rack.cli.app import app
-from rack.cli.load import LoadOptions, load_options
+from rack.cli.load import LoadOptions, load_options, rate_line
 
 DEFAULT_TRACE = "mooncake-excerpt"
 # The Ray runtime paces on the wall clock at `dilation` x real time (100 for the default
@@ -120,6 +120,7 @@ def run(
                        + (f" (closed loop, at most {load.max_concurrency} in flight)" if load.max_concurrency else "")
                        + (f" (dilation {sc.dilation}, arrivals over about {reqs[-1].arrival_s * sc.dilation:.0f} s of wall time)"
                           if runtime == "ray" else ""), err=True)
+            typer.echo(rate_line(reqs, load, rate_scale), err=True)
         stream = records == "disk" or (records == "auto" and runtime == "virtual" and len(reqs) >= STREAM_FROM_REQUESTS)
         output = execute(folder, sc, reqs, runtime=runtime, address=address, trace_info=info,
                          progress=not as_json and sys.stderr.isatty(), timeout_s=timeout,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import math
 import os
 import signal
 import time
@@ -37,6 +38,8 @@ def serve(
     max_body_bytes: int = typer.Option(MAX_BODY_BYTES, "--max-body-bytes", help="largest request body accepted (413 above it)"),
     header_timeout: float = typer.Option(HEADER_TIMEOUT_S, "--header-timeout", help="wall seconds a client has to send a request's head (then 408 and the connection closes)"),
     read_timeout: float = typer.Option(READ_TIMEOUT_S, "--read-timeout", help="wall seconds a request body may pause between two reads"),
+    tokenizer: Optional[str] = typer.Option(None, "--tokenizer", help="count prompt and output tokens with this Hugging Face tokenizer.json (or a folder holding one), offline [default: rack's own counter, shipped as a tokenizer folder for clients]"),
+    pacing_report: float = typer.Option(10.0, "--pacing-report", help="wall seconds between the pacing-lateness lines printed while serving (0: none)"),
 ) -> None:
     """Serve the emulated rack over HTTP (OpenAI API: /v1/completions, /v1/chat/completions,
     /v1/models; /health, /metrics) until Ctrl-C, then write a results folder."""
@@ -57,15 +60,17 @@ def serve(
         check_api_key(api_key)        # before Ray starts: an empty RACK_API_KEY is a mistake
     except ValueError as exc:
         fail(str(exc))
+    if not (math.isfinite(pacing_report) and pacing_report >= 0):
+        fail(f"--pacing-report: expected a number of seconds >= 0, got {pacing_report}")
     sc = _scenario(scenario, dilation, payload_scale, max_outstanding_tokens)
     folder = prepare_out_dir("--out", out)
     try:
         server = LiveServer(sc, host=host, port=port, api_key=api_key, address=address,
                             served_model_name=served_model_name, pacing_quantum_ms=pacing_quantum_ms,
-                            eos_mean_tokens=eos_mean_tokens,
+                            eos_mean_tokens=eos_mean_tokens, tokenizer=tokenizer,
                             limits=HttpLimits(max_body_bytes, header_timeout_s=header_timeout,
                                               read_timeout_s=read_timeout))
-    except ValueError as exc:
+    except ValueError as exc:        # TokenizerError is one
         fail(str(exc))
     typer.echo(f"starting {sc.name} on Ray (dilation {sc.dilation:g}) ...", err=True)
     try:
@@ -76,7 +81,8 @@ def serve(
         report_failure(folder, exc, what="serve", keep_partial=False)
     typer.echo(f"serving {server.config.served_model_names[0]} at {url}/v1 (OpenAI API); metrics at {url}/metrics; "
                "Ctrl-C to stop", err=True)
-    pending = _serve_until_interrupted(server, drain)
+    typer.echo(_tokenizer_line(server.tokenizer, tokenizer), err=True)
+    pending = _serve_until_interrupted(server, drain, pacing_report)
     try:
         output = server.stop(drain, pending=pending)
     except Exception as exc:  # noqa: BLE001
@@ -99,9 +105,22 @@ def serve(
     typer.echo(f"results: {folder}/results.json, {folder}/requests.csv, {folder}/front.csv")
 
 
-def _serve_until_interrupted(server, drain_s: float):
-    """Wait for Ctrl-C (SIGINT) or SIGTERM, watching for a failed component; then ask the
-    front to drain. Returns the stop request's reference."""
+def _tokenizer_line(tok, given: Optional[str]) -> str:
+    from rack.serve.tokenizer import SHIPPED
+
+    if given is None:
+        return (f"tokens: rack's default counter; clients that count tokens get the same counts from the tokenizer "
+                f"folder {SHIPPED} (guidellm --tokenizer kind=huggingface_auto,model=PATH, aiperf --tokenizer PATH, "
+                "inference-perf tokenizer.pretrained_model_name_or_path: docs/serve.md)")
+    return f"tokens: counted with {tok.path} (give clients the same tokenizer)"
+
+
+def _serve_until_interrupted(server, drain_s: float, report_s: float = 0.0):
+    """Wait for Ctrl-C (SIGINT) or SIGTERM, watching for a failed component and printing
+    the pacing lateness every `report_s` wall seconds (0: never); then ask the front to
+    drain. Returns the stop request's reference."""
+    from rack.serve.pacing import lateness_line
+
     stop = {"signal": None}
 
     def on_term(signum, frame):
@@ -114,9 +133,15 @@ def _serve_until_interrupted(server, drain_s: float):
     # where a second one ends the requests in flight at once.
     signal.signal(signal.SIGINT, signal.default_int_handler)
     next_check = time.time() + 2.0
+    next_report = time.time() + report_s if report_s > 0 else math.inf
     try:
         while True:
             time.sleep(_POLL_S)
+            if time.time() >= next_report:
+                line = lateness_line(server.pacing_window(), report_s)
+                if line:
+                    typer.echo(line, err=True)
+                next_report = time.time() + report_s
             if time.time() >= next_check:
                 failure = server.failure()
                 if failure is not None:
@@ -151,7 +176,8 @@ def _scenario(name: Optional[str], dilation, payload_scale, max_outstanding_toke
 
 
 def _write_front_rows(path: Path, rows) -> None:
-    names = ["id", "endpoint", "stream", "http_status", "outcome", "reason", "output_tokens", "tokens_sent",
+    names = ["id", "response_id", "endpoint", "stream", "http_status", "outcome", "reason", "prompt_tokens",
+             "cached_tokens", "output_tokens", "tokens_sent",
              "chunks", "client_disconnected", "received_wall_s", "lateness_s", "early_s",
              "t_arrival_s", "t_first_token_s", "t_completion_s"]
     with open(path, "w", newline="") as f:

@@ -4,6 +4,7 @@ cost of deployments against request rate, KV link bandwidth or prompt length."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace as dc_replace
 from pathlib import Path
 from typing import List, Optional
 
@@ -98,7 +99,8 @@ _ADDRESS = typer.Option(None, "--address", help="Ray cluster address: run the po
 @load_options
 def sweep_rate(
     scenarios: Optional[List[str]] = typer.Argument(None, help="scenario names or TOML files [default: the four Kimi-K2 deployments]"),
-    rates: str = typer.Option("0.5,1,2,4,8", "--rates", help="rate scales (x the trace's arrival rate)"),
+    rates: Optional[str] = typer.Option(None, "--rates", help="request rates to sweep, req/s (each point of a synthetic load draws its own arrivals at that rate, for the whole --duration when given), e.g. 1,2,4,8,16"),
+    rate_scales: Optional[str] = typer.Option(None, "--rate-scales", help="multipliers of the source's rate (x the trace's mean rate, or x --request-rate) [default: 0.5,1,2,4,8 when --rates is not given]"),
     trace: str = typer.Option(DEFAULT_TRACE, "--trace", "-t"),
     window: Optional[str] = typer.Option(None, "--window", help="START:END seconds of the trace"),
     max_requests: Optional[int] = typer.Option(None, "--max-requests", min=1),
@@ -114,16 +116,34 @@ def sweep_rate(
 
     if load is not None and load.max_concurrency is not None:
         fail("--max-concurrency: a closed loop sends a request when one ends, so it has no "
-             "arrival rate for --rates to scale; sweep an open loop (--request-rate, or the "
+             "arrival rate for --rates to set; sweep an open loop (--request-rate, or the "
              "trace's own timing)")
+    if rates is not None and rate_scales is not None:
+        fail("give --rates (req/s) or --rate-scales (multipliers of the source's rate), not both")
+    load = load or LoadOptions()
+    asked = _floats(rates, "--rates") if rates is not None else None
+    scales = _floats(rate_scales or "0.5,1,2,4,8", "--rate-scales") if asked is None else None
+    synthetic_rate = load.request_rate is not None and math.isfinite(load.request_rate)
+    if load.dataset and not synthetic_rate:
+        if asked is None:
+            fail("--rate-scales: the random dataset has no arrival rate to scale (without --request-rate every "
+                 "request arrives at 0 s); give --request-rate R, or the rates themselves with --rates")
+        # each point draws its own arrivals at its asked rate: any finite base rate will do
+        load = dc_replace(load, request_rate=1.0)
     scs = _scenarios(list(scenarios or []))
     wl = _workload(trace, window, max_requests, None, 1, 1.0, 1, 0, load)
-    reqs = wl.requests()
-    span = max(r.arrival_s for r in reqs) - min(r.arrival_s for r in reqs)
-    base = len(reqs) / span if span > 0 else None
+    if load.request_rate is not None and math.isfinite(load.request_rate):
+        base = load.request_rate                 # the synthetic arrivals' rate
+    else:
+        reqs = wl.requests()
+        span = max(r.arrival_s for r in reqs) - min(r.arrival_s for r in reqs)
+        base = (len(reqs) - 1) / span if span > 0 and len(reqs) > 1 else None
+        if base is None:
+            fail(f"{'--rates' if asked else '--rate-scales'}: {wl.describe()} arrives all at one instant, so it "
+                 "has no arrival rate to " + ("set" if asked else "scale") + "; give --request-rate R")
     prepare_out_dir("--out", out)
-    result = rate_sweep(scs, wl, _floats(rates, "--rates"), target=target, base_rate=base,
-                        workers=workers, address=address, progress=not as_json)
+    result = rate_sweep(scs, wl, [r / base for r in asked] if asked else scales, target=target, base_rate=base,
+                        workers=workers, address=address, progress=not as_json, absolute=asked is not None)
     _finish(result, out, as_json, no_plots)
 
 

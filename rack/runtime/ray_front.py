@@ -122,6 +122,10 @@ class FrontHost(CoreHost):
         return {"state": f.state if f is not None else "starting", "in_flight": f.in_flight() if f else 0,
                 "recorded": len(f.records) if f else 0, "emulated_s": self.now()}
 
+    async def pacing_window(self) -> dict:
+        """The front's pacing lateness since the last call (`LiveFront.pacing_window`)."""
+        return self.front.pacing_window() if self.front is not None else {"chunks": 0}
+
     async def stop_http(self, drain_s: float) -> dict:
         """Drain (module docstring) and stop the server; returns `front_state()`."""
         f = self.front

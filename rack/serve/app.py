@@ -6,7 +6,11 @@
 - `GET /health`: 200 {"status": "ok", ...} while serving, 503 while shutting down;
 - `GET /metrics`: Prometheus text (`rack.serve.metrics`);
 - `GET /rack/requests/{id}`: the front's record of a request with the rack's own
-  (TTFT, ITL samples, pacing lateness), for comparing a client's measurements.
+  (TTFT, ITL samples, pacing lateness), for comparing a client's measurements; `id`
+  is the response id (`chatcmpl-rack-7`, `cmpl-rack-7`) or its number. A request
+  still in flight or being recorded is waited for (`?wait=S` wall seconds, default
+  `RECORD_WAIT_S`), so a client may ask as soon as its stream's `[DONE]` arrives;
+- `GET /version`, `POST /tokenize`, `POST /detokenize`: vLLM's (`rack.serve.vllm_routes`).
 
 With an API key, the `/v1` and `/rack` routes need `Authorization: Bearer KEY` (401
 otherwise), as vLLM's `--api-key` does for `/v1`; `/health` and `/metrics` stay open
@@ -18,6 +22,7 @@ connection).
 from __future__ import annotations
 
 import hmac
+import math
 import time
 from typing import Any
 
@@ -27,9 +32,12 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from rack.serve import openai_api as oa
 from rack.serve.frontend import LiveFront
 from rack.serve.limits import Guard, HttpLimits, RequestRefused, parse_json
+from rack.serve.vllm_routes import add_vllm_routes
 
 #: Endpoints counted in `rack:http_requests_total` (the API's; probes are not counted).
 COUNTED = ("/v1/completions", "/v1/chat/completions")
+#: Wall seconds `/rack/requests/{id}` waits for a request in flight to be recorded.
+RECORD_WAIT_S = 30.0
 
 
 def _error(err: oa.ApiError) -> JSONResponse:
@@ -111,14 +119,23 @@ def build_app(front: LiveFront, host: Any, info: dict, limits: HttpLimits | None
         front.metrics.set_stats(await host.engine_stats(), host.now())
         return Response(front.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
-    @app.get("/rack/requests/{rid}")
-    async def request_record(rid: int, request: Request):
+    @app.get("/rack/requests/{key}")
+    async def request_record(key: str, request: Request, wait: float = RECORD_WAIT_S):
         if not authorised(request):
             return _unauthorised()
-        rec = front.record_of(rid)
+        rid = front.request_number(key)
+        if rid is None:
+            return _error(oa.ApiError(400, f"request {key[:60]!r}: expected a response id (chatcmpl-rack-N, "
+                                      "cmpl-rack-N) or a number", "id"))
+        if not math.isfinite(wait):
+            return _error(oa.ApiError(400, f"wait: expected a finite number of seconds, got {wait}", "wait"))
+        rec = await front.wait_record(rid, min(max(wait, 0.0), 300.0))
         if rec is None:
-            return _error(oa.ApiError(404, f"request {rid}: not recorded (yet)", "rid", "NotFoundError"))
+            return _error(oa.ApiError(404, f"request {key}: not recorded (never received, or still in flight "
+                                      f"after {wait:g} s)", "id", "NotFoundError"))
         return rec
+
+    add_vllm_routes(app, front, limits.max_json_depth)
 
     return app
 

@@ -20,6 +20,13 @@ client's disconnect, and the pacing lateness (wall s): for each token the wall t
 left the front minus the wall time of its recorded emulated time; `lateness_s` is
 the largest, `early_s` the largest negative one (a token sent before a run was cut
 that moved it later; 0 when none).
+
+`record_of(id)` answers by the front's integer id or by the response id
+(`chatcmpl-rack-7`, `cmpl-rack-7`); `wait_record` waits for a request that is still
+being recorded (the collector's record reaches the front a moment after the last
+token is due), so a client may ask as soon as its stream's `[DONE]` arrives.
+`pacing_window()` gives the pacing lateness of the tokens streamed since its last
+call (what `rack serve` prints while it runs, `rack.serve.pacing.lateness_line`).
 """
 
 from __future__ import annotations
@@ -37,7 +44,7 @@ import numpy as np
 from rack.serve import openai_api as oa
 from rack.serve.metrics import ServeMetrics
 from rack.serve.pacing import next_chunk
-from rack.serve.tokens import filler
+from rack.serve.tokenizer import load_tokenizer
 from rack.serving.collector import EVENTS
 from workloads.request import Request
 
@@ -63,6 +70,7 @@ class FrontConfig:
     eos_mean_tokens: float = 256.0
     api_key: str | None = None
     vocab_size: int | None = None        # token ids must be below it (None: unchecked)
+    tokenizer: str | None = None         # a tokenizer.json (or folder); None: rack's default counter
 
 
 @dataclass
@@ -85,7 +93,10 @@ class LiveFront:
     def __init__(self, host: Any, config: FrontConfig) -> None:
         self.host = host
         self.config = config
+        self.tokenizer = load_tokenizer(config.tokenizer)
         self.metrics = ServeMetrics(config.served_model_names[0], config.dilation)
+        self._late: list[np.ndarray] = []        # per-chunk lateness (wall s) since `pacing_window`
+        self._itl_emulated: list[float] = []      # median emulated ITL of each response since then
         self.records: list[dict] = []
         self.requests: list[Request] = []
         self.state = "serving"
@@ -124,7 +135,7 @@ class LiveFront:
         plan = oa.parse_request(kind, body, served=self.config.served_model_names,
                                 max_model_len=self.config.max_model_len,
                                 eos_mean_tokens=self.config.eos_mean_tokens, request_id=rid,
-                                vocab_size=self.config.vocab_size)
+                                vocab_size=self.config.vocab_size, tokenizer=self.tokenizer)
         wait = self.host.wall_of(0.0) - time.time()
         if wait > 0:                                  # before emulated time 0
             await asyncio.sleep(wait)
@@ -181,7 +192,8 @@ class LiveFront:
             n = lr.n_out
             resp.chunk_end.append(n)
             resp.chunk_wall.append(time.time())
-            return oa.full_response(resp.plan, rid, filler(0, n), n, resp.plan.finish_reason)
+            resp.plan.cached_tokens = lr.extra.get("cached_tokens", 0)
+            return oa.full_response(resp.plan, rid, self.tokenizer.filler(0, n), n, resp.plan.finish_reason)
         finally:
             self._end_response(resp, resp.status)
 
@@ -198,12 +210,13 @@ class LiveFront:
             while True:
                 lr = self.host.gateway.live(rid)
                 n = lr.n_out
+                plan.cached_tokens = lr.extra.get("cached_tokens", 0)
                 if sent < n:
                     end, wait = next_chunk(lr.times, sent, self.host.now(), quantum)
                     if end > sent:
                         last = end == n
-                        data = _sse(oa.chunk(plan, rid, created, filler(sent, end - sent),
-                                             plan.finish_reason if last else None))
+                        data = _sse(oa.chunk(plan, rid, created, self.tokenizer.filler(sent, end - sent),
+                                             plan.finish_reason if last else None, tokens_so_far=end))
                         resp.chunk_end.append(end)
                         resp.chunk_wall.append(time.time())
                         sent = end
@@ -294,6 +307,10 @@ class LiveFront:
             # by E2E - TTFT.
             diff = walls - truth[ends - 1]
             lateness, early = float(diff.max()), float(max(0.0, -diff.min()))
+            if resp.plan.stream:
+                self._late.append(diff)
+                if lr.itl_s is not None and len(lr.itl_s):
+                    self._itl_emulated.append(float(np.median(lr.itl_s)))
         times = {}
         if lr.record_times is not None:
             times = {name: float(t) for name, t in zip(EVENTS, lr.record_times)}
@@ -303,12 +320,15 @@ class LiveFront:
         self.metrics.observe_request(
             outcome=lr.outcome or "failed", reason=lr.reason, finish_reason=resp.plan.finish_reason,
             prompt_tokens=resp.plan.prompt_tokens, output_tokens=lr.n_out, times=times or
-            {k: math.nan for k in EVENTS}, itl_s=lr.itl_s, lateness_wall_s=lateness)
+            {k: math.nan for k in EVENTS}, itl_s=lr.itl_s, lateness_wall_s=lateness,
+            sent_wall=_sent_wall(resp) if lr.outcome == "completed" else None)
         self.records.append({
             "id": rid, "endpoint": resp.plan.kind, "stream": resp.plan.stream, "http_status": resp.status,
             "outcome": lr.outcome, "reason": lr.reason, "output_tokens": lr.n_out,
             "tokens_sent": int(resp.chunk_end[-1]) if resp.chunk_end else 0, "chunks": len(resp.chunk_end),
             "client_disconnected": resp.disconnected, "received_wall_s": resp.received_wall,
+            "response_id": oa.response_id(resp.plan, rid), "prompt_tokens": resp.plan.prompt_tokens,
+            "cached_tokens": int(lr.extra.get("cached_tokens", 0)),
             "lateness_s": lateness, "early_s": early,
             # HTTP receipt to the router's arrival (wall s): the front's own delay before TTFT starts
             "intake_s": _finite(self.host.wall_of(times["arrival"]) - resp.received_wall) if times else None,
@@ -321,6 +341,43 @@ class LiveFront:
         self._events.pop(rid, None)
         self.host.call_core("forget", rid)
 
+    def pacing_window(self) -> dict:
+        """The pacing lateness (wall s) of the chunks of the streamed responses recorded
+        since the last call: {"chunks", "responses", "p50_s", "p99_s", "max_s",
+        "itl_wall_s" (the median of their emulated ITLs x dilation, None without
+        any)}; the window then starts again."""
+        late = np.concatenate(self._late) if self._late else np.zeros(0)
+        itl = float(np.median(self._itl_emulated)) * self.config.dilation if self._itl_emulated else None
+        out = {"chunks": int(late.size), "responses": len(self._late), "itl_wall_s": itl,
+               **({f"p{q}_s": float(np.percentile(late, q)) for q in (50, 99)} if late.size else
+                  {"p50_s": None, "p99_s": None}),
+               "max_s": float(late.max()) if late.size else None}
+        self._late, self._itl_emulated = [], []
+        return out
+
+    def request_number(self, key: int | str) -> int | None:
+        """The front's id of `key`: an int, its decimal string, or a response id
+        (`chatcmpl-rack-7`, `cmpl-rack-7`); None for anything else."""
+        text = str(key)
+        for prefix in ("chatcmpl-rack-", "cmpl-rack-"):
+            if text.startswith(prefix):
+                text = text[len(prefix):]
+                break
+        # ASCII digits only, and few of them: int() reads other scripts' digits, and
+        # refuses strings of more than 4,300 digits with a ValueError
+        return int(text) if text.isascii() and text.isdigit() and len(text) <= 20 else None
+
+    async def wait_record(self, rid: int, timeout_s: float) -> dict | None:
+        """`record_of(rid)`, waiting up to `timeout_s` (wall) while the request is still
+        in flight or being recorded; None for a request never opened or not recorded
+        in time."""
+        deadline = time.time() + max(0.0, timeout_s)
+        while True:
+            rec = self.record_of(rid)
+            if rec is not None or rid not in self._active or time.time() >= deadline:
+                return rec
+            await asyncio.sleep(0.01)
+
     def record_of(self, rid: int) -> dict | None:
         """The front's row of request `rid` with the rack's ITL samples (emulated s; kept
         for the last KEEP_ITL requests) under "itl_s"; None until it is recorded."""
@@ -330,6 +387,18 @@ class LiveFront:
                 row = {k: _finite(v) if isinstance(v, float) else v for k, v in r.items()}
                 return {**row, "itl_s": None if itl is None else itl.tolist()}
         return None
+
+
+def _sent_wall(resp: _Response) -> dict | None:
+    """What the client of a streamed response saw, measured at the front (wall s):
+    TTFT (HTTP receipt to the first token's chunk), E2E (to the last chunk) and the
+    gaps between chunks (one ITL sample per chunk after the first, as vLLM observes one
+    per iteration); None for a non-streamed response (its tokens leave together)."""
+    if not resp.plan.stream or not resp.chunk_wall:
+        return None
+    walls = np.asarray(resp.chunk_wall)
+    return {"ttft": float(walls[0] - resp.received_wall), "e2e": float(walls[-1] - resp.received_wall),
+            "itl": np.diff(walls), "tokens": int(resp.chunk_end[-1])}
 
 
 def _finite(x: float | None) -> float | None:

@@ -15,6 +15,8 @@ tokens at their emulated times without a message per token:
   (`devices.engines.common.step_token_times` turns them into token times);
 - `run_cut(engine, steps)` when an admission cuts that run after `steps` steps: the
   planned tokens after the cut are unknown again (the next run plans them);
+- `prompt_cached(request id, tokens)` from a prefill or colocated engine when it admits
+  a prompt: the prompt tokens its prefix cache served (`usage.prompt_tokens_details`);
 - `request_ended(request id, outcome, reason, t_end, times, itl)` from the collector:
   the request's record. A completed request's token times are then replaced by the
   record's (first token + cumulative ITL), which is the truth the pacing was aiming at;
@@ -158,6 +160,12 @@ class Gateway(Core):
                 lr.times[a + kept: a + full] = np.nan
                 self.changed.add(rid)
         self._runs[engine] = (starts[:steps], ends[:steps], tps, ids, index0, done, rem)
+
+    def prompt_cached(self, now: float, request_id: int, tokens: int) -> None:
+        """The prompt tokens the prefix cache served at the request's (last) admission."""
+        lr = self.requests.get(int(request_id))
+        if lr is not None:
+            lr.extra["cached_tokens"] = int(tokens)
 
     def request_ended(self, now: float, request_id: int, outcome: str, reason: str | None,
                       t_end: float, times: np.ndarray, itl_s: np.ndarray | None) -> None:

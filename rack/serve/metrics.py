@@ -7,14 +7,36 @@ prometheus_client collector builds every family at scrape time from
 - the requests that ended (observed once, when the collector's record reaches the
   front): `vllm:time_to_first_token_seconds`, `vllm:e2e_request_latency_seconds`,
   `vllm:request_time_per_output_token_seconds` (TPOT per request),
-  `vllm:inter_token_latency_seconds` and `vllm:time_per_output_token_seconds` (every
-  ITL sample: vLLM's older name of the same histogram), `vllm:request_queue_time_seconds`
+  `vllm:inter_token_latency_seconds` and `vllm:time_per_output_token_seconds` (ITL:
+  vLLM's older name of the same histogram), `vllm:request_queue_time_seconds`
   (arrival to prefill start), `vllm:request_prefill_time_seconds`,
   `vllm:request_decode_time_seconds` (first token to completion),
   `vllm:prompt_tokens_total`, `vllm:generation_tokens_total`,
   `vllm:request_success_total{finished_reason}` and `rack:requests_total{outcome,
-  reason}` (every end, rejections and failures included). Latencies are in *emulated*
-  seconds (what the emulated hardware takes; times `rack:dilation` is wall time);
+  reason}` (every end, rejections and failures included).
+
+  The `vllm:` latencies are in the clients' clock: wall-clock seconds at the server,
+  what a client of this endpoint observes, so that a dashboard and a benchmark
+  client read the same numbers. For a streamed response TTFT, E2E, TPOT and ITL are
+  measured at the front (HTTP receipt to the chunk that carried the first token, to
+  the last chunk; one ITL sample per chunk after the first, as vLLM observes one per
+  engine iteration), which is the rack's emulated time x dilation plus the pacing
+  lateness the front reports; for a non-streamed response, and for the queue,
+  prefill and decode phases (which a client does not see), the rack's emulated
+  times x dilation. The same quantities in *emulated* seconds (what the emulated
+  hardware takes, the figures `rack run` reports) are `rack:emulated_*`:
+  `rack:emulated_time_to_first_token_seconds`, `..._e2e_request_latency_seconds`,
+  `..._request_time_per_output_token_seconds`, `..._inter_token_latency_seconds`
+  (every ITL sample of the rack's record), `..._request_queue_time_seconds`,
+  `..._request_prefill_time_seconds`, `..._request_decode_time_seconds`.
+
+  Bucket edges (upper bounds, s), fine enough for sub-millisecond ITLs: geometric,
+  40 per decade (steps of 5.9 %, so a quantile interpolated within a bucket, as
+  Prometheus' `histogram_quantile` does, is within 3 % of the truth):
+  `TOKEN_BUCKETS` (ITL and TPOT) 10^(k/40) for k = -200..40, i.e. 10 us to 10 s;
+  `REQUEST_BUCKETS` (TTFT, E2E, phases) 10^(k/40) for k = -160..160, 100 us to 10^4
+  s. (vLLM's own edges put every 0.76 ms wafer ITL in one bucket, (0.5 ms, 1 ms], and
+  its TTFT edges step 2-4x above 2.5 s.)
 - each emulated instance's stats, read when scraped, labelled `instance` and `role`:
   `vllm:num_requests_running`, `vllm:num_requests_waiting`, `vllm:kv_cache_usage_perc`
   (KV bytes held / KV capacity, 0..1 as vLLM's), `vllm:prefix_cache_queries_total`
@@ -32,6 +54,7 @@ Every family carries `model_name` (the served model name), as vLLM's do.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from typing import Any, Iterable
 
@@ -39,13 +62,10 @@ import numpy as np
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
-#: vLLM's bucket edges (vllm/v1/metrics/loggers.py) for TTFT, ITL and request latency (s).
-TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
-                7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
-ITL_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5,
-               0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
-REQUEST_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
-                   120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+#: Bucket edges (s, module docstring): geometric, 40 per decade, for per-token
+#: latencies (10 us .. 10 s) and per-request ones (100 us .. 10^4 s).
+TOKEN_BUCKETS = tuple(float(f"{10 ** (k / 40):.6g}") for k in range(-200, 41))
+REQUEST_BUCKETS = tuple(float(f"{10 ** (k / 40):.6g}") for k in range(-160, 161))
 LATENESS_BUCKETS = (0.0001, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5, 1.0)
 
 
@@ -73,16 +93,32 @@ class Histogram:
         return fam
 
 
-_REQUEST_HISTS = {
-    "vllm:time_to_first_token_seconds": ("Time to first token (emulated s).", TTFT_BUCKETS),
-    "vllm:e2e_request_latency_seconds": ("End-to-end request latency (emulated s).", REQUEST_BUCKETS),
-    "vllm:request_time_per_output_token_seconds": ("TPOT per request (emulated s).", ITL_BUCKETS),
-    "vllm:inter_token_latency_seconds": ("Inter-token latency (emulated s).", ITL_BUCKETS),
-    "vllm:time_per_output_token_seconds": ("Inter-token latency, vLLM's older name (emulated s).", ITL_BUCKETS),
-    "vllm:request_queue_time_seconds": ("Arrival to prefill start (emulated s).", REQUEST_BUCKETS),
-    "vllm:request_prefill_time_seconds": ("Prefill start to end (emulated s).", REQUEST_BUCKETS),
-    "vllm:request_decode_time_seconds": ("First token to completion (emulated s).", REQUEST_BUCKETS),
+#: name: (help, buckets, what it measures: the key of `ServeMetrics.observe_request`'s
+#: per-request figures). `vllm:` in wall seconds, `rack:emulated_` in emulated seconds.
+_LATENCIES = {
+    "time_to_first_token_seconds": ("Time to first token", REQUEST_BUCKETS, "ttft"),
+    "e2e_request_latency_seconds": ("End-to-end request latency", REQUEST_BUCKETS, "e2e"),
+    "request_time_per_output_token_seconds": ("TPOT per request", TOKEN_BUCKETS, "tpot"),
+    "inter_token_latency_seconds": ("Inter-token latency", TOKEN_BUCKETS, "itl"),
+    "request_queue_time_seconds": ("Arrival to prefill start", REQUEST_BUCKETS, "queue"),
+    "request_prefill_time_seconds": ("Prefill start to end", REQUEST_BUCKETS, "prefill"),
+    "request_decode_time_seconds": ("First token to completion", REQUEST_BUCKETS, "decode"),
 }
+_REQUEST_HISTS = {
+    **{f"vllm:{n}": (f"{doc} (wall s at the server: what a client observes).", b, k)
+       for n, (doc, b, k) in _LATENCIES.items()},
+    "vllm:time_per_output_token_seconds": ("Inter-token latency, vLLM's older name (wall s).", TOKEN_BUCKETS, "itl"),
+    **{f"rack:emulated_{n}": (f"{doc} (emulated s).", b, k) for n, (doc, b, k) in _LATENCIES.items()},
+}
+
+
+def _phases(t: dict[str, float], itl_s) -> dict:
+    """A completed request's latencies (emulated s) from its lifecycle events."""
+    itl = np.asarray(itl_s, dtype=np.float64) if itl_s is not None else np.zeros(0)
+    return {"ttft": t["first_token"] - t["arrival"], "e2e": t["completion"] - t["arrival"],
+            "queue": t["prefill_start"] - t["arrival"], "prefill": t["prefill_end"] - t["prefill_start"],
+            "decode": t["completion"] - t["first_token"], "itl": itl,
+            "tpot": float(np.mean(itl)) if itl.size else math.nan}
 
 
 class ServeMetrics:
@@ -92,7 +128,7 @@ class ServeMetrics:
     def __init__(self, model_name: str, dilation: float) -> None:
         self.model = model_name
         self.dilation = float(dilation)
-        self.hist = {name: Histogram(b) for name, (_, b) in _REQUEST_HISTS.items()}
+        self.hist = {name: Histogram(b) for name, (_, b, _) in _REQUEST_HISTS.items()}
         self.lateness = Histogram(LATENESS_BUCKETS)
         self.prompt_tokens = 0
         self.generation_tokens = 0
@@ -108,8 +144,12 @@ class ServeMetrics:
     # ------------------------------------------------------------------ updates
     def observe_request(self, *, outcome: str, reason: str | None, finish_reason: str | None,
                         prompt_tokens: int, output_tokens: int, times: dict[str, float],
-                        itl_s: np.ndarray | None, lateness_wall_s: float | None) -> None:
-        """One request's end; `times`: its lifecycle events (emulated s, NaN absent)."""
+                        itl_s: np.ndarray | None, lateness_wall_s: float | None,
+                        sent_wall: dict | None = None) -> None:
+        """One request's end; `times`: its lifecycle events (emulated s, NaN absent);
+        `sent_wall`: what its client saw, measured at the front ({"ttft", "e2e" (wall s),
+        "itl" (wall s per chunk gap), "tokens"}; None: not streamed, the emulated times x
+        dilation stand in)."""
         self.ends[(outcome, reason or "")] += 1
         if lateness_wall_s is not None:
             self.lateness.observe(lateness_wall_s)
@@ -118,17 +158,14 @@ class ServeMetrics:
         self.success[finish_reason or "length"] += 1
         self.prompt_tokens += int(prompt_tokens)
         self.generation_tokens += int(output_tokens)
-        t = times
-        h = self.hist
-        h["vllm:time_to_first_token_seconds"].observe(t["first_token"] - t["arrival"])
-        h["vllm:e2e_request_latency_seconds"].observe(t["completion"] - t["arrival"])
-        h["vllm:request_queue_time_seconds"].observe(t["prefill_start"] - t["arrival"])
-        h["vllm:request_prefill_time_seconds"].observe(t["prefill_end"] - t["prefill_start"])
-        h["vllm:request_decode_time_seconds"].observe(t["completion"] - t["first_token"])
-        if itl_s is not None and len(itl_s):
-            h["vllm:inter_token_latency_seconds"].observe(itl_s)
-            h["vllm:time_per_output_token_seconds"].observe(itl_s)
-            h["vllm:request_time_per_output_token_seconds"].observe(float(np.mean(itl_s)))
+        emulated = _phases(times, itl_s)
+        wall = {k: np.asarray(v) * self.dilation for k, v in emulated.items()}
+        if sent_wall is not None:
+            n = sent_wall["tokens"]
+            wall.update(ttft=sent_wall["ttft"], e2e=sent_wall["e2e"], itl=sent_wall["itl"],
+                        tpot=(sent_wall["e2e"] - sent_wall["ttft"]) / (n - 1) if n > 1 else math.nan)
+        for name, (_, _, key) in _REQUEST_HISTS.items():
+            self.hist[name].observe((emulated if name.startswith("rack:") else wall)[key])
 
     def count_http(self, endpoint: str, status: int) -> None:
         self.http[(endpoint, str(status))] += 1
@@ -149,7 +186,7 @@ class ServeMetrics:
     # ------------------------------------------------------------------ prometheus_client collector
     def collect(self):
         m = {"model_name": self.model}
-        for name, (doc, _) in _REQUEST_HISTS.items():
+        for name, (doc, _, _) in _REQUEST_HISTS.items():
             yield self.hist[name].family(name, doc, m)
         yield self.lateness.family("rack:stream_lateness_seconds",
                                    "Per response: how late its latest token left the front (wall s).", m)
@@ -229,4 +266,4 @@ def _gauge(name, doc, labels, rows):
     return _family(GaugeMetricFamily, name, doc, labels, rows)
 
 
-__all__ = ["Histogram", "ServeMetrics"]
+__all__ = ["Histogram", "REQUEST_BUCKETS", "ServeMetrics", "TOKEN_BUCKETS"]

@@ -47,7 +47,10 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
 
 from rack.serve import tokens as tk
+from rack.serve.tokenizer import DefaultTokenizer, content_count
 from workloads.request import MAX_TOKENS
+
+_DEFAULT_TOKENIZER = DefaultTokenizer()
 
 
 class ApiError(Exception):
@@ -68,6 +71,7 @@ class ApiError(Exception):
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)
     include_usage: bool = False
+    continuous_usage_stats: bool = False      # vLLM's: usage (tokens so far) in every chunk
 
 
 #: Largest token id accepted (a vocabulary index): 2^31 - 1, far above any vocabulary
@@ -138,6 +142,8 @@ class Plan:
     block_size: int
     stream: bool
     include_usage: bool
+    continuous_usage: bool = False
+    cached_tokens: int = 0         # prompt tokens the prefix cache served (set by the front)
 
 
 _UNION_TAGS = ("str", "int", "float", "bool", "none")
@@ -153,7 +159,7 @@ def _param(err: ValidationError) -> tuple[str, str]:
     return loc or "body", f"{loc or 'body'}: {e['msg']}"
 
 
-def _chat_prompt(messages: list[dict[str, Any]]) -> tuple[int, list[str]]:
+def _chat_prompt(messages: list[dict[str, Any]], tok: Any) -> tuple[int, list]:
     total, keys = tk.CHAT_REPLY_TOKENS, []
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or "role" not in m:
@@ -174,8 +180,8 @@ def _chat_prompt(messages: list[dict[str, Any]]) -> tuple[int, list[str]]:
             raise ApiError(400, f"messages[{i}].content: expected a string or a list of text parts",
                            f"messages.{i}.content")
         text = f"{m['role']}\n{content}"
-        total += tk.CHAT_TOKENS_PER_MESSAGE + tk.count_text_tokens(content)
-        keys.extend(tk.text_token_keys(text))
+        total += tk.CHAT_TOKENS_PER_MESSAGE + content_count(tok, content)
+        keys.extend(tok.block_keys(text))
     return total, keys
 
 
@@ -183,12 +189,13 @@ def _chat_prompt(messages: list[dict[str, Any]]) -> tuple[int, list[str]]:
 _DROP_SPACE = dict.fromkeys(c for c in range(0x3001) if chr(c).isspace())
 
 
-def _check_prompt_size(kind: str, body: dict, max_model_len: int | None) -> None:
+def _check_prompt_size(kind: str, body: dict, max_model_len: int | None, six_per_token: bool) -> None:
     """Refuse a prompt that cannot fit the context before its tokens are validated or
-    counted: a token-id list longer than the context, or text with more non-blank
-    characters than 6 x the context (every estimated token holds at most 6 of them,
-    `rack.serve.tokens`). Validating a million ids or cutting 7 MB of text took 1-8 s of
-    the front's event loop, during which no stream was paced. Raises ApiError (400)."""
+    counted: a token-id list longer than the context, or (`six_per_token`: rack's default
+    counter, whose tokens hold at most 6 non-blank characters, `rack.serve.tokens`) text
+    with more non-blank characters than 6 x the context. Validating a million ids or
+    cutting 7 MB of text took 1-8 s of the front's event loop, during which no stream
+    was paced. Raises ApiError (400)."""
     limit = (max_model_len - 1) if max_model_len is not None else MAX_TOKENS
     if kind == "chat":
         items = [(f"messages.{i}.content", m.get("content")) for i, m in enumerate(body.get("messages") or ())
@@ -207,6 +214,8 @@ def _check_prompt_size(kind: str, body: dict, max_model_len: int | None) -> None
     if ids is not None and len(ids) > limit:
         raise ApiError(400, f"{param}: {len(ids):,} token ids, more than the context allows ({limit:,} with "
                        "room for one output token)", param)
+    if not six_per_token:
+        return
     chars = sum(len(t.translate(_DROP_SPACE)) for t in texts) if sum(len(t) for t in texts) > 6 * limit else 0
     if chars > 6 * limit:
         raise ApiError(400, f"{param}: at least {-(-chars // 6):,} tokens of text, more than the context "
@@ -222,7 +231,7 @@ def _short(value: Any) -> str:
     return _clip(repr(value))
 
 
-def _completion_prompt(r: CompletionRequest, vocab_size: int | None) -> tuple[int, list]:
+def _completion_prompt(r: CompletionRequest, tok: Any, vocab_size: int | None) -> tuple[int, list]:
     field = "prompt_token_ids" if r.prompt_token_ids is not None else "prompt"
     p: Any = r.prompt_token_ids if r.prompt_token_ids is not None else r.prompt
     if p is None:
@@ -232,8 +241,7 @@ def _completion_prompt(r: CompletionRequest, vocab_size: int | None) -> tuple[in
             raise ApiError(400, f"prompt: one prompt per request is emulated, got {len(p)}", "prompt")
         p = p[0]
     if isinstance(p, str):
-        keys = tk.text_token_keys(p)
-        return len(keys), keys
+        return tok.count(p), tok.block_keys(p)
     if vocab_size is not None and p and max(p) >= vocab_size:
         j = next(i for i, x in enumerate(p) if x >= vocab_size)
         raise ApiError(400, f"{field}: token id {p[j]} is out of vocabulary (the model has {vocab_size:,} "
@@ -243,13 +251,15 @@ def _completion_prompt(r: CompletionRequest, vocab_size: int | None) -> tuple[in
 
 def parse_request(kind: Literal["completion", "chat"], body: Any, *, served: tuple[str, ...],
                   max_model_len: int | None, eos_mean_tokens: float, request_id: int,
-                  vocab_size: int | None = None) -> Plan:
+                  vocab_size: int | None = None, tokenizer: Any = None) -> Plan:
     """The `Plan` of one request body (module docstring). `vocab_size`: token ids must
-    be below it (None: below MAX_TOKEN_ID + 1). Raises ApiError: 400 for bad input
+    be below it (None: below MAX_TOKEN_ID + 1); `tokenizer` counts text
+    (`rack.serve.tokenizer`; None: rack's default). Raises ApiError: 400 for bad input
     (naming the field), 404 for an unknown model."""
+    tok = tokenizer if tokenizer is not None else _DEFAULT_TOKENIZER
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object", None)
-    _check_prompt_size(kind, body, max_model_len)
+    _check_prompt_size(kind, body, max_model_len, isinstance(tok, DefaultTokenizer))
     try:
         r = (ChatRequest if kind == "chat" else CompletionRequest).model_validate(body)
     except ValidationError as exc:
@@ -263,10 +273,10 @@ def parse_request(kind: Literal["completion", "chat"], body: Any, *, served: tup
         if bad:
             raise ApiError(400, f"{field}: not supported by the emulator (one choice, no logprobs, no echo)", field)
     if kind == "chat":
-        n_prompt, keys = _chat_prompt(r.messages)
+        n_prompt, keys = _chat_prompt(r.messages, tok)
         bound = r.max_completion_tokens or r.max_tokens
     else:
-        n_prompt, keys = _completion_prompt(r, vocab_size)
+        n_prompt, keys = _completion_prompt(r, tok, vocab_size)
         bound = r.max_tokens
     prompt_param = "messages" if kind == "chat" else "prompt"
     if n_prompt < 1:
@@ -305,7 +315,8 @@ def parse_request(kind: Literal["completion", "chat"], body: Any, *, served: tup
     stream_usage = bool(r.stream_options and r.stream_options.include_usage)
     if r.stream_options is not None and not r.stream:
         raise ApiError(400, "stream_options: only allowed when stream is true", "stream_options")
-    return Plan(kind, r.model, n_prompt, int(n_out), reason, hashes, bs, r.stream, stream_usage)
+    continuous = bool(r.stream_options and r.stream_options.continuous_usage_stats)
+    return Plan(kind, r.model, n_prompt, int(n_out), reason, hashes, bs, r.stream, stream_usage, continuous)
 
 
 def stop_length(mean_tokens: float, seed: int) -> int:
@@ -324,8 +335,11 @@ def response_id(plan: Plan, request_id: int) -> str:
 
 
 def usage(plan: Plan, completion_tokens: int) -> dict:
+    """OpenAI's usage object; `prompt_tokens_details.cached_tokens` is the prompt
+    tokens the emulated prefix cache served (`plan.cached_tokens`)."""
     return {"prompt_tokens": plan.prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": plan.prompt_tokens + completion_tokens}
+            "total_tokens": plan.prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": int(plan.cached_tokens)}}
 
 
 def full_response(plan: Plan, request_id: int, text: str, n_tokens: int, finish_reason: str,
@@ -344,8 +358,9 @@ def full_response(plan: Plan, request_id: int, text: str, n_tokens: int, finish_
 
 
 def chunk(plan: Plan, request_id: int, created: int, text: str | None, finish_reason: str | None = None,
-          role: bool = False) -> dict:
-    """One streamed chunk (its `usage` is null when usage is asked for, as OpenAI's)."""
+          role: bool = False, tokens_so_far: int = 0) -> dict:
+    """One streamed chunk. Its `usage` is null when usage is asked for (as OpenAI's),
+    or, with `continuous_usage_stats`, the usage of the `tokens_so_far` sent (vLLM's)."""
     if plan.kind == "chat":
         delta: dict = {"role": "assistant", "content": ""} if role else ({"content": text} if text else {})
         choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
@@ -355,7 +370,9 @@ def chunk(plan: Plan, request_id: int, created: int, text: str | None, finish_re
         obj = "text_completion"
     out = {"id": response_id(plan, request_id), "object": obj, "created": created, "model": plan.model,
            "choices": [choice]}
-    if plan.include_usage:
+    if plan.continuous_usage:
+        out["usage"] = usage(plan, tokens_so_far)
+    elif plan.include_usage:
         out["usage"] = None
     return out
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
@@ -25,6 +26,7 @@ import numpy as np
 from rack.analysis.metrics import summarize
 from rack.serve.frontend import FrontConfig
 from rack.serve.limits import HttpLimits
+from rack.serve.tokenizer import load_tokenizer
 from rack.serve.topology import FRONT, live_topology
 from rack.wiring.runner import RunOutput, assemble
 from rack.wiring.scenario import Scenario
@@ -37,7 +39,9 @@ class LiveServer:
     Keyword args: host, port (0: any free port), api_key (None: open), address (a Ray
     cluster; None: Ray started locally), served_model_name (default: the scenario's
     model), pacing_quantum_ms (wall ms; `rack.serve.pacing`), eos_mean_tokens (mean
-    output length without `ignore_eos`, `rack.serve.openai_api`), startup_timeout_s,
+    output length without `ignore_eos`, `rack.serve.openai_api`), tokenizer (a
+    tokenizer.json or its folder, `rack.serve.tokenizer`; None: rack's default counter,
+    which the shipped folder `rack.serve.tokenizer.SHIPPED` reproduces), startup_timeout_s,
     limits (`rack.serve.limits.HttpLimits`: body size, JSON depth, header and read
     timeouts; default its defaults). The dilation is the scenario's
     (`Scenario.dilation`). Raises ValueError for a bad setting, e.g. an empty api_key
@@ -48,7 +52,7 @@ class LiveServer:
                  api_key: str | None = None, address: str | None = None,
                  served_model_name: str | None = None, pacing_quantum_ms: float = 1.0,
                  eos_mean_tokens: float = 256.0, startup_timeout_s: float = 120.0,
-                 limits: HttpLimits | None = None) -> None:
+                 tokenizer: str | None = None, limits: HttpLimits | None = None) -> None:
         check_api_key(api_key)
         if not (pacing_quantum_ms >= 0 and math.isfinite(pacing_quantum_ms)):
             raise ValueError(f"pacing_quantum_ms: expected a finite number >= 0, got {pacing_quantum_ms!r}")
@@ -59,7 +63,9 @@ class LiveServer:
         self.config = FrontConfig(
             served_model_names=(served_model_name or scenario.model,), max_model_len=context_limit(scenario),
             dilation=float(scenario.dilation), pacing_quantum_s=pacing_quantum_ms / 1e3,
-            eos_mean_tokens=float(eos_mean_tokens), api_key=api_key, vocab_size=_vocab_size(scenario))
+            eos_mean_tokens=float(eos_mean_tokens), api_key=api_key, vocab_size=_vocab_size(scenario),
+            tokenizer=None if tokenizer is None else str(Path(tokenizer).expanduser().resolve()))
+        self.tokenizer = load_tokenizer(self.config.tokenizer)     # TokenizerError before anything starts
         self.limits = limits or HttpLimits()
         self.startup_timeout_s = startup_timeout_s
         self.specs = live_topology(scenario)          # ScenarioError before anything starts
@@ -108,6 +114,10 @@ class LiveServer:
         from rack.runtime.ray_runtime import _first_failure
 
         return _first_failure(_ray(), self.topo.actors)
+
+    def pacing_window(self) -> dict:
+        """The front's pacing lateness since the last call (`LiveFront.pacing_window`)."""
+        return _ray().get(self.topo.actors[FRONT].pacing_window.remote(), timeout=30)
 
     def request_stop(self, drain_s: float) -> Any:
         """Ask the front to drain and stop (returns the Ray reference; `stop` waits)."""

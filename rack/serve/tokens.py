@@ -8,11 +8,15 @@ model tokenizer. Prompt lengths are taken, in order of preference, from
    byte-level BPE tokenizers (GPT-2's regular expression: contractions, runs of
    letters with their leading space, runs of digits, runs of other symbols,
    whitespace), written here with Python's `re` (letters = `[^\\W\\d_]`), and each
-   piece counts `ceil(len / n)` tokens with n = 6 characters for letters (common
-   English words are one token in GPT-style vocabularies; longer words split), 3 for
-   digits (cl100k and Llama 3 split numbers into groups of at most 3 digits) and 3
-   for symbol runs; a whitespace piece counts 1. It is an estimate, not any model's
-   tokenizer: clients that need exact lengths send token ids (benchmark clients do).
+   piece is cut into tokens (`text_chunks`) of at most n characters, its leading space
+   riding on the first: n = 6 for letters (common English words are one token in
+   GPT-style vocabularies; longer words split), 3 for digits (cl100k and Llama 3
+   split numbers into groups of at most 3 digits) and 3 for symbol runs; a whitespace
+   piece or a contraction is one token. A piece's kind is the regular expression's
+   branch that matched it. It is an estimate, not any model's tokenizer; the package
+   ships a Hugging Face tokenizer that cuts text exactly so (`rack.serve.tokenizer`),
+   for clients that must agree with the server without a download, and `rack serve
+   --tokenizer` counts with a model's own.
 
 Chat messages add `CHAT_TOKENS_PER_MESSAGE` per message and `CHAT_REPLY_TOKENS` for
 the reply's priming, the counts OpenAI's cookbook gives for its chat models
@@ -30,16 +34,19 @@ piece of at most 6 letters with its leading space, so the text's own estimate
 
 from __future__ import annotations
 
-import math
 import re
 from typing import Sequence
 
 import numpy as np
 import xxhash
 
-#: GPT-2's pre-tokenizer pattern with Python `re` classes (module docstring).
-_PIECES = re.compile(r"""'(?:[sdmt]|ll|ve|re)| ?[^\W\d_]+| ?\d+| ?[^\s\w]+|\s+(?!\S)|\s+""")
-_CHARS = {"letters": 6, "digits": 3, "symbols": 3}
+#: GPT-2's pre-tokenizer pattern with Python `re` classes (module docstring); the
+#: group names are the pieces' kinds.
+_PIECES = re.compile(r"""(?P<c>'(?:[sdmt]|ll|ve|re))|(?P<l> ?[^\W\d_]+)|(?P<d> ?\d+)|(?P<s> ?[^\s\w]+)"""
+                     r"""|(?P<w>\s+(?!\S)|\s+)""")
+#: Characters per token by kind (letters, digits, symbols); contractions and
+#: whitespace pieces are one token.
+CHARS_PER_TOKEN = {"l": 6, "d": 3, "s": 3}
 CHAT_TOKENS_PER_MESSAGE = 3
 CHAT_REPLY_TOKENS = 3
 #: Tokens per prefix-block hash derived from a prompt (vLLM's default KV block size).
@@ -50,28 +57,47 @@ _WORDS = ("the", "rack", "wafer", "token", "fill", "decode", "cache", "link", "b
 
 def text_pieces(text: str) -> list[str]:
     """The pre-tokenizer pieces of `text` (module docstring)."""
-    return _PIECES.findall(text)
+    return [m.group() for m in _PIECES.finditer(text)]
 
 
-def _piece_tokens(piece: str) -> int:
-    core = piece.lstrip(" ") or piece
-    if core.isspace():
+def _pieces(text: str):
+    """(piece, kind) of `text`, kind one of "c", "l", "d", "s", "w"."""
+    return ((m.group(), m.lastgroup) for m in _PIECES.finditer(text))
+
+
+def _piece_tokens(piece: str, kind: str) -> int:
+    n = CHARS_PER_TOKEN.get(kind)
+    if n is None:
         return 1
-    kind = "letters" if core[0].isalpha() else "digits" if core[0].isdigit() else "symbols"
-    return max(1, math.ceil(len(core) / _CHARS[kind]))
+    return -(-(len(piece) - piece.startswith(" ")) // n)
+
+
+def text_chunks(text: str) -> list[str]:
+    """The tokens of `text` as strings (module docstring): they join to `text` less
+    any character no piece matches (`_`, which the pattern leaves out)."""
+    out = []
+    for p, kind in _pieces(text):
+        n = CHARS_PER_TOKEN.get(kind)
+        if n is None:
+            out.append(p)
+            continue
+        first = n + p.startswith(" ")
+        out.append(p[:first])
+        out.extend(p[i:i + n] for i in range(first, len(p), n))
+    return out
 
 
 def count_text_tokens(text: str) -> int:
     """Estimated tokens of `text` (module docstring); 0 for ""."""
-    return sum(_piece_tokens(p) for p in text_pieces(text))
+    return sum(_piece_tokens(p, k) for p, k in _pieces(text))
 
 
 def text_token_keys(text: str) -> list[str]:
     """One key per estimated token of `text` (a piece of n tokens repeats n times with
     its index), for hashing prefix blocks of text prompts."""
     out = []
-    for p in text_pieces(text):
-        n = _piece_tokens(p)
+    for p, kind in _pieces(text):
+        n = _piece_tokens(p, kind)
         out.extend([p] if n == 1 else [f"{p}\x00{i}" for i in range(n)])
     return out
 
@@ -99,5 +125,5 @@ def filler(start: int, n: int) -> str:
     return "".join(" " + _WORDS[i % len(_WORDS)] for i in range(start, start + n))
 
 
-__all__ = ["CHAT_REPLY_TOKENS", "CHAT_TOKENS_PER_MESSAGE", "DERIVED_BLOCK_SIZE", "block_hashes",
-           "count_text_tokens", "filler", "text_pieces", "text_token_keys"]
+__all__ = ["CHARS_PER_TOKEN", "CHAT_REPLY_TOKENS", "CHAT_TOKENS_PER_MESSAGE", "DERIVED_BLOCK_SIZE",
+           "block_hashes", "count_text_tokens", "filler", "text_chunks", "text_pieces", "text_token_keys"]
