@@ -55,6 +55,7 @@ def _compact(name: str) -> str:
 
 
 def _read_toml(path: Path) -> dict:
+    _check_regular(path)
     try:
         with open(path, "rb") as f:
             return tomllib.load(f)
@@ -62,6 +63,15 @@ def _read_toml(path: Path) -> dict:
         raise CatalogError(f"{path}: no such file") from None
     except tomllib.TOMLDecodeError as e:
         raise CatalogError(f"{path}: not valid TOML: {e}") from None
+
+
+def _check_regular(path: Path) -> None:
+    """A FIFO, device or broken link is named, never opened (opening a FIFO blocks)."""
+    from workloads.paths import file_problem
+
+    bad = file_problem(path)
+    if bad is not None:
+        raise CatalogError(f"{path}: {bad}; expected a TOML or JSON file")
 
 
 def _validation_message(path: Path | str, exc: Exception) -> str:
@@ -285,12 +295,33 @@ def load_device_file(path: str | Path) -> HardwareSpec:
     """A device from a user's TOML file (same fields as the catalog's; may `extends` a
     catalog entry). `key` defaults to the file's stem.
 
+    `extends` names what a scenario's `device` would: a hardware entry with a
+    `default_stack` (`extends = "h100"`) means that stack's variant (H100 with SGLang),
+    so a file that changes a few figures keeps the stack the catalog runs (extending the
+    bare entry silently dropped its stack's terms: a roofline H100, TPOT 17.11 ms
+    instead of SGLang's 15.71). `extends_stack = "..."` picks another stack of that
+    hardware (any name `get_device(name, stack=...)` takes; "roofline" for the hardware
+    alone, on entries whose own stack is called so).
+
     Raises:
-        CatalogError: missing file, bad TOML (with line/column), or a field that is
-            missing or out of range (named, with the file).
+        CatalogError: missing file, bad TOML (with line/column), an unknown stack, or a
+            field that is missing or out of range (named, with the file).
     """
     path = Path(path)
     data = _read_toml(path)
+    stack = data.pop("extends_stack", None)
+    if data.get("extends") is not None:
+        key = _lookup_key("devices", data["extends"])
+        parent = _raw_entries("devices")[key][1]
+        if stack is None and parent.get("default_stack") and not parent.get("extends"):
+            stack = parent["default_stack"]
+        if stack is not None:
+            try:
+                data["extends"] = _variant_key(key, str(stack))
+            except CatalogError as exc:
+                raise CatalogError(f"{path}: field 'extends_stack': {exc}") from None
+    elif stack is not None:
+        raise CatalogError(f"{path}: field 'extends_stack': needs `extends` (the hardware whose stack it names)")
     data.setdefault("key", path.stem.lower())
     data.setdefault("name", data["key"])
     return _build(HardwareSpec, _resolve_extends("devices", data, path), path)
@@ -340,6 +371,7 @@ def load_hf_config(path: str | Path, name: str | None = None) -> ModelSpec:
     path = Path(path)
     if path.is_dir():
         path = path / "config.json"
+    _check_regular(path)
     try:
         cfg = json.loads(path.read_text())
     except FileNotFoundError:

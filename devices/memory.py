@@ -309,12 +309,18 @@ class KVBlockPool:
 
 @dataclass
 class PrefixCacheStats:
-    """Counters of a `PrefixCache` (blocks are hash blocks, tokens = blocks * block size)."""
+    """Counters of a `PrefixCache`. Blocks are the full hash blocks looked up (hit: the
+    leading run found). Tokens, per lookup of a prompt of p tokens with h blocks hit of
+    the f full blocks looked up (block size b): `hit_tokens` += min(h b, p - 1) (served
+    from the cache: the last position is always computed), `cacheable_tokens` +=
+    min(f b, p - 1) (the most the cache could serve), `miss_tokens` += p - min(h b, p - 1)
+    (the prompt tokens computed). The hit ratio is hit_tokens / cacheable_tokens."""
     lookups: int = 0
     hit_blocks: int = 0
     miss_blocks: int = 0
     hit_tokens: int = 0
     miss_tokens: int = 0
+    cacheable_tokens: int = 0
     inserted_blocks: int = 0
     evicted_blocks: int = 0
 
@@ -386,12 +392,13 @@ class PrefixCache:
         return keys
 
     def acquire(self, owner: Hashable, hashes: Sequence[int], block_size: int,
-                count: bool = True) -> int:
+                count: bool = True, prompt_tokens: int | None = None) -> int:
         """Pin the longest leading run of `hashes` present for `owner`, mark it recently
         used and return the run's length in blocks. With `count`, add the run to the hit
-        counters and the rest of `hashes` to the miss counters (an engine that may
-        release and retry the same request passes False and calls `count_lookup` once).
-        `owner` must not already hold pins (release first)."""
+        counters and the rest of `hashes` to the miss counters (`count_lookup`, with
+        `prompt_tokens`; an engine that may release and retry the same request passes
+        False and calls `count_lookup` once). `owner` must not already hold pins
+        (release first)."""
         if owner in self._pinned_by:
             raise ValueError(f"PrefixCache: {owner!r} already holds pinned blocks")
         bs = int(block_size)
@@ -409,17 +416,23 @@ class PrefixCache:
             self._unpinned_bytes -= unpinned
             self._pinned_by[owner] = keys
         if count:
-            self.count_lookup(len(keys), len(hashes), bs)
+            self.count_lookup(len(keys), len(hashes), bs, prompt_tokens)
         return len(keys)
 
-    def count_lookup(self, hit_blocks: int, looked_up_blocks: int, block_size: int) -> None:
-        """Add one lookup of `looked_up_blocks` blocks, `hit_blocks` of them hits."""
+    def count_lookup(self, hit_blocks: int, looked_up_blocks: int, block_size: int,
+                     prompt_tokens: int | None = None) -> None:
+        """Add one lookup of `looked_up_blocks` full blocks of a `prompt_tokens`-token
+        prompt, `hit_blocks` of them hits (the token counters: `PrefixCacheStats`).
+        prompt_tokens None: a prompt of exactly the looked-up blocks."""
         st = self.stats
+        p = looked_up_blocks * block_size if prompt_tokens is None else int(prompt_tokens)
+        served = min(hit_blocks * block_size, max(p - 1, 0))
         st.lookups += 1
         st.hit_blocks += hit_blocks
         st.miss_blocks += looked_up_blocks - hit_blocks
-        st.hit_tokens += hit_blocks * block_size
-        st.miss_tokens += (looked_up_blocks - hit_blocks) * block_size
+        st.hit_tokens += served
+        st.cacheable_tokens += min(looked_up_blocks * block_size, max(p - 1, 0))
+        st.miss_tokens += p - served
 
     def release(self, owner: Hashable) -> int:
         """Unpin `owner`'s blocks; return how many were pinned (0 if none)."""

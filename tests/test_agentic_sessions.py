@@ -72,7 +72,7 @@ def test_the_wafer_alone_recomputes_evicted_prefixes_and_counts_them():
     pc = wafer.results["prefix_cache"]
     assert pc["evicted_blocks"] > 0 and pc["recomputed_tokens"] > 0
     assert pc["hit_ratio"] < pc["ideal_hit_ratio"]
-    assert pc["recomputed_tokens"] == 512 * (round(pc["ideal_hit_ratio"] * (pc["hit_blocks"] + pc["miss_blocks"]))
+    assert pc["recomputed_tokens"] == 512 * (round(pc["ideal_block_hit_ratio"] * (pc["hit_blocks"] + pc["miss_blocks"]))
                                              - pc["hit_blocks"])
     # the work is counted: every prompt token is either served from cache or computed
     st = [s for s in wafer.stats.values() if s.get("role") == "both"]

@@ -90,7 +90,7 @@ def test_request_rate_retimes_a_generic_csv_read_with_a_map(cli, tmp_path):
     (["--workload", "no-such-thing"], "no such workload file"),
     (["--dataset", "random", "--duration", 10], "a duration needs a finite request rate"),
     (["--dataset", "random", "--format", "csv"], "read a trace"),
-    (["--dataset", "random", "--seed", -1], "--seed: seed must be an integer >= 0"),
+    (["--dataset", "random", "--seed", -1], r"--seed: seed must be an integer in \[0, 2\^63\)"),
     (["--dataset", "random", "--num-prompts", 10**9], "num-prompts 1000000000 .*at most 20,000,000"),
     (["--dataset", "random", "--request-rate", 1e9, "--duration", 1e5], "request rate 1e.09 .*at most"),
 ])

@@ -125,7 +125,7 @@ def test_out_must_be_a_writable_folder(tmp_path):
     afile.write_text("x")
     for out, fragment in ((afile, "exists and is not a directory"),
                           (afile / "sub", "cannot write a results folder there (Not a directory"),
-                          ("/dev/null", "exists and is not a directory"),
+                          ("/dev/null", "is a character device (not a directory)"),
                           ("/proc/rack-results", "cannot write a results folder there")):
         line = one_line_error(cli("--out", str(out)))
         assert line.startswith(f"error: --out {out}: ") and fragment in line, line
@@ -150,7 +150,7 @@ def test_scenario_paths(tmp_path):
     line = one_line_error(cli("--scenario", str(path)))
     assert f"pools[1].device (pool 'decode'): {dev}: not UTF-8 text (byte 0xe9" in line, line
     path.write_text(BASE.replace('name = "decode"\ndevice = "h100"', f'name = "decode"\ndevice = "{folder}"'))
-    assert f"{folder}: cannot read the file (Is a directory)" in one_line_error(cli("--scenario", str(path)))
+    assert f"{folder}: is a directory, not a regular file" in one_line_error(cli("--scenario", str(path)))
 
 
 # ------------------------------------------------------------------ traces
@@ -184,7 +184,7 @@ def test_binary_and_foreign_trace_files(tmp_path):
     assert f"{late}:{n + 1}: not UTF-8 text" in _trace_error(late)
     folder = tmp_path / "adir"
     folder.mkdir()
-    assert f"error: {folder}: is not a file" in one_line_error(cli("--trace", str(folder), "--out", str(tmp_path / "out")))
+    assert f"error: {folder}: is a directory, not a regular file" in one_line_error(cli("--trace", str(folder), "--out", str(tmp_path / "out")))
     import bz2
     packed = tmp_path / "t.csv.bz2"
     packed.write_bytes(bz2.compress(AZURE.read_bytes()))

@@ -7,6 +7,7 @@ recorded; stopping the server ends and records everything. The server binds
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -50,7 +51,7 @@ def _client(server, on_send=None):
 def _record(server, rid: int) -> dict:
     url = server["srv"].url
     for _ in range(300):
-        r = httpx.get(f"{url}/rack/requests/{rid}", timeout=10)
+        r = httpx.get(f"{url}/rack/requests/{rid}", timeout=10, headers={"Authorization": f"Bearer {KEY}"})
         if r.status_code == 200:
             return r.json()
         assert r.status_code == 404, r.text
@@ -122,19 +123,29 @@ def test_a_non_streamed_response_is_due_at_its_last_token(server):
     ({"model": "gpt-4", "prompt": "x", "max_tokens": 2}, 404, "model"),
     ({"model": "kimi-k2", "prompt": "x", "max_tokens": 10_000_000}, 400, "max_tokens"),
     ({"model": "kimi-k2", "prompt": [1, 2], "max_tokens": 2, "rack_block_hashes": [1, 2]}, 400, "rack_block_hashes"),
+    # issue 24: an id >= 2^63 and a body nested 100,000 deep were 500s that reset the connection
+    ({"model": "kimi-k2", "prompt": [9223372036854775808], "max_tokens": 2}, 400, "prompt.0"),
+    (b"[" * 100_000 + b"]" * 100_000, 400, None),
+    ({"model": "kimi-k2", "prompt": "x", "max_tokens": "5"}, 400, "max_tokens"),
 ])
 def test_bad_input_is_an_openai_error_naming_the_field(server, body, status, param):
-    r = httpx.post(server["srv"].url + "/v1/completions", json=body, timeout=30,
-                   headers={"Authorization": f"Bearer {KEY}"})
-    assert r.status_code == status, r.text
-    err = r.json()["error"]
-    assert err["param"] == param and err["message"]
+    with httpx.Client(timeout=30, headers={"Authorization": f"Bearer {KEY}"}) as c:
+        content = body if isinstance(body, bytes) else json.dumps(body).encode()
+        r = c.post(server["srv"].url + "/v1/completions", content=content,
+                   headers={"content-type": "application/json"})
+        assert r.status_code == status, r.text
+        err = r.json()["error"]
+        assert err["param"] == param and err["message"]
+        ok = c.post(server["srv"].url + "/v1/completions", timeout=60,   # the same connection still serves
+                    json={"model": "kimi-k2", "prompt": [1, 2], "max_tokens": 1, "ignore_eos": True})
+        assert ok.status_code in (200, 429), ok.text
 
 
 def test_api_key_is_required_on_v1(server):
     url = server["srv"].url
     r = httpx.post(url + "/v1/completions", json={"model": "kimi-k2", "prompt": "x", "max_tokens": 1}, timeout=30)
     assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+    assert httpx.get(url + "/rack/requests/0", timeout=10).status_code == 401
     assert httpx.get(url + "/health", timeout=10).json()["status"] == "ok"
 
 

@@ -23,7 +23,7 @@ def test_stats_json_is_one_object_equal_to_trace_stats():
     d = json.loads(result.stdout)
     assert d == json.loads(json.dumps(trace_stats("mooncake-excerpt").to_dict()))
     for key in ("count", "span_s", "rate_mean_per_s", "rate_peak_per_min", "interarrival_cv",
-                "input_tokens", "output_tokens", "prefix_hit_ratio", "prefix_hit_ratio_tokens",
+                "input_tokens", "output_tokens", "prefix_hit_ratio", "prefix_block_hit_ratio",
                 "skipped_rows"):
         assert key in d
     assert d["count"] == 339 and set(d["input_tokens"]) >= {"mean", "median", "p90", "p99"}
@@ -77,3 +77,17 @@ def test_list_names():
     result = run("trace", "list")
     assert result.exit_code == 0
     assert "mooncake-excerpt" in result.stdout and "arxiv_lengths" in result.stdout
+
+
+@pytest.mark.parametrize("name, fmt, extra", [
+    ("mooncake-excerpt", "mooncake", ["--block-size", "512"]),
+    ("mooncake-excerpt", "mooncake", ["--time-unit", "ms"]),
+    ("azure-conv-excerpt", "azure", ["--block-size", "512"]),
+])
+def test_block_size_and_time_unit_keep_format_detection(name, fmt, extra):
+    """Issue 24: --block-size or --time-unit alone turned detection off ("mapping must
+    name the prompt_tokens and output_tokens columns"); they now override the preset."""
+    result = run("trace", "stats", name, "--json", *extra)
+    assert result.exit_code == 0, result.output
+    d = json.loads(result.stdout)
+    assert d["format"] == fmt and d == json.loads(run("trace", "stats", name, "--json").stdout)

@@ -130,5 +130,5 @@ def test_factories():
         make_arrivals("pareto", rate_per_s=1)
     with pytest.raises(ValueError, match="arrival process 'poisson':"):
         make_arrivals("poisson", rate=1)
-    with pytest.raises(ValueError, match="prompt_tokens must be an integer >= 1"):
+    with pytest.raises(ValueError, match=r"prompt_tokens must be an integer in \[1, 100,000,000\]"):
         make_lengths("fixed", prompt_tokens=0, output_tokens=1)

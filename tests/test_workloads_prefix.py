@@ -16,7 +16,9 @@ def test_single_turn_shared_system_prompt_hits_exactly():
     assert len({r.block_hashes[2] for r in reqs}) == n  # the user part is private
     s = trace_stats(reqs)
     assert (s.prefix_blocks_hit, s.prefix_blocks) == (2 * (n - 1), 3 * n)
-    assert s.prefix_hit_ratio_tokens == pytest.approx(1024 * (n - 1) / (1124 * n))
+    # the 2 full system blocks of every prompt are cacheable; every prompt but the first hits them
+    assert (s.prefix_hit_tokens, s.prefix_cacheable_tokens) == (1024 * (n - 1), 1024 * n)
+    assert s.prefix_hit_ratio == pytest.approx((n - 1) / n)
 
 
 def test_multi_turn_prefix_property_and_partial_blocks():

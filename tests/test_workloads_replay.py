@@ -69,11 +69,14 @@ def test_parse_window():
     assert parse_window(":300") == (None, 300.0)
     with pytest.raises(ValueError, match="START:END"):
         parse_window("60")
-    assert parse_window("0:inf") == (0.0, float("inf"))      # open end, spelled out
+    assert parse_window("5:") == (5.0, None)                  # open end
     for bad, msg in (("-5:10", "start must be a finite number of seconds >= 0"),
                      ("nan:10", "start must be"), ("inf:", "start must be"),
-                     ("10:5", "end must be after its start"), ("0:nan", "end must be after"),
-                     (":-1", "end must be after")):
+                     ("10:5", "end must be after its start"), ("0:nan", "end must be a finite number"),
+                     (":-1", "end must be after"),
+                     # issue 24: an infinite end, an empty window and other scripts' digits ran everything
+                     ("0:inf", r"end must be a finite number .*open end: 0:"), ("", "START:END"),
+                     (":", "START:END"), ("0:\u0661\u0660", "START:END")):
         with pytest.raises(ValueError, match=msg):
             parse_window(bad)
 

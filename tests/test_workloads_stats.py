@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from workloads import Request, TraceError, resolve_trace, trace_stats
+from workloads import Request, TraceError, ideal_prefix_hits, load_requests, resolve_trace, trace_stats
 
 
 def stats_of(name):
@@ -49,7 +49,9 @@ def test_mooncake_conversation_readme(mooncake):
     assert close(s.rate_mean_per_s, 3.401, 3) and close(s.rate_peak_1min_per_s, 4.12, 2)
     assert close(s.interarrival_cv, 3.03, 2)
     assert (s.prefix_blocks_hit, s.prefix_blocks) == (105_710, 288_500)
-    assert close(s.prefix_hit_ratio, 0.366, 3) and close(s.prefix_hit_ratio_tokens, 0.374, 3)
+    assert close(s.prefix_block_hit_ratio, 0.366, 3)      # the README's (blocks seen before)
+    # the project's ratio: tokens served over cacheable tokens (full blocks, less the last position)
+    assert s.prefix_hit_ratio == ideal_prefix_hits(load_requests("mooncake_conv")).hit_ratio
     assert s.distinct_hashes == 182_790 and s.block_size == 512
 
 
@@ -115,10 +117,13 @@ def test_definitions_on_a_hand_made_trace():
     assert short.rate_peak_per_min == 3 and short.rate_peak_1min_per_s is None
     assert s.interarrival_cv == pytest.approx(gaps.std() / gaps.mean())
     assert s.input_tokens.p90 == pytest.approx(np.percentile([10, 6, 4, 8, 3], 90))
-    # blocks hit: req1 (1,2), req3 (1), req4 (9) -> 4 of 9 blocks
+    # blocks seen before: req1 (1,2), req3 (1), req4 (9) -> 4 of 9 blocks
     assert (s.prefix_blocks_hit, s.prefix_blocks) == (4, 9)
-    # tokens hit: req1 4+2, req3 4, req4 3 -> 13 of 31 prompt tokens
-    assert s.prefix_hit_ratio_tokens == pytest.approx(13 / 31)
+    # full blocks (4 tokens) looked up: req0 (1,2), req1 (1), req2 (9), req3 (1,5); hits:
+    # req1 block 1 (min(4, 6 - 1) = 4 tokens), req3 block 1 (4); cacheable:
+    # min(8, 9) + min(4, 5) + min(4, 3) + min(8, 7) = 8 + 4 + 3 + 7 = 22; req4 (3 tokens) has none
+    assert (s.prefix_hit_tokens, s.prefix_cacheable_tokens) == (8, 22)
+    assert s.prefix_hit_ratio == pytest.approx(8 / 22)
     assert s.distinct_hashes == 5
     single = trace_stats(reqs[:1])
     assert single.interarrival_cv is None and single.rate_mean_per_s is None

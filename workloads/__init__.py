@@ -32,7 +32,7 @@ from .reader import TraceReader, open_trace
 from .replay import (RequestList, load_requests, parse_window, replay, sample_fraction,
                      scale_output, scale_rate, select_window, take)
 from .request import Request, Turn
-from .stats import LengthStats, TraceStats, ideal_prefix_hits, trace_stats
+from .stats import LengthStats, PrefixHits, TraceStats, ideal_prefix_hits, trace_stats
 
 # Generators need numpy; load them on first attribute access (PEP 562) so that
 # `import workloads` stays light.
@@ -83,7 +83,7 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "Request", "Turn", "TraceError", "TraceReader", "open_trace", "load_requests", "RequestList",
-    "trace_stats", "ideal_prefix_hits", "TraceStats", "LengthStats", "resolve_trace", "trace_names", "trace_dirs",
+    "trace_stats", "ideal_prefix_hits", "PrefixHits", "TraceStats", "LengthStats", "resolve_trace", "trace_names", "trace_dirs",
     "replay", "select_window", "scale_rate", "sample_fraction", "take", "scale_output",
     "parse_window", "Schema", "FORMATS", *_LAZY,
 ]

@@ -21,6 +21,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from .bounds import MAX_GAMMA_CV
+
 
 def _positive(name: str, value: float) -> float:
     value = float(value)
@@ -83,13 +85,20 @@ class GammaArrivals(_Renewal):
 
     def __post_init__(self) -> None:
         _positive("rate_per_s", self.rate_per_s)
-        _positive("cv", self.cv)
+        if _positive("cv", self.cv) > MAX_GAMMA_CV:
+            raise ValueError(f"cv of Gamma gaps must be at most {MAX_GAMMA_CV:g} (shape 1/cv^2 >= 0.01; "
+                             f"below it the draws underflow to 0), got {self.cv:g}")
 
     @classmethod
     def from_burstiness(cls, rate_per_s: float, burstiness: float) -> "GammaArrivals":
         """vLLM's parameterisation (benchmarks/serve.py): gaps Gamma(shape=burstiness,
-        scale=1/(rate*burstiness)); burstiness < 1 is burstier than Poisson."""
-        return cls(rate_per_s, 1.0 / math.sqrt(_positive("burstiness", burstiness)))
+        scale=1/(rate*burstiness)); burstiness < 1 is burstier than Poisson. Raises
+        ValueError below 1/MAX_GAMMA_CV^2 (0.01)."""
+        b = _positive("burstiness", burstiness)
+        if b < 1.0 / MAX_GAMMA_CV**2:
+            raise ValueError(f"burstiness must be at least {1.0 / MAX_GAMMA_CV**2:g} (a Gamma shape below it "
+                             f"underflows numpy's draws to 0), got {b:g}")
+        return cls(rate_per_s, 1.0 / math.sqrt(b))
 
     def unit_gaps(self, n: int, rng: np.random.Generator) -> np.ndarray:
         k = 1.0 / (self.cv * self.cv)

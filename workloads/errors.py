@@ -20,6 +20,31 @@ def field_path(loc: Sequence) -> str:
     return out
 
 
+def non_finite(value: object, where: str = ""):
+    """(field path, value) of every float in `value` (nested dicts and lists, as read
+    from TOML, which reads `inf` and `nan`) that is NaN or infinite; paths as
+    `field_path` writes them ("clients[0].session.think_time_s")."""
+    if isinstance(value, float):
+        if value != value or value in (float("inf"), float("-inf")):
+            yield where, value
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            yield from non_finite(v, f"{where}.{k}" if where else str(k))
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            yield from non_finite(v, f"{where}[{i}]")
+
+
+def refuse_non_finite(cls, data: object) -> object:
+    """A pydantic "before" model validator (attach with `model_validator(mode="before")`)
+    that refuses the first NaN or infinite number anywhere in the document: TOML reads
+    `inf` and `nan`, no field of a scenario or workload means anything at either, and a
+    NaN passes every range check (NaN > 0 is False, but so is NaN <= 0)."""
+    for where, value in non_finite(data):
+        raise ValueError(f"{where}: expected a finite number, got {value!r}")
+    return data
+
+
 class TraceError(ValueError):
     """Bad trace input.
 

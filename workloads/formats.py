@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from .errors import TraceError
+from .jsontext import MAX_ROW_DEPTH, brackets, json_depth
 from .textfile import open_binary
 
 #: Units of a numeric timestamp column, and how many of them make one second (exact
@@ -155,8 +156,11 @@ def detect_schema(path: Path, format: str | None = None,
     """The schema for `path`: from `format` if given, else from the first line.
 
     JSONL is recognised by a first line that starts with ``{``; its keys (or a CSV's
-    header) pick the preset. `mapping` overrides a preset's columns, or describes a
-    generic file. Raises TraceError (empty file, unknown layout) or ValueError
+    header) pick the preset. `mapping` overrides a detected preset's columns and units
+    (``{"block_size": 256}`` or ``{"time_unit": "s"}`` alone keep the detection: `rack
+    trace stats --block-size` on a Mooncake file is still a Mooncake file), or
+    describes a generic file when no preset matches (it must then name the prompt and
+    output columns). Raises TraceError (empty file, unknown layout) or ValueError
     (unknown format name, bad mapping).
     """
     if format is not None:
@@ -179,16 +183,25 @@ def detect_schema(path: Path, format: str | None = None,
     if first is None:
         raise _empty(path)
     if first.startswith("{"):
-        if mapping:
-            return Schema.from_mapping(mapping, "jsonl")
+        depth = json_depth(first) if brackets(first) > MAX_ROW_DEPTH else 0
+        if depth > MAX_ROW_DEPTH:        # before the parser, which recurses per level
+            raise TraceError(str(path), 1, None, f"invalid JSON (nested {depth:,} levels deep; a trace row "
+                             f"nests at most {MAX_ROW_DEPTH})", "invalid_json")
         try:
-            keys = set(json.loads(first))
+            data = json.loads(first)
         except ValueError as e:
             raise TraceError(str(path), 1, None, f"invalid JSON: {e}", "invalid_json") from None
+        if not isinstance(data, dict):
+            raise TraceError(str(path), 1, None, f"expected a JSON object per line, got {first[:200]!r}",
+                             "invalid_json")
+        keys = set(data)
         if {"timestamp", "input_length", "output_length"} <= keys:
+            preset = PRESETS["mooncake"]
             if "hash_ids" not in keys:  # Mooncake-shaped but without prefix hashes
-                return replace(PRESETS["mooncake"], block_hashes=None)
-            return PRESETS["mooncake"]
+                preset = replace(preset, block_hashes=None)
+            return preset.with_mapping(mapping) if mapping else preset
+        if mapping:
+            return Schema.from_mapping(mapping, "jsonl")
         raise TraceError(
             str(path), 1, None,
             f"unknown JSONL layout (keys: {', '.join(sorted(keys))}); expected Mooncake "
@@ -200,11 +213,11 @@ def detect_schema(path: Path, format: str | None = None,
         raise TraceError(str(path), 1, None,
                          f"expected a JSON object per line, got {first[:200]!r}", "invalid_json")
     cols = set(split_csv_header(first))
-    if mapping:
-        return Schema.from_mapping(mapping, "csv")
     for schema in PRESETS.values():
         if schema.container == "csv" and set(schema.columns()) - {schema.tenant, schema.slo_class} <= cols:
-            return schema
+            return schema.with_mapping(mapping) if mapping else schema
+    if mapping:
+        return Schema.from_mapping(mapping, "csv")
     raise TraceError(
         str(path), 1, None,
         f"unknown CSV header ({first[:200]}); expected the Azure (TIMESTAMP,ContextTokens,"

@@ -22,10 +22,13 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from .bounds import MAX_LOGNORMAL_CV
+from .request import MAX_TOKENS
+
 
 def _check_count(name: str, value: int) -> int:
-    if int(value) != value or value < 1:
-        raise ValueError(f"{name} must be an integer >= 1, got {value}")
+    if int(value) != value or not 1 <= value <= MAX_TOKENS:
+        raise ValueError(f"{name} must be an integer in [1, {MAX_TOKENS:,}], got {value}")
     return int(value)
 
 
@@ -69,7 +72,8 @@ class UniformTokens:
 
 @dataclass(frozen=True)
 class LogNormalTokens:
-    """Log-normal with the given mean (tokens) and CV, rounded, clipped to [1, max].
+    """Log-normal with the given mean (tokens) and CV (at most MAX_LOGNORMAL_CV),
+    rounded, clipped to [1, max] (max None: MAX_TOKENS).
 
     sigma^2 = ln(1 + cv^2), mu = ln(mean) - sigma^2 / 2, so the continuous law has
     exactly that mean and CV (rounding and the clip move the sample mean slightly).
@@ -80,10 +84,11 @@ class LogNormalTokens:
     max: int | None = None
 
     def __post_init__(self) -> None:
-        if not (math.isfinite(self.mean_tokens) and self.mean_tokens >= 1):
-            raise ValueError(f"mean must be >= 1 token, got {self.mean_tokens}")
-        if not (math.isfinite(self.cv) and self.cv >= 0):
-            raise ValueError(f"cv must be >= 0, got {self.cv}")
+        if not (math.isfinite(self.mean_tokens) and 1 <= self.mean_tokens <= MAX_TOKENS):
+            raise ValueError(f"mean must be in [1, {MAX_TOKENS:,}] tokens, got {self.mean_tokens:g}")
+        if not (math.isfinite(self.cv) and 0 <= self.cv <= MAX_LOGNORMAL_CV):
+            raise ValueError(f"cv must be in [0, {MAX_LOGNORMAL_CV:g}] (a log-normal length law's CV), "
+                             f"got {self.cv:g}")
         if self.max is not None:
             _check_count("max", self.max)
             if self.max < self.mean_tokens:
@@ -98,7 +103,8 @@ class LogNormalTokens:
     def draw(self, n: int, rng: np.random.Generator) -> np.ndarray:
         s2 = math.log1p(self.cv * self.cv)
         x = rng.lognormal(math.log(self.mean_tokens) - s2 / 2, math.sqrt(s2), n)
-        return np.clip(np.rint(x), 1, self.max).astype(np.int64)
+        # no length beyond MAX_TOKENS (the rare tail above it at the largest CVs)
+        return np.clip(np.rint(x), 1, self.max or MAX_TOKENS).astype(np.int64)
 
 
 def normalised_probs(probs: Any) -> np.ndarray:
@@ -142,7 +148,9 @@ class PmfTokens:
             try:
                 tokens = int(k)
             except (TypeError, ValueError):
-                raise ValueError(f"PMF key {k!r} is not an integer token count") from None
+                raise ValueError(f"PMF key {str(k)[:40]!r} is not an integer token count") from None
+            if not 1 <= tokens <= MAX_TOKENS:
+                raise ValueError(f"PMF key {str(k)[:40]!r} is not a token count in [1, {MAX_TOKENS:,}]")
             items.append((tokens, float(p)))
         items.sort()
         return cls(np.array([k for k, _ in items]), np.array([p for _, p in items]))

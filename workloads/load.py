@@ -23,6 +23,7 @@ import math
 from dataclasses import asdict, dataclass, replace
 from typing import Sequence
 
+from .bounds import MAX_GAMMA_CV
 from .request import Request
 
 
@@ -54,6 +55,9 @@ class LoadControls:
             raise ValueError(f"request rate must be a number of requests/s > 0, or inf; got {r}")
         if not (self.burstiness > 0 and not math.isnan(self.burstiness)):
             raise ValueError(f"burstiness must be > 0 (1 = Poisson), got {self.burstiness}")
+        if self.burstiness < 1.0 / MAX_GAMMA_CV**2:
+            raise ValueError(f"burstiness must be at least {1.0 / MAX_GAMMA_CV**2:g} (Gamma gaps of CV "
+                             f"<= {MAX_GAMMA_CV:g}: below it numpy's draws underflow to 0), got {self.burstiness:g}")
         if self.burstiness != 1.0 and r is None:
             raise ValueError("burstiness shapes the gaps of --request-rate; give a request rate")
         for name in ("num_prompts", "max_concurrency"):
@@ -67,8 +71,8 @@ class LoadControls:
             raise ValueError(f"think time must be a finite number of seconds >= 0, got {self.think_time_s}")
         if self.think_time_s and self.max_concurrency is None:
             raise ValueError("think time applies to a closed loop; give max concurrency")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
-            raise ValueError(f"seed must be an integer >= 0 (numpy's SeedSequence), got {self.seed!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**63:
+            raise ValueError(f"seed must be an integer in [0, 2^63) (numpy's SeedSequence, 64-bit), got {self.seed!r}")
 
     def arrival_process(self):
         """The arrival process of `request_rate` and `burstiness`, or None (not set, or
@@ -167,8 +171,14 @@ def random_dataset(controls: LoadControls, *, input_len: int = RANDOM_INPUT_LEN,
     from .prefix import PrefixHasher
     from .synth import check_generated, synthesize
 
+    from .request import MAX_TOKENS
+
     if prefix_len < 0 or int(prefix_len) != prefix_len:
         raise ValueError(f"prefix length must be an integer >= 0, got {prefix_len}")
+    lengths = random_dataset_lengths(input_len, output_len, range_ratio)
+    if prefix_len + lengths.prompt_max > MAX_TOKENS:       # before any prompt is built
+        raise ValueError(f"prefix length {prefix_len:,} + prompts of up to {lengths.prompt_max:,} tokens is beyond "
+                         f"any model's context (at most {MAX_TOKENS:,} tokens, workloads.request.MAX_TOKENS)")
     process = controls.arrival_process()
     if controls.duration_s is not None and process is None:
         raise ValueError("a duration needs a finite request rate (with an infinite rate "
@@ -184,8 +194,7 @@ def random_dataset(controls: LoadControls, *, input_len: int = RANDOM_INPUT_LEN,
     if controls.duration_s is not None:
         count = round(process.rate_per_s * controls.duration_s)
         n = count if n is None else min(n, count)
-    reqs = synthesize(process, random_dataset_lengths(input_len, output_len, range_ratio),
-                      n=n, seed=controls.seed, block_size=block_size)
+    reqs = synthesize(process, lengths, n=n, seed=controls.seed, block_size=block_size)
     if controls.duration_s is not None:
         reqs = retime(reqs, controls)
     if not prefix_len:

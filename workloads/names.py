@@ -83,13 +83,20 @@ def resolve_trace(name_or_path: str | os.PathLike) -> Path:
     are interchangeable. Raises TraceError naming every place it looked, or listing the
     known names when the argument is neither a file nor a name.
     """
+    from .paths import file_problem, name_problem, shown
+
+    bad = name_problem(name_or_path)
+    if bad is not None:
+        raise TraceError(f"trace {shown(name_or_path)!r}", None, None,
+                         f"{bad}; expected a trace file or a known trace name")
     path = Path(name_or_path).expanduser()
     if path.is_file():
         return path
     key = _BY_NORMAL.get(_normal(str(name_or_path)))
     if key is None:
-        if path.exists():
-            raise TraceError(str(path), None, None, "is not a file")
+        bad = file_problem(path)
+        if bad is not None:
+            raise TraceError(shown(path), None, None, f"{bad}; expected a CSV or JSON-lines trace file")
         raise TraceError(
             str(name_or_path), None, None,
             "no such file, and not a known trace name; known names: "

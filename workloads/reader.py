@@ -8,7 +8,8 @@ re-reads the file and resets the counters.
 
 Skip reasons (keys of `TraceReader.skipped`): ``missing_field``, ``not_a_number``
 (a length or timestamp that is not a number), ``negative_length``, ``zero_length``,
-``time_backwards``, ``bad_hashes``, ``invalid_json``, ``too_long`` (a length above
+``time_backwards``, ``bad_hashes``, ``invalid_json`` (also a row nested deeper than
+`MAX_ROW_DEPTH`), ``too_long`` (a length above
 `MAX_TOKENS`). Files may be gzip-compressed (read as they are streamed); a file that
 is not UTF-8 text is a TraceError naming the line of its first bad byte
 (`workloads.textfile`).
@@ -28,6 +29,7 @@ from typing import Any, Callable, Iterator, Mapping
 
 from .errors import TraceError
 from .formats import TIME_UNIT_WORDS, TIME_UNITS, Schema, detect_schema
+from .jsontext import MAX_ROW_DEPTH, brackets, json_depth
 from .names import resolve_trace
 from .request import MAX_TOKENS, Request
 from .textfile import check_text, open_text, text_error
@@ -56,6 +58,9 @@ def _count_slow(value: Any, field: str) -> int:
         text = value.strip()
         if not text:
             raise _BadRow(field, "missing (empty value)", "missing_field")
+        if not text.isascii():       # int() and float() also read other scripts' digits
+            raise _BadRow(field, f"expected an integer token count in ASCII digits, got {text[:40]!r}",
+                          "not_a_number")
         try:
             return int(text)
         except ValueError:
@@ -83,6 +88,9 @@ def _parse_hash_text(text: str, field: str) -> tuple[int, ...]:
     body = text.strip().strip("[]()")
     if not body.strip():
         return ()
+    if not body.isascii():
+        raise _BadRow(field, f"expected a list of integer block hashes in ASCII digits, got {text[:80]!r}",
+                      "bad_hashes")
     try:
         return tuple(int(x) for x in _HASH_SPLIT.split(body.strip()))
     except ValueError:
@@ -217,6 +225,8 @@ class TraceReader:
                 x = value
             elif t is str:
                 try:
+                    if not value.isascii():      # float() also reads other scripts' digits
+                        raise ValueError
                     x = float(value)
                 except ValueError:
                     if not value.strip():
@@ -338,6 +348,13 @@ class TraceReader:
         with open_text(self.path) as f:
             for raw in f:
                 line += 1
+                if brackets(raw) > MAX_ROW_DEPTH:
+                    depth = json_depth(raw)
+                    if depth > MAX_ROW_DEPTH:    # before the parser: it recurses per level
+                        self.rows_read += 1
+                        self._skip(line, _BadRow(None, f"invalid JSON (nested {depth:,} levels deep; a "
+                                                 f"trace row nests at most {MAX_ROW_DEPTH})", "invalid_json"))
+                        continue
                 try:
                     d, end = raw_decode(raw)
                     if end < len(raw) - 1 and raw[end:].strip():

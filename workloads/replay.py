@@ -21,20 +21,25 @@ def parse_window(text: str) -> tuple[float | None, float | None]:
     """``"60:180"`` -> (60.0, 180.0) seconds; either side may be empty (``":300"``).
 
     START must be finite and >= 0 (trace time starts at 0: a negative start would shift
-    every arrival later); END may be "inf" (open). Raises ValueError on anything else,
-    and when END is not after START.
+    every arrival later); END finite and after START, or empty (open: ``"60:"``). Raises
+    ValueError on anything else: an empty window, ``":"`` (neither side: no window),
+    an infinite or NaN side (write an open end as ``"60:"``), digits other than ASCII.
     """
     start, sep, end = text.partition(":")
-    if not sep:
-        raise ValueError(f"window must look like START:END in seconds (e.g. 60:180), got {text!r}")
+    form = f"window must look like START:END in seconds (e.g. 60:180, or 60: for an open end), got {text[:40]!r}"
+    if not sep or not (start.strip() or end.strip()) or not text.isascii():
+        raise ValueError(form)
     try:
         lo = float(start) if start.strip() else None
         hi = float(end) if end.strip() else None
     except ValueError:
-        raise ValueError(f"window must look like START:END in seconds (e.g. 60:180), got {text!r}") from None
+        raise ValueError(form) from None
     if lo is not None and not (math.isfinite(lo) and lo >= 0):
         raise ValueError(f"window start must be a finite number of seconds >= 0, got {start.strip()!r} in {text!r}")
-    if hi is not None and (math.isnan(hi) or hi <= (lo or 0.0)):
+    if hi is not None and not math.isfinite(hi):
+        raise ValueError(f"window end must be a finite number of seconds (leave it empty for an open end: "
+                         f"{start.strip() or '0'}:), got {end.strip()!r}")
+    if hi is not None and hi <= (lo or 0.0):
         raise ValueError(f"window end must be after its start, got {text!r}")
     return lo, hi
 

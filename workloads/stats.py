@@ -9,10 +9,14 @@ them against those READMEs):
 - interarrival_cv: population standard deviation / mean of the gaps between
   consecutive arrivals (numpy ``std``, ddof=0).
 - percentiles: linear interpolation (numpy's default), as everywhere in the project.
-- prefix_hit_ratio: share of prefix blocks whose hash appeared in an earlier request
-  (an infinite prefix cache); prefix_hit_ratio_tokens weights each block by its tokens
-  (the last block of a prompt may be partial), over all prompt tokens of requests
-  that carry hashes.
+- prefix_hit_ratio: the project's one prefix-cache hit ratio (`ideal_prefix_hits`), of
+  an unbounded cache shared by every instance: prompt tokens served from the cache
+  over the prompts' cacheable tokens (their full blocks, less the last position),
+  the same figure as a run's `prefix_cache.ideal_hit_ratio` on the same requests;
+  prefix_hit_tokens / prefix_cacheable_tokens are its terms.
+- prefix_block_hit_ratio: a block-level figure apart, the traces' READMEs' definition:
+  the share of hash blocks (partial last blocks included) whose hash appeared in an
+  earlier request (prefix_blocks_hit / prefix_blocks).
 Rate, span and CV are None for a source without timestamps; the prefix figures are
 None for one without hashes.
 """
@@ -73,8 +77,10 @@ class TraceStats:
     block_size: int | None
     prefix_blocks: int | None
     prefix_blocks_hit: int | None
+    prefix_block_hit_ratio: float | None
     prefix_hit_ratio: float | None
-    prefix_hit_ratio_tokens: float | None
+    prefix_hit_tokens: int | None
+    prefix_cacheable_tokens: int | None
     distinct_hashes: int | None
     rows_read: int
     skipped_rows: int
@@ -107,7 +113,7 @@ def trace_stats(source: str | os.PathLike | TraceReader | Iterable[Request], *,
     outputs = array("q")
     seen: set[int] = set()
     blocks = blocks_hit = 0
-    hashed_tokens = hit_tokens = 0
+    ideal = _IdealCache(None)
     has_hashes = False
     block_size: int | None = None
     for r in source:
@@ -118,14 +124,11 @@ def trace_stats(source: str | os.PathLike | TraceReader | Iterable[Request], *,
         hashes = r.block_hashes
         if hashes is not None:
             has_hashes = True
-            bs = block_size = r.block_size
+            block_size = r.block_size
             blocks += len(hashes)
-            hashed_tokens += p
-            for k, h in enumerate(hashes):
-                if h in seen:
-                    blocks_hit += 1
-                    hit_tokens += max(0, min(bs, p - k * bs))
+            blocks_hit += sum(1 for h in hashes if h in seen)
             seen.update(hashes)
+            ideal.add(r)
 
     n = len(prompts)
     name = reader.name if reader else getattr(source, "name", None)
@@ -171,23 +174,89 @@ def trace_stats(source: str | os.PathLike | TraceReader | Iterable[Request], *,
         has_hashes=has_hashes, block_size=block_size,
         prefix_blocks=blocks if has_hashes else None,
         prefix_blocks_hit=blocks_hit if has_hashes else None,
-        prefix_hit_ratio=(blocks_hit / blocks if blocks else 0.0) if has_hashes else None,
-        prefix_hit_ratio_tokens=(hit_tokens / hashed_tokens if hashed_tokens else 0.0)
-        if has_hashes else None,
+        prefix_block_hit_ratio=(blocks_hit / blocks if blocks else 0.0) if has_hashes else None,
+        prefix_hit_ratio=(ideal.hits.hit_ratio or 0.0) if has_hashes else None,
+        prefix_hit_tokens=ideal.hits.hit_tokens if has_hashes else None,
+        prefix_cacheable_tokens=ideal.hits.cacheable_tokens if has_hashes else None,
         distinct_hashes=len(seen) if has_hashes else None,
         rows_read=counters["rows_read"], skipped_rows=sum(skipped.values()),
         skipped_by_reason=dict(skipped), failed_requests=counters["failed_requests"],
     )
 
 
-def ideal_prefix_hits(requests: Iterable[Request], capacity_blocks: int | None = None) -> tuple[int, int]:
-    """(blocks hit, blocks looked up) by an ideal prefix cache over `requests` in
-    arrival order: shared by every instance and filled the moment a request arrives.
-    Only a prompt's full blocks count (prompt_tokens // block_size of its hashes), as
-    an engine's prefix cache holds full blocks only (vLLM) and looks up those, and a
-    request hits the longest leading run of them the cache holds (a block is reused
-    only after its whole prefix; for a trace whose repeated blocks always form a
-    prefix, as Mooncake's, that is every block seen before).
+@dataclass
+class PrefixHits:
+    """Prefix-cache hits of an ideal cache over a request stream (`ideal_prefix_hits`).
+
+    Tokens (the project's one hit ratio, `hit_ratio` = hit_tokens / cacheable_tokens):
+    a prompt of p tokens with f full blocks of b tokens, the leading h of them found,
+    is served min(h b, p - 1) tokens from the cache out of min(f b, p - 1) it could be
+    (the last position is always computed, as vLLM computes it for the first output
+    token's logits). Blocks: `hit_blocks` of `looked_blocks` full blocks
+    (`block_hit_ratio`), a figure apart.
+    """
+
+    hit_blocks: int = 0
+    looked_blocks: int = 0
+    hit_tokens: int = 0
+    cacheable_tokens: int = 0
+
+    @property
+    def hit_ratio(self) -> float | None:
+        """hit_tokens / cacheable_tokens (None when nothing was cacheable)."""
+        return self.hit_tokens / self.cacheable_tokens if self.cacheable_tokens else None
+
+    @property
+    def block_hit_ratio(self) -> float | None:
+        """hit_blocks / looked_blocks (None when no full block was looked up)."""
+        return self.hit_blocks / self.looked_blocks if self.looked_blocks else None
+
+
+class _IdealCache:
+    """The cache of `ideal_prefix_hits`, fed one request at a time (`add`)."""
+
+    def __init__(self, capacity_blocks: int | None) -> None:
+        if capacity_blocks is not None and capacity_blocks < 0:
+            raise ValueError(f"ideal_prefix_hits: capacity_blocks must be >= 0 or None, got {capacity_blocks}")
+        self.capacity = capacity_blocks
+        # unbounded: a set (nothing is evicted, no recency to keep)
+        self.keys: OrderedDict[tuple[int, int], None] | set[tuple[int, int]] = \
+            set() if capacity_blocks is None else OrderedDict()
+        self.hits = PrefixHits()
+
+    def add(self, r: Request) -> None:
+        if not r.block_hashes:
+            return
+        bs, p, cache = r.block_size, r.prompt_tokens, self.keys
+        keys = [(bs, h) for h in r.block_hashes[: p // bs]]
+        run = 0
+        for k in keys:
+            if k not in cache:
+                break
+            run += 1
+        h = self.hits
+        h.hit_blocks += run
+        h.looked_blocks += len(keys)
+        h.hit_tokens += min(run * bs, p - 1)
+        h.cacheable_tokens += min(len(keys) * bs, p - 1)
+        if self.capacity is None:
+            cache.update(keys)
+            return
+        for k in reversed(keys):
+            cache[k] = None
+            cache.move_to_end(k)
+        while len(cache) > self.capacity:
+            cache.popitem(last=False)
+
+
+def ideal_prefix_hits(requests: Iterable[Request], capacity_blocks: int | None = None) -> PrefixHits:
+    """The `PrefixHits` of an ideal prefix cache over `requests` in arrival order:
+    shared by every instance and filled the moment a request arrives. Only a prompt's
+    full blocks count (prompt_tokens // block_size of its hashes), as an engine's prefix
+    cache holds full blocks only (vLLM) and looks up those, and a request hits the
+    longest leading run of them the cache holds (a block is reused only after its whole
+    prefix; for a trace whose repeated blocks always form a prefix, as Mooncake's, that
+    is every full block seen before).
 
     capacity_blocks: None, an unbounded cache (the upper bound any routing could
         reach); or at most that many blocks, least recently used evicted first, a
@@ -195,26 +264,7 @@ def ideal_prefix_hits(requests: Iterable[Request], capacity_blocks: int | None =
         routing could reach with that much cache, were it pooled. Raises ValueError
         for capacity_blocks < 0.
     """
-    if capacity_blocks is not None and capacity_blocks < 0:
-        raise ValueError(f"ideal_prefix_hits: capacity_blocks must be >= 0 or None, got {capacity_blocks}")
-    cache: OrderedDict[tuple[int, int], None] = OrderedDict()
-    hit = looked = 0
+    cache = _IdealCache(capacity_blocks)
     for r in requests:
-        if not r.block_hashes:
-            continue
-        bs = r.block_size
-        keys = [(bs, h) for h in r.block_hashes[: r.prompt_tokens // bs]]
-        looked += len(keys)
-        run = 0
-        for k in keys:
-            if k not in cache:
-                break
-            run += 1
-        hit += run
-        for k in reversed(keys):
-            cache[k] = None
-            cache.move_to_end(k)
-        if capacity_blocks is not None:
-            while len(cache) > capacity_blocks:
-                cache.popitem(last=False)
-    return hit, looked
+        cache.add(r)
+    return cache.hits

@@ -20,7 +20,8 @@ def make_datetime_parser() -> Callable[[str], float]:
     Seconds are counted from midnight (UTC, or the naive zone) of the first date the
     parser sees, which keeps full float precision (sub-microsecond) even for a
     week-long trace. Zone suffixes (``Z``, ``+HH:MM``, ``-HH:MM``) are applied; a
-    naive time is taken as UTC. Raises ValueError on text that is not a date-time.
+    naive time is taken as UTC. Raises ValueError on text that is not a date-time
+    (digits of other scripts included: only ASCII digits are read).
     """
     day_offsets: dict[str, float] = {}
     ref: list[int] = []
@@ -44,6 +45,8 @@ def make_datetime_parser() -> Callable[[str], float]:
         return base + dt.hour * 3600 + dt.minute * 60 + dt.second + dt.microsecond * 1e-6
 
     def parse(text: str) -> float:
+        if not text.isascii():       # int() and float() also read other scripts' digits
+            raise ValueError(f"not an ASCII date-time: {text[:40]!r}")
         if len(text) < 19 or text[10] not in " T" or text[13] != ":" or text[16] != ":":
             return slow(text)
         day = text[:10]

@@ -19,7 +19,9 @@ from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from .errors import field_path
+from .errors import field_path, refuse_non_finite
+from .bounds import MAX_LOGNORMAL_CV, MAX_SYSTEM_PROMPTS
+from .request import MAX_TOKENS
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -42,7 +44,7 @@ class _Model(BaseModel):
 class FixedDist(_Model):
     """Always `tokens` tokens."""
     dist: Literal["fixed"]
-    tokens: int = Field(ge=1)
+    tokens: int = Field(ge=1, le=MAX_TOKENS)
 
 
 class _Range(_Model):
@@ -58,16 +60,16 @@ class _Range(_Model):
 class UniformDist(_Range):
     """Uniform on the integers [min, max]."""
     dist: Literal["uniform"]
-    min: int = Field(ge=1)
-    max: int = Field(ge=1)
+    min: int = Field(ge=1, le=MAX_TOKENS)
+    max: int = Field(ge=1, le=MAX_TOKENS)
 
 
 class LogNormalDist(_Model):
     """Log-normal with this mean (tokens) and CV, clipped to [1, max]."""
     dist: Literal["lognormal"]
-    mean: float = Field(ge=1)
-    cv: float = Field(ge=0)
-    max: Optional[int] = Field(default=None, ge=1)
+    mean: float = Field(ge=1, le=MAX_TOKENS)
+    cv: float = Field(ge=0, le=MAX_LOGNORMAL_CV)
+    max: Optional[int] = Field(default=None, ge=1, le=MAX_TOKENS)
 
     @model_validator(mode="after")
     def _cap(self):
@@ -101,11 +103,11 @@ class PmfDist(_Pmf):
     @staticmethod
     def _value(key: str) -> None:
         try:
-            ok = int(key) >= 1
+            ok = 1 <= int(key) <= MAX_TOKENS
         except ValueError:
             ok = False
         if not ok:
-            raise ValueError(f"key {key!r} is not a token count >= 1")
+            raise ValueError(f"key {key[:40]!r} is not a token count in [1, {MAX_TOKENS:,}]")
 
 
 TokenDist = Annotated[Union[FixedDist, UniformDist, LogNormalDist, PmfDist], Field(discriminator="dist")]
@@ -165,6 +167,19 @@ class _ArrivalFields(_Model):
     cv: Optional[float] = Field(default=None, gt=0)
     shape: Optional[float] = Field(default=None, gt=0)
 
+    def _check_process(self, kind: str, cv: Optional[float], shape: Optional[float], at: str) -> None:
+        """The arrival law's own checks (Gamma's CV ceiling, Weibull's solvable CVs),
+        before anything is drawn."""
+        from .arrivals import GammaArrivals, WeibullArrivals
+
+        try:
+            if kind == "gamma":
+                GammaArrivals(1.0, cv)
+            elif kind == "weibull":
+                WeibullArrivals(1.0, shape=shape) if shape is not None else WeibullArrivals(1.0, cv=cv)
+        except ValueError as exc:
+            raise ValueError(f"{at}: {exc}") from None
+
 
 class Window(_ArrivalFields):
     """One window of a client's rate schedule: from `start_s` to the next window's
@@ -194,11 +209,12 @@ class Session(_Model):
     think_time_s: float = Field(default=30.0, ge=0)
     think_time_cv: Optional[float] = Field(default=None, gt=0)
     think_after: Literal["arrival", "answer"] = "arrival"
-    system_prompt_tokens: int = Field(default=0, ge=0)
-    system_prompts: int = Field(default=1, ge=1)
+    system_prompt_tokens: int = Field(default=0, ge=0, le=MAX_TOKENS)
+    # the Zipf weights are one array of this length
+    system_prompts: int = Field(default=1, ge=1, le=MAX_SYSTEM_PROMPTS)
     system_prompt_zipf: float = Field(default=1.0, ge=0)
     initial_context_tokens: Optional[TokenDist] = None
-    max_prompt_tokens: Optional[int] = Field(default=None, ge=1)
+    max_prompt_tokens: Optional[int] = Field(default=None, ge=1, le=MAX_TOKENS)
 
 
 class Client(_ArrivalFields):
@@ -249,6 +265,7 @@ class Client(_ArrivalFields):
                 raise ValueError(f"{at}: gamma arrivals need cv")
             if kind == "weibull" and (cv is None) == (shape is None):
                 raise ValueError(f"{at}: weibull arrivals need cv or shape (one of them)")
+            self._check_process(kind, cv, shape, at)
         return self
 
 
@@ -256,12 +273,15 @@ class WorkloadSpec(_Model):
     """A workload file (see docs/workloads.md)."""
     name: Optional[str] = None
     description: Optional[str] = None
-    seed: int = 0
+    seed: int = Field(default=0, ge=0, le=2**63 - 1,
+                      description="seeds every draw (numpy's SeedSequence: >= 0; 64-bit)")
     duration_s: Optional[float] = Field(default=None, gt=0)
     window_s: float = Field(default=600.0, gt=0)
     exact_counts: bool = True
-    block_size: int = Field(default=512, ge=1)
+    block_size: int = Field(default=512, ge=1, le=MAX_TOKENS)
     clients: list[Client] = Field(min_length=1)
+
+    _finite_numbers = model_validator(mode="before")(refuse_non_finite)     # every table at once
 
     @model_validator(mode="after")
     def _check(self):
@@ -297,13 +317,23 @@ def workload_names() -> dict[str, Path]:
 
 
 def resolve_workload(path_or_name: str | Path) -> Path:
-    """An existing file path, or a shipped example's name. Raises WorkloadSpecError."""
+    """An existing file path, or a shipped example's name. Raises WorkloadSpecError
+    (also for an empty name, a directory, a FIFO or a broken symbolic link)."""
+    from .paths import file_problem, name_problem, shown
+
+    bad = name_problem(path_or_name)
+    if bad is not None:
+        raise WorkloadSpecError(f"workload {shown(path_or_name)!r}: {bad}; expected a workload file or one of "
+                                f"{', '.join(workload_names())}")
     path = Path(path_or_name).expanduser()
     if path.is_file():
         return path
     named = workload_names().get(str(path_or_name).strip().lower().replace("_", "-"))
     if named is not None:
         return named
+    bad = file_problem(path)
+    if bad is not None:
+        raise WorkloadSpecError(f"{shown(path)}: {bad}; expected a workload TOML file")
     raise WorkloadSpecError(f"{path_or_name}: no such workload file, and not a shipped "
                             f"workload name (known: {', '.join(workload_names()) or 'none'})")
 
@@ -362,8 +392,11 @@ def format_errors(source: str, exc: ValidationError) -> str:
             ctx = err.get("ctx", {})
             lines.append(f"{source}: field {field}.dist: expected one of {ctx.get('expected_tags')} "
                          f"(got {ctx.get('tag')!r})")
+        elif not loc:
+            # model-level checks name their own field first ("window_s: expected ...")
+            lines.append(f"{source}: field {msg}")
         else:
-            lines.append(f"{source}: field {field or '(top level)'}: {msg}{got_s}")
+            lines.append(f"{source}: field {field}: {msg}{got_s}")
     return "\n".join(lines)
 
 

@@ -350,7 +350,7 @@ def admit_with_prefix(engine: Any, job: Any, hashes: tuple, hit: int, cached: in
     """Book an admitted job's prefix-cache hit (counters and `job.cached`; a live front,
     the engine's `stream_to`, is told the cached tokens)."""
     if engine.prefix is not None and hashes:
-        engine.prefix.count_lookup(hit, len(hashes), job.req.block_size)
+        engine.prefix.count_lookup(hit, len(hashes), job.req.block_size, job.req.prompt_tokens)
     job.cached = cached
     engine.tokens_cached += cached
     if getattr(engine, "stream_to", None) is not None:      # a live front: usage.cached_tokens

@@ -137,13 +137,15 @@ def summary_text(results: dict) -> str:
                      f"time p50 {fmt_s(kv['time_s']['p50'])} p99 {fmt_s(kv['time_s']['p99'])}")
     pc = results.get("prefix_cache")
     if pc:
-        lines.append(f"prefix cache: {pc['lookups']} lookups, hit ratio {pc['hit_ratio']:.3f} of "
-                     f"{pc['hit_blocks'] + pc['miss_blocks']} full blocks (ideal "
+        lines.append(f"prefix cache: {pc['lookups']} lookups, hit ratio {pc['hit_ratio']:.3f}: "
+                     f"{pc['hit_tokens']:,} of {pc.get('cacheable_tokens', 0):,} cacheable prompt tokens served "
+                     "from cache (ideal "
                      + (f"{pc['ideal_hit_ratio']:.3f}" if pc["ideal_hit_ratio"] is not None else "unknown")
                      + ": an unbounded cache shared by every instance"
                      + (f"; {pc['capacity_hit_ratio']:.3f} with the instances' {pc['capacity_blocks']:,} blocks pooled"
-                        if pc.get("capacity_hit_ratio") is not None else "") + "), "
-                     f"{pc['hit_tokens']:,} prompt tokens served from cache")
+                        if pc.get("capacity_hit_ratio") is not None else "") + "); "
+                     f"{pc['hit_blocks']:,} of {pc['hit_blocks'] + pc['miss_blocks']:,} full blocks hit, "
+                     f"{pc['miss_tokens']:,} prompt tokens computed")
     for pool, m in results.get("memory", {}).items():
         u = results["utilization"].get(pool, {})
         stack = f" ({u['stack']})" if u.get("stack") else ""

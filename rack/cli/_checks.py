@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import tempfile
 from pathlib import Path
 from typing import Iterator, NoReturn, Optional
@@ -29,25 +30,44 @@ def check_positive(option: str, value: Optional[float]) -> None:
         fail(f"{option}: expected a finite number > 0, got {value:g}")
 
 
+def out_path(value) -> Path:
+    """Typer `parser` of a path option (`--out`): an empty value is refused (typer would
+    read "" as ".", the current folder). Raises typer.BadParameter."""
+    if not str(value).strip():
+        raise typer.BadParameter("empty; expected a path")
+    return Path(value)
+
+
 def prepare_out_dir(option: str, path: Path) -> Path:
     """Create results folder `path` (and its missing parents) and check that a file can
     be written in it, so that a run never ends in a results folder it cannot write.
 
-    Fails with one line naming `option` and `path` for an existing file (`/dev/null`),
+    Fails with one line naming `option` and `path` for an empty path, a name longer
+    than the file system allows, an existing file (`/dev/null`), a symbolic link loop,
     a path under a file, a folder that cannot be created (`/proc/x`, a read-only file
     system) or written. Returns `path`."""
+    from workloads.paths import file_problem, name_problem, shown
+
     p = Path(path)
-    if p.exists() and not p.is_dir():
-        fail(f"{option} {p}: exists and is not a directory; expected a results folder "
-             "(it is created if missing)")
+    bad = name_problem(p)
+    if bad is None and os.path.lexists(p):
+        bad = file_problem(p)
+        if bad is not None and bad.startswith("is a directory"):
+            bad = None
+        elif bad is not None and bad.startswith("is "):
+            bad = bad.removesuffix(", not a regular file") + " (not a directory)"
+        elif bad is None:
+            bad = "exists and is not a directory"
+    if bad is not None:
+        fail(f"{option} {shown(p)}: {bad}; expected a results folder (it is created if missing)")
     try:
         p.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=p, prefix=".rack-write-test-") as probe:
             probe.write(b"ok")
             probe.flush()
     except OSError as exc:
-        fail(f"{option} {p}: cannot write a results folder there "
-             f"({exc.strerror or type(exc).__name__}{': ' + exc.filename if exc.filename else ''})")
+        fail(f"{option} {shown(p)}: cannot write a results folder there "
+             f"({exc.strerror or type(exc).__name__}{': ' + shown(exc.filename) if exc.filename else ''})")
     return p
 
 

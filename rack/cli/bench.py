@@ -40,7 +40,7 @@ def bench(
     from workloads import parse_window
 
     try:
-        win = parse_window(window) if window else None
+        win = parse_window(window) if window is not None else None
         if baseline:
             from rack.analysis.bench_baseline import check_ref
 

@@ -10,7 +10,7 @@ from typing import Optional
 
 import typer
 
-from rack.cli._checks import check_positive, fail, prepare_out_dir
+from rack.cli._checks import check_positive, fail, out_path, prepare_out_dir
 from rack.cli.app import app
 from rack.cli.load import LoadOptions, load_options
 
@@ -34,7 +34,7 @@ def bench_serve(
     timeout: float = typer.Option(600.0, "--timeout", help="per-request timeout (wall s)"),
     slo_ttft_ms: float = typer.Option(2000.0, "--slo-ttft-ms", help="goodput TTFT target (the default scenario's)"),
     slo_tpot_ms: float = typer.Option(80.0, "--slo-tpot-ms", help="goodput TPOT target (the default scenario's)"),
-    out: Path = typer.Option(Path("rack-results/bench-serve"), "--out", help="results folder"),
+    out: Path = typer.Option(Path("rack-results/bench-serve"), "--out", parser=out_path, help="results folder"),
     load: Optional[LoadOptions] = None,
 ) -> None:
     """Replay requests over HTTP (streaming, ignore_eos) and measure TTFT, TPOT, ITL at the client."""

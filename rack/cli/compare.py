@@ -9,7 +9,7 @@ from typing import List, Optional
 import typer
 
 from rack.cli.app import app
-from rack.cli._checks import check_positive, prepare_out_dir, report_failure
+from rack.cli._checks import check_positive, out_path, prepare_out_dir, report_failure
 from rack.cli._routing import POLICY_OPTION, WEIGHT_OPTION, with_routing
 from rack.cli.load import LoadOptions, load_options, rate_line
 from rack.cli.run import DEFAULT_TRACE, fail
@@ -28,7 +28,7 @@ def compare(
     max_requests: Optional[int] = typer.Option(None, "--max-requests", min=1),
     stage: Optional[List[str]] = typer.Option(None, "--stage", help="fixed stage NAME=MS[:before|after] for every scenario (repeatable), e.g. gateway=2"),
     address: Optional[str] = typer.Option(None, "--address", help="Ray cluster address: virtual runs go out as Ray tasks over it; ray runtime runs there"),
-    out: Path = typer.Option(Path("rack-results/compare"), "--out", help="results folder"),
+    out: Path = typer.Option(Path("rack-results/compare"), "--out", parser=out_path, help="results folder"),
     no_plots: bool = typer.Option(False, "--no-plots", help="skip the PNG plots"),
     as_json: bool = typer.Option(False, "--json", help="print the JSON of all scenarios instead of the table"),
     router_policy: Optional[str] = POLICY_OPTION,

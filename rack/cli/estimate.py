@@ -190,9 +190,12 @@ def estimate(
     dp_attention: bool = typer.Option(False, "--dp-attention", help="data-parallel attention over the tp devices"),
     weight_dtype: str = typer.Option("fp8", "--weight-dtype", help="bf16 | fp8 | fp4"),
     kv_dtype: str = typer.Option("fp8", "--kv-dtype", help="bf16 | fp8 | fp4"),
-    batch: int = typer.Option(1, "--batch", "-b", help="decode batch (and prefill batch) size"),
-    context: int = typer.Option(4096, "--context", "-c", help="context length of each decoding request (tokens)"),
-    prompt: int = typer.Option(1024, "--prompt", "-p", help="prompt length for the prefill figures (tokens)"),
+    # bounded before any array is built: 10**12 tried to allocate 7.28 TiB (issue 24); a
+    # million requests in one batch is ~1,000x any stack's max_num_seqs, and token counts
+    # stop at workloads.request.MAX_TOKENS (10^8)
+    batch: int = typer.Option(1, "--batch", "-b", min=1, max=1_000_000, help="decode batch (and prefill batch) size"),
+    context: int = typer.Option(4096, "--context", "-c", min=1, max=100_000_000, help="context length of each decoding request (tokens)"),
+    prompt: int = typer.Option(1024, "--prompt", "-p", min=1, max=100_000_000, help="prompt length for the prefill figures (tokens)"),
     draft_tokens: int = typer.Option(0, "--draft-tokens", help="speculative decoding: tokens drafted per step (0: off)"),
     acceptance_rate: float = typer.Option(0.7, "--acceptance-rate", help="speculative decoding: acceptance rate in [0, 1)"),
     spec_method: str = typer.Option("mtp", "--spec-method", help="mtp | draft_model"),

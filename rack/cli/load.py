@@ -119,6 +119,10 @@ class LoadOptions:
         from workloads import parse_window
         from workloads.load import LoadControls, LoadPlan
 
+        for flag, value in (("--trace", trace), ("--dataset", self.dataset), ("--workload", self.workload),
+                            ("--format", self.format), ("--time-unit", self.time_unit), ("--window", window)):
+            if value is not None and not value.strip():      # "" is not "not given"
+                raise ValueError(f"{flag}: empty; give a value or leave the option out")
         random_opts = {k: getattr(self, k) for k in ("input_len", "output_len", "range_ratio", "prefix_len")
                        if getattr(self, k) is not None}
         if self.dataset is not None and self.dataset.lower() != "random":
@@ -142,7 +146,11 @@ class LoadOptions:
                                     0 if self.seed is None else self.seed)
         except ValueError as exc:
             raise ValueError(_flag_message(str(exc))) from None
-        common = dict(window=parse_window(window) if window else None, rate_scale=rate_scale,
+        try:
+            window_s = parse_window(window) if window is not None else None
+        except ValueError as exc:
+            raise ValueError(f"--window: {exc}") from None
+        common = dict(window=window_s, rate_scale=rate_scale,
                       max_requests=max_requests, output_scale=output_scale, controls=controls)
         if self.dataset:
             return LoadPlan("random", **common, **random_opts)
@@ -158,7 +166,12 @@ class LoadOptions:
         from rack.wiring.runner import trace_info
 
         plan = self.plan(trace, **kwargs)
-        reqs = plan.requests()
+        try:
+            reqs = plan.requests()
+        except ValueError as exc:
+            if type(exc) is not ValueError:       # TraceError, WorkloadSpecError: they name their file
+                raise
+            raise ValueError(_flag_message(str(exc))) from None
         if plan.source == "random":
             info = {"path": None, "sha256": None, "controls": plan.describe(), "reader": reqs.summary()}
         else:
@@ -187,7 +200,8 @@ def rate_line(requests, load: "LoadOptions", rate_scale: float = 1.0) -> str:
 
 _FLAGS = {"request rate": "--request-rate", "burstiness": "--burstiness", "num-prompts": "--num-prompts",
           "duration": "--duration", "max-concurrency": "--max-concurrency", "think time": "--think-time",
-          "seed": "--seed"}
+          "seed": "--seed", "prefix length": "--prefix-len", "input_len": "--input-len",
+          "output_len": "--output-len", "range_ratio": "--range-ratio"}
 
 
 def _flag_message(text: str) -> str:

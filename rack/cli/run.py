@@ -8,7 +8,7 @@ from typing import List, Optional
 
 import typer
 
-from rack.cli._checks import check_positive, fail, interruptible, prepare_out_dir, report_failure
+from rack.cli._checks import check_positive, fail, interruptible, out_path, prepare_out_dir, report_failure
 from rack.cli._routing import POLICY_OPTION, WEIGHT_OPTION, with_routing
 from rack.cli.app import app
 from rack.cli.load import LoadOptions, load_options, rate_line
@@ -58,7 +58,7 @@ def run(
     dilation: Optional[float] = typer.Option(None, "--dilation", help="ray runtime: wall seconds per emulated second [default: the scenario's; 100 for helios-cs3-kimi-k2]"),
     payload_scale: Optional[float] = typer.Option(None, "--payload-scale", help="shipped KV bytes / logical KV bytes"),
     address: Optional[str] = typer.Option(None, "--address", help="Ray cluster address (default: start Ray locally)"),
-    out: Path = typer.Option(Path("rack-results/run"), "--out", help="results folder"),
+    out: Path = typer.Option(Path("rack-results/run"), "--out", parser=out_path, help="results folder"),
     max_requests: Optional[int] = typer.Option(None, "--max-requests", min=1,
                                                help="keep the first N requests (after the window) [default: all]"),
     output_scale: float = typer.Option(1.0, "--output-scale", help="multiply every output length"),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import math
+import os
 import signal
 import time
 from pathlib import Path
@@ -11,8 +12,9 @@ from typing import Optional
 
 import typer
 
-from rack.cli._checks import check_positive, fail, prepare_out_dir, report_failure
+from rack.cli._checks import check_positive, fail, out_path, prepare_out_dir, report_failure
 from rack.cli.app import app
+from rack.serve.limits import HEADER_TIMEOUT_S, MAX_BODY_BYTES, READ_TIMEOUT_S
 
 #: Wall seconds between checks for a failed component while serving.
 _POLL_S = 0.5
@@ -24,15 +26,18 @@ def serve(
     host: str = typer.Option("127.0.0.1", "--host", help="address to bind (loopback by default; 0.0.0.0 for every interface)"),
     port: int = typer.Option(8000, "--port", min=0, max=65535, help="port (0: any free port)"),
     dilation: Optional[float] = typer.Option(None, "--dilation", help="wall seconds per emulated second [default: the scenario's; 100 for helios-cs3-kimi-k2]"),
-    api_key: Optional[str] = typer.Option(None, "--api-key", envvar="RACK_API_KEY", help="require Authorization: Bearer KEY on /v1 routes"),
+    api_key: Optional[str] = typer.Option(None, "--api-key", envvar="RACK_API_KEY", help="require Authorization: Bearer KEY on /v1 and /rack routes (an empty key is refused)"),
     address: Optional[str] = typer.Option(None, "--address", help="Ray cluster address (default: start Ray locally)"),
     served_model_name: Optional[str] = typer.Option(None, "--served-model-name", help="model name clients send [default: the scenario's model]"),
     max_outstanding_tokens: Optional[int] = typer.Option(None, "--max-outstanding-tokens", min=1, help="router queue bound per prefill instance (prompt tokens); above it on every instance: 429 [default: the scenario's]"),
     pacing_quantum_ms: float = typer.Option(1.0, "--pacing-quantum-ms", help="tokens due within this many wall ms go in one chunk"),
     eos_mean_tokens: float = typer.Option(256.0, "--eos-mean-tokens", help="mean output length of requests without ignore_eos (geometric)"),
     drain: float = typer.Option(30.0, "--drain", help="on Ctrl-C: wall seconds given to requests in flight before they are ended"),
-    out: Path = typer.Option(Path("rack-results/serve"), "--out", help="results folder, written at shutdown"),
+    out: Path = typer.Option(Path("rack-results/serve"), "--out", parser=out_path, help="results folder, written at shutdown"),
     payload_scale: Optional[float] = typer.Option(None, "--payload-scale", help="shipped KV bytes / logical KV bytes"),
+    max_body_bytes: int = typer.Option(MAX_BODY_BYTES, "--max-body-bytes", help="largest request body accepted (413 above it)"),
+    header_timeout: float = typer.Option(HEADER_TIMEOUT_S, "--header-timeout", help="wall seconds a client has to send a request's head (then 408 and the connection closes)"),
+    read_timeout: float = typer.Option(READ_TIMEOUT_S, "--read-timeout", help="wall seconds a request body may pause between two reads"),
     tokenizer: Optional[str] = typer.Option(None, "--tokenizer", help="count prompt and output tokens with this Hugging Face tokenizer.json (or a folder holding one), offline [default: rack's own counter, shipped as a tokenizer folder for clients]"),
     pacing_report: float = typer.Option(10.0, "--pacing-report", help="wall seconds between the pacing-lateness lines printed while serving (0: none)"),
 ) -> None:
@@ -41,8 +46,20 @@ def serve(
     from rack.analysis.results import summary_text, write_results
     from rack.serve.session import LiveServer
 
-    for name, value in (("--dilation", dilation), ("--payload-scale", payload_scale), ("--drain", drain)):
+    from rack.serve.limits import HttpLimits
+    from rack.serve.session import check_api_key
+
+    for name, value in (("--dilation", dilation), ("--payload-scale", payload_scale), ("--drain", drain),
+                        ("--header-timeout", header_timeout), ("--read-timeout", read_timeout)):
         check_positive(name, value)
+    if max_body_bytes < 1:
+        fail(f"--max-body-bytes: expected an integer >= 1, got {max_body_bytes}")
+    if api_key is None and "RACK_API_KEY" in os.environ:
+        api_key = os.environ["RACK_API_KEY"]      # click drops an empty variable: refused below
+    try:
+        check_api_key(api_key)        # before Ray starts: an empty RACK_API_KEY is a mistake
+    except ValueError as exc:
+        fail(str(exc))
     if not (math.isfinite(pacing_report) and pacing_report >= 0):
         fail(f"--pacing-report: expected a number of seconds >= 0, got {pacing_report}")
     sc = _scenario(scenario, dilation, payload_scale, max_outstanding_tokens)
@@ -50,7 +67,9 @@ def serve(
     try:
         server = LiveServer(sc, host=host, port=port, api_key=api_key, address=address,
                             served_model_name=served_model_name, pacing_quantum_ms=pacing_quantum_ms,
-                            eos_mean_tokens=eos_mean_tokens, tokenizer=tokenizer)
+                            eos_mean_tokens=eos_mean_tokens, tokenizer=tokenizer,
+                            limits=HttpLimits(max_body_bytes, header_timeout_s=header_timeout,
+                                              read_timeout_s=read_timeout))
     except ValueError as exc:        # TokenizerError is one
         fail(str(exc))
     typer.echo(f"starting {sc.name} on Ray (dilation {sc.dilation:g}) ...", err=True)
@@ -78,7 +97,9 @@ def serve(
     answered = s.get("http_answered") or {}
     typer.echo(f"HTTP: {sum(answered.values())} answered (status {answered}); {s['requests']} reached the rack "
                f"({s['streamed']} streamed), status {s['http_status']}, "
-               f"{s['client_disconnects']} client disconnect(s); pacing lateness (wall) "
+               f"{s['client_disconnects']} client disconnect(s)"
+               + (f", {s['handler_errors']} handler error(s) (logged)" if s.get("handler_errors") else "")
+               + "; pacing lateness (wall) "
                + (f"p50 {late['p50'] * 1e3:.2f} ms, p99 {late['p99'] * 1e3:.2f} ms, max {late['max'] * 1e3:.2f} ms"
                   if late else "n/a"))
     typer.echo(f"results: {folder}/results.json, {folder}/requests.csv, {folder}/front.csv")

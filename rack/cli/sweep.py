@@ -13,7 +13,7 @@ from typing import List, Optional
 import typer
 
 from rack.cli.app import app, command_group
-from rack.cli._checks import check_positive, prepare_out_dir
+from rack.cli._checks import check_positive, out_path, prepare_out_dir
 from rack.cli.load import LoadOptions, load_options
 from rack.cli._routing import POLICY_OPTION, WEIGHT_OPTION, with_routing
 from rack.cli.run import DEFAULT_TRACE, fail
@@ -113,7 +113,7 @@ def sweep_rate(
     max_requests: Optional[int] = typer.Option(None, "--max-requests", min=1),
     target: float = typer.Option(0.9, "--target", min=0.0, max=1.0, help="SLO attainment defining the max sustainable rate"),
     workers: int = _WORKERS, address: Optional[str] = _ADDRESS,
-    out: Path = typer.Option(Path("rack-results/sweep-rate"), "--out"),
+    out: Path = typer.Option(Path("rack-results/sweep-rate"), "--out", parser=out_path),
     no_plots: bool = typer.Option(False, "--no-plots"),
     as_json: bool = typer.Option(False, "--json", help="print sweep.json"),
     load: Optional[LoadOptions] = None,
@@ -171,7 +171,7 @@ def sweep_bandwidth(
     n: int = typer.Option(200, "--n", min=1, help="synthetic workload: requests"),
     seed: int = typer.Option(0, "--seed"),
     workers: int = _WORKERS, address: Optional[str] = _ADDRESS,
-    out: Path = typer.Option(Path("rack-results/sweep-bandwidth"), "--out"),
+    out: Path = typer.Option(Path("rack-results/sweep-bandwidth"), "--out", parser=out_path),
     no_plots: bool = typer.Option(False, "--no-plots"),
     as_json: bool = typer.Option(False, "--json"),
     load: Optional[LoadOptions] = None,
@@ -204,7 +204,7 @@ def sweep_prompt(
     n: int = typer.Option(200, "--n", min=1, help="requests per point"),
     seed: int = typer.Option(0, "--seed"),
     workers: int = _WORKERS, address: Optional[str] = _ADDRESS,
-    out: Path = typer.Option(Path("rack-results/sweep-prompt"), "--out"),
+    out: Path = typer.Option(Path("rack-results/sweep-prompt"), "--out", parser=out_path),
     no_plots: bool = typer.Option(False, "--no-plots"),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:

@@ -46,9 +46,10 @@ def _print_table(d: dict[str, Any]) -> None:
         summary.add_row("span / rate / CV", "n/a (no timestamps: a length distribution)")
     if d["has_hashes"]:
         summary.add_row("ideal prefix-cache hit ratio",
-                        f"{d['prefix_hit_ratio']:.3f} ({_fmt(d['prefix_blocks_hit'])} / "
+                        f"{d['prefix_hit_ratio']:.3f} ({_fmt(d['prefix_hit_tokens'])} / "
+                        f"{_fmt(d['prefix_cacheable_tokens'])} cacheable prompt tokens)")
+        summary.add_row("  blocks seen before", f"{d['prefix_block_hit_ratio']:.3f} ({_fmt(d['prefix_blocks_hit'])} / "
                         f"{_fmt(d['prefix_blocks'])} blocks of {d['block_size']} tokens)")
-        summary.add_row("  token-weighted", f"{d['prefix_hit_ratio_tokens']:.3f}")
         summary.add_row("distinct block hashes", _fmt(d["distinct_hashes"]))
     else:
         summary.add_row("prefix-cache hit ratio", "n/a (no block hashes)")

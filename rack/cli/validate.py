@@ -74,7 +74,12 @@ def validate(
     from devices.validation import validate as run_figures
     from rack.wiring.scenario import ScenarioError
     from rack.analysis.validation_table import replay_rows, serving_rows, summarize
+    from workloads.paths import file_problem
 
+    bad = file_problem(rows_file) if rows_file is not None else None
+    if bad is not None:            # a FIFO would block the read
+        typer.echo(f"error: --rows {rows_file}: {bad}; expected a CSV or TOML file", err=True)
+        raise typer.Exit(2)
     try:
         if rows_file is not None and rows_file.suffix.lower() != ".csv":
             figures, replays = run_figures(load_rows(rows_file)), []

@@ -76,28 +76,34 @@ class FrontHost(CoreHost):
         """Bind `config["host"]:config["port"]` (0: any free port) and serve the API.
 
         config: {"host", "port", "front": FrontConfig kwargs, "info": {"scenario",
-        "model"}, "stats_names": [component names]}. Returns {"host", "port", "url",
-        "node_ip", "pid"}. Raises OSError when the address cannot be bound."""
+        "model"}, "stats_names": [component names], "limits": HttpLimits kwargs
+        (optional)}. Returns {"host", "port", "url", "node_ip", "pid"}. Raises OSError
+        when the address cannot be bound."""
         import os
 
         import uvicorn
 
         from rack.serve.app import build_app
         from rack.serve.frontend import FrontConfig, LiveFront
+        from rack.serve.limits import HttpLimits, timed_h11
 
         self.front = LiveFront(self, FrontConfig(**config["front"]))
         self._stats_names = list(config.get("stats_names", []))
-        app = build_app(self.front, self, config["info"])
+        limits = HttpLimits(**config.get("limits", {}))
+        app = build_app(self.front, self, config["info"], limits)
         host = config["host"]
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
+        # IPPROTO_TCP named: asyncio turns Nagle's algorithm off (TCP_NODELAY) only on
+        # sockets whose proto says TCP; with proto 0 a response's body (and each SSE
+        # chunk) waited up to 40 ms for the client's delayed ACK of the part before it
+        sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, int(config["port"])))
         sock.listen(2048)
         sock.setblocking(False)
         port = sock.getsockname()[1]
         uv = uvicorn.Config(app, log_level="warning", access_log=False, loop="none",
-                            timeout_graceful_shutdown=5, lifespan="off")
+                            timeout_graceful_shutdown=5, lifespan="off", http=timed_h11(limits))
         self._server = uvicorn.Server(uv)
         self._serve_task = asyncio.ensure_future(self._server.serve(sockets=[sock]))
         for _ in range(200):                      # until uvicorn has started
@@ -140,13 +146,15 @@ class FrontHost(CoreHost):
     async def front_records(self) -> dict:
         """{"records": the front's row per request, "requests": the Requests opened,
         "counts": the gateway's counters, "http": every HTTP answer by status (also
-        those refused before reaching the rack: bad input, unknown model, no key)}."""
+        those refused before reaching the rack: bad input, unknown model, no key),
+        "handler_errors": handlers that raised (`rack.serve.limits`)}."""
         f = self.front
         http: dict[str, int] = {}
         for (_, status), n in (f.metrics.http.items() if f else ()):
             http[status] = http.get(status, 0) + n
         return {"records": list(f.records) if f else [], "requests": list(f.requests) if f else [],
-                "counts": dict(self.core.counts), "http": http, "wall_s": time.time()}
+                "counts": dict(self.core.counts), "http": http, "wall_s": time.time(),
+                "handler_errors": sum(f.metrics.handler_errors.values()) if f else 0}
 
 
 __all__ = ["FrontHost"]

@@ -69,6 +69,7 @@ class FrontConfig:
     pacing_quantum_s: float = 0.001      # wall seconds
     eos_mean_tokens: float = 256.0
     api_key: str | None = None
+    vocab_size: int | None = None        # token ids must be below it (None: unchecked)
     tokenizer: str | None = None         # a tokenizer.json (or folder); None: rack's default counter
 
 
@@ -134,19 +135,26 @@ class LiveFront:
         plan = oa.parse_request(kind, body, served=self.config.served_model_names,
                                 max_model_len=self.config.max_model_len,
                                 eos_mean_tokens=self.config.eos_mean_tokens, request_id=rid,
-                                tokenizer=self.tokenizer)
+                                vocab_size=self.config.vocab_size, tokenizer=self.tokenizer)
         wait = self.host.wall_of(0.0) - time.time()
         if wait > 0:                                  # before emulated time 0
             await asyncio.sleep(wait)
         req = Request(id=rid, arrival_s=max(0.0, self.host.now()), prompt_tokens=plan.prompt_tokens,
                       output_tokens=plan.output_tokens, block_hashes=plan.block_hashes,
                       block_size=plan.block_size)
-        self.requests.append(req)
         resp = _Response(rid, plan, time.time())
         self._active[rid] = resp
         ev = self._events[rid] = asyncio.Event()
+        try:
+            self.host.call_core("open", req)
+        except BaseException:
+            # the gateway never took it (a handler error, answered 500 by
+            # rack.serve.limits.Guard): nothing of it is left to wait for or record
+            self._active.pop(rid, None)
+            self._events.pop(rid, None)
+            raise
+        self.requests.append(req)
         asyncio.ensure_future(self._record_when_ended(resp))
-        self.host.call_core("open", req)
         deadline = time.time() + ADMISSION_TIMEOUT_S
         while True:
             lr = self.host.gateway.live(rid)
@@ -355,7 +363,9 @@ class LiveFront:
             if text.startswith(prefix):
                 text = text[len(prefix):]
                 break
-        return int(text) if text.isdigit() else None
+        # ASCII digits only, and few of them: int() reads other scripts' digits, and
+        # refuses strings of more than 4,300 digits with a ValueError
+        return int(text) if text.isascii() and text.isdigit() and len(text) <= 20 else None
 
     async def wait_record(self, rid: int, timeout_s: float) -> dict | None:
         """`record_of(rid)`, waiting up to `timeout_s` (wall) while the request is still

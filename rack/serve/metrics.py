@@ -46,7 +46,8 @@ prometheus_client collector builds every family at scrape time from
   carried / (bandwidth x time) since start), `rack:kv_transfers_total{link}`;
 - the front: `rack:stream_lateness_seconds` (per response: the latest any of its
   tokens left the front after its emulated time, wall seconds), `rack:dilation`,
-  `rack:emulated_time_seconds`, `rack:http_requests_total{endpoint, status}`.
+  `rack:emulated_time_seconds`, `rack:http_requests_total{endpoint, status}`,
+  `rack:http_handler_errors_total{endpoint}` (handlers that raised: `rack.serve.limits`).
 
 Every family carries `model_name` (the served model name), as vLLM's do.
 """
@@ -134,6 +135,7 @@ class ServeMetrics:
         self.success: Counter = Counter()
         self.ends: Counter = Counter()
         self.http: Counter = Counter()
+        self.handler_errors: Counter = Counter()
         self.stats: dict[str, dict] = {}
         self.emulated_s = 0.0
         self.registry = CollectorRegistry(auto_describe=False)
@@ -168,6 +170,10 @@ class ServeMetrics:
     def count_http(self, endpoint: str, status: int) -> None:
         self.http[(endpoint, str(status))] += 1
 
+    def count_handler_error(self, endpoint: str) -> None:
+        """A handler raised (`rack.serve.limits.Guard`): answered 500, or its stream cut."""
+        self.handler_errors[(endpoint,)] += 1
+
     def set_stats(self, stats: dict[str, dict], emulated_s: float) -> None:
         """The instances' and the interconnect's stats (their `stats(now)` dicts)."""
         self.stats = stats
@@ -193,6 +199,9 @@ class ServeMetrics:
                        [(k, v) for k, v in sorted(self.ends.items())])
         yield _counter("rack:http_requests", "HTTP requests answered.", {**m, "endpoint": "", "status": ""},
                        [(k, v) for k, v in sorted(self.http.items())])
+        yield _counter("rack:http_handler_errors", "HTTP handlers that raised (logged; answered 500 or the "
+                       "stream ended with an error event).", {**m, "endpoint": ""},
+                       [(k, v) for k, v in sorted(self.handler_errors.items())])
         yield _gauge("rack:dilation", "Wall seconds per emulated second.", m, [((), self.dilation)])
         yield _gauge("rack:emulated_time_seconds", "Emulated time now (s).", m, [((), self.emulated_s)])
         yield from self._instance_families(m)

@@ -25,6 +25,14 @@ with 400 and the field named: `n` > 1, `best_of` > 1, `echo`, `logprobs`, severa
 prompts, non-text message parts, an unknown message role, a negative token id, a
 `stream` that is not a JSON boolean, and any value of the wrong type or range.
 
+Types are strict (pydantic strict mode): a count is a JSON integer (not "5", not
+true), token ids are integers (not booleans), flags are booleans; a JSON integer is
+still a valid number where a float goes. Every integer is bounded before anything is
+built from it: token ids in [0, MAX_TOKEN_ID] (and below the model's vocabulary size
+when it is known), token counts (`max_tokens`, `min_tokens`, a prompt's length,
+`rack_block_size`) at most MAX_COUNT, `seed` in [0, 2^63 - 1], block hashes 64-bit.
+The body's size and nesting are bounded before it is parsed (`rack.serve.limits`).
+
 Errors are OpenAI's JSON: {"error": {"message", "type", "param", "code"}}.
 """
 
@@ -40,6 +48,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
 
 from rack.serve import tokens as tk
 from rack.serve.tokenizer import DefaultTokenizer, content_count
+from workloads.request import MAX_TOKENS
 
 _DEFAULT_TOKENIZER = DefaultTokenizer()
 
@@ -60,23 +69,35 @@ class ApiError(Exception):
 
 
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
     include_usage: bool = False
     continuous_usage_stats: bool = False      # vLLM's: usage (tokens so far) in every chunk
 
 
+#: Largest token id accepted (a vocabulary index): 2^31 - 1, far above any vocabulary
+#: (the largest published ones hold ~256 k entries), so ids stay in int32/int64 arithmetic;
+#: a model with a known vocabulary refuses ids at or above its size (`parse_request`).
+MAX_TOKEN_ID = 2**31 - 1
+#: Bounds of the other integers a client sends: counts of tokens at most
+#: `workloads.request.MAX_TOKENS` (10^8, 10x the longest published context), seeds and
+#: block hashes 64-bit (a hash may be written signed or unsigned).
+MAX_COUNT = MAX_TOKENS
+MAX_SEED = 2**63 - 1
+HASH_MIN, HASH_MAX = -(2**63), 2**64 - 1
 #: Token ids are non-negative (a vocabulary index).
-TokenIds = list[Annotated[int, Field(ge=0)]]
+TokenIds = list[Annotated[int, Field(ge=0, le=MAX_TOKEN_ID)]]
 
 #: Message roles of OpenAI's chat API (and vLLM's).
 ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 
 
 class _Common(BaseModel):
-    model_config = ConfigDict(extra="ignore", strict=False)
+    # strict: "5" or true is not a token count, [true, false] no token ids (JSON's
+    # integers are still valid numbers where a float goes)
+    model_config = ConfigDict(extra="ignore", strict=True)
     model: str
-    max_tokens: Optional[int] = Field(default=None, ge=1)
-    min_tokens: int = Field(default=0, ge=0)
+    max_tokens: Optional[int] = Field(default=None, ge=1, le=MAX_COUNT)
+    min_tokens: int = Field(default=0, ge=0, le=MAX_COUNT)
     stream: StrictBool = False
     stream_options: Optional[StreamOptions] = None
     ignore_eos: StrictBool = False
@@ -87,23 +108,23 @@ class _Common(BaseModel):
     presence_penalty: Optional[float] = Field(default=None, ge=-2.0, le=2.0)
     frequency_penalty: Optional[float] = Field(default=None, ge=-2.0, le=2.0)
     stop: Union[str, Annotated[list[str], Field(max_length=4)], None] = None
-    n: int = Field(default=1, ge=1)
-    best_of: Optional[int] = Field(default=None, ge=1)
-    seed: Optional[int] = None
-    rack_block_hashes: Optional[list[int]] = None  # 64-bit hashes: any sign
-    rack_block_size: int = Field(default=512, ge=1)
+    n: int = Field(default=1, ge=1, le=MAX_COUNT)
+    best_of: Optional[int] = Field(default=None, ge=1, le=MAX_COUNT)
+    seed: Optional[int] = Field(default=None, ge=0, le=MAX_SEED)
+    rack_block_hashes: Optional[list[Annotated[int, Field(ge=HASH_MIN, le=HASH_MAX)]]] = None
+    rack_block_size: int = Field(default=512, ge=1, le=MAX_COUNT)
 
 
 class CompletionRequest(_Common):
     prompt: Union[str, TokenIds, list[str], list[TokenIds], None] = None
     prompt_token_ids: Optional[TokenIds] = None
     echo: bool = False
-    logprobs: Optional[int] = None
+    logprobs: Optional[int] = Field(default=None, ge=0, le=MAX_COUNT)
 
 
 class ChatRequest(_Common):
     messages: list[dict[str, Any]] = Field(min_length=1)
-    max_completion_tokens: Optional[int] = Field(default=None, ge=1)
+    max_completion_tokens: Optional[int] = Field(default=None, ge=1, le=MAX_COUNT)
     logprobs: Optional[bool] = None
 
 
@@ -143,9 +164,9 @@ def _chat_prompt(messages: list[dict[str, Any]], tok: Any) -> tuple[int, list]:
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or "role" not in m:
             raise ApiError(400, f"messages[{i}]: expected an object with 'role' and 'content'", f"messages.{i}")
-        if m["role"] not in ROLES:
-            raise ApiError(400, f"messages[{i}].role: expected one of {', '.join(ROLES)}, got {m['role']!r}",
-                           f"messages.{i}.role")
+        if not isinstance(m["role"], str) or m["role"] not in ROLES:
+            raise ApiError(400, f"messages[{i}].role: expected one of {', '.join(ROLES)}, got "
+                           f"{_short(m['role'])}", f"messages.{i}.role")
         content = m.get("content") or ""
         if isinstance(content, list):
             texts = []
@@ -164,7 +185,54 @@ def _chat_prompt(messages: list[dict[str, Any]], tok: Any) -> tuple[int, list]:
     return total, keys
 
 
-def _completion_prompt(r: CompletionRequest, tok: Any) -> tuple[int, list]:
+#: str.translate table deleting every character `str.isspace` calls whitespace (29 of them).
+_DROP_SPACE = dict.fromkeys(c for c in range(0x3001) if chr(c).isspace())
+
+
+def _check_prompt_size(kind: str, body: dict, max_model_len: int | None, six_per_token: bool) -> None:
+    """Refuse a prompt that cannot fit the context before its tokens are validated or
+    counted: a token-id list longer than the context, or (`six_per_token`: rack's default
+    counter, whose tokens hold at most 6 non-blank characters, `rack.serve.tokens`) text
+    with more non-blank characters than 6 x the context. Validating a million ids or
+    cutting 7 MB of text took 1-8 s of the front's event loop, during which no stream
+    was paced. Raises ApiError (400)."""
+    limit = (max_model_len - 1) if max_model_len is not None else MAX_TOKENS
+    if kind == "chat":
+        items = [(f"messages.{i}.content", m.get("content")) for i, m in enumerate(body.get("messages") or ())
+                 if isinstance(m, dict)] if isinstance(body.get("messages"), list) else []
+        texts = [c for _, c in items if isinstance(c, str)]
+        texts += [p.get("text") for _, c in items if isinstance(c, list) for p in c
+                  if isinstance(p, dict) and isinstance(p.get("text"), str)]
+        param, ids = "messages", None
+    else:
+        param = "prompt_token_ids" if body.get("prompt_token_ids") is not None else "prompt"
+        p = body.get(param)
+        if isinstance(p, list) and len(p) == 1 and isinstance(p[0], (list, str)):
+            p = p[0]
+        ids = p if isinstance(p, list) else None
+        texts = [p] if isinstance(p, str) else []
+    if ids is not None and len(ids) > limit:
+        raise ApiError(400, f"{param}: {len(ids):,} token ids, more than the context allows ({limit:,} with "
+                       "room for one output token)", param)
+    if not six_per_token:
+        return
+    chars = sum(len(t.translate(_DROP_SPACE)) for t in texts) if sum(len(t) for t in texts) > 6 * limit else 0
+    if chars > 6 * limit:
+        raise ApiError(400, f"{param}: at least {-(-chars // 6):,} tokens of text, more than the context "
+                       f"allows ({limit:,} with room for one output token)", param)
+
+
+def _clip(text: str, limit: int = 60) -> str:
+    """`text` cut to `limit` characters (a client's value quoted in a message)."""
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _short(value: Any) -> str:
+    return _clip(repr(value))
+
+
+def _completion_prompt(r: CompletionRequest, tok: Any, vocab_size: int | None) -> tuple[int, list]:
+    field = "prompt_token_ids" if r.prompt_token_ids is not None else "prompt"
     p: Any = r.prompt_token_ids if r.prompt_token_ids is not None else r.prompt
     if p is None:
         raise ApiError(400, "prompt: required (a string or a list of token ids)", "prompt")
@@ -174,25 +242,31 @@ def _completion_prompt(r: CompletionRequest, tok: Any) -> tuple[int, list]:
         p = p[0]
     if isinstance(p, str):
         return tok.count(p), tok.block_keys(p)
+    if vocab_size is not None and p and max(p) >= vocab_size:
+        j = next(i for i, x in enumerate(p) if x >= vocab_size)
+        raise ApiError(400, f"{field}: token id {p[j]} is out of vocabulary (the model has {vocab_size:,} "
+                       "token ids)", field)
     return len(p), list(p)
 
 
 def parse_request(kind: Literal["completion", "chat"], body: Any, *, served: tuple[str, ...],
                   max_model_len: int | None, eos_mean_tokens: float, request_id: int,
-                  tokenizer: Any = None) -> Plan:
-    """The `Plan` of one request body (module docstring). `tokenizer` counts text
-    (`rack.serve.tokenizer`; None: rack's default). Raises ApiError: 400 for bad
-    input (naming the field), 404 for an unknown model."""
+                  vocab_size: int | None = None, tokenizer: Any = None) -> Plan:
+    """The `Plan` of one request body (module docstring). `vocab_size`: token ids must
+    be below it (None: below MAX_TOKEN_ID + 1); `tokenizer` counts text
+    (`rack.serve.tokenizer`; None: rack's default). Raises ApiError: 400 for bad input
+    (naming the field), 404 for an unknown model."""
     tok = tokenizer if tokenizer is not None else _DEFAULT_TOKENIZER
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object", None)
+    _check_prompt_size(kind, body, max_model_len, isinstance(tok, DefaultTokenizer))
     try:
         r = (ChatRequest if kind == "chat" else CompletionRequest).model_validate(body)
     except ValidationError as exc:
         param, msg = _param(exc)
         raise ApiError(400, msg, param) from None
     if r.model not in served:
-        raise ApiError(404, f"The model `{r.model}` does not exist; served: {list(served)}", "model",
+        raise ApiError(404, f"The model `{_clip(r.model)}` does not exist; served: {list(served)}", "model",
                        "NotFoundError", "model_not_found")
     for field, bad in (("n", r.n > 1), ("best_of", (r.best_of or 1) > 1),
                        ("echo", getattr(r, "echo", False)), ("logprobs", bool(r.logprobs))):
@@ -202,11 +276,14 @@ def parse_request(kind: Literal["completion", "chat"], body: Any, *, served: tup
         n_prompt, keys = _chat_prompt(r.messages, tok)
         bound = r.max_completion_tokens or r.max_tokens
     else:
-        n_prompt, keys = _completion_prompt(r, tok)
+        n_prompt, keys = _completion_prompt(r, tok, vocab_size)
         bound = r.max_tokens
-    if n_prompt < 1:
-        raise ApiError(400, "prompt: empty (at least one token is needed)", "messages" if kind == "chat" else "prompt")
     prompt_param = "messages" if kind == "chat" else "prompt"
+    if n_prompt < 1:
+        raise ApiError(400, "prompt: empty (at least one token is needed)", prompt_param)
+    if n_prompt > MAX_TOKENS:
+        raise ApiError(400, f"{prompt_param}: {n_prompt:,} tokens is beyond any model's context (at most "
+                       f"{MAX_TOKENS:,})", prompt_param)
     if max_model_len is not None:
         if n_prompt >= max_model_len:
             raise ApiError(400, f"This model's maximum context length is {max_model_len} tokens. However, your "

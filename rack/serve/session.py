@@ -25,6 +25,7 @@ import numpy as np
 
 from rack.analysis.metrics import summarize
 from rack.serve.frontend import FrontConfig
+from rack.serve.limits import HttpLimits
 from rack.serve.tokenizer import load_tokenizer
 from rack.serve.topology import FRONT, live_topology
 from rack.wiring.runner import RunOutput, assemble
@@ -40,15 +41,19 @@ class LiveServer:
     model), pacing_quantum_ms (wall ms; `rack.serve.pacing`), eos_mean_tokens (mean
     output length without `ignore_eos`, `rack.serve.openai_api`), tokenizer (a
     tokenizer.json or its folder, `rack.serve.tokenizer`; None: rack's default counter,
-    which the shipped folder `rack.serve.tokenizer.SHIPPED` reproduces), startup_timeout_s.
-    The dilation is the scenario's (`Scenario.dilation`).
+    which the shipped folder `rack.serve.tokenizer.SHIPPED` reproduces), startup_timeout_s,
+    limits (`rack.serve.limits.HttpLimits`: body size, JSON depth, header and read
+    timeouts; default its defaults). The dilation is the scenario's
+    (`Scenario.dilation`). Raises ValueError for a bad setting, e.g. an empty api_key
+    (authentication is off only when api_key is None).
     """
 
     def __init__(self, scenario: Scenario, *, host: str = "127.0.0.1", port: int = 8000,
                  api_key: str | None = None, address: str | None = None,
                  served_model_name: str | None = None, pacing_quantum_ms: float = 1.0,
                  eos_mean_tokens: float = 256.0, startup_timeout_s: float = 120.0,
-                 tokenizer: str | None = None) -> None:
+                 tokenizer: str | None = None, limits: HttpLimits | None = None) -> None:
+        check_api_key(api_key)
         if not (pacing_quantum_ms >= 0 and math.isfinite(pacing_quantum_ms)):
             raise ValueError(f"pacing_quantum_ms: expected a finite number >= 0, got {pacing_quantum_ms!r}")
         if not eos_mean_tokens >= 1:
@@ -58,9 +63,10 @@ class LiveServer:
         self.config = FrontConfig(
             served_model_names=(served_model_name or scenario.model,), max_model_len=context_limit(scenario),
             dilation=float(scenario.dilation), pacing_quantum_s=pacing_quantum_ms / 1e3,
-            eos_mean_tokens=float(eos_mean_tokens), api_key=api_key,
+            eos_mean_tokens=float(eos_mean_tokens), api_key=api_key, vocab_size=_vocab_size(scenario),
             tokenizer=None if tokenizer is None else str(Path(tokenizer).expanduser().resolve()))
         self.tokenizer = load_tokenizer(self.config.tokenizer)     # TokenizerError before anything starts
+        self.limits = limits or HttpLimits()
         self.startup_timeout_s = startup_timeout_s
         self.specs = live_topology(scenario)          # ScenarioError before anything starts
         self.topo: Any = None
@@ -89,7 +95,7 @@ class LiveServer:
             self.http = ray.get(actors[FRONT].serve_http.remote({
                 "host": self.host, "port": self.port, "front": asdict(self.config),
                 "info": {"scenario": self.scenario.name, "model": self.scenario.model},
-                "stats_names": stats_names}), timeout=60)
+                "stats_names": stats_names, "limits": asdict(self.limits)}), timeout=60)
         except BaseException:
             remove_topology(self.topo)
             self.topo = None
@@ -138,7 +144,7 @@ class LiveServer:
             out = assemble(self.scenario, self.specs, requests, raw, "ray", time.perf_counter() - self._wall0,
                            {"source": "live", "url": self.url}, load)
             out.results["serve"] = serve_section(front["records"], self.config, self.url, front["counts"],
-                                                 front["http"])
+                                                 front["http"], front.get("handler_errors", 0))
             self.front_rows = front["records"]
             return out
         finally:
@@ -147,11 +153,13 @@ class LiveServer:
 
 
 def serve_section(rows: Sequence[dict], config: FrontConfig, url: str, counts: dict,
-                  http: dict | None = None) -> dict:
+                  http: dict | None = None, handler_errors: int = 0) -> dict:
     """results.json `serve`: the HTTP front's counts and pacing (wall seconds).
     `requests` and `http_status` cover the requests that reached the rack (one row each
     in `rows`); `http_answered` every API answer by status, refusals before the rack
-    (400, 401, 404) included, as /metrics' `rack:http_requests_total` counts them."""
+    (400, 401, 404, 413) included, as /metrics' `rack:http_requests_total` counts them;
+    `handler_errors` the handlers that raised (answered 500, or their stream ended with
+    an error event; `rack.serve.limits`)."""
     late = np.array([r["lateness_s"] for r in rows if r.get("lateness_s") is not None], dtype=np.float64)
     early = np.array([r["early_s"] for r in rows if r.get("early_s") is not None], dtype=np.float64)
     status: dict[str, int] = {}
@@ -162,12 +170,35 @@ def serve_section(rows: Sequence[dict], config: FrontConfig, url: str, counts: d
         "dilation": config.dilation, "pacing_quantum_s": config.pacing_quantum_s,
         "eos_mean_tokens": config.eos_mean_tokens, "requests": len(rows),
         "streamed": sum(1 for r in rows if r["stream"]), "http_status": status,
-        "http_answered": dict(sorted((http or {}).items())),
+        "http_answered": dict(sorted((http or {}).items())), "handler_errors": int(handler_errors),
         "client_disconnects": sum(1 for r in rows if r["client_disconnected"]),
         "pacing_lateness_s": summarize(late) if late.size else None,
         "pacing_early_max_s": float(early.max()) if early.size else 0.0,
         "gateway": dict(counts),
     }
+
+
+def check_api_key(api_key: str | None) -> None:
+    """Refuse an API key that cannot protect anything: empty or blank (an empty
+    RACK_API_KEY used to turn authentication off silently), with surrounding
+    whitespace (HTTP strips it from the header), or not printable ASCII (a header
+    value clients cannot all send). None (no key) is allowed. Raises ValueError."""
+    if api_key is None:
+        return
+    if not api_key.strip():
+        raise ValueError("--api-key / RACK_API_KEY: empty; give a key, or unset RACK_API_KEY to serve "
+                         "without authentication")
+    if api_key != api_key.strip() or not (api_key.isascii() and api_key.isprintable()):
+        raise ValueError("--api-key / RACK_API_KEY: expected printable ASCII without leading or trailing "
+                         "whitespace (it travels in an HTTP header)")
+
+
+def _vocab_size(scenario: Scenario) -> int | None:
+    """The served model's vocabulary size (token ids must be below it), or None."""
+    from devices.catalog import resolve_model
+
+    vocab = resolve_model(scenario.model).vocab_size
+    return int(vocab) if vocab else None
 
 
 def _ray():
@@ -176,4 +207,4 @@ def _ray():
     return ray_module()
 
 
-__all__ = ["LiveServer", "serve_section"]
+__all__ = ["LiveServer", "check_api_key", "serve_section"]

@@ -19,9 +19,10 @@ from typing import Any, Optional
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, ValidationError
 
 from rack.serve import openai_api as oa
+from rack.serve.limits import MAX_JSON_DEPTH, RequestRefused, parse_json
 from rack.serve.tokenizer import chat_ids
 
 
@@ -35,9 +36,9 @@ class _TokenizeRequest(BaseModel):
 
 
 class _DetokenizeRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)      # [true] is no token id
     model: Optional[str] = None
-    tokens: list[StrictInt]
+    tokens: oa.TokenIds        # strict ints in [0, MAX_TOKEN_ID]: never an overflow in the tokenizer
 
 
 def version() -> str:
@@ -48,16 +49,17 @@ def version() -> str:
         return "unknown"
 
 
-def add_vllm_routes(app: FastAPI, front: Any) -> None:
-    """Add /version, /tokenize and /detokenize (module docstring) to `app`."""
+def add_vllm_routes(app: FastAPI, front: Any, max_json_depth: int = MAX_JSON_DEPTH) -> None:
+    """Add /version, /tokenize and /detokenize (module docstring) to `app`; bodies nested
+    deeper than `max_json_depth` are refused (`rack.serve.limits`)."""
     cfg = front.config
     served = cfg.served_model_names
 
     async def parsed(request: Request, model_cls):
         try:
-            body = await request.json()
-        except ValueError:
-            raise oa.ApiError(400, "the request body is not valid JSON", None) from None
+            body = parse_json(await request.body(), max_json_depth)
+        except RequestRefused as exc:
+            raise oa.ApiError(exc.status, exc.message, exc.param) from None
         if not isinstance(body, dict):
             raise oa.ApiError(400, "the request body must be a JSON object", None)
         try:
@@ -66,7 +68,7 @@ def add_vllm_routes(app: FastAPI, front: Any) -> None:
             param, msg = oa._param(exc)
             raise oa.ApiError(400, msg, param) from None
         if r.model is not None and r.model not in served:
-            raise oa.ApiError(404, f"The model `{r.model}` does not exist; served: {list(served)}", "model",
+            raise oa.ApiError(404, f"The model `{oa._clip(r.model)}` does not exist; served: {list(served)}", "model",
                               "NotFoundError", "model_not_found")
         return r
 
@@ -99,8 +101,11 @@ def add_vllm_routes(app: FastAPI, front: Any) -> None:
 
     async def detokenize(request: Request):
         r = await parsed(request, _DetokenizeRequest)
-        if any(i < 0 for i in r.tokens):
-            raise oa.ApiError(400, "tokens: token ids are >= 0", "tokens")
+        vocab = front.tokenizer.vocab_size()
+        bad = next((i for i in r.tokens if i >= vocab), None)
+        if bad is not None:
+            raise oa.ApiError(400, f"tokens: token id {bad} is out of the tokenizer's vocabulary ({vocab:,} ids)",
+                              "tokens")
         return {"prompt": front.tokenizer.decode(r.tokens)}
 
     app.add_api_route("/tokenize", answer(tokenize), methods=["POST"])

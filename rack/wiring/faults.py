@@ -40,6 +40,8 @@ from typing import Any, Literal, Optional
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from workloads.clock import MAX_EMULATED_S
+
 FAULT_KINDS = ("decode_crash", "prefill_crash", "link_degrade", "link_flap", "frame_corrupt")
 CRASH_KINDS = ("decode_crash", "prefill_crash")
 LINK_KINDS = ("link_degrade", "link_flap", "frame_corrupt")
@@ -67,12 +69,13 @@ class FaultConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, strict=True)
 
     kind: Literal["decode_crash", "prefill_crash", "link_degrade", "link_flap", "frame_corrupt"]
-    at_s: float = Field(ge=0, description="emulated time of the fault, s")
+    # times within the span float64 seconds resolve to 1 us (workloads.clock)
+    at_s: float = Field(ge=0, le=MAX_EMULATED_S, description="emulated time of the fault, s")
     target: str = Field(min_length=1, description="instance, pool or link name")
-    duration_s: Optional[float] = Field(default=None, gt=0, description="interval length, s")
+    duration_s: Optional[float] = Field(default=None, gt=0, le=MAX_EMULATED_S, description="interval length, s")
     factor: Optional[float] = Field(default=None, gt=0, lt=1, description="link_degrade: bandwidth multiplier")
-    count: int = Field(default=1, ge=1, description="frame_corrupt: payloads to corrupt")
-    seed: int = Field(default=0, ge=0, description="numpy seed (>= 0)")
+    count: int = Field(default=1, ge=1, le=2**31 - 1, description="frame_corrupt: payloads to corrupt")
+    seed: int = Field(default=0, ge=0, le=2**63 - 1, description="numpy seed (>= 0, 64-bit)")
 
     @model_validator(mode="after")
     def _fields_fit_kind(self) -> "FaultConfig":
@@ -113,13 +116,19 @@ def parse_fault_option(text: str) -> dict:
         key, _, value = item.partition("=")
         if key not in ("factor", "count", "seed", "duration_s"):
             raise ValueError(f"--fault {text!r}: unknown key {key!r}; expected factor, count, seed or duration_s")
+        if key in out:
+            raise ValueError(f"--fault {text!r}: {key} given twice" + (" (+DURATION_S is duration_s)"
+                                                                       if key == "duration_s" else ""))
         out[key] = _number(value)
     return out
 
 
 def _number(text: str) -> Any:
-    """`text` as an int or float if it reads as one (so a validation error shows the
-    number given, not a string), else unchanged for the validation to name."""
+    """`text` as an int or float if it reads as one in ASCII digits (so a validation
+    error shows the number given, not a string), else unchanged for the validation to
+    name (int() and float() also read other scripts' digits)."""
+    if not text.isascii():
+        return text
     for kind in (int, float):
         try:
             return kind(text)

@@ -132,38 +132,43 @@ def _kv_section(stats: dict) -> dict:
 
 
 def _prefix_cache_section(stats: dict, requests: Sequence[Any]) -> dict | None:
-    """The prefix caches' counters summed over instances, beside the ideal hit ratio of
-    the run's requests (`workloads.ideal_prefix_hits`: an unbounded cache shared by
-    every instance, full blocks only) and `capacity_hit_ratio`, the same with the
-    instances' KV capacity pooled into one LRU cache (what routing alone could reach
-    with this rack's memory), and `recomputed_blocks`/`recomputed_tokens`: the ideal's
-    hits the rack missed, i.e. full prompt blocks an earlier-arriving request also held
-    that were computed again (evicted before their reuse, cached on another instance, or
-    computed by two requests at once).
-    None when no instance has a prefix cache or no request carries block hashes."""
+    """The prefix caches' counters summed over instances (`devices.memory.PrefixCacheStats`)
+    with the project's one hit ratio, `hit_ratio` = prompt tokens served from the cache /
+    the prompts' cacheable tokens (full blocks, less the last position); beside it the
+    same ratio of an ideal cache over the run's requests (`workloads.ideal_prefix_hits`:
+    `ideal_hit_ratio`, an unbounded cache shared by every instance, as `rack trace stats`
+    computes it; `capacity_hit_ratio`, the instances' KV capacity pooled into one LRU
+    cache, what routing alone could reach with this rack's memory). Block-level figures
+    are named apart (`block_hit_ratio`, `ideal_block_hit_ratio`). `miss_tokens` are the
+    prompt tokens computed by the instances that looked up their cache.
+    `recomputed_blocks`/`recomputed_tokens`: the ideal cache's block hits the rack missed,
+    i.e. full prompt blocks an earlier-arriving request also held that were computed again
+    (evicted before their reuse, cached on another instance, or computed by two requests
+    at once). None when no instance has a prefix cache or no request carries block hashes."""
     caches = [s["prefix_cache"] for s in stats.values() if s.get("prefix_cache")]
     if not caches or not any(r.block_hashes for r in requests):
         return None
-    from workloads import ideal_prefix_hits
+    from workloads import PrefixHits, ideal_prefix_hits
 
     tot = {k: int(sum(c.get(k, 0) for c in caches)) for k in
-           ("lookups", "hit_blocks", "miss_blocks", "hit_tokens", "miss_tokens", "evicted_blocks")}
+           ("lookups", "hit_blocks", "miss_blocks", "hit_tokens", "miss_tokens", "cacheable_tokens",
+            "evicted_blocks")}
     looked = tot["hit_blocks"] + tot["miss_blocks"]
     bs = next(r.block_size for r in requests if r.block_hashes)
     capacity = sum(int(s["kv_capacity_bytes"]) // (bs * int(s["prefix_cache_bytes_per_token"]))
                    for s in stats.values() if s.get("prefix_cache") and s.get("prefix_cache_bytes_per_token"))
     try:
-        ideal_hit, ideal_looked = ideal_prefix_hits(requests)
-        cap_hit, _ = ideal_prefix_hits(requests, capacity)
+        ideal, pooled = ideal_prefix_hits(requests), ideal_prefix_hits(requests, capacity)
     except TypeError:       # hashes that are not hashes (requests built in code): no ideal
-        ideal_hit = ideal_looked = cap_hit = 0
+        ideal = pooled = PrefixHits()
     # blocks an earlier-arriving request also held that were computed again: evicted
     # before their reuse, cached on another instance, or computed by both at once
-    recomputed = max(0, ideal_hit - tot["hit_blocks"]) if ideal_looked else 0
-    return {**tot, "hit_ratio": tot["hit_blocks"] / looked if looked else 0.0,
-            "ideal_hit_ratio": ideal_hit / ideal_looked if ideal_looked else None,
-            "capacity_blocks": capacity,
-            "capacity_hit_ratio": cap_hit / ideal_looked if ideal_looked else None,
+    recomputed = max(0, ideal.hit_blocks - tot["hit_blocks"])
+    return {**tot,
+            "hit_ratio": tot["hit_tokens"] / tot["cacheable_tokens"] if tot["cacheable_tokens"] else 0.0,
+            "block_hit_ratio": tot["hit_blocks"] / looked if looked else 0.0,
+            "ideal_hit_ratio": ideal.hit_ratio, "ideal_block_hit_ratio": ideal.block_hit_ratio,
+            "capacity_blocks": capacity, "capacity_hit_ratio": pooled.hit_ratio,
             "recomputed_blocks": recomputed, "recomputed_tokens": recomputed * bs}
 
 

@@ -11,7 +11,7 @@ Every error names the file and the field and says what was expected.
 from __future__ import annotations
 
 import difflib
-import math
+import os
 import sys
 from pathlib import Path
 from typing import Literal, Optional
@@ -19,7 +19,7 @@ from typing import Literal, Optional
 from interconnect.link import LinkSpec
 from rack.wiring.faults import FaultConfig, check_faults
 from rack.wiring.settings import CostSettings, EnergySettings, FixedStage, ScenarioError
-from workloads.errors import field_path
+from workloads.errors import field_path, refuse_non_finite
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 if sys.version_info >= (3, 11):
@@ -29,6 +29,20 @@ else:  # pragma: no cover - Python 3.10
 
 SCENARIO_DIR = Path(__file__).parent.parent / "scenarios"
 DEFAULT_SCENARIO = "helios-cs3-kimi-k2"
+
+#: Most instances in one pool: each instance is a core (a Ray actor on the Ray runtime),
+#: built before the run; 4,096 instances of 8 GPUs are 32,768 GPUs, beyond the largest
+#: inference deployments published. 10**18 used to run into a MemoryError after 20 s.
+MAX_INSTANCES = 4096
+#: Seeds are numpy seeds: >= 0 (SeedSequence takes no negative one) and 64-bit (one
+#: of 10**21 failed inside a component, "argument out of range").
+MAX_SEED = 2**63 - 1
+#: KV link bounds: a latency or per-message cost above a second is a unit mistake (the
+#: slowest WAN round trips are ~0.3 s; 1e300 us ran and reported a TTFT of 1e294 s as
+#: "complete"); a bandwidth from 1 MB/s (a multi-GB KV payload then takes an hour) to
+#: 1 PB/s (200x a CS-3 system's 28 x 150 GB/s of I/O).
+MAX_LINK_LATENCY_US = 1e6
+LINK_BANDWIDTH_GBPS = (1e-3, 1e6)
 
 
 class _Strict(BaseModel):
@@ -43,20 +57,6 @@ def _positive_resources(v: dict[str, float]) -> dict[str, float]:
     if bad:
         raise ValueError(f"Ray resource amounts must be positive and finite, got {bad}")
     return v
-
-
-def _non_finite(value: object, where: str = ""):
-    """(field path, value) of every float in `value` (nested dicts and lists, as read
-    from TOML) that is NaN or infinite."""
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            yield where, value
-    elif isinstance(value, dict):
-        for k, v in value.items():
-            yield from _non_finite(v, f"{where}.{k}" if where else str(k))
-    elif isinstance(value, (list, tuple)):
-        for i, v in enumerate(value):
-            yield from _non_finite(v, f"{where}[{i}]")
 
 
 class SpeculativeSettings(_Strict):
@@ -85,7 +85,7 @@ class PoolConfig(_Strict):
     device: str = Field(min_length=1, description="catalog name or path to a device TOML")
     stack: Optional[str] = Field(default=None, min_length=1, description="software stack (catalog) of the device")
     role: Literal["prefill", "decode", "both"]
-    instances: int = Field(default=1, ge=1)
+    instances: int = Field(default=1, ge=1, le=MAX_INSTANCES)
     tp: int = Field(default=1, ge=1)
     pp: int = Field(default=1, ge=1)
     ep: int = Field(default=1, ge=1)
@@ -134,8 +134,15 @@ class PoolConfig(_Strict):
 
 class LinkConfig(LinkSpec):
     """A KV link from pool `src` to pool `dst` (bandwidth, latency and per-message
-    overhead as in `interconnect.link.LinkSpec`), shared max-min fairly by its transfers."""
+    overhead as in `interconnect.link.LinkSpec`, within MAX_LINK_LATENCY_US and
+    LINK_BANDWIDTH_GBPS), shared max-min fairly by its transfers."""
 
+    bandwidth_GBps: float = Field(ge=LINK_BANDWIDTH_GBPS[0], le=LINK_BANDWIDTH_GBPS[1],
+                                  description="capacity, GB/s (1e9 bytes/s)")
+    latency_us: float = Field(default=LinkSpec.model_fields["latency_us"].default, ge=0, le=MAX_LINK_LATENCY_US,
+                              description="propagation latency, us")
+    per_message_us: float = Field(default=LinkSpec.model_fields["per_message_us"].default, ge=0,
+                                  le=MAX_LINK_LATENCY_US, description="fixed cost per message, us")
     src: str
     dst: str
 
@@ -234,7 +241,7 @@ class Scenario(_Strict):
     # rack.serving.admission).
     max_model_len: Optional[int] = Field(default=None, ge=2)
     context_overflow: Literal["reject", "truncate"] = "reject"
-    seed: int = Field(default=0, ge=0, description="seeds every random choice (numpy needs >= 0)")
+    seed: int = Field(default=0, ge=0, le=MAX_SEED, description="seeds every random choice (numpy needs >= 0)")
     # Energy, cost and fixed latency stages (rack.analysis.energy, rack.analysis.breakdown document them).
     energy: EnergySettings = EnergySettings()
     cost: CostSettings = CostSettings()
@@ -247,16 +254,9 @@ class Scenario(_Strict):
     max_restarts: int = Field(default=0, ge=0, le=1000, description="Ray runtime: real deaths each engine "
                               "instance's actor survives (restarted, its requests recovered)")
 
-    @model_validator(mode="before")
-    @classmethod
-    def _finite_numbers(cls, data: object) -> object:
-        # Once for every table, also those defined in other modules (energy, cost,
-        # fixed stages, links, faults): TOML reads `inf` and `nan`, and no field of a
-        # rack means anything at either (a NaN passes every range check: NaN > 0 is
-        # False, but so is NaN <= 0).
-        for where, value in _non_finite(data):
-            raise ValueError(f"{where}: expected a finite number, got {value!r}")
-        return data
+    # once for every table, also those defined in other modules (energy, cost, fixed
+    # stages, links, faults)
+    _finite_numbers = model_validator(mode="before")(refuse_non_finite)
 
     @field_validator("dilation")
     @classmethod
@@ -365,6 +365,16 @@ def _fields_at(loc: tuple) -> list[str]:
     return list(getattr(model, "model_fields", {}))
 
 
+#: Why a bound is where it is, added to pydantic's "Input should be less than ..." for
+#: the fields whose ceiling is not obvious (the constants above give the sources).
+_BOUND_REASONS = {
+    "instances": f"each instance is a core (a Ray actor on the Ray runtime); at most {MAX_INSTANCES:,} per pool",
+    "latency_us": "a KV link latency above a second is a unit mistake (the slowest WAN round trips are ~0.3 s)",
+    "per_message_us": "a per-message cost above a second is a unit mistake",
+    "bandwidth_GBps": "KV link bandwidths from 1 MB/s to 1 PB/s (GB/s here)",
+    "seed": "numpy seeds are 64-bit",
+}
+
 _UNIT_WORDS = {"ms": "milliseconds", "s": "seconds", "us": "microseconds", "gb": "GB", "gbps": "GB/s",
                "bps": "bytes/s"}
 
@@ -404,7 +414,9 @@ def _format_validation(path: str, exc: ValidationError) -> str:
             # model-level checks name their own field first ("links[0].dst: ...")
             lines.append(f"{path}: field {msg.removeprefix('Value error, ')}")
         else:
-            lines.append(f"{path}: field {field}: {msg.removeprefix('Value error, ')}{got_s}")
+            why = _BOUND_REASONS.get(str(loc[-1])) if err["type"] in ("less_than_equal", "greater_than_equal") else None
+            lines.append(f"{path}: field {field}: {msg.removeprefix('Value error, ')}{got_s}"
+                         + (f": {why}" if why else ""))
     return "\n".join(lines)
 
 
@@ -419,12 +431,20 @@ def parse_scenario(data: dict, source: str = "<scenario>") -> Scenario:
 def load_scenario(name_or_path: str | Path | None = None) -> Scenario:
     """Load a shipped scenario by name, or a TOML file by path.
 
-    Raises ScenarioError for a missing, unreadable or non-UTF-8 file, a directory, bad
-    TOML (with line) or a bad field.
+    Raises ScenarioError for an empty name, a missing, unreadable or non-UTF-8 file, a
+    directory, FIFO or other non-regular file, a broken symbolic link, bad TOML (with
+    line) or a bad field.
     """
-    name_or_path = name_or_path or DEFAULT_SCENARIO
+    from workloads.paths import file_problem, name_problem, shown
+
+    if name_or_path is None:
+        name_or_path = DEFAULT_SCENARIO
+    bad = name_problem(name_or_path)
+    if bad is not None:
+        raise ScenarioError(f"scenario {shown(name_or_path)!r}: {bad}; expected a TOML file path or one of "
+                            f"{scenario_names()}")
     path = Path(name_or_path)
-    if not path.suffix and not path.exists():
+    if not path.suffix and not os.path.lexists(path):
         path = SCENARIO_DIR / f"{name_or_path}.toml"
         if not path.exists():
             close = difflib.get_close_matches(str(name_or_path), scenario_names(), n=3)
@@ -432,10 +452,11 @@ def load_scenario(name_or_path: str | Path | None = None) -> Scenario:
             raise ScenarioError(
                 f"unknown scenario {str(name_or_path)!r}: expected a TOML file path or one of "
                 f"{scenario_names()}{hint}")
+    bad = file_problem(path)
+    if bad is not None:
+        raise ScenarioError(f"{shown(path)}: {bad}; expected a scenario TOML file or one of {scenario_names()}")
     if not path.exists():
-        raise ScenarioError(f"{path}: no such scenario file")
-    if path.is_dir():
-        raise ScenarioError(f"{path}: is a directory; expected a scenario TOML file or one of {scenario_names()}")
+        raise ScenarioError(f"{shown(path)}: no such scenario file")
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except UnicodeDecodeError as exc:
