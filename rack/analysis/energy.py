@@ -176,12 +176,13 @@ def pool_rates(scenario: "Scenario") -> list[PoolRates]:
     only for TCO-priced devices). Raises ScenarioError for an unknown device.
     """
     from devices.catalog import resolve_device
+    from devices.uncertainty import apply_terms
 
     settings = scenario.cost
     out = []
     for p in scenario.pools:
         try:
-            dev = resolve_device(p.device)
+            dev = apply_terms(resolve_device(p.device, p.stack), scenario.terms)
         except (ValueError, KeyError) as exc:
             raise ScenarioError(f"pool {p.name!r}: {exc}") from None
         n = p.devices_per_instance

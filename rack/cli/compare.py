@@ -10,6 +10,7 @@ import typer
 
 from rack.cli.app import app
 from rack.cli._checks import check_positive, out_path, prepare_out_dir, report_failure
+from rack.cli._terms import TERM_OPTION, parse_terms, with_terms
 from rack.cli._routing import POLICY_OPTION, WEIGHT_OPTION, with_routing
 from rack.cli.load import LoadOptions, load_options, rate_line
 from rack.cli.run import DEFAULT_TRACE, fail
@@ -33,6 +34,7 @@ def compare(
     as_json: bool = typer.Option(False, "--json", help="print the JSON of all scenarios instead of the table"),
     router_policy: Optional[str] = POLICY_OPTION,
     prefix_weight: Optional[float] = WEIGHT_OPTION,
+    term: Optional[List[str]] = TERM_OPTION,
     load: Optional[LoadOptions] = None,
 ) -> None:
     """Run deployments on the same requests and compare TTFT/TPOT/ITL/E2E, goodput, tokens/J, $/Mtok."""
@@ -44,6 +46,7 @@ def compare(
     if runtime not in ("ray", "virtual"):
         fail(f"--runtime: expected 'ray' or 'virtual', got {runtime!r}")
     check_positive("--rate-scale", rate_scale)
+    terms = parse_terms(term)
     try:
         stages = [parse_stage(s) for s in (stage or [])]
     except ValueError as exc:
@@ -69,10 +72,10 @@ def compare(
 
     try:
         chosen = list(scenarios or [])
-        if router_policy is not None or prefix_weight is not None:
+        if router_policy is not None or prefix_weight is not None or terms:
             from rack.analysis.compare import load_scenarios
 
-            chosen = with_routing(load_scenarios(chosen), router_policy, prefix_weight)
+            chosen = with_terms(with_routing(load_scenarios(chosen), router_policy, prefix_weight), terms)
         result = run_compare(chosen, reqs, runtime=runtime, iso=iso, reference=reference,
                              address=address, trace_info=info, fixed_stages=stages, on_start=on_start,
                              run_kwargs=loaded.run_kwargs)

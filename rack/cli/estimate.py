@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Optional
+from typing import List, Optional
 
 import typer
 
 from rack.cli.app import app
+from rack.cli._terms import TERM_OPTION, parse_terms
 
 
 def _fmt_rate(x: float, unit: str) -> str:
@@ -38,8 +39,11 @@ def build_estimate(model: str, device: str, count: int, tp: Optional[int], pp: O
                    weight_dtype: str, kv_dtype: str, batch: int, context: int, prompt: int,
                    draft_tokens: int = 0, acceptance_rate: float = 0.7, spec_method: str = "mtp",
                    draft_model: Optional[str] = None, reserve_fraction: Optional[float] = None,
-                   stack: Optional[str] = None, dp_attention: bool = False) -> dict:
-    """The estimate as a plain dict (what `--json` prints).
+                   stack: Optional[str] = None, dp_attention: bool = False,
+                   terms: Optional[dict] = None) -> dict:
+    """The estimate as a plain dict (what `--json` prints). `terms`: uncertain terms set
+    on the device ({key: value}, `devices.uncertainty`; those naming another device are
+    ignored).
 
     Raises:
         devices.CatalogError: unknown model/device; ValueError: bad parallelism or sizes;
@@ -50,12 +54,13 @@ def build_estimate(model: str, device: str, count: int, tp: Optional[int], pp: O
     from devices.catalog import resolve_device
     from devices.costmodel import CostModel, Parallelism, SpeculativeConfig
     from devices.planner import ModelDoesNotFit, plan_memory
+    from devices.uncertainty import apply_terms
     from devices.validation import default_parallelism
 
     for name, v in (("batch", batch), ("context", context), ("prompt", prompt)):
         if v < 1:
             raise ValueError(f"--{name} must be >= 1, got {v}")
-    dev = resolve_device(device, stack)
+    dev = apply_terms(resolve_device(device, stack), terms or {})
     par = default_parallelism(dev, count, tp, pp, ep)
     if dp_attention:
         par = Parallelism(tp=par.tp, pp=par.pp, ep=par.ep, dp_attention=True)
@@ -202,14 +207,16 @@ def estimate(
     draft_model: Optional[str] = typer.Option(None, "--draft-model", help="draft model (with --spec-method draft_model)"),
     reserve_fraction: Optional[float] = typer.Option(None, "--reserve-fraction", help="memory kept for activations (default: the device's)"),
     json_out: bool = typer.Option(False, "--json", help="print JSON instead of tables"),
+    term: Optional[List[str]] = TERM_OPTION,
 ) -> None:
     """Estimate memory fit, KV capacity, prefill and decode speed, and the binding roof."""
     from devices.catalog import CatalogError
 
+    terms = parse_terms(term)
     try:
         est = build_estimate(model, device, count, tp, pp, ep, weight_dtype, kv_dtype, batch, context, prompt,
                              draft_tokens, acceptance_rate, spec_method, draft_model, reserve_fraction,
-                             stack, dp_attention)
+                             stack, dp_attention, terms)
     except (CatalogError, ValueError) as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2)

@@ -9,6 +9,7 @@ from typing import List, Optional
 import typer
 
 from rack.cli._checks import check_positive, fail, interruptible, out_path, prepare_out_dir, report_failure
+from rack.cli._terms import TERM_OPTION, parse_terms, with_terms
 from rack.cli._routing import POLICY_OPTION, WEIGHT_OPTION, with_routing
 from rack.cli.app import app
 from rack.cli.load import LoadOptions, load_options, rate_line
@@ -79,6 +80,7 @@ def run(
     router_policy: Optional[str] = POLICY_OPTION,
     prefix_weight: Optional[float] = WEIGHT_OPTION,
     no_plots: bool = typer.Option(False, "--no-plots", help="skip timeseries.png"),
+    term: Optional[List[str]] = TERM_OPTION,
     load: Optional[LoadOptions] = None,
 ) -> None:
     """Replay a trace through the emulated rack and report TTFT, TPOT, ITL, goodput, KV traffic.
@@ -96,6 +98,7 @@ def run(
     if records == "disk" and runtime != "virtual":
         fail("--records disk: records stream to the results folder on the virtual runtime only "
              "(a Ray run's collector may run on another node)")
+    terms = parse_terms(term)
     with interruptible() as stop:
         for name, value in (("--dilation", dilation), ("--payload-scale", payload_scale),
                             ("--rate-scale", rate_scale), ("--output-scale", output_scale), ("--timeout", timeout)):
@@ -112,7 +115,7 @@ def run(
         sc, loaded = load_inputs(scenario, trace, window, rate_scale, max_requests, output_scale,
                                  skip_bad_rows, load, dilation=dilation, payload_scale=payload_scale,
                                  max_restarts=max_restarts)
-        sc = with_routing([sc], router_policy, prefix_weight)[0]
+        sc = with_terms(with_routing([sc], router_policy, prefix_weight), terms)[0]
         reqs = loaded.requests
         if runtime == "ray" and reqs and replay_error(reqs[-1].arrival_s, sc.dilation, timeout):
             fail(replay_error(reqs[-1].arrival_s, sc.dilation, timeout))

@@ -253,6 +253,11 @@ class Scenario(_Strict):
     # (docs/robustness.md); 0: a death ends the run, status aborted.
     max_restarts: int = Field(default=0, ge=0, le=1000, description="Ray runtime: real deaths each engine "
                               "instance's actor survives (restarted, its requests recovered)")
+    # Uncertain terms of the cost and energy model set for this scenario (TOML table
+    # `[terms]`, e.g. "cs3.prefill_efficiency" = 0.3): keys and ranges in
+    # devices.uncertainty; applied to each pool's device spec and to the KV links.
+    terms: dict[str, float] = Field(default_factory=dict, description="uncertain terms set "
+                                    "(devices.uncertainty.uncertain_terms)")
 
     # once for every table, also those defined in other modules (energy, cost, fixed
     # stages, links, faults)
@@ -268,6 +273,18 @@ class Scenario(_Strict):
         if why is not None:
             raise ValueError(why)
         return v
+
+    @field_validator("terms")
+    @classmethod
+    def _known_terms(cls, v: dict[str, float]) -> dict[str, float]:
+        from devices.uncertainty import check_terms
+
+        out = check_terms(v)
+        bw = out.get("link.bandwidth_GBps")
+        if bw is not None and not LINK_BANDWIDTH_GBPS[0] <= bw <= LINK_BANDWIDTH_GBPS[1]:
+            raise ValueError(f"term 'link.bandwidth_GBps': {bw:g} GB/s is outside the KV link bounds "
+                             f"{LINK_BANDWIDTH_GBPS[0]:g}-{LINK_BANDWIDTH_GBPS[1]:g} GB/s")
+        return out
 
     @field_validator("pools")
     @classmethod

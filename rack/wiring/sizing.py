@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from devices.catalog import resolve_device, resolve_model
-from devices.costmodel import CostModel, Parallelism, SpeculativeConfig
+from devices.catalog import resolve_model
+from devices.costmodel import CostModel
 from devices.planner import ModelDoesNotFit, plan_memory
+from devices.uncertainty import pool_cost_model
 
 from .settings import ScenarioError
 
@@ -28,18 +29,12 @@ def instance_names(pool: PoolConfig) -> list[str]:
 
 
 def cost_model(scenario: Scenario, pool: PoolConfig) -> CostModel:
-    """The cost model of one instance of `pool` (model, device, TP/PP/EP, dtypes,
-    speculative decoding). Raises ScenarioError naming the pool on a bad device/model."""
-    spec = None
-    if pool.speculative is not None:
-        s = pool.speculative
-        spec = SpeculativeConfig(draft_tokens=s.draft_tokens, acceptance_rate=s.acceptance_rate,
-                                 method=s.method, draft_model=s.draft_model)
+    """The cost model of one instance of `pool` (model, device with the scenario's
+    uncertain `terms` applied, TP/PP/EP, dtypes, speculative decoding:
+    `devices.uncertainty.pool_cost_model`). Raises ScenarioError naming the pool on a
+    bad device/model."""
     try:
-        return CostModel(resolve_model(scenario.model), resolve_device(pool.device, pool.stack),
-                         Parallelism(tp=pool.tp, pp=pool.pp, ep=pool.ep, dp_attention=pool.dp_attention),
-                         weight_dtype=scenario.weight_dtype, kv_dtype=scenario.kv_dtype,
-                         speculative=spec)
+        return pool_cost_model(scenario, pool)
     except (ValueError, KeyError) as exc:
         raise ScenarioError(f"pool {pool.name!r}: {exc}") from None
 

@@ -118,7 +118,11 @@ def build_topology(scenario: Scenario, request_ids: Sequence[int]) -> list[Compo
             }, "both", p.name, dict(p.resources)))
 
     if prefillers:
-        links = [LinkSpec(name=l.name, bandwidth_GBps=l.bandwidth_GBps, latency_us=l.latency_us,
+        from devices.uncertainty import link_bandwidth_GBps
+
+        # the scenario's "link.bandwidth_GBps" term, if set, sets every KV link
+        links = [LinkSpec(name=l.name, bandwidth_GBps=link_bandwidth_GBps(scenario.terms, l.bandwidth_GBps),
+                          latency_us=l.latency_us,
                           per_message_us=l.per_message_us) for l in scenario.links]
         routes: dict[tuple[str, str], list[str]] = {}
         for l in scenario.links:
