@@ -427,6 +427,7 @@ def load_hf_config(path: str | Path, name: str | None = None) -> ModelSpec:
             n_sliding = sum(1 for t in types if t == "sliding_attention")
         elif cfg.get("use_sliding_window", True):
             n_sliding = layers
+    native = _native_dtype(cfg)
     key = name or cfg.get("_name_or_path") or path.parent.name or path.stem
     data = {
         "key": _norm(str(key)).split("/")[-1],
@@ -435,13 +436,34 @@ def load_hf_config(path: str | Path, name: str | None = None) -> ModelSpec:
         "n_layers": layers, "hidden_size": hidden, "n_heads": heads, "n_kv_heads": kv_heads,
         "head_dim": head_dim, "ffn_size": ffn, "vocab_size": vocab,
         "tie_word_embeddings": bool(cfg.get("tie_word_embeddings", False)),
-        "moe": moe, "mla": mla,
+        "moe": moe, "mla": mla, "native_dtype": native,
         "sliding_window": window if n_sliding else None, "n_sliding_layers": n_sliding,
         # the context limit vLLM derives by default (its max_model_len); None if absent
         "max_context_tokens": g("max_position_embeddings", "n_positions", "max_sequence_length",
                                 "seq_length", default=None),
     }
     return _build(ModelSpec, data, path)
+
+
+#: quantization_config.quant_method (or fmt) -> the dtype of the same width rack prices:
+#: MXFP4 / NVFP4 and 4-bit integer weights are 0.5 byte, FP8 / INT8 one byte.
+_QUANT_DTYPES = {"mxfp4": "fp4", "nvfp4": "fp4", "fp4": "fp4", "int4": "fp4", "awq": "fp4", "gptq": "fp4",
+                 "fp8": "fp8", "fbgemm_fp8": "fp8", "int8": "fp8", "e4m3": "fp8"}
+
+
+def _native_dtype(cfg: dict):
+    """The dtype a config.json's weights ship in: its quantization_config's method (or
+    format), else its torch_dtype's width (16-bit: bf16), else None."""
+    q = cfg.get("quantization_config")
+    if isinstance(q, dict):
+        for k in ("quant_method", "fmt", "format"):
+            v = str(q.get(k, "")).lower()
+            if v in _QUANT_DTYPES:
+                return _QUANT_DTYPES[v]
+    t = str(cfg.get("torch_dtype") or cfg.get("dtype") or "").lower()
+    if t in ("bfloat16", "float16", "bf16", "fp16", "half"):
+        return "bf16"
+    return None
 
 
 def _is_path(s: str) -> bool:

@@ -495,6 +495,10 @@ class CostModel:
                                                       + (self._td.replicated_weight_bytes if speculative else 0)))
         #: Bytes one token of context occupies in the instance's memory (all its copies).
         self.kv_held_bytes_per_token: int = self.kv_bytes_per_token * self.kv_replication
+        #: Prompt chunks fused with the decode step in one pass: the stack's `mixed_prefill`,
+        #: never on a wafer streaming prompts (its layer regions take prompt and decode
+        #: tokens in turn: the prompt's stream, then the decode step).
+        self._fused: bool = dev.mixed_prefill and dev.prompt_token_layer_s == 0
         #: The stack's cap on requests an instance runs at once (None: not given).
         self.max_num_seqs: int | None = dev.max_num_seqs
         self.tokens_per_step: float = 1.0 if speculative is None else speculative.tokens_per_step
@@ -806,6 +810,11 @@ class CostModel:
         """A prefill-only pass (pipeline filled then drained), with the draft's or MTP
         head's own prefill of the prompt when speculating."""
         tokens, flops, att, kv = self._prefill_work(self._t, n, c)
+        if self.device.prompt_token_layer_s > 0:
+            d = self._stream_prefill(self._t, tokens, flops, att, kv)
+            if self.speculative is not None:
+                d = self._combine([d, self._draft_prefill(n, c, tokens)])
+            return d
         pp = self.parallelism.pp
         # The prompt's tokens stream through the stages in m micro-batches; each one
         # pays the per-layer latencies and reads the weights again, so the stack picks
@@ -820,6 +829,48 @@ class CostModel:
         if self.speculative is not None:  # the draft (or MTP head) builds its KV of the prompt too
             d = self._combine([d, self._draft_prefill(n, c, tokens)])
         return d
+
+    def _stream_prefill(self, t: _Terms, tokens: float, flops: float, att: float, kv: float) -> dict:
+        """A prompt streamed through a wafer's layers (`HardwareSpec.prompt_token_layer_s`).
+
+        Every layer's weights sit in their own region of PEs (on pp systems, layers / pp
+        regions each), so prompt tokens follow one another through the layers: the first
+        token takes the decode path's latency through every layer and hop,
+            fill = layers x (layer_latency + prefill_layer_latency) + moe_layers x
+                   moe_layer_latency + (pp - 1) x (link latency + hop latency + one
+                   token's activations over the link),
+        and each later token holds a layer region for tau = max(prompt_token_layer_s, one
+        token's activations over the system link) plus its own arithmetic there (the
+        region's share of the PEs; attention over a longer context costs more): the
+        stream takes
+            time = fill + (T - 1) x tau + max(FLOPs / (e_pc x P x N), KV bytes / (e_pm x B x N))
+        with P, B one system's dense peak and SRAM bandwidth, N = pp systems (the regions
+        together hold every PE, so the prompt's FLOPs spread over the whole instance). Activations in flight are one hidden vector per layer region
+        (bytes, against GBs of SRAM), so no memory bound applies to them; the prompt's KV
+        is written into SRAM as on GPUs (the KV cache's capacity is the planner's).
+        """
+        dev, eff, par = self.device, self.device.efficiency, self.parallelism
+        N, pp = par.n_devices, par.pp
+        compute_s = ((flops - att) / self._peak_dev + att / self._peak_att) / (N * eff.prefill_compute)
+        memory_s = t.kv_rep * kv / (N * dev.memory_bandwidth_Bps * eff.prefill_memory)
+        tok_x = hop_lat = 0.0
+        if pp > 1:
+            link_bw, link_lat = dev.link(N)
+            tok_x = t.hidden * ACTIVATION_BYTES / (link_bw * eff.communication)
+            hop_lat = link_lat + dev.pipeline_hop_latency_s
+        lat_layers = (t.n_layers * (dev.layer_latency_s + dev.prefill_layer_latency_s)
+                      + t.n_moe * dev.moe_layer_latency_s)
+        hops = (pp - 1) * (hop_lat + tok_x)
+        occupancy = (tokens - 1.0) * max(dev.prompt_token_layer_s, tok_x)
+        roof = max(compute_s, memory_s)
+        time = lat_layers + hops + occupancy + roof + dev.iteration_overhead_s
+        link_bound = tok_x > dev.prompt_token_layer_s
+        comm_bw = (pp - 1) * tok_x + (occupancy if link_bound else 0.0)
+        fixed = time - roof - hops - (occupancy if link_bound else 0.0)
+        return {"time": time, "flops": flops, "bytes": t.kv_rep * kv, "comm": time - roof - fixed,
+                # a system works from the first token's arrival at its layers to the last's departure
+                "busy": occupancy + roof + lat_layers / pp, "compute": compute_s, "memory": memory_s,
+                "comm_bw": comm_bw, "latency": time - roof - comm_bw, "fixed": fixed}
 
     def _draft_prefill(self, n: np.ndarray, c: np.ndarray, tokens: float) -> dict:
         _, fl, att, kv = self._prefill_work(self._td, n, c)
@@ -939,7 +990,7 @@ class CostModel:
         q = 1 if self.speculative is None else int(self.speculative.draft_tokens) + 1
         if tok_p + ctx.size <= 0:
             raise ValueError("mixed: no prefill tokens and no decode requests")
-        if not self.device.mixed_prefill:
+        if not self._fused:
             parts = ([self._prefill_dict(n, c)] if tok_p else []) + \
                 ([self._decode_dict(ctx, np.zeros(1))] if ctx.size else [])
             return self._cost(self._combine(parts), tok_p + ctx.size * q)
@@ -1001,7 +1052,7 @@ class CostModel:
             return self.mixed(new, np.array([cached]), contexts)
 
         first = at(cached_tokens, ctx)
-        if self.speculative is not None or self._t.n_slide or not self.device.mixed_prefill:
+        if self.speculative is not None or self._t.n_slide or not self._fused:
             costs = [first] + [at(cached_tokens + j * new_tokens, ctx + j * tps) for j in range(1, n_steps)]
             arr = lambda k: np.array([getattr(c, k) for c in costs])  # noqa: E731
             return StepCosts(arr("time_s"), arr("flops"), arr("bytes"), arr("comm_s"), first.bound, tps,
@@ -1050,6 +1101,7 @@ class CostModel:
             "peak_flops": self.peak_flops, "memory_bandwidth_Bps": self.memory_bandwidth,
             "weight_bytes": self.weight_bytes, "kv_bytes_per_token": self.kv_bytes_per_token,
             "tokens_per_step": self.tokens_per_step,
+            "prompt_token_layer_s": self.device.prompt_token_layer_s,
         }
         if self.speculative is not None:
             s = self.speculative

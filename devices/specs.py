@@ -29,6 +29,7 @@ Derived-value conventions (documented once, used everywhere):
 from __future__ import annotations
 
 import math
+import re
 from typing import Literal, Optional
 
 import numpy as np
@@ -185,7 +186,13 @@ class HardwareSpec(_Spec):
     tokens (eager launches, no CUDA graph: vLLM and SGLang capture decode only);
     `iteration_overhead_s` per iteration (scheduling, sampling, detokenising: CPU time
     the GPU waits for); `pipeline_hop_latency_s` per hop between pipeline stages;
-    `request_latency_s` per request, outside the GPUs: the serving front end's HTTP,
+    `prompt_token_layer_s` (wafer only; 0 elsewhere): a wafer keeps every layer's weights
+    in its own region of PEs, so a prompt's tokens stream through the layers one after
+    another, each occupying a layer's region for this long (its activations broadcast
+    over the region's fabric and its partial sums reduced, as a decode token's are): a
+    prompt of n tokens takes the first token's latency through every layer plus (n - 1)
+    x this, or its FLOPs at the prefill efficiency if that is longer
+    (`CostModel.prefill`); `request_latency_s` per request, outside the GPUs: the serving front end's HTTP,
     tokenisation and streaming of the first token, which a client's TTFT holds (a
     fixed stage, `rack.analysis.breakdown`, in the replays of measured rows).
     Collectives come from `collectives` (measured tables, per fabric and group size)
@@ -243,6 +250,9 @@ class HardwareSpec(_Spec):
     layer_latency_s: float = Field(0.0, ge=0, description="latency per layer per micro-batch pass (s)")
     moe_layer_latency_s: float = Field(0.0, ge=0, description="extra latency per MoE layer per pass (s)")
     prefill_layer_latency_s: float = Field(0.0, ge=0, description="extra latency per layer of a pass with prompt tokens (s)")
+    prompt_token_layer_s: float = Field(
+        0.0, ge=0, description="wafer: time a prompt token occupies one layer's PE region as prompt tokens "
+        "stream through the layers (s); 0: prompts run as micro-batched passes (GPUs)")
     pipeline_hop_latency_s: float = Field(0.0, ge=0, description="latency per pipeline hop between devices (s)")
     iteration_overhead_s: float = Field(0.0, ge=0, description="fixed cost per iteration (s)")
     request_latency_s: float = Field(0.0, ge=0, description="API server time in every request's TTFT (s)")
@@ -296,6 +306,34 @@ class HardwareSpec(_Spec):
     def stack_label(self) -> str:
         """The stack in a few words for summaries: "SGLang 0.5.9" or the description."""
         return self.stack.label or self.software_stack
+
+    def software_stack_for(self, model: "ModelSpec") -> str:
+        """`software_stack` with only the kernels `model` runs: the items after the
+        colon (split at ", ", " and ", "/") naming MLA are dropped for a model without
+        MLA, those naming MoE or expert parallelism (MoE, DeepEP, expert) for a dense
+        model. "SGLang 0.5.9: CUDA-graph decode, FlashInfer MLA, fused-MoE Triton
+        kernels, custom all-reduce" for Llama is "SGLang 0.5.9: CUDA-graph decode,
+        custom all-reduce"."""
+        head, sep, tail = self.software_stack.partition(": ")
+        if not sep:
+            return self.software_stack
+        unused = []
+        if model.mla is None:
+            unused.append(re.compile(r"\bMLA\b"))
+        if model.moe is None:
+            unused.append(re.compile(r"MoE|DeepEP|expert", re.IGNORECASE))
+
+        def keep(part: str) -> bool:
+            return not any(p.search(part) for p in unused)
+
+        items = []
+        for item in tail.split(", "):
+            parts = [q for q in re.split(r" and |/", item) if keep(q)]
+            if len(parts) == len(re.split(r" and |/", item)):
+                items.append(item)
+            elif parts:
+                items.append(" and ".join(parts))
+        return head + sep + ", ".join(items) if items else head
 
     def attention_compute_dtype(self, weight_dtype: str) -> str:
         """The dtype attention computes in for `weight_dtype` weights: the stack's
@@ -403,6 +441,9 @@ class ModelSpec(_Spec):
     mla: Optional[MLASpec] = None
     sliding_window: Optional[int] = Field(None, gt=0, description="window of the sliding-window layers (tokens)")
     n_sliding_layers: int = Field(0, ge=0)
+    native_dtype: Optional[Dtype] = Field(
+        None, description="dtype the weights ship in (config.json torch_dtype / quantization_config): what "
+        "`rack estimate` assumes by default; None: unknown (bf16)")
     max_context_tokens: Optional[int] = Field(
         None, gt=0, description="longest context (prompt + output tokens) the model serves: config.json "
         "max_position_embeddings, or the model card; None: unknown (no limit is enforced)")

@@ -113,8 +113,8 @@ _RULES: dict[str, _Rule] = {
     "dense_peak_pflops": _Rule(lambda s: _dense_bf16(s) / 1e15, _set_dense_peak, _positive),
     "prefill_efficiency": _Rule(lambda s: s.efficiency.prefill_compute, _set_efficiency("prefill_compute"),
                                 _fraction),
-    "prefill_layer_latency_us": _Rule(lambda s: s.prefill_layer_latency_s * 1e6,
-                                      lambda s, v: {"prefill_layer_latency_s": v * 1e-6}, _non_negative),
+    "prompt_token_layer_us": _Rule(lambda s: s.prompt_token_layer_s * 1e6,
+                                   lambda s, v: {"prompt_token_layer_s": v * 1e-6}, _positive),
     "idle_power_fraction": _Rule(lambda s: s.idle_w / s.peak_w, lambda s, v: {"idle_w": v * s.peak_w},
                                  lambda v: None if 0.0 <= v <= 1.0 else "a fraction in [0, 1]"),
     "busy_power_w": _Rule(lambda s: s.peak_w, _set_busy_power, _positive),
@@ -135,12 +135,17 @@ _RANGES: tuple[tuple, ...] = (
      "log", "dense FP16 FLOP/s of one wafer at prompt GEMMs: the vendor's 125 PFLOP/s is a sparse figure"),
     ("cs3.prefill_efficiency", "CS-3 prefill efficiency", "", 0.2, 0.8,
      ("no public wafer GEMM-efficiency figure; sustained FP8 GEMM on GB200 ~55 % of peak (hardware.md)",
-      "fitted on the wafer prompt rows of `rack validate` (devices/validation.py)"),
+      "binds only when a prompt's FLOPs / (efficiency x dense peak) exceed its stream through the layers: "
+      "below ~1 % on the catalog's models (`rack estimate` on a wafer prints both)"),
      "linear", "share of the dense peak the wafer's prompt GEMMs sustain"),
-    ("cs3.prefill_layer_latency_us", "CS-3 prompt per-layer latency", "us", 0.0, 200.0,
-     ("no public figure; decode's per-layer latency on the late-2024 stack is ~10 us (cs3-2024q4.toml)",
-      "WaferEngine on a real CS-3: a 19-token prefill of Qwen3-1.7B (28 layers) took 57 ms (wafer-evidence.md)"),
-     "linear", "extra latency per layer of a prompt micro-batch pass: its activations cross the wafer's fabric"),
+    ("cs3.prompt_token_layer_us", "CS-3 prompt token time per layer region", "us", 23.0, 150.0,
+     ("fitted (41 us) on the wafer prompt rows of `rack validate`: Cerebras API example, 12 prompt tokens of "
+      "Llama-3.1-8B in 1.07 ms (Aug 2024); WaferEngine on a real CS-3, 768 tokens of Qwen3-1.7B at 24.7k tok/s",
+      "low end: the late-2024 kernels cut decode's per-layer latency 17.3 -> 9.8 us (x0.57); the same cut here",
+      "high end: SemiAnalysis's Cerebras calculator assumes context processing 5-20x faster than decode "
+      "(tokenomics.info/cerebras); 5x for Kimi-K2 on 28 CS-3 at an 8k prompt"),
+     "log", "time a prompt token holds one layer's PE region as a prompt streams through the wafer's layers: "
+     "sets the per-request prefill rate (~1 / this)"),
     ("cs3.idle_power_fraction", "CS-3 idle power / TDP", "", 0.65, 0.9,
      ("xPU-athalon (arXiv 2604.10852): a CS-3 idles at ~80 % of TDP",
       "low end: 15 of 23 kW, the lower end of the per-system power quoted (hardware.md)"),

@@ -59,7 +59,8 @@ def test_stack_variant_extends_the_hardware():
     assert new.memory_bytes == base.memory_bytes and new.peak_flops == base.peak_flops
     assert new.layer_latency_s < base.layer_latency_s and new.pipeline_hop_latency_s == 0
     assert "cs3-launch" not in [a.lower() for a in new.aliases]
-    assert device_stacks("wse-3") == {"2024-08": "cs3-2024-08", "2024q4": "cs3-2024q4"}
+    assert device_stacks("wse-3") == {"2024-08": "cs3-2024-08", "2024q4": "cs3-2024q4",
+                                      "waferengine": "cs3-waferengine"}
 
 
 def test_a_pool_names_its_stack():

@@ -6,7 +6,7 @@ import pytest
 from typer.testing import CliRunner
 
 import rack.cli
-from devices.validation import CALIBRATION_FILE
+from devices.validation import CALIBRATION_FILE, load_rows
 from rack.cli.app import app
 
 rack.cli._register_commands()
@@ -20,10 +20,10 @@ def test_validate_published_figures_json():
     r = runner.invoke(app, ["validate", "--rows", FIGURES, "--json"])
     assert r.exit_code == 0, r.output
     out = json.loads(r.output)
-    assert len(out["figures"]) == 9 and out["serving_rows"] == [] and out["summary"]["failures"] == []
+    assert len(out["figures"]) == len(load_rows()) == 14 and out["serving_rows"] == [] and out["summary"]["failures"] == []
     for row in out["figures"]:
         assert {"name", "predicted", "published", "unit", "relative_error"} <= set(row)
-        assert abs(row["relative_error"]) <= 0.15
+        assert abs(row["relative_error"]) <= (0.35 if row["unit"] == "ms" else 0.15)   # prompt rows: 35 %
 
 
 def test_validate_names_a_file_that_is_not_text(tmp_path):
@@ -54,8 +54,8 @@ def test_validate_every_row_meets_the_criteria():
     <= 35 %), the worst-case limit holding for every row but KNOWN_MISSES."""
     r = runner.invoke(app, ["validate", "--json"])
     out = json.loads(r.stdout)
-    assert len(out["figures"]) == 9 and len(out["serving_rows"]) == 40
-    assert all(abs(f["relative_error"]) <= 0.15 for f in out["figures"])
+    assert len(out["figures"]) == 14 and len(out["serving_rows"]) == 40
+    assert all(abs(f["relative_error"]) <= (0.35 if f["unit"] == "ms" else 0.15) for f in out["figures"])
     med = out["summary"]["median_abs_error"]
     assert med["tpot_s"] <= 0.15 and med["throughput_per_gpu"] <= 0.15 and med["ttft_s"] <= 0.25
     for row in out["serving_rows"]:

@@ -12,13 +12,19 @@ from devices.validation import load_rows, solve_wafer_latency, steady_state, val
 CALIBRATION_MD = Path(__file__).resolve().parents[2] / "shared" / "reference" / "calibration.md"
 # Published figures of calibration.md (2,100-2,300 is a range).
 PUBLISHED = [1800, 450, (2100, 2300), 23514.8, 21028.2, 3062.7, 2520.3, 109277, 106949]
+#: The wafer rows beyond calibration.md: the research stack's decode row and the prompt
+#: rows (devices/catalog/calibration.toml, sources there).
+WAFER_EXTRA = 5
 
 
 def test_every_row_within_15_percent():
     rows = validate()
-    assert len(rows) == len(PUBLISHED)
+    assert len(rows) == len(PUBLISHED) + WAFER_EXTRA
     for r in rows:
-        assert abs(r.relative_error) <= 0.15, (r.name, r.predicted, r.published)
+        # the prompt rows' criterion is 35 % (issue 22): their TTFTs hold a front end
+        # fitted on two rows of different services
+        limit = 0.35 if r.unit == "ms" else 0.15
+        assert abs(r.relative_error) <= limit, (r.name, r.predicted, r.published)
         assert r.relative_error == pytest.approx(r.predicted / r.published - 1)
 
 

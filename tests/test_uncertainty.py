@@ -84,7 +84,8 @@ def test_scenario_terms_reach_the_pools_cost_model_and_links():
     from rack.wiring.topology import build_topology
 
     sc = load_scenario("helios-cs3-kimi-k2")
-    slow = sc.with_overrides(terms={"cs3.prefill_efficiency": 0.2, "link.bandwidth_GBps": 1000.0})
+    slow = sc.with_overrides(terms={"cs3.prefill_efficiency": 0.2, "cs3.prompt_token_layer_us": 100.0,
+                                    "link.bandwidth_GBps": 1000.0})
     assert cost_model(slow, slow.pool("decode")).device.efficiency.prefill_compute == 0.2
     assert cost_model(slow, slow.pool("prefill")).device == cost_model(sc, sc.pool("prefill")).device
     specs = build_topology(slow, [0])
@@ -135,7 +136,7 @@ def test_energy_rates_take_the_power_terms():
 def test_estimate_term_option():
     args = ["estimate", "-m", "kimi-k2", "-d", "cs3", "-n", "28", "-p", "8192", "--json"]
     base = json.loads(runner.invoke(app, args).stdout)
-    r = runner.invoke(app, args + ["--term", "cs3.prefill_efficiency=0.2"])
+    r = runner.invoke(app, args + ["--term", "cs3.prompt_token_layer_us=100"])
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout)["prefill"]["single"]["time_s"] > base["prefill"]["single"]["time_s"]
     bad = runner.invoke(app, args + ["--term", "cs3.nope=1"])

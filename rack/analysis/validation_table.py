@@ -58,8 +58,9 @@ def summarize(replays: list[RowReplay], figures=(), figure_tolerance: float = 0.
         if worst_lim is not None and s.worst[m] > worst_lim:
             s.failures.append(f"{LABELS[m]}: worst |error| {s.worst[m]:.1%} > {worst_lim:.0%}")
     for f in figures:
-        if abs(f.relative_error) > figure_tolerance:
-            s.failures.append(f"{f.name}: {f.relative_error:+.1%} (tolerance {figure_tolerance:.0%})")
+        tol = f.tolerance if f.tolerance is not None else figure_tolerance
+        if abs(f.relative_error) > tol:
+            s.failures.append(f"{f.name}: {f.relative_error:+.1%} (tolerance {tol:.0%})")
     return s
 
 

@@ -36,14 +36,15 @@ def _split(c) -> dict:
 
 
 def build_estimate(model: str, device: str, count: int, tp: Optional[int], pp: Optional[int], ep: int,
-                   weight_dtype: str, kv_dtype: str, batch: int, context: int, prompt: int,
+                   weight_dtype: Optional[str], kv_dtype: str, batch: int, context: int, prompt: int,
                    draft_tokens: int = 0, acceptance_rate: float = 0.7, spec_method: str = "mtp",
                    draft_model: Optional[str] = None, reserve_fraction: Optional[float] = None,
                    stack: Optional[str] = None, dp_attention: bool = False,
                    terms: Optional[dict] = None) -> dict:
-    """The estimate as a plain dict (what `--json` prints). `terms`: uncertain terms set
-    on the device ({key: value}, `devices.uncertainty`; those naming another device are
-    ignored).
+    """The estimate as a plain dict (what `--json` prints). `weight_dtype` None: the
+    model's native dtype (`ModelSpec.native_dtype`, from its config; bf16 if unknown).
+    `terms`: uncertain terms set on the device ({key: value}, `devices.uncertainty`;
+    those naming another device are ignored).
 
     Raises:
         devices.CatalogError: unknown model/device; ValueError: bad parallelism or sizes;
@@ -51,7 +52,7 @@ def build_estimate(model: str, device: str, count: int, tp: Optional[int], pp: O
     """
     import numpy as np
 
-    from devices.catalog import resolve_device
+    from devices.catalog import resolve_device, resolve_model
     from devices.costmodel import CostModel, Parallelism, SpeculativeConfig
     from devices.planner import ModelDoesNotFit, plan_memory
     from devices.uncertainty import apply_terms
@@ -67,14 +68,19 @@ def build_estimate(model: str, device: str, count: int, tp: Optional[int], pp: O
     spec = None
     if draft_tokens:
         spec = SpeculativeConfig(draft_tokens, acceptance_rate, spec_method, draft_model)
-    cost = CostModel(model, dev, par, weight_dtype=weight_dtype, kv_dtype=kv_dtype, speculative=spec)
+    spec_model = resolve_model(model)
+    if weight_dtype is None:
+        weight_dtype = spec_model.native_dtype or "bf16"
+    cost = CostModel(spec_model, dev, par, weight_dtype=weight_dtype, kv_dtype=kv_dtype, speculative=spec)
     limit = cost.model.max_context_tokens
     for name, v in (("context", context), ("prompt", prompt)):
         if limit is not None and v > limit:
             raise ValueError(f"--{name} {v:,} is above {cost.model.name}'s context window of {limit:,} "
                              "tokens (max_context_tokens in its catalog file): no server would accept it")
     out: dict = {"instance": cost.describe(), "model_name": cost.model.name, "device_name": cost.device.name,
-                 "stack": cost.device.stack_label, "software_stack": cost.device.software_stack}
+                 "stack": cost.device.stack_label, "software_stack": cost.device.software_stack_for(cost.model),
+                 "weight_dtype_source": ("the model's native dtype" if weight_dtype == cost.model.native_dtype
+                                         else "given")}
     try:
         plan = plan_memory(cost, reserve_fraction=reserve_fraction)
     except ModelDoesNotFit as e:
@@ -108,6 +114,23 @@ def build_estimate(model: str, device: str, count: int, tp: Optional[int], pp: O
         "mfu": step.flops / (step.time_s * cost.peak_flops),
         "mbu": step.bytes / (step.time_s * cost.memory_bandwidth),
     }
+    out["prefill"]["single"]["rate_vs_decode"] = out["prefill"]["single"]["tokens_per_s"] / per_user
+    out["uncertain_terms"] = _device_terms(cost.device)
+    return out
+
+
+def _device_terms(device) -> list[dict]:
+    """The documented uncertain terms that set `device` (devices.uncertainty): key,
+    value on this device, range, unit and sources."""
+    from devices.uncertainty import _RULES, _applies, uncertain_terms
+
+    out = []
+    for t in uncertain_terms():
+        if t.target == "link" or not _applies(t.target, device):
+            continue
+        value = _RULES[t.key.split(".", 1)[1]].get(device)
+        out.append({"key": t.key, "label": t.label, "value": value, "nominal": t.nominal, "low": t.low,
+                    "high": t.high, "unit": t.unit, "sources": list(t.sources)})
     return out
 
 
@@ -180,6 +203,17 @@ def _print_tables(est: dict) -> None:
     con.print(t)
     con.print("* the binding roofline term; collectives: all-reduce / all-to-all / pipeline hops "
               "(measured latency + bandwidth); fixed: the stack's per-layer, per-MoE-layer and per-iteration latencies")
+    if inst.get("prompt_token_layer_s"):
+        con.print(f"prompt on the wafer: {p['single']['tokens_per_s']:,.0f} tokens/s for one request, "
+                  f"{p['single']['rate_vs_decode']:.1f}x its decode rate per user (public indications: 3-20x, "
+                  "docs/devices.md); its tokens stream through the layers at "
+                  f"{inst['prompt_token_layer_s'] * 1e6:.3g} us per token per layer region "
+                  "(fitted on the wafer prompt rows of `rack validate`)")
+    terms = est.get("uncertain_terms") or []
+    if terms:
+        con.print("uncertain terms of this device (range; sources in docs/devices.md, `--term KEY=VALUE` sets one): "
+                  + "; ".join(f"{t['key']} {t['value']:.3g}{(' ' + t['unit']) if t['unit'] else ''} "
+                              f"[{t['low']:g}-{t['high']:g}]" for t in terms))
 
 
 @app.command("estimate")
@@ -193,7 +227,8 @@ def estimate(
     pp: Optional[int] = typer.Option(None, "--pp", help="pipeline stages (default: count on wafer systems)"),
     ep: int = typer.Option(1, "--ep", help="expert parallel degree (divides tp)"),
     dp_attention: bool = typer.Option(False, "--dp-attention", help="data-parallel attention over the tp devices"),
-    weight_dtype: str = typer.Option("fp8", "--weight-dtype", help="bf16 | fp8 | fp4"),
+    weight_dtype: Optional[str] = typer.Option(None, "--weight-dtype", help="bf16 | fp8 | fp4 [default: the "
+                                               "model's native dtype, from its config (e.g. fp4 for gpt-oss's MXFP4)]"),
     kv_dtype: str = typer.Option("fp8", "--kv-dtype", help="bf16 | fp8 | fp4"),
     # bounded before any array is built: 10**12 tried to allocate 7.28 TiB (issue 24); a
     # million requests in one batch is ~1,000x any stack's max_num_seqs, and token counts

@@ -23,8 +23,9 @@ def _figures_table(con, figures, tolerance: float) -> None:
         t.add_column(col, justify=just)
     for r in figures:
         err = f"{r.relative_error:+.1%}"
+        tol = r.tolerance if r.tolerance is not None else tolerance
         t.add_row(r.name, f"{r.predicted:,.1f}", f"{r.published:,.1f}", r.unit,
-                  f"[red]{err}[/red]" if abs(r.relative_error) > tolerance else err)
+                  f"[red]{err}[/red]" if abs(r.relative_error) > tol else err)
     con.print(t)
 
 
