@@ -7,7 +7,9 @@ it is recorded with that same pre-rewrite code (git tag pre-engine-core, 7bbe12a
 the cost-model fixes made since (tests/data/pre_engine_core_fixes.patch: `CostModel.mixed`
 splits a prompt chunk over micro-batches; a prefill pass takes the micro-batch count
 that finishes first; a fused pass streams weights at the lower of the two phases'
-efficiencies; a pass's bytes count the KV replicas), so it still pins the rewrite;
+efficiencies; a pass's bytes count the KV replicas; issue 22: a wafer streams prompts
+through its layers, `prompt_token_layer_s`, with the CS-3 entries that carry it), so it
+still pins the rewrite;
 `scripts/record_core_reference.py` says how."""
 
 from __future__ import annotations
