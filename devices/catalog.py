@@ -143,6 +143,7 @@ def _resolve_extends(kind: str, data: dict, path: Path | str, seen: tuple = ()) 
         spath, sdata = _raw_entries(kind)[skey]
         soft = _resolve_extends(kind, sdata, spath, seen + (source,))
         data = _merge({k: soft[k] for k in SOFTWARE_FIELDS if k in soft}, data)
+        data.setdefault("borrowed_from", skey)       # says whose terms it runs (stack_label)
     parent = data.pop("extends", None)
     if parent is None:
         return data

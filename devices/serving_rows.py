@@ -43,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from .catalog import CatalogError, resolve_device
+from .catalog import CatalogError
 from .costmodel import CostModel, Parallelism, SpeculativeConfig
 from .harness import DEFAULT_REQUESTS_PER_USER, harness_for
 
@@ -58,9 +58,11 @@ COLUMNS = (
 )
 #: Length draws: uniform in [LENGTH_LOW, 1] x nominal (see the module docstring).
 LENGTH_LOW = 0.8
-#: Framework names of the CSV -> catalog stack keys.
-FRAMEWORK_STACKS = {"sglang": "sglang", "dynamo-sglang": "sglang", "trt": "trtllm", "trtllm": "trtllm",
-                    "dynamo-trt": "trtllm", "vllm": "vllm", "dynamo-vllm": "vllm"}
+#: A prefill instance's token budget per pass when the harness gives none (the
+#: scenario pools' default `chunk_tokens`, vLLM's max_num_batched_tokens of 8,192).
+DEFAULT_CHUNK_TOKENS = 8192
+#: Framework names of the CSV -> catalog stack keys: `devices.borrow.FRAMEWORK_FAMILIES`
+#: (a pair without a stack file borrows the nearest calibrated one, `devices.borrow`).
 
 
 @dataclass(frozen=True)
@@ -232,7 +234,9 @@ class Deployment:
     def cost(self, pool: PoolPlan, device=None) -> CostModel:
         """The cost model of one instance of `pool` (`device`: a spec to use instead
         of the catalog's, e.g. while fitting)."""
-        dev = device if device is not None else resolve_device(self.device, self.stack)
+        from .borrow import resolve_stack
+
+        dev = device if device is not None else resolve_stack(self.device, self.stack)
         return CostModel(self.model, dev, pool.parallelism, weight_dtype=self.weight_dtype,
                          kv_dtype=self.kv_dtype, speculative=self.speculative)
 
@@ -259,10 +263,12 @@ def deployment(row: ServingRow) -> Deployment:
         CatalogError: an unknown framework, precision or speculative-decoding method,
             or a GPU count the parallelism does not divide.
     """
-    stack = FRAMEWORK_STACKS.get(row.framework.lower())
+    from .borrow import FRAMEWORK_FAMILIES, family
+
+    stack = family(row.framework)
     if stack is None:
         raise CatalogError(f"row {row.id}: unknown framework {row.framework!r} "
-                           f"(known: {', '.join(sorted(FRAMEWORK_STACKS))})")
+                           f"(known: {', '.join(sorted(FRAMEWORK_FAMILIES))})")
     if row.precision not in ("fp8", "fp4", "bf16"):
         raise CatalogError(f"row {row.id}: precision must be bf16, fp8 or fp4, got {row.precision!r}")
     harness = harness_for(row)
@@ -313,12 +319,17 @@ def closed_loop_estimate(dep: Deployment, device=None, iterations: int = 60) -> 
       instead of s / 2, and the prompts that arrived over those N steps are prefilled
       together: k = max(1, X (N s + pf(k))); with mixed prefill the wait is N t / 2.
     Disaggregated: prefill instances serve X prompts/s (TTFT = pf + an M/D/1 queue
-      wait + the decode engine's first step); decode steps are not interrupted.
+      wait + the decode engine's first step); decode steps are not interrupted. The
+      pool's capacity bounds X: an instance packs its chunk budget (the harness's, else
+      DEFAULT_CHUNK_TOKENS) with k = budget / P waiting prompts per pass, k / pf(k)
+      prompts/s; when the users would ask for more, X is that capacity and the closed
+      loop's users wait in the prefill queue: TTFT = N / X - (O - 1) x TPOT.
     Closed loop: N = X x (TTFT + (O - 1) x TPOT) users, B = X x (O - 1) x TPOT in
     decode (Little's law); solved by damped fixed-point iteration on B.
 
     Returns {"tpot_s", "ttft_s", "throughput_per_gpu" (input + output tokens/s per GPU),
-    "batch", "requests_per_s"}.
+    "batch", "requests_per_s"}, and for a disaggregated deployment
+    "input_per_prefill_gpu" (prompt tokens/s per prefill GPU).
     """
     P, O = mean_lengths(dep)
     by_role = {p.role: p for p in dep.pools}
@@ -333,7 +344,7 @@ def closed_loop_estimate(dep: Deployment, device=None, iterations: int = 60) -> 
         pf_cost = dep.cost(by_role["prefill"], device)
         n_users = dep.concurrency / pool.instances
     tps = dec_cost.tokens_per_step
-    cap = dep.max_num_seqs or dec_cost.max_num_seqs or 10 ** 9
+    seqs_cap = dep.max_num_seqs or dec_cost.max_num_seqs or 10 ** 9
     ctx = P + O / 2
 
     def step(b: float) -> float:
@@ -346,8 +357,9 @@ def closed_loop_estimate(dep: Deployment, device=None, iterations: int = 60) -> 
         chunks = [P] * whole + ([P * (k - whole)] if k > whole else [])
         return pf_cost.prefill(np.array(chunks), 0).time_s
 
-    B = min(n_users, cap)
+    B = min(n_users, seqs_cap)
     N = dep.recv_interval
+    cap = None                  # prefill capacity of a disaggregated pool (set below)
     X = 0.0
     out: dict = {}
     for _ in range(iterations):
@@ -375,24 +387,40 @@ def closed_loop_estimate(dep: Deployment, device=None, iterations: int = 60) -> 
             rho = min(0.95, X * pf / by_role["prefill"].instances)
             ttft = pf + rho * pf / (2 * (1 - rho)) + s
             tpot = s / tps
+            if cap is None:
+                # the prefill pool's capacity: each instance packs the chunk budget with
+                # waiting prompts, k of them per pass (requests/s per decode instance)
+                k_max = max(1.0, (dep.chunk_tokens or DEFAULT_CHUNK_TOKENS) / P)
+                cap = by_role["prefill"].instances * k_max / prefill(k_max) / pool.instances
         ttft += pf_cost.device.request_latency_s      # the front end's share of the client's TTFT
         e2e = ttft + (O - 1) * tpot
         X_new = n_users / e2e
-        B_new = min(cap, X_new * (O - 1) * tpot)
+        if cap is not None and X_new > cap:
+            # saturated prefill: the closed loop's users queue for it (Little's law)
+            X_new = cap
+            ttft = max(ttft, n_users / cap - (O - 1) * tpot)
+        B_new = min(seqs_cap, X_new * (O - 1) * tpot)
         X = X_new if X == 0.0 else 0.5 * (X + X_new)
         B = 0.5 * (B + max(B_new, 1.0))
         out = {"tpot_s": tpot, "ttft_s": ttft, "batch": B, "requests_per_s": X * pool.instances}
     out["throughput_per_gpu"] = out["requests_per_s"] * (P + O) / dep.gpus
+    if "prefill" in by_role:
+        pre = by_role["prefill"]
+        out["input_per_prefill_gpu"] = out["requests_per_s"] * P / (pre.instances * pre.parallelism.n_devices)
     return out
 
 
 def measured(row: ServingRow) -> dict:
-    """The row's figures in the units of `closed_loop_estimate` (seconds, tokens/s/GPU)."""
-    return {"tpot_s": row.median_tpot_ms / 1e3, "ttft_s": row.median_ttft_ms / 1e3,
-            "throughput_per_gpu": row.total_tokens_per_s_per_gpu}
+    """The row's figures in the units of `closed_loop_estimate` (seconds, tokens/s/GPU;
+    a disaggregated row's prompt tokens/s per prefill GPU when it gives one)."""
+    out = {"tpot_s": row.median_tpot_ms / 1e3, "ttft_s": row.median_ttft_ms / 1e3,
+           "throughput_per_gpu": row.total_tokens_per_s_per_gpu}
+    if row.disaggregated and row.input_tokens_per_s_per_prefill_gpu:
+        out["input_per_prefill_gpu"] = row.input_tokens_per_s_per_prefill_gpu
+    return out
 
 
 __all__ = [
-    "COLUMNS", "Deployment", "FRAMEWORK_STACKS", "LENGTH_LOW", "PoolPlan",
+    "COLUMNS", "Deployment", "LENGTH_LOW", "PoolPlan",
     "ServingRow", "closed_loop_estimate", "deployment", "load_serving_rows", "mean_lengths", "measured",
 ]

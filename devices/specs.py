@@ -227,6 +227,8 @@ class HardwareSpec(_Spec):
     software_stack: str = Field("", description="the software stack, in words")
     stack: StackInfo = StackInfo()
     default_stack: str = Field("", description="hardware entries: the stack a bare device name means")
+    borrowed_from: str = Field("", description="the catalog entry whose software terms this entry runs "
+                               "(its `stack_from`, or the stack `devices.borrow` lent); '' : its own")
     aliases: tuple[str, ...] = ()
 
     memory_bytes: float = Field(gt=0, description="memory capacity per device (bytes)")
@@ -304,8 +306,10 @@ class HardwareSpec(_Spec):
 
     @property
     def stack_label(self) -> str:
-        """The stack in a few words for summaries: "SGLang 0.5.9" or the description."""
-        return self.stack.label or self.software_stack
+        """The stack in a few words for summaries: "SGLang 0.5.9" or the description,
+        with "(terms of <entry>)" when its software terms are borrowed."""
+        label = self.stack.label or self.software_stack
+        return f"{label} (terms of {self.borrowed_from})" if self.borrowed_from else label
 
     def software_stack_for(self, model: "ModelSpec") -> str:
         """`software_stack` with only the kernels `model` runs: the items after the

@@ -163,10 +163,11 @@ _RANGES: tuple[tuple, ...] = (
     ("mi455x.memory_bandwidth_TBps", "MI455X HBM4 bandwidth", "TB/s", 19.6, 23.3,
      ("AMD MI450 announcement: 19.6 TB/s (2025)", "AMD slide in a sell-side note: 'up to 23.3 TB/s' (2026)"),
      "linear", "HBM bandwidth of one MI455X: the 2025 and 2026 announcements differ"),
-    ("mi455x.stack_time_factor", "MI455X borrowed-stack time factor", "x", 0.75, 2.0,
+    ("mi455x.stack_time_factor", "MI455X borrowed-stack time factor", "x", 0.806, 1.241,
      ("MI455X runs SGLang's terms fitted on MI355X (mi455x-sglang.toml): no measured row",
-      "issue 22: on held-back rows a device running borrowed terms came out up to 2x too fast per user",
-      "leave-one-device-out validation (`rack validate`) measures the borrowed stack's error"),
+      "leave-one-device-out validation of borrowed stacks (devices/lodo.py, `rack validate`): median |error| "
+      "24.1 % on TPOT, 17.3 % on throughput per GPU over 5 devices and 33 rows: / 1.241 to x 1.241",
+      "issue 22: on held-back rows a device running borrowed terms came out up to 2x too fast per user"),
      "log", "step time of the borrowed software stack relative to the terms it borrows"),
     ("link.bandwidth_GBps", "KV link bandwidth", "GB/s", 190.0, 4200.0,
      ("Mooncake transfer engine: 8 x 400 Gb/s RoCE reaches ~190 GB/s",
@@ -285,7 +286,8 @@ def pool_cost_model(scenario, pool):
     Raises:
         ValueError / KeyError / devices.CatalogError: a bad device, model or split.
     """
-    from .catalog import resolve_device, resolve_model
+    from .borrow import resolve_stack
+    from .catalog import resolve_model
     from .costmodel import CostModel, Parallelism, SpeculativeConfig
 
     spec = None
@@ -293,7 +295,7 @@ def pool_cost_model(scenario, pool):
         s = pool.speculative
         spec = SpeculativeConfig(draft_tokens=s.draft_tokens, acceptance_rate=s.acceptance_rate,
                                  method=s.method, draft_model=s.draft_model)
-    device = apply_terms(resolve_device(pool.device, pool.stack), getattr(scenario, "terms", {}) or {})
+    device = apply_terms(resolve_stack(pool.device, pool.stack), getattr(scenario, "terms", {}) or {})
     return CostModel(resolve_model(scenario.model), device,
                      Parallelism(tp=pool.tp, pp=pool.pp, ep=pool.ep, dp_attention=pool.dp_attention),
                      weight_dtype=scenario.weight_dtype, kv_dtype=scenario.kv_dtype, speculative=spec)
@@ -308,13 +310,13 @@ def wafer_prefill_rate(scenario, prompt_tokens: int) -> float:
     Raises:
         ValueError: prompt_tokens < 1, or the scenario has no wafer pool.
     """
-    from .catalog import resolve_device
+    from .borrow import resolve_stack
 
     if int(prompt_tokens) < 1:
         raise ValueError(f"wafer_prefill_rate: prompt_tokens must be >= 1, got {prompt_tokens!r}")
     pools = sorted(scenario.pools, key=lambda p: p.role == "prefill")
     for pool in pools:
-        if resolve_device(pool.device, pool.stack).kind == "wafer":
+        if resolve_stack(pool.device, pool.stack).kind == "wafer":
             cost = pool_cost_model(scenario, pool)
             return int(prompt_tokens) / cost.prefill([int(prompt_tokens)], [0]).time_s
     raise ValueError(f"scenario {scenario.name!r} has no wafer pool (pools: "

@@ -175,14 +175,14 @@ def pool_rates(scenario: "Scenario") -> list[PoolRates]:
     $/h at peak = devices x (device $/h + peak_w x PUE x electricity price, the latter
     only for TCO-priced devices). Raises ScenarioError for an unknown device.
     """
-    from devices.catalog import resolve_device
+    from devices.borrow import resolve_stack
     from devices.uncertainty import apply_terms
 
     settings = scenario.cost
     out = []
     for p in scenario.pools:
         try:
-            dev = apply_terms(resolve_device(p.device, p.stack), scenario.terms)
+            dev = apply_terms(resolve_stack(p.device, p.stack), scenario.terms)
         except (ValueError, KeyError) as exc:
             raise ScenarioError(f"pool {p.name!r}: {exc}") from None
         n = p.devices_per_instance

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from devices.catalog import resolve_device
+from devices.borrow import resolve_stack
 from devices.serving_rows import LENGTH_LOW, Deployment, ServingRow, deployment, measured
 from rack.wiring.scenario import Scenario, parse_scenario
 from workloads import Request
@@ -58,7 +58,7 @@ def row_scenario(row: ServingRow, dep: Deployment | None = None) -> Scenario:
     data = {"name": f"row-{row.id}", "description": f"{row.id}: {row.curve}, {row.concurrency_requests} users",
             "model": dep.model, "weight_dtype": dep.weight_dtype, "kv_dtype": dep.kv_dtype, "pools": pools,
             "slo": {"ttft_ms": 2000.0, "tpot_ms": 80.0}, "seed": 0}
-    front = resolve_device(dep.device, dep.stack).request_latency_s
+    front = resolve_stack(dep.device, dep.stack).request_latency_s
     if front > 0:        # the serving front end's time in the client's TTFT (HardwareSpec.request_latency_s)
         data["fixed_stages"] = [{"name": "api_server", "latency_ms": front * 1e3, "where": "before"}]
     if len(pools) == 2:

@@ -52,7 +52,8 @@ def build_estimate(model: str, device: str, count: int, tp: Optional[int], pp: O
     """
     import numpy as np
 
-    from devices.catalog import resolve_device, resolve_model
+    from devices.borrow import resolve_stack
+    from devices.catalog import resolve_model
     from devices.costmodel import CostModel, Parallelism, SpeculativeConfig
     from devices.planner import ModelDoesNotFit, plan_memory
     from devices.uncertainty import apply_terms
@@ -61,7 +62,7 @@ def build_estimate(model: str, device: str, count: int, tp: Optional[int], pp: O
     for name, v in (("batch", batch), ("context", context), ("prompt", prompt)):
         if v < 1:
             raise ValueError(f"--{name} must be >= 1, got {v}")
-    dev = apply_terms(resolve_device(device, stack), terms or {})
+    dev = apply_terms(resolve_stack(device, stack), terms or {})
     par = default_parallelism(dev, count, tp, pp, ep)
     if dp_attention:
         par = Parallelism(tp=par.tp, pp=par.pp, ep=par.ep, dp_attention=True)

@@ -493,7 +493,8 @@ def check_hardware(scenario: Scenario, source: str = "<scenario>") -> None:
     the weights fit one instance of each pool, as `build_topology` will. Raises
     ScenarioError naming `source`, the field and what is needed (closest catalog names
     for an unknown one; the instance size the weights need)."""
-    from devices.catalog import resolve_device, resolve_model
+    from devices.borrow import resolve_stack
+    from devices.catalog import resolve_model
     from rack.wiring.sizing import check_fit, cost_model
 
     try:
@@ -506,7 +507,7 @@ def check_hardware(scenario: Scenario, source: str = "<scenario>") -> None:
                             f"context of {limit} tokens (expected <= {limit}, or leave it out)")
     for i, p in enumerate(scenario.pools):
         try:
-            resolve_device(p.device, p.stack)
+            resolve_stack(p.device, p.stack)        # a framework without a stack file borrows one
         except (ValueError, KeyError, OSError) as exc:
             field = "stack" if p.stack is not None and "software stack" in str(exc) else "device"
             raise ScenarioError(f"{source}: field pools[{i}].{field} (pool {p.name!r}): "
