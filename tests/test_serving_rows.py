@@ -97,7 +97,8 @@ def test_validate_cli_reads_a_csv_and_plots(tmp_path):
     out = json.loads(r.stdout)
     assert [x["id"] for x in out["serving_rows"]] == ["C01", "C05"] and out["figures"] == []
     files = sorted(p.name for p in (tmp_path / "plots").iterdir())
-    assert files == ["curve-h200-sglang-fp8-tp8-1024-1024.png", "parity.png"]
+    # and the leave-one-device-out table of borrowed stacks (issue 22)
+    assert files == ["curve-h200-sglang-fp8-tp8-1024-1024.png", "leave-one-device-out.png", "parity.png"]
     bad = tmp_path / "bad.csv"
     bad.write_text("id,hardware\nX,h200\n")
     r = CliRunner().invoke(app, ["validate", "--rows", str(bad)])
