@@ -61,7 +61,7 @@ def _saturated_table(con, sat, sat_summary) -> None:
     fmt = {"input_per_prefill_gpu": lambda v: f"{v:,.0f}", "ttft_s": lambda v: f"{v * 1e3:,.0f} ms",
            "tpot_s": lambda v: f"{v * 1e3:.1f} ms"}
     for r in sat:
-        curve = r.row.curve + (f" [borrowed: {r.borrowed_from}]" if r.borrowed_from else "")
+        curve = r.row.curve + (f" (borrows {r.borrowed_from})" if r.borrowed_from else "")
         t.add_row(r.row.id, curve, str(r.row.concurrency_requests),
                   *(f"{fmt[m](r.predicted[m])} / {fmt[m](r.measured[m])} {r.errors[m]:+.0%}" for m in labels))
     con.print(t)
@@ -88,7 +88,7 @@ def _serving_table(con, replays, summary, lodo=None) -> None:
     for rr in replays:
         dep = deployment(rr.row)
         lender = resolve_stack(dep.device, dep.stack).borrowed_from
-        curve = rr.row.curve + (f" [borrowed: {lender}, +-{lodo_err.get('tpot_s', float('nan')):.0%} TPOT]"
+        curve = rr.row.curve + (f" (borrows {lender}, +-{lodo_err.get('tpot_s', float('nan')):.0%} TPOT)"
                                 if lender else "")
         cells = []
         for m in LABELS:
