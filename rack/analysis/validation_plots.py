@@ -106,6 +106,16 @@ def write_plots(replays: list[RowReplay], out_dir: str | Path) -> list[Path]:
     return written
 
 
+def _finish(plt, fig, ax, title: str, path: Path) -> Path:
+    """Title, legend, layout; save `fig` to `path` and close it."""
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def write_extra_plots(figures, lodo: dict | None, out_dir: str | Path) -> list[Path]:
     """The wafer prompt rows (predicted against published, +-35 %) and the
     leave-one-device-out table (median |error| per device and metric) as PNGs in
@@ -122,19 +132,14 @@ def write_extra_plots(figures, lodo: dict | None, out_dir: str | Path) -> list[P
     written = []
     prompt = [f for f in figures if f.kind in PROMPT_KINDS]
     if prompt:
-        fig, ax = plt.subplots(figsize=(7, 3.2))
+        fig, ax = plt.subplots(figsize=(11, 3.2))
         y = np.arange(len(prompt))
         ax.barh(y, [100 * f.relative_error for f in prompt], color="tab:orange")
         ax.axvspan(-35, 35, color="0.9", zorder=0, label="+-35 % (issue 22)")
         ax.set_yticks(y, [f"{f.name} ({f.published:g} {f.unit})" for f in prompt], fontsize=6)
         ax.set_xlabel("rack / published - 1 (%)")
-        ax.set_title("Wafer prompt rows: prompts streamed through the layers", fontsize=9)
-        ax.legend(fontsize=7)
-        fig.tight_layout()
-        path = out / "wafer-prompt-rows.png"
-        fig.savefig(path, dpi=120)
-        plt.close(fig)
-        written.append(path)
+        written.append(_finish(plt, fig, ax, "Wafer prompt rows: prompts streamed through the layers",
+                               out / "wafer-prompt-rows.png"))
     if lodo and lodo.get("devices"):
         devs = lodo["devices"]
         fig, ax = plt.subplots(figsize=(7, 3.2))
@@ -143,13 +148,8 @@ def write_extra_plots(figures, lodo: dict | None, out_dir: str | Path) -> list[P
             ax.bar(x + (i - 1) * 0.27, [100 * d["median_abs_error"][m] for d in devs], 0.27, label=m)
         ax.set_xticks(x, [f"{d['device']} <- {d['borrowed_from']}" for d in devs], fontsize=7)
         ax.set_ylabel("median |error| (%)")
-        ax.set_title("Leave-one-device-out: each device on the stack it would borrow", fontsize=9)
-        ax.legend(fontsize=7)
-        fig.tight_layout()
-        path = out / "leave-one-device-out.png"
-        fig.savefig(path, dpi=120)
-        plt.close(fig)
-        written.append(path)
+        written.append(_finish(plt, fig, ax, "Leave-one-device-out: each device on the stack it would borrow",
+                               out / "leave-one-device-out.png"))
     return written
 
 
