@@ -101,8 +101,11 @@ def test_estimate_names_the_stack_and_splits_a_step():
     # MLA's latent is held by each of the 8 TP devices: the table says so (new-user trial)
     assert "x 8 copies across TP" in " ".join(r.output.split())
     assert "collectives" in r.output and "fixed" in r.output
+    # a framework without a stack file on this device borrows one and says whose (issue 22)
     r = runner.invoke(app, ["estimate", "-m", "deepseek-r1", "-d", "b200", "--stack", "vllm", "-n", "8"])
-    assert r.exit_code == 2 and "no software stack 'vllm'" in r.output
+    assert r.exit_code == 0 and "(terms of " in " ".join(r.output.split())
+    r = runner.invoke(app, ["estimate", "-m", "deepseek-r1", "-d", "b200", "--stack", "no-such-engine", "-n", "8"])
+    assert r.exit_code == 2 and "no software stack 'no-such-engine'" in r.output
 
 
 def test_estimate_model_that_does_not_fit():
