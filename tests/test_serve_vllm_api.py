@@ -138,6 +138,12 @@ def test_pacing_window_counts_each_streamed_chunk_once(server):
             pass
     time.sleep(0.5)
     w = server.pacing_window()
-    assert w["chunks"] == 10 and w["responses"] == 2 and w["itl_wall_s"] == pytest.approx(0.7624e-3 * D, rel=0.01)
+    # one request's decode step on the fixture scenario's wafer pool, in wall seconds
+    from rack.wiring.scenario import load_scenario
+    from rack.wiring.sizing import cost_model
+
+    sc = load_scenario("helios-cs3-kimi-k2")
+    step = cost_model(sc, sc.pool("decode")).decode_step([102]).time_s
+    assert w["chunks"] == 10 and w["responses"] == 2 and w["itl_wall_s"] == pytest.approx(step * D, rel=0.01)
     assert w["p50_s"] <= w["p99_s"] <= w["max_s"]
     assert server.pacing_window()["chunks"] == 0
