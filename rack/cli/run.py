@@ -26,9 +26,10 @@ STREAM_FROM_REQUESTS = 100_000
 
 def load_inputs(scenario: Optional[str], trace: str, window: Optional[str], rate_scale: float,
                 max_requests: Optional[int], output_scale: float, skip_bad_rows: bool,
-                load: Optional[LoadOptions] = None, **overrides):
+                load: Optional[LoadOptions] = None, compact: bool = False, **overrides):
     """The scenario (with overrides) and the requests (`rack.cli.load.Loaded`: the
-    trace, or --dataset/--workload, through the load options), or a clean CLI error."""
+    trace, or --dataset/--workload, through the load options; `compact`: as a
+    `workloads.RequestTable`), or a clean CLI error."""
     from devices.catalog import CatalogError
     from devices.planner import ModelDoesNotFit
     from rack.wiring.scenario import ScenarioError, load_scenario
@@ -39,7 +40,8 @@ def load_inputs(scenario: Optional[str], trace: str, window: Optional[str], rate
         sc = sc.with_overrides(**overrides)
         loaded = (load or LoadOptions()).load(trace, default_trace=DEFAULT_TRACE, window=window,
                                               rate_scale=rate_scale, max_requests=max_requests,
-                                              output_scale=output_scale, skip_bad_rows=skip_bad_rows)
+                                              output_scale=output_scale, skip_bad_rows=skip_bad_rows,
+                                              compact=compact)
     except (ScenarioError, CatalogError, ModelDoesNotFit, TraceError, ValueError) as exc:
         fail(str(exc))
     except OSError as exc:        # e.g. a device file that is a directory
@@ -110,7 +112,8 @@ def run(
             if runtime == "virtual" and value is not None:
                 typer.echo(f"warning: {name} applies to the ray runtime only; the virtual runtime ignores it", err=True)
         sc, loaded = load_inputs(scenario, trace, window, rate_scale, max_requests, output_scale,
-                                 skip_bad_rows, load, dilation=dilation, payload_scale=payload_scale,
+                                 skip_bad_rows, load, compact=runtime == "virtual" and records != "memory",
+                                 dilation=dilation, payload_scale=payload_scale,
                                  max_restarts=max_restarts)
         sc = with_routing([sc], router_policy, prefix_weight)[0]
         reqs = loaded.requests
