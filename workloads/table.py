@@ -46,6 +46,8 @@ from .request import Request, Turn
 BLOCK = 4096
 #: Rows gathered as Python values before they become arrays (`from_requests`).
 BUILD_CHUNK = 1 << 16
+#: Block hashes gathered as Python ints before they become an array.
+BUILD_HASHES = 1 << 18
 _I32 = np.iinfo(np.int32)
 _I64 = np.iinfo(np.int64)
 
@@ -358,13 +360,14 @@ class _Builder:
             if not self._wide and not (_I32.min <= min(h) and max(h) <= _I32.max):
                 self._wide = True
         self._hash_len.append(len(h) if h else 0)
-        if len(self._hash_len) >= BUILD_CHUNK:
+        if len(self._hash_len) >= BUILD_CHUNK or len(self._hash_vals) >= BUILD_HASHES:
             self._seal_hashes()
 
     def _seal_hashes(self) -> None:
         if self._hash_len:
             self._len_parts.append(np.array(self._hash_len, dtype=np.int64))
-            self._hash_parts.append(np.array(self._hash_vals, dtype=np.int64))
+            # int32 while every hash so far fits: half the bytes of a Mooncake trace's ids
+            self._hash_parts.append(np.array(self._hash_vals, dtype=np.int64 if self._wide else np.int32))
             self._hash_len, self._hash_vals = [], []
 
     def _seal(self) -> None:
@@ -374,17 +377,29 @@ class _Builder:
 
     def hash_columns(self, n: int) -> dict[str, Any]:
         self._seal_hashes()
-        lengths = np.concatenate(self._len_parts) if self._len_parts else np.zeros(0, np.int64)
-        flat = np.concatenate(self._hash_parts) if self._hash_parts else np.zeros(0, np.int64)
+        lengths = _join(self._len_parts, np.int64)
         start = np.zeros(n + 1, np.int64)
         np.cumsum(lengths, out=start[1:])
-        return {"hash_start": start, "hash_flat": flat if self._wide else flat.astype(np.int32),
+        return {"hash_start": start, "hash_flat": _join(self._hash_parts, np.int64 if self._wide else np.int32),
                 "big": self.big}
 
     def finish(self) -> dict[str, Any]:
         self._seal()
-        cols = {f: np.concatenate(parts) for f, parts in zip(self._FIELDS, self._done)}
+        cols = {f: _join(parts, dt) for f, parts, dt in zip(self._FIELDS, self._done, self._DTYPES)}
         return {**cols, **self.hash_columns(self.n), "labels": self.labels, "turns": self.turns}
+
+
+def _join(parts: list[np.ndarray], dtype: Any) -> np.ndarray:
+    """The arrays of `parts` end to end as one array of `dtype`, emptying `parts` as
+    they are copied (at most one part beside the result: no second copy of a column)."""
+    out = np.empty(sum(len(p) for p in parts), dtype=dtype)
+    at = 0
+    parts.reverse()
+    while parts:
+        p = parts.pop()
+        out[at:at + len(p)] = p
+        at += len(p)
+    return out
 
 
 __all__ = ["BLOCK", "IdPositions", "RequestOverlay", "RequestTable"]
