@@ -75,7 +75,7 @@ def run(
                                               "decode_crash, prefill_crash, link_degrade, link_flap, frame_corrupt "
                                               "(docs/robustness.md)"),
     records: str = typer.Option("auto", "--records", help="where per-request records are kept during the run: "
-                                "memory, disk (streamed to OUT/records as requests end: memory stays bounded on "
+                                "memory, disk (streamed to OUT/records as requests end, requests held as numpy columns: memory stays bounded on "
                                 f"day-long traces; virtual runtime), or auto (disk from {STREAM_FROM_REQUESTS:,} "
                                 "requests on the virtual runtime)"),
     router_policy: Optional[str] = POLICY_OPTION,
