@@ -131,7 +131,8 @@ def test_cli_json_has_the_issue_keys(tmp_path):
     assert data["checks"]["replay.mooncake-excerpt.wall_s"]["ok"] is None     # a window: not judged
     # peak RSS of a replay in a child process, records streamed and held
     runs = data["memory"]["runs"]
-    assert [(r["requests"], r["records"]) for r in runs] == [(300, "disk"), (300, "memory")]
+    assert [(r["source"], r["requests"], r["records"]) for r in runs] == [
+        ("random", 300, "disk"), ("random", 300, "memory"), ("mooncake", 300, "disk")]
     assert all(r["completed"] == 300 and 30 < r["peak_rss_mb"] < 4096 for r in runs)
     assert data["checks"]["memory.peak_rss_mb_1M_requests"]["ok"] is None     # not a 1M run
 

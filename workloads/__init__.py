@@ -52,6 +52,7 @@ _LAZY = {
     "WorkloadSpecError": "workload_spec", "workload_names": "workload_spec",
     "generate_workload": "mixture", "realised_windows": "mixture",
     "session_chains": "sessions", "take_sessions": "sessions", "count_sessions": "sessions",
+    "RequestTable": "table",
 }
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -65,6 +66,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from .prefix import PrefixHasher, shared_prefix_requests
     from .sessions import count_sessions, session_chains, take_sessions
     from .synth import ClosedLoop, ClosedLoopSource, make_arrivals, make_lengths, synthesize
+    from .table import RequestTable
     from .workload_spec import WorkloadSpec, WorkloadSpecError, load_workload, workload_names
 
 

@@ -99,25 +99,15 @@ def retime(requests: Sequence[Request], controls: LoadControls) -> list[Request]
     rate is the rate of new sessions, and every turn takes its session's new start (the
     runtime sends later turns after the previous one ends, not at their arrival).
     Raises ValueError if no request rate is set."""
-    import numpy as np
-
-    from .arrivals import arrival_times, window_times
-
     if controls.request_rate is None:
         raise ValueError("retime needs a request rate")
+    if getattr(requests, "with_arrivals", None) is not None and not requests.has_turns:
+        return requests.with_arrivals(_unit_times(len(requests), controls))     # a RequestTable
     # one arrival per unit: a session (all its turns), or a request without a turn
     unit: dict = {}
     of = [unit.setdefault(r.turn.session if r.turn is not None else ("request", i), len(unit))
           for i, r in enumerate(requests)]
-    process = controls.arrival_process()
-    if process is None:
-        times = np.zeros(len(unit))
-    elif controls.duration_s is not None:       # exactly round(rate x duration) in it (module docstring)
-        times = window_times(process, 0.0, controls.duration_s, exact=True,
-                             seed=controls.seed)[:len(unit)]
-    else:
-        times = arrival_times(process, n=len(unit), seed=controls.seed)
-    times = times.tolist()
+    times = _unit_times(len(unit), controls).tolist()
     out = [Request(r.id, times[u], r.prompt_tokens, r.output_tokens, r.block_hashes, r.block_size,
                    r.tenant, r.slo_class, r.reasoning_tokens, r.turn)
            for r, u in zip(requests, of) if u < len(times)]
@@ -125,9 +115,37 @@ def retime(requests: Sequence[Request], controls: LoadControls) -> list[Request]
     return sorted(out, key=lambda r: r.arrival_s) if len(unit) < len(requests) else out
 
 
+def _unit_times(n: int, controls: LoadControls):
+    """Arrival times (s, shape (<= n,)) of `n` units (requests, or sessions) under
+    `controls`' request rate: all 0 for inf; with a duration, the exact count that fills
+    it (module docstring), at most n."""
+    import numpy as np
+
+    from .arrivals import arrival_times, window_times
+
+    process = controls.arrival_process()
+    if process is None:
+        return np.zeros(n)
+    if controls.duration_s is not None:         # exactly round(rate x duration) in it (module docstring)
+        return window_times(process, 0.0, controls.duration_s, exact=True, seed=controls.seed)[:n]
+    return arrival_times(process, n=n, seed=controls.seed)
+
+
 def apply_load(requests: Sequence[Request], controls: LoadControls) -> list[Request]:
     """The request list with the open-loop controls applied (see the module docstring);
-    the input must be in arrival order. max_concurrency is left to `closed_loop`."""
+    the input must be in arrival order. max_concurrency is left to `closed_loop`. A
+    `workloads.table.RequestTable` gives a RequestTable (the same requests)."""
+    if getattr(requests, "with_arrivals", None) is not None:          # a RequestTable
+        if requests.has_turns:          # sessions re-timed as units: the list path's rules
+            return _table(apply_load(list(requests), controls))
+        out = requests
+        if controls.num_prompts is not None:
+            out = out[:controls.num_prompts]
+        if controls.request_rate is not None:
+            out = retime(out, controls)
+        if controls.duration_s is not None:
+            out = out.where(out.arrivals < controls.duration_s)
+        return out
     out = list(requests)
     if controls.num_prompts is not None:
         out = out[:controls.num_prompts]
@@ -156,7 +174,7 @@ RANDOM_INPUT_LEN, RANDOM_OUTPUT_LEN, RANDOM_NUM_PROMPTS = 1024, 128, 1000
 
 def random_dataset(controls: LoadControls, *, input_len: int = RANDOM_INPUT_LEN,
                    output_len: int = RANDOM_OUTPUT_LEN, range_ratio: float = 0.0,
-                   prefix_len: int = 0, block_size: int = 512) -> list[Request]:
+                   prefix_len: int = 0, block_size: int = 512, compact: bool = False):
     """vLLM's random dataset: lengths from `random_dataset_lengths`, a common
     `prefix_len`-token prefix added to every prompt (shared blocks have the same
     hashes; without a prefix, requests carry no hashes: random prompts share nothing),
@@ -164,8 +182,9 @@ def random_dataset(controls: LoadControls, *, input_len: int = RANDOM_INPUT_LEN,
 
     Count: `num_prompts`, or round(rate x `duration_s`) arrivals filling the duration
     (`retime`), or both (whichever is fewer); neither gives vLLM's default 1000. Ids
-    0..n-1. Raises ValueError on bad parameters (a duration without a finite request
-    rate).
+    0..n-1. compact: a `workloads.table.RequestTable` (columns drawn as arrays, no
+    `Request` made) instead of a list of the same requests. Raises ValueError on bad
+    parameters (a duration without a finite request rate).
     """
     from .lengths import random_dataset_lengths
     from .prefix import PrefixHasher
@@ -194,6 +213,8 @@ def random_dataset(controls: LoadControls, *, input_len: int = RANDOM_INPUT_LEN,
     if controls.duration_s is not None:
         count = round(process.rate_per_s * controls.duration_s)
         n = count if n is None else min(n, count)
+    if compact:
+        return _random_table(process, lengths, n, controls, prefix_len, block_size)
     reqs = synthesize(process, lengths, n=n, seed=controls.seed, block_size=block_size)
     if controls.duration_s is not None:
         reqs = retime(reqs, controls)
@@ -206,6 +227,25 @@ def random_dataset(controls: LoadControls, *, input_len: int = RANDOM_INPUT_LEN,
         out.append(Request(r.id, r.arrival_s, p, r.output_tokens,
                            hasher.hashes(p, prefix_len, "prefix", r.id), block_size))
     return out
+
+
+def _random_table(process, lengths, n: int, controls: LoadControls, prefix_len: int, block_size: int):
+    """`random_dataset(compact=True)`: the same requests as a RequestTable."""
+    import numpy as np
+
+    from .prefix import PrefixHasher
+    from .synth import synthesize_columns
+    from .table import RequestTable
+
+    times, prompt, output = synthesize_columns(process, lengths, n=n, seed=controls.seed)
+    ids = np.arange(times.size, dtype=np.int64)
+    hashes = None
+    if prefix_len:
+        prompt = prompt + prefix_len
+        hasher = PrefixHasher(block_size)
+        hashes = [hasher.hashes(p, prefix_len, "prefix", i) for i, p in enumerate(prompt.tolist())]
+    table = RequestTable.from_columns(ids, times, prompt, output, block_size=block_size, hashes=hashes)
+    return retime(table, controls) if controls.duration_s is not None else table
 
 
 @dataclass(frozen=True)
@@ -247,8 +287,10 @@ class LoadPlan:
         return {"window": self.window, "rate_scale": self.rate_scale,
                 "max_requests": self.max_requests, "output_scale": self.output_scale}
 
-    def requests(self):
-        """The requests (a `workloads.RequestList`, arrival order). Raises TraceError,
+    def requests(self, compact: bool = False):
+        """The requests (a `workloads.RequestList`, arrival order; with `compact`, a
+        `workloads.table.RequestTable` of the same requests: numpy columns, read or
+        generated without holding a `Request` object each). Raises TraceError,
         WorkloadSpecError or ValueError for bad input, and ValueError when no request
         is left."""
         from .replay import RequestList, load_requests, replay
@@ -256,14 +298,15 @@ class LoadPlan:
         c = self.controls
         if self.source == "trace":
             base = load_requests(self.name, format=self.format, mapping=dict(self.mapping) or None,
-                                 skip_bad_rows=self.skip_bad_rows, seed=c.seed, **self._replay())
+                                 skip_bad_rows=self.skip_bad_rows, seed=c.seed, compact=compact,
+                                 **self._replay())
         else:
             if self.source == "random":
-                made = RequestList(random_dataset(c, input_len=self.input_len,
-                                                  output_len=self.output_len,
-                                                  range_ratio=self.range_ratio,
-                                                  prefix_len=self.prefix_len),
-                                   name="random", format="random")
+                drawn = random_dataset(c, input_len=self.input_len, output_len=self.output_len,
+                                       range_ratio=self.range_ratio, prefix_len=self.prefix_len,
+                                       compact=compact)
+                made = drawn.with_meta(name="random", format="random") if compact else \
+                    RequestList(drawn, name="random", format="random")
             else:
                 from .mixture import generate_workload
                 from .workload_spec import load_workload, resolve_workload
@@ -271,18 +314,22 @@ class LoadPlan:
                 made = generate_workload(load_workload(self.name), seed=self.workload_seed,
                                          duration_s=c.duration_s,
                                          source=str(resolve_workload(self.name)))
-            base = RequestList(replay(made, **self._replay(), seed=c.seed), name=made.name,
-                               path=made.path, format=made.format, controls=made.controls)
+            meta = dict(name=made.name, path=made.path, format=made.format, controls=made.controls)
+            if not compact:
+                base = RequestList(replay(made, **self._replay(), seed=c.seed), **meta)
+            elif self._replay() == {"window": None, "rate_scale": 1.0, "max_requests": None, "output_scale": 1.0}:
+                base = made.with_meta(**meta) if hasattr(made, "with_meta") else \
+                    _table(made, **meta)
+            else:
+                base = _table(replay(made, **self._replay(), seed=c.seed), **meta)
         if not base:
             why = (f" in the window {self.window}" if self.window is not None else
                    " (its clients' rates x duration_s draw none; raise duration_s or the rates)"
                    if self.source == "workload" else "")
             raise ValueError(f"{self.label()} gives no requests{why}")
-        out = RequestList(apply_load(base, c), name=base.name, path=base.path,
-                          format=base.format, controls={**base.controls, **self.describe()},
-                          rows_read=base.rows_read, skipped_by_reason=base.skipped_by_reason,
-                          skipped_examples=base.skipped_examples,
-                          failed_requests=base.failed_requests, complete=base.complete)
+        meta = {**base.meta(), "controls": {**base.controls, **self.describe()}}
+        loaded = apply_load(base, c)
+        out = loaded.with_meta(**meta) if compact else RequestList(loaded, **meta)
         if not out:
             raise ValueError(f"no requests left from {self.label()} after the load controls "
                              f"{c.describe()}")
@@ -321,3 +368,10 @@ class LoadPlan:
         if self.format or self.mapping:
             d.update(format=self.format, mapping=dict(self.mapping))
         return d
+
+
+def _table(requests, **meta):
+    """A `workloads.table.RequestTable` of `requests` (consumed in chunks) with `meta`."""
+    from .table import RequestTable
+
+    return RequestTable.from_requests(requests, **meta)

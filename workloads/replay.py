@@ -16,6 +16,7 @@ from typing import Any, Iterable, Iterator, Mapping
 from .errors import TraceError
 from .reader import TraceReader, open_trace
 from .request import Request
+from .meta import RequestMeta
 
 def parse_window(text: str) -> tuple[float | None, float | None]:
     """``"60:180"`` -> (60.0, 180.0) seconds; either side may be empty (``":300"``).
@@ -147,40 +148,18 @@ def replay(requests: Iterable[Request], *, window: tuple[float | None, float | N
     return scale_output(it, output_scale)
 
 
-class RequestList(list):
+class RequestList(RequestMeta, list):
     """A `list[Request]` that also says where it came from (for a run's results).
 
-    Attributes: name (as asked), path, format, controls (the replay parameters),
-    rows_read, skipped_rows, skipped_by_reason, skipped_examples, failed_requests
-    (reader counters; partial if a window stopped reading early, see `complete`).
+    Attributes (`workloads.table.RequestMeta`): name (as asked), path, format,
+    controls (the replay parameters), rows_read, skipped_rows, skipped_by_reason,
+    skipped_examples, failed_requests (reader counters; partial if a window stopped
+    reading early, see `complete`).
     """
 
     def __init__(self, requests: Iterable[Request] = (), **meta: Any) -> None:
-        super().__init__(requests)
-        self.name: str | None = meta.get("name")
-        self.path: str | None = meta.get("path")
-        self.format: str | None = meta.get("format")
-        self.controls: dict[str, Any] = meta.get("controls", {})
-        self.rows_read: int = meta.get("rows_read", len(self))
-        self.skipped_by_reason: dict[str, int] = meta.get("skipped_by_reason", {})
-        self.skipped_examples: list[str] = meta.get("skipped_examples", [])
-        self.failed_requests: int = meta.get("failed_requests", 0)
-        self.complete: bool = meta.get("complete", True)
-
-    @property
-    def skipped_rows(self) -> int:
-        return sum(self.skipped_by_reason.values())
-
-    def summary(self) -> dict[str, Any]:
-        """JSON-ready provenance and counters (requests, skipped rows by reason, ...)."""
-        return {
-            "name": self.name, "path": self.path, "format": self.format,
-            "requests": len(self), "rows_read": self.rows_read,
-            "skipped_rows": self.skipped_rows, "skipped_by_reason": dict(self.skipped_by_reason),
-            "skipped_examples": list(self.skipped_examples),
-            "failed_requests": self.failed_requests, "read_whole_file": self.complete,
-            "controls": dict(self.controls),
-        }
+        list.__init__(self, requests)
+        self._set_meta(len(self), meta)
 
 
 def load_requests(name_or_path: str | os.PathLike | TraceReader, *,
@@ -188,7 +167,7 @@ def load_requests(name_or_path: str | os.PathLike | TraceReader, *,
                   rate_scale: float = 1.0, max_requests: int | None = None,
                   sample: float = 1.0, seed: int = 0, skip_bad_rows: bool = False,
                   output_scale: float = 1.0, format: str | None = None,
-                  mapping: Mapping[str, Any] | None = None) -> RequestList:
+                  mapping: Mapping[str, Any] | None = None, compact: bool = False):
     """Read a trace (NAME, PATH or an open `TraceReader`) through the replay controls.
 
     window: (start_s, end_s) in trace seconds, either None for open; arrivals are
@@ -197,8 +176,10 @@ def load_requests(name_or_path: str | os.PathLike | TraceReader, *,
       keep each request with this probability (seeded by `seed`). output_scale:
       output lengths multiplied by it (rounded, >= 1). Ids are the trace's row ids
       (not renumbered). format, mapping, skip_bad_rows: see `open_trace`.
+    compact: return a `workloads.table.RequestTable` (numpy columns, built as the
+      file streams: no `Request` object is kept) instead of a list.
 
-    Returns a `RequestList` (a list, plus counters such as skipped rows for the run's
+    Returns a `RequestList` (or a RequestTable) (a list, plus counters such as skipped rows for the run's
     results). Raises TraceError for bad input, for a trace without timestamps (a
     length distribution: use it through `EmpiricalLengths`), or when nothing is left;
     ValueError for bad parameters.
@@ -215,9 +196,14 @@ def load_requests(name_or_path: str | os.PathLike | TraceReader, *,
     controls = {"window": list(window) if window is not None else None,
                 "rate_scale": rate_scale, "max_requests": max_requests, "sample": sample,
                 "seed": seed, "output_scale": output_scale, "skip_bad_rows": reader.skip_bad_rows}
-    requests = list(replay(reader, window=window, rate_scale=rate_scale,
-                           max_requests=max_requests, sample=sample, seed=seed,
-                           output_scale=output_scale))
+    rows = replay(reader, window=window, rate_scale=rate_scale, max_requests=max_requests,
+                  sample=sample, seed=seed, output_scale=output_scale)
+    if compact:
+        from .table import RequestTable
+
+        requests = RequestTable.from_requests(rows)
+    else:
+        requests = list(rows)
     c = reader.counters()
     if not requests:
         if c["requests"] == 0 and c["rows_read"]:
@@ -239,9 +225,8 @@ def load_requests(name_or_path: str | os.PathLike | TraceReader, *,
         else:
             why = f"none passed the replay controls {controls}"
         raise TraceError(str(reader.path), None, None, f"no requests to replay: {why}")
-    return RequestList(
-        requests, name=reader.name, path=str(reader.path), format=reader.format,
+    meta = dict(name=reader.name, path=str(reader.path), format=reader.format,
         controls=controls, rows_read=c["rows_read"], skipped_by_reason=c["skipped_by_reason"],
         skipped_examples=c["skipped_examples"], failed_requests=c["failed_requests"],
-        complete=c["complete"],
-    )
+        complete=c["complete"])
+    return requests.with_meta(**meta) if compact else RequestList(requests, **meta)

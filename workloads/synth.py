@@ -39,6 +39,23 @@ def _streams(seed: int, k: int) -> list[np.random.Generator]:
     return [np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(k)]
 
 
+def synthesize_columns(arrivals: ArrivalProcess | None, lengths: LengthDistribution, *,
+                       n: int | None = None, duration_s: float | None = None,
+                       seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(arrival times s, prompt tokens, output tokens), shape (count,) each: the
+    columns of `synthesize`'s requests, drawn the same way, without a `Request` made.
+    Raises ValueError on bad parameters."""
+    rng_arrivals, rng_lengths = _streams(seed, 2)
+    if arrivals is None:
+        if n is None:
+            raise ValueError("an infinite request rate needs n (the number of requests)")
+        times = np.zeros(int(n))
+    else:
+        times = arrival_times(arrivals, n=n, duration_s=duration_s, seed=rng_arrivals)
+    prompt, output = lengths.sample(times.size, rng_lengths)
+    return times, prompt, output
+
+
 def synthesize(arrivals: ArrivalProcess | None, lengths: LengthDistribution, *, n: int | None = None,
                duration_s: float | None = None, seed: int = 0, block_size: int = 512,
                tenant: str | None = None, slo_class: str | None = None) -> list[Request]:
@@ -50,14 +67,7 @@ def synthesize(arrivals: ArrivalProcess | None, lengths: LengthDistribution, *, 
     `workloads.prefix.shared_prefix_requests` for prefix sharing). Raises ValueError
     on bad parameters.
     """
-    rng_arrivals, rng_lengths = _streams(seed, 2)
-    if arrivals is None:
-        if n is None:
-            raise ValueError("an infinite request rate needs n (the number of requests)")
-        times = np.zeros(int(n))
-    else:
-        times = arrival_times(arrivals, n=n, duration_s=duration_s, seed=rng_arrivals)
-    prompt, output = lengths.sample(times.size, rng_lengths)
+    times, prompt, output = synthesize_columns(arrivals, lengths, n=n, duration_s=duration_s, seed=seed)
     return [Request(i, t, p, o, None, block_size, tenant, slo_class)
             for i, (t, p, o) in enumerate(zip(times.tolist(), prompt.tolist(), output.tolist()))]
 

@@ -100,7 +100,7 @@ def per_request(snapshot: dict, requests: Sequence[Any]) -> dict[str, np.ndarray
         tpot = np.where(completed & (output >= 2), (e2e - ttft) / (output - 1), np.nan)
     cols = {"id": ids, "prompt_tokens": prompt, "output_tokens": output,
             "requested_output_tokens": requested, "outcome": outcome,
-            "reason": np.array([snapshot["reason"].get(i, "") for i in ids.tolist()], dtype=object),
+            "reason": _reasons(ids, snapshot["reason"]),
             "preemptions": snapshot["preemptions"], "ttft_s": ttft, "tpot_s": tpot, "e2e_s": e2e}
     for name, i in col.items():
         cols[f"t_{name}"] = times[:, i]
@@ -109,16 +109,33 @@ def per_request(snapshot: dict, requests: Sequence[Any]) -> dict[str, np.ndarray
     return cols
 
 
+def _reasons(ids: np.ndarray, reason: dict) -> np.ndarray:
+    """Object array of each request's reason ("" for none), aligned with `ids`, from
+    the snapshot's {id: reason} (which names only the requests that have one)."""
+    out = np.full(len(ids), "", dtype=object)
+    if reason:
+        order = np.argsort(ids, kind="stable")
+        have = np.fromiter(reason.keys(), dtype=np.int64, count=len(reason))
+        k = np.searchsorted(ids[order], have)
+        k[k >= len(ids)] = 0
+        known = ids[order][k] == have if len(ids) else np.zeros(len(have), bool)
+        out[order[k[known]]] = np.array(list(reason.values()), dtype=object)[known]
+    return out
+
+
 def _lengths(ids: np.ndarray, requests: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:
     """(prompt tokens, output tokens) of the requests with `ids`, in that order (int64
     arrays; no dict of a million requests). Raises KeyError for an id with no request."""
-    rid = np.fromiter((r.id for r in requests), dtype=np.int64, count=len(requests))
+    table = isinstance(getattr(requests, "ids", None), np.ndarray)      # a workloads.RequestTable
+    rid = requests.ids if table else np.fromiter((r.id for r in requests), dtype=np.int64, count=len(requests))
     order = np.argsort(rid, kind="stable")
     k = np.searchsorted(rid[order], ids)
     k[k >= len(rid)] = 0
     if len(ids) and (not len(rid) or not np.array_equal(rid[order][k], ids)):
         raise KeyError(f"no request with id(s) {np.asarray(ids)[rid[order][k] != ids][:3].tolist() if len(rid) else ids[:3].tolist()}")
     pick = order[k]
+    if table:
+        return requests.prompts[pick], requests.outputs[pick]
     prompt = np.fromiter((r.prompt_tokens for r in requests), dtype=np.int64, count=len(requests))
     output = np.fromiter((r.output_tokens for r in requests), dtype=np.int64, count=len(requests))
     return prompt[pick], output[pick]
@@ -198,11 +215,14 @@ def compute(snapshot: dict, requests: Sequence[Any], slo_ttft_s: float, slo_tpot
     cols = per_request(snapshot, requests)
     outcome = cols["outcome"]
     completed = outcome == "completed"
-    counts = Counter(outcome.tolist())
+    names = [*snapshot["outcomes"], "open"]
+    codes = np.bincount(np.asarray(snapshot["outcome"], dtype=np.int64), minlength=len(names) + 1)
+    counts = Counter({names[c - 1]: int(k) for c, k in enumerate(codes.tolist()) if c and k})
+    counts["open"] += int(codes[0])
     reasons: dict[str, Counter] = {"rejected": Counter(), "failed": Counter()}
-    for o, r in zip(outcome.tolist(), cols["reason"].tolist()):
-        if o in reasons:
-            reasons[o][r] += 1
+    ended_badly = np.flatnonzero((outcome == "rejected") | (outcome == "failed"))
+    for o, r in zip(outcome[ended_badly].tolist(), cols["reason"][ended_badly].tolist()):
+        reasons[o][r] += 1
     times = snapshot["times"]
     n = len(cols["id"])
     arrivals = cols["t_arrival"]

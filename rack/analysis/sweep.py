@@ -173,7 +173,7 @@ def arrival_summary(requests: Sequence) -> dict:
     """A point's arrivals: {"arrivals": count, "arrival_span_s": first to last arrival
     (emulated s), "realised_rps": (count - 1) / span (the rate the gaps realise; None
     for fewer than 2 arrivals or no span)}."""
-    t = [r.arrival_s for r in requests]
+    t = requests.arrivals.tolist() if hasattr(requests, "arrivals") else [r.arrival_s for r in requests]
     span = (max(t) - min(t)) if t else 0.0
     return {"arrivals": len(t), "arrival_span_s": span,
             "realised_rps": (len(t) - 1) / span if len(t) > 1 and span > 0 else None}

@@ -160,14 +160,15 @@ class LoadOptions:
         return LoadPlan("trace", trace, format=self.format, mapping=tuple((mapping or {}).items()),
                         skip_bad_rows=skip_bad_rows, **common)
 
-    def load(self, trace: str, **kwargs) -> Loaded:
-        """Plan (see `plan`) and read the requests. Raises ValueError, TraceError or
-        WorkloadSpecError for bad input."""
+    def load(self, trace: str, *, compact: bool = False, **kwargs) -> Loaded:
+        """Plan (see `plan`) and read the requests (with `compact`, as a
+        `workloads.RequestTable`: columns, for a long virtual replay). Raises ValueError,
+        TraceError or WorkloadSpecError for bad input."""
         from rack.wiring.runner import trace_info
 
         plan = self.plan(trace, **kwargs)
         try:
-            reqs = plan.requests()
+            reqs = plan.requests(compact=compact)
         except ValueError as exc:
             if type(exc) is not ValueError:       # TraceError, WorkloadSpecError: they name their file
                 raise

@@ -27,9 +27,10 @@ STREAM_FROM_REQUESTS = 100_000
 
 def load_inputs(scenario: Optional[str], trace: str, window: Optional[str], rate_scale: float,
                 max_requests: Optional[int], output_scale: float, skip_bad_rows: bool,
-                load: Optional[LoadOptions] = None, **overrides):
+                load: Optional[LoadOptions] = None, compact: bool = False, **overrides):
     """The scenario (with overrides) and the requests (`rack.cli.load.Loaded`: the
-    trace, or --dataset/--workload, through the load options), or a clean CLI error."""
+    trace, or --dataset/--workload, through the load options; `compact`: as a
+    `workloads.RequestTable`), or a clean CLI error."""
     from devices.catalog import CatalogError
     from devices.planner import ModelDoesNotFit
     from rack.wiring.scenario import ScenarioError, load_scenario
@@ -40,7 +41,8 @@ def load_inputs(scenario: Optional[str], trace: str, window: Optional[str], rate
         sc = sc.with_overrides(**overrides)
         loaded = (load or LoadOptions()).load(trace, default_trace=DEFAULT_TRACE, window=window,
                                               rate_scale=rate_scale, max_requests=max_requests,
-                                              output_scale=output_scale, skip_bad_rows=skip_bad_rows)
+                                              output_scale=output_scale, skip_bad_rows=skip_bad_rows,
+                                              compact=compact)
     except (ScenarioError, CatalogError, ModelDoesNotFit, TraceError, ValueError) as exc:
         fail(str(exc))
     except OSError as exc:        # e.g. a device file that is a directory
@@ -74,7 +76,7 @@ def run(
                                               "decode_crash, prefill_crash, link_degrade, link_flap, frame_corrupt "
                                               "(docs/robustness.md)"),
     records: str = typer.Option("auto", "--records", help="where per-request records are kept during the run: "
-                                "memory, disk (streamed to OUT/records as requests end: memory stays bounded on "
+                                "memory, disk (streamed to OUT/records as requests end, requests held as numpy columns: memory stays bounded on "
                                 f"day-long traces; virtual runtime), or auto (disk from {STREAM_FROM_REQUESTS:,} "
                                 "requests on the virtual runtime)"),
     router_policy: Optional[str] = POLICY_OPTION,
@@ -113,7 +115,8 @@ def run(
             if runtime == "virtual" and value is not None:
                 typer.echo(f"warning: {name} applies to the ray runtime only; the virtual runtime ignores it", err=True)
         sc, loaded = load_inputs(scenario, trace, window, rate_scale, max_requests, output_scale,
-                                 skip_bad_rows, load, dilation=dilation, payload_scale=payload_scale,
+                                 skip_bad_rows, load, compact=runtime == "virtual" and records != "memory",
+                                 dilation=dilation, payload_scale=payload_scale,
                                  max_restarts=max_restarts)
         sc = with_terms(with_routing([sc], router_policy, prefix_weight), terms)[0]
         reqs = loaded.requests

@@ -44,7 +44,9 @@ def run_topology_virtual(specs: Sequence[ComponentSpec], requests: Sequence[Any]
                            weight_load_s={s.name: s.weight_load_s for s in specs
                                           if s.weight_load_s is not None})
     cores = driver.cores
-    driver.post("router", "start", list(requests), max_concurrency, think_time_s)
+    # a RequestTable (workloads.table) goes as it is: its requests are built as the router reaches them
+    driver.post("router", "start", requests if hasattr(requests, "overlay") else list(requests),
+                max_concurrency, think_time_s)
 
     def finished() -> bool:
         return cores["collector"].all_ended() and all(c.is_idle() for c in cores.values())

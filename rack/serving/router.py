@@ -165,8 +165,11 @@ class Router(Core):
         """
         n = len(requests)
         self._n_replay = n
-        self._requests = list(requests)       # a truncated request replaces its original
-        self._pos = {r.id: p for p, r in enumerate(self._requests)}
+        # a truncated request replaces its original; a RequestTable (workloads.table)
+        # stays columns, its requests built as they are reached, its ids not a dict
+        table = hasattr(requests, "overlay")
+        self._requests = requests.overlay() if table else list(requests)
+        self._pos = requests.positions() if table else {r.id: p for p, r in enumerate(self._requests)}
         self._pre_of = np.full(n, -1, np.int32)
         self._dec_of = np.full(n, -1, np.int32)
         self._next = 0
@@ -178,7 +181,7 @@ class Router(Core):
             self._slots = int(max_concurrency)
             self._think = float(think_time_s)
             self._free = [0.0] * self._slots
-        if any(r.turn is not None for r in self._requests):
+        if (requests.has_turns if table else any(r.turn is not None for r in self._requests)):
             from workloads.sessions import session_chains
 
             heads, chain = session_chains(self._requests)

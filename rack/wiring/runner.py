@@ -146,7 +146,8 @@ def _prefix_cache_section(stats: dict, requests: Sequence[Any]) -> dict | None:
     (evicted before their reuse, cached on another instance, or computed by two requests
     at once). None when no instance has a prefix cache or no request carries block hashes."""
     caches = [s["prefix_cache"] for s in stats.values() if s.get("prefix_cache")]
-    if not caches or not any(r.block_hashes for r in requests):
+    if not caches or not (requests.any_hashes if hasattr(requests, "any_hashes")
+                          else any(r.block_hashes for r in requests)):
         return None
     from workloads import PrefixHits, ideal_prefix_hits
 
@@ -254,10 +255,16 @@ def run_scenario(scenario: Scenario, requests: Sequence[Any], *, runtime: str = 
         raise ValueError(f"max_concurrency: expected an integer >= 1 (or None: open loop), got {max_concurrency!r}")
     if not (math.isfinite(think_time_s) and think_time_s >= 0):
         raise ValueError(f"think_time_s: expected a finite number of seconds >= 0, got {think_time_s!r}")
-    requests = sorted(requests, key=lambda r: (r.arrival_s, r.id))
+    if runtime == "virtual" and hasattr(requests, "sorted_by_arrival"):
+        # a workloads.RequestTable: replayed as columns (no Request object per request)
+        requests = requests.sorted_by_arrival()
+        ids = requests.ids
+    else:
+        requests = sorted(requests, key=lambda r: (r.arrival_s, r.id))
+        ids = [r.id for r in requests]
     if requests:
         check_time_span(requests[-1].arrival_s)
-    specs = build_topology(scenario, [r.id for r in requests])
+    specs = build_topology(scenario, ids)
     if records_dir is not None:
         for spec in specs:
             if spec.kind == "collector":

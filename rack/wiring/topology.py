@@ -77,7 +77,7 @@ def build_topology(scenario: Scenario, request_ids: Sequence[int]) -> list[Compo
     Raises ScenarioError (pool, field and what is needed) before anything starts.
     """
     specs: list[ComponentSpec] = [ComponentSpec(
-        "collector", "rack.serving.collector:Collector", {"request_ids": list(request_ids), "notify": [Ref("router")]},
+        "collector", "rack.serving.collector:Collector", {"request_ids": request_ids if hasattr(request_ids, "dtype") else list(request_ids), "notify": [Ref("router")]},
         "collector", resources=dict(scenario.placement.collector))]
     decoders = [p for p in scenario.pools if p.role == "decode"]
     prefillers = [p for p in scenario.pools if p.role == "prefill"]
