@@ -377,7 +377,8 @@ def run_bench(*, repeat: int = 3, quick: bool = False, skip_ray: bool = False,
               pacing_trace: str = "mooncake-excerpt", rate_scales: Sequence[float] | None = None,
               address: str | None = None, baseline: str | None = None,
               progress: Progress = _quiet, skip_memory: bool = False,
-              memory_sizes: Sequence[int] | None = None) -> dict:
+              memory_sizes: Sequence[int] | None = None,
+              study_cost: Sequence[str] | None = None) -> dict:
     """Every measurement of the module docstring, as one JSON-able dict.
 
     quick: a 600 s window of each trace, 1 run per figure, a 2-rung rate ladder, two
@@ -388,8 +389,10 @@ def run_bench(*, repeat: int = 3, quick: bool = False, skip_ray: bool = False,
     (`rack.analysis.bench_memory.memory_section` of `memory_sizes` requests, default
     100k and 1M; 10k and 50k when quick), or {"skipped": reason}, "baseline"
     (`rack.analysis.bench_baseline.baseline_section`, when `baseline` names another
-    version: its replays beside this code's, alternately, same run) and "checks": each
-    done-when target with its value and verdict.
+    version: its replays beside this code's, alternately, same run), "study_cost"
+    (`rack.analysis.bench_study.study_cost_section` of the experiments `study_cost`
+    names, beside `baseline`'s, when both are given) and "checks": each done-when
+    target with its value and verdict.
     """
     if quick:
         repeat = 1
@@ -404,6 +407,11 @@ def run_bench(*, repeat: int = 3, quick: bool = False, skip_ray: bool = False,
 
         out["baseline"] = baseline_section(baseline, traces, scenarios[0], repeat=repeat, window=window,
                                            progress=progress)
+    if baseline and study_cost:
+        from rack.analysis.bench_study import study_cost_section
+
+        out["study_cost"] = study_cost_section(baseline, list(study_cost), repeat=max(1, min(repeat, 2)),
+                                               progress=progress)
     if skip_codec:
         out["codec"] = {"skipped": "--skip-codec"}
     else:
@@ -478,6 +486,13 @@ def checks(result: dict) -> dict:
                 out[f"baseline.{trace}.per_request_max_diff_s"] = {
                     "value": m["max_abs_diff_s"], "target": f"<= {TARGETS['baseline_metrics_s']:g} s",
                     "ok": m["max_abs_diff_s"] <= TARGETS["baseline_metrics_s"]}
+    sc = result.get("study_cost")
+    if sc:
+        out["study_cost.speedup"] = {"value": sc["total"]["speedup"],
+                                     "target": f">= 3 x {sc['ref']} ({', '.join(sc['experiments'])})",
+                                     "ok": (sc["total"]["speedup"] or 0) >= 3.0}
+        out["study_cost.same_verdicts"] = {"value": sc["same_verdicts"], "target": "every capacity verdict unchanged",
+                                           "ok": sc["same_verdicts"]}
     c16 = result.get("codec", {}).get("16MB")
     if c16:
         out["codec.16MB.ratio_to_memcpy"] = {"value": c16["ratio_to_memcpy"], "target": ">= 0.5",
@@ -579,6 +594,22 @@ def render(result: dict, console: Any = None) -> None:
                 d = rows["doubled_output_ratio"]
                 con.print(f"{trace}: doubled outputs cost x{d['baseline']:.3f} (baseline), x{d['current']:.3f} (current)")
         con.print(t)
+    sc = result.get("study_cost")
+    if sc:
+        t = table(f"The study's own cost beside {sc['ref']} (same run, alternately; {sc['workers']} workers)",
+                  ("experiment", "capacity searches", "runs / search base / current", "baseline s", "current s",
+                   "speedup", "same verdicts"), left=("experiment",))
+        for key, r in sc["per_experiment"].items():
+            rpc = r["runs_per_capacity"]
+            t.add_row(key, _fmt(r["capacity_searches"]), f"{_fmt(rpc['baseline'], 1)} / {_fmt(rpc['current'], 1)}",
+                      _fmt(r["baseline_wall_s"], 1), _fmt(r["current_wall_s"], 1), _fmt(r["speedup"]),
+                      "yes" if r["same_verdicts"] else "NO")
+        tot = sc["total"]
+        t.add_row("total", "", "", _fmt(tot["baseline_wall_s"], 1), _fmt(tot["current_wall_s"], 1),
+                  _fmt(tot["speedup"]), "yes" if sc["same_verdicts"] else "NO")
+        con.print(t)
+        for d in sc["differences"]:
+            con.print(f"differs: {d}")
     codec = result.get("codec", {})
     if codec and "skipped" not in codec:
         t = table("KV frame codec vs memory copy (GB/s = 1e9 B/s, median)",
