@@ -181,7 +181,7 @@ def search_lines(result: SweepResult) -> list[str]:
     out = []
     for name, s in (result.summary.get("search") or {}).items():
         out.append(f"{name}: {s['method']}, {s['runs']} of {s['rungs']} rungs run"
-                   + (f", {s['stopped_early']} stopped once their miss was certain" if s["stopped_early"] else "")
+                   + (f", {s['stopped_early']} of them stopped once the miss was certain" if s["stopped_early"] else "")
                    + (f"; {s['note']}" if s["note"] else ""))
     return out
 
