@@ -53,9 +53,9 @@ kw = {}
 if mode == "sweep" and "kv_payload" in inspect.signature(run_scenario).parameters:
     kw["kv_payload"] = "account"
 run_scenario(sc, reqs[:20], runtime="virtual", **kw)
-t0 = time.perf_counter()
+t0, c0 = time.perf_counter(), time.process_time()
 out = run_scenario(sc, reqs, runtime="virtual", **kw)
-wall = time.perf_counter() - t0
+wall, cpu = time.perf_counter() - t0, time.process_time() - c0
 try:
     from rack.runtime.virtual_run import last_run_counters
     events = last_run_counters().get("callbacks")
@@ -75,7 +75,7 @@ if int(calls_n):
     run_scenario(sc, part, runtime="virtual", **kw)
     prof.disable()
     calls = pstats.Stats(prof).total_calls / len(part)
-print(json.dumps({"wall_s": wall, "requests": len(reqs), "completed": r["requests"]["completed"],
+print(json.dumps({"wall_s": wall, "cpu_s": cpu, "requests": len(reqs), "completed": r["requests"]["completed"],
                   "ttft_p50_s": r["latency"]["ttft_s"]["p50"], "tpot_p50_s": r["latency"]["tpot_s"]["p50"],
                   "mode": "sweep (KV payload accounted)" if kw else "run (KV payload built)",
                   "events_per_request": None if events is None else events / len(reqs),
@@ -226,6 +226,7 @@ def baseline_section(ref: str, traces: Sequence[str], scenario: str | None, *, r
                 c = statistics.median(r["wall_s"] for r in runs["current"])
                 rows[f"x{scale:g}"] = {
                     "baseline_wall_s": b, "current_wall_s": c, "speedup": b / c,
+                    "cpu_s": {s: statistics.median(r.get("cpu_s") or math.nan for r in runs[s]) for s in runs},
                     "baseline_runs": [r["wall_s"] for r in runs["baseline"]],
                     "current_runs": [r["wall_s"] for r in runs["current"]],
                     "requests": runs["current"][0]["requests"],

@@ -68,6 +68,11 @@ with ctx:
         found = {}
         caps(res[key], key, found)
         out[key] = {"wall_s": time.perf_counter() - t, "capacities": found}
+import resource
+ru = [resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
+# CPU s of this process and its (reaped) worker processes: less sensitive than wall
+# time to other work on a shared host
+out["_cpu_s"] = sum(r.ru_utime + r.ru_stime for r in ru)
 print(json.dumps(out))
 """
 
@@ -79,6 +84,12 @@ def study_in(root: Path, experiments: Sequence[str], workers: int = 2, quick: bo
     {sweep path: {deployment: {"max_rate_scale", "held", "tokens_per_joule",
     "usd_per_mtok", "runs"}}}}}. Raises RuntimeError with the last lines of a failure."""
     env = dict(os.environ, PYTHONPATH=str(root), RAY_USAGE_STATS_ENABLED="0")
+    # a checkout in a temporary worktree does not see the shared traces beside this one
+    from rack.analysis.bench_baseline import project_root
+
+    shared = project_root().parent / "shared" / "traces"
+    if shared.is_dir():
+        env["RACK_TRACE_DIR"] = os.pathsep.join(filter(None, (os.environ.get("RACK_TRACE_DIR"), str(shared))))
     cmd = [sys.executable, "-c", _SCRIPT, str(int(workers)), ",".join(experiments), "quick" if quick else "full"]
     try:
         r = subprocess.run(cmd, cwd=str(root), env=env, capture_output=True, text=True, timeout=STUDY_TIMEOUT_S)
@@ -104,7 +115,8 @@ def study_cost_section(ref: str, experiments: Sequence[str], *, repeat: int = 1,
     Returns {"ref", "experiments", "workers", "per_experiment": {key: {"baseline_wall_s",
     "current_wall_s" (medians), "speedup", "capacity_searches", "runs_per_capacity"
     ({"baseline", "current"}: mean runs per search), "same_verdicts"}}, "total":
-    {"baseline_wall_s", "current_wall_s", "speedup"}, "same_verdicts" (every capacity,
+    {"baseline_wall_s", "current_wall_s", "speedup", "baseline_cpu_s", "current_cpu_s"
+    (the whole subprocess with its worker processes), "cpu_speedup"}, "same_verdicts" (every capacity,
     sustained-every-rate flag, tokens/J and $/Mtok at capacity equal), "differences"
     (the first few that are not)}. Raises ValueError for a bad `ref`, RuntimeError
     if a side fails.
@@ -136,12 +148,15 @@ def study_cost_section(ref: str, experiments: Sequence[str], *, repeat: int = 1,
                     "baseline_runs_s": [r[key]["wall_s"] for r in runs["baseline"]],
                     "current_runs_s": [r[key]["wall_s"] for r in runs["current"]],
                     "capacity_searches": n, "runs_per_capacity": rpc, "same_verdicts": same}
+    cpu = {side: statistics.median(r["_cpu_s"] for r in runs[side]) for side in runs}
     tb = sum(p["baseline_wall_s"] for p in per.values())
     tc = sum(p["current_wall_s"] for p in per.values())
     return {"ref": ref, "experiments": list(experiments), "workers": workers, "repeat": repeat,
             "config": "quick" if quick else "full",
             "per_experiment": per, "total": {"baseline_wall_s": tb, "current_wall_s": tc,
-                                             "speedup": tb / tc if tc else None},
+                                             "speedup": tb / tc if tc else None,
+                                             "baseline_cpu_s": cpu["baseline"], "current_cpu_s": cpu["current"],
+                                             "cpu_speedup": cpu["baseline"] / cpu["current"] if cpu["current"] else None},
             "same_verdicts": not diffs, "differences": diffs[:10]}
 
 
