@@ -41,9 +41,12 @@ __all__ = [
     "ChecksumError",
     "FrameError",
     "FrameHeader",
+    "KVDescription",
     "KVFrames",
+    "check_description",
     "corrupt_frame",
     "decode_frame",
+    "describe_kv_frames",
     "encode_frame",
     "frame_size",
     "group_logical_bytes",
@@ -550,6 +553,8 @@ def scan_kv_frames(frames, verify: bool) -> list[tuple | None]:
     exact header bytes (`_read_frame`), and any other frame `decode_frame` /
     `peek_header`.
     """
+    if type(frames) is KVDescription:           # described: headers as they would be read
+        return list(frames.entries)
     out: list[tuple | None] = []
     digest = xxhash.xxh3_64_intdigest
     whole = type(frames) is KVFrames and frames.intact()
@@ -968,6 +973,80 @@ def make_kv_frames(
         heads.append((key, (request_id, *entry)))
         off = end
     return KVFrames(frames, buf, tuple(bounds), tuple(heads))
+
+
+class KVDescription:
+    """A KV payload described instead of built: the frames `make_kv_frames` would cut
+    for the same arguments, without their bytes (payload accounting, the virtual
+    runtime's sweeps: docs/bench.md).
+
+    `entries`: per frame the header tuple `scan_kv_frames` would read from the real
+    frame (request_id, layer_start, layer_end, token_start, token_end, dtype, shape,
+    logical_bytes, payload_bytes); `sizes`: each real frame's length in bytes (header,
+    bin32 prefix and body, exactly); `nbytes`: their sum. `len()` is the frame count.
+    `build()` makes the real frames (`make_kv_frames` with the same arguments), e.g.
+    for a fault that corrupts one. There are no bodies, so nothing can fail a checksum:
+    `scan_kv_frames` returns the entries as they are.
+    """
+
+    __slots__ = ("args", "entries", "sizes", "nbytes")
+
+    def __init__(self, args: tuple, entries: tuple, sizes: tuple) -> None:
+        self.args = args
+        self.entries = entries
+        self.sizes = sizes
+        self.nbytes = sum(sizes)
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def build(self) -> "KVFrames":
+        """The real frames this describes."""
+        return make_kv_frames(*self.args)
+
+    def __repr__(self) -> str:
+        return f"KVDescription({len(self)} frames, {self.nbytes} bytes, request {self.args[0]})"
+
+
+def describe_kv_frames(
+    request_id: int,
+    n_tokens: int,
+    kv_bytes_per_token: int,
+    n_layers: int,
+    layer_group: int,
+    payload_scale: float,
+    kv_dtype: str = "fp8",
+    seed: int = 0,
+) -> KVDescription:
+    """The frames `make_kv_frames` would return for these arguments, described: the
+    same header tuples and frame sizes, no bytes built, hashed or copied (the layout
+    is `make_kv_frames`' own, cached per prompt length). Same arguments and errors as
+    `make_kv_frames` (it checks them by building the first request of a layout)."""
+    layout_key = (n_tokens, kv_bytes_per_token, n_layers, layer_group, payload_scale, kv_dtype)
+    layout = _LAYOUTS.get(layout_key) if type(request_id) is int and 0 <= request_id <= _U64_MAX else None
+    if layout is None:
+        # checks every argument and caches the layout (only valid ones are cached)
+        make_kv_frames(request_id, n_tokens, kv_bytes_per_token, n_layers, layer_group, payload_scale,
+                       kv_dtype, seed)
+        layout = _LAYOUTS[layout_key]
+    n_rid = len(_pack_uint(request_id))
+    groups, _ = layout
+    entries = tuple((request_id, *g[3]) for g in groups)
+    sizes = tuple(g[4] + n_rid + _TAIL_BYTES + g[2] for g in groups)
+    return KVDescription((request_id, n_tokens, kv_bytes_per_token, n_layers, layer_group, payload_scale,
+                          kv_dtype, seed), entries, sizes)
+
+
+def check_description(desc: KVDescription, frames: list) -> None:
+    """Raise FrameError unless `frames` (real ones, e.g. `desc.build()`) verify and
+    match `desc`: the same header tuples and frame sizes. Payload accounting's sampled
+    check (a mismatch is a bug in the codec, never a fault of the run)."""
+    entries = scan_kv_frames(frames, True)
+    sizes = tuple(int(memoryview(f).nbytes) for f in frames)
+    if tuple(entries) != desc.entries or sizes != desc.sizes:
+        raise FrameError(f"request {desc.args[0]}: the described KV payload ({len(desc)} frames, "
+                         f"{desc.nbytes} bytes) differs from its real frames ({len(frames)} frames, "
+                         f"{sum(sizes)} bytes)")
 
 
 class KVFrames(list):

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
 
-from interconnect.codec import FrameError, corrupt_frame, payload_size, scan_kv_frames
+from interconnect.codec import FrameError, KVDescription, corrupt_frame, payload_size, scan_kv_frames
 from interconnect.link import FairShareNetwork, LinkSpec, PathCost, path_cost
 from workloads.core import Core
 
@@ -180,6 +180,7 @@ class Interconnect(Core):
         self._corruption: list[dict] = []
         self._corrupted_rids: dict[int, dict] = {}
         self._frames_corrupted = 0
+        self._described = 0         # transfers whose payload was described, not built
         self._lost_transfers = 0
 
     # ------------------------------------------------------------------ handlers
@@ -368,6 +369,8 @@ class Interconnect(Core):
             if rule["left"] <= 0 or not (rule["start"] <= t < rule["end"]) or request_id in rule["hit"] \
                     or (rule["link"] is not None and rule["link"] not in path):
                 continue
+            if type(frames) is KVDescription:   # a described payload: its real bytes to corrupt
+                frames = frames.build()
             rng = np.random.default_rng([rule["seed"], rule["corrupted"]])
             i = int(rng.integers(len(frames)))
             try:
@@ -421,6 +424,7 @@ class Interconnect(Core):
         return {
             "elapsed_s": self._net.now - self._t0,
             "payload_scale": self.payload_scale,
+            "described_transfers": self._described,
             "transfers": self._n_transfers,
             "in_flight": len(self._transfers),
             "bytes_logical": self._total_logical,
@@ -439,10 +443,13 @@ class Interconnect(Core):
 
     def _check_frames(self, req: Request, frames: list[np.ndarray], logical_bytes: int) -> int:
         """Cheap header checks (no hashing); returns the bytes shipped."""
-        if not isinstance(frames, (list, tuple)):
+        described = type(frames) is KVDescription
+        if not (described or isinstance(frames, (list, tuple))):
             raise TransferError(f"request {req.id}: frames must be a list of uint8 arrays, got {type(frames).__name__}")
-        shipped = 0
-        for i, f in enumerate(frames):
+        if described:
+            self._described += 1
+        shipped = frames.nbytes if described else 0
+        for i, f in enumerate(() if described else frames):
             if isinstance(f, np.ndarray):
                 shipped += f.nbytes
             elif isinstance(f, (bytes, bytearray, memoryview)):

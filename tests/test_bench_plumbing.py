@@ -178,3 +178,17 @@ def test_baseline_bad_ref_is_refused_before_measuring(tmp_path):
     _register_commands()
     res = CliRunner().invoke(app, ["bench", "--baseline", "no-such-revision-xyz", "--quick"])
     assert res.exit_code == 2 and "--baseline no-such-revision-xyz" in res.output
+
+
+def test_study_cost_section_compares_two_checkouts():
+    # both sides are this checkout (a directory is a valid REF): same verdicts, and the
+    # cost per experiment and the runs per capacity search are reported for both
+    from rack.analysis.bench_baseline import project_root
+    from rack.analysis.bench_study import study_cost_section
+
+    sec = study_cost_section(str(project_root()), ["tpot"], workers=1, quick=True)
+    row = sec["per_experiment"]["tpot"]
+    assert sec["same_verdicts"] and row["same_verdicts"] and not sec["differences"]
+    assert row["capacity_searches"] == 2 and row["runs_per_capacity"]["current"] >= 1
+    assert row["baseline_wall_s"] > 0 and row["current_wall_s"] > 0 and sec["total"]["speedup"] > 0
+    assert B.checks({"study_cost": sec})["study_cost.same_verdicts"]["ok"]

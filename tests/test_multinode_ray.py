@@ -148,6 +148,27 @@ def test_compare_runs_as_ray_tasks_and_matches_local(cluster):
         assert a.output.results["requests"] == b.output.results["requests"]
 
 
+def _study_numbers(results: dict) -> dict:
+    """A study's results without what depends on where and when it ran."""
+    return {k: v for k, v in results.items() if k not in ("meta", "timings_s")}
+
+
+def test_study_runs_over_the_cluster_and_matches_local(cluster, tmp_path):
+    # rack study --address: every sweep's runs are Ray tasks over the nodes; the numbers
+    # are those of the local run (each run is a deterministic function of its inputs)
+    from rack.analysis.results import to_json
+    from rack.analysis.study.config import StudyConfig
+    from rack.analysis.study.run import run_study
+
+    cfg = StudyConfig.quick(workers=1, progress=False)
+    local = run_study(cfg, command="test")
+    remote = run_study(cfg, command="test", address=cluster.address, checkpoints=tmp_path / "ck")
+    assert to_json(_study_numbers(remote)) == to_json(_study_numbers(local))
+    # --resume: every experiment is read back from its checkpoint, nothing runs again
+    again = run_study(cfg, command="test", address=cluster.address, checkpoints=tmp_path / "ck")
+    assert again["timings_s"] == {} and to_json(_study_numbers(again)) == to_json(_study_numbers(local))
+
+
 def test_zz_teardown_leaves_no_ray_process(cluster):
     procs = cluster.processes()
     assert any(p.name() == "raylet" for p in procs) and any(p.name() == "gcs_server" for p in procs)

@@ -76,7 +76,7 @@ from devices.engines.common import (
     model_layers,
 )
 from devices.memory import KVBlockPool, PrefixCache
-from interconnect.codec import make_kv_frames
+from interconnect.codec import check_description, describe_kv_frames, make_kv_frames
 from workloads.core import Core
 
 
@@ -140,6 +140,11 @@ class PrefillEngine(Core):
             KV router); off by default (no router policy but "prefix_aware" reads them).
         stream_to: a live front's name (`rack.serve`): under first_token "prefill" it is
             told each request's first token (`first_token(request id, t)`); None: nothing.
+        kv_verify_every: payload accounting (virtual sweeps, docs/bench.md): None builds
+            every KV payload's real frames; N describes them instead (same frame count,
+            headers and sizes, no bytes: `interconnect.codec.describe_kv_frames`) and
+            builds and checks the real frames of the first payload and one in N after
+            it, the description compared with them.
     Raises ValueError on out-of-range arguments; `planner.ModelDoesNotFit` if the
     weights do not fit the instance.
     """
@@ -151,8 +156,16 @@ class PrefillEngine(Core):
                  memory_reserve_fraction: float | None = None, memory_plan: Any = None,
                  max_resends: int = 1, kv_seed: int = 0, max_peer_retries: int = 8,
                  first_token: str = "prefill", loading_until_s: float | None = None,
-                 kv_events: bool = False, stream_to: str | None = None) -> None:
+                 kv_events: bool = False, stream_to: str | None = None,
+                 kv_verify_every: int | None = None) -> None:
         super().__init__(name)
+        if kv_verify_every is not None and int(kv_verify_every) < 1:
+            raise ValueError(f"PrefillEngine {name!r}: kv_verify_every must be >= 1 (or None: every "
+                             f"payload built), got {kv_verify_every}")
+        # payload accounting: None builds every payload; N describes them
+        # (`interconnect.codec.describe_kv_frames`) and builds one in N
+        self.kv_verify_every = None if kv_verify_every is None else int(kv_verify_every)
+        self._payloads = 0
         self.stream_to = stream_to
         if first_token not in ("decode", "prefill"):
             raise ValueError(f"PrefillEngine {name!r}: first_token must be 'decode' or 'prefill', "
@@ -526,9 +539,19 @@ class PrefillEngine(Core):
         req = job.req
         job.state = "transferring"
         logical = req.prompt_tokens * self.kv_bytes_per_token
-        frames = make_kv_frames(req.id, req.prompt_tokens, self.kv_bytes_per_token,
-                                self.n_layers, self.layer_group, self.payload_scale,
-                                kv_dtype=self.cost.kv_dtype, seed=self.kv_seed + job.attempt)
+        args = (req.id, req.prompt_tokens, self.kv_bytes_per_token, self.n_layers, self.layer_group,
+                self.payload_scale, self.cost.kv_dtype, self.kv_seed + job.attempt)
+        every = self.kv_verify_every
+        if every is None:
+            frames = make_kv_frames(*args)
+        else:
+            k = self._payloads
+            self._payloads += 1
+            frames = describe_kv_frames(*args)
+            if k % every == 0:          # the sampled share: real frames, checked against it
+                real = make_kv_frames(*args)
+                check_description(frames, real)
+                frames = real
         self.send(self.collector, "event", req.id, "transfer_start", now)
         self.send(self.interconnect, "transfer", req, frames, logical, self.name, job.target,
                   job.t_first, req.id)

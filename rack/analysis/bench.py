@@ -3,7 +3,8 @@
 Six measurements (seven with --baseline), each figure the median of `repeat` runs (memory:
 one run each):
 
-- replay speed (virtual runtime): whole traces (Azure conversation 2023, 19,366
+- replay speed (virtual runtime, sweep mode: the KV payload accounted, not built, as
+  sweeps, comparisons and the study replay; `run_scenario(kv_payload="account")`): whole traces (Azure conversation 2023, 19,366
   requests; Mooncake conversation, 12,031) through the default scenario and through a
   plain GPU deployment (`a100-llama2-70b`): wall s, requests per wall s, emulated s per
   wall s, events per request (the virtual driver's handler calls and wake-ups,
@@ -48,9 +49,12 @@ CODEC_SIZES_MB = (1, 16, 128)
 #: Done-when targets of the issue (docs/bench.md): replay under 5 s per whole trace,
 #: doubled outputs within 10%, codec at >= half the copy rate at 16 MB, Ray p99
 #: lateness under 1% of the median TPOT; with --baseline, at least 2x the version
-#: before the engine-core change (issue "one engine core, two drivers").
+#: (issue 25) at least 1.5x `rack run --runtime virtual` of the baseline, in sweep
+#: mode, with every per-request time equal within 1e-9 s.
 TARGETS = {"replay_wall_s": 5.0, "doubled_output_ratio": 1.10, "codec_16MB_ratio": 0.5,
-           "lateness_p99_over_tpot": 0.01, "baseline_speedup": 2.0}
+           "lateness_p99_over_tpot": 0.01, "baseline_speedup": 1.5, "baseline_metrics_s": 1e-9}
+#: How `rack bench` replays: sweep mode (payload accounted); `rack run` builds payloads.
+REPLAY_MODE = "sweep (KV payload accounted, one payload in rack.wiring.runner.KV_VERIFY_EVERY built and checked)"
 
 Progress = Callable[[str], None]
 
@@ -90,12 +94,12 @@ def replay_speed(trace: str, scenario: str | None, *, repeat: int = 3,
         raise ValueError(f"trace {trace!r} with window {window!r} has no requests")
     # One untimed run of the first requests: imports, the catalog, the codec's payload
     # block and numpy's first calls are paid once per process, not by the first figure.
-    run_scenario(sc, reqs[:20], runtime="virtual")
+    run_scenario(sc, reqs[:20], runtime="virtual", kv_payload="account")
     walls, cpus = [], []
     out = None
     for _ in range(max(1, int(repeat))):
         w0, c0 = time.perf_counter(), time.process_time()
-        out = run_scenario(sc, reqs, runtime="virtual")
+        out = run_scenario(sc, reqs, runtime="virtual", kv_payload="account")
         walls.append(time.perf_counter() - w0)
         cpus.append(time.process_time() - c0)
     loop = last_run_counters()
@@ -113,7 +117,7 @@ def replay_speed(trace: str, scenario: str | None, *, repeat: int = 3,
         "events_per_request": loop.get("callbacks", 0) / n,
         "messages": int(loop.get("messages", 0)), "wakeups": int(loop.get("wakeups", 0)),
         "output_tokens": int(r["throughput"]["output_tokens"]),
-        "output_scale": output_scale, "window": list(window) if window else None,
+        "output_scale": output_scale, "window": list(window) if window else None, "mode": REPLAY_MODE,
     }
 
 
@@ -373,7 +377,8 @@ def run_bench(*, repeat: int = 3, quick: bool = False, skip_ray: bool = False,
               pacing_trace: str = "mooncake-excerpt", rate_scales: Sequence[float] | None = None,
               address: str | None = None, baseline: str | None = None,
               progress: Progress = _quiet, skip_memory: bool = False,
-              memory_sizes: Sequence[int] | None = None) -> dict:
+              memory_sizes: Sequence[int] | None = None,
+              study_cost: Sequence[str] | None = None) -> dict:
     """Every measurement of the module docstring, as one JSON-able dict.
 
     quick: a 600 s window of each trace, 1 run per figure, a 2-rung rate ladder, two
@@ -384,8 +389,10 @@ def run_bench(*, repeat: int = 3, quick: bool = False, skip_ray: bool = False,
     (`rack.analysis.bench_memory.memory_section` of `memory_sizes` requests, default
     100k and 1M; 10k and 50k when quick), or {"skipped": reason}, "baseline"
     (`rack.analysis.bench_baseline.baseline_section`, when `baseline` names another
-    version: its replays beside this code's, alternately, same run) and "checks": each
-    done-when target with its value and verdict.
+    version: its replays beside this code's, alternately, same run), "study_cost"
+    (`rack.analysis.bench_study.study_cost_section` of the experiments `study_cost`
+    names, beside `baseline`'s, when both are given) and "checks": each done-when
+    target with its value and verdict.
     """
     if quick:
         repeat = 1
@@ -400,6 +407,11 @@ def run_bench(*, repeat: int = 3, quick: bool = False, skip_ray: bool = False,
 
         out["baseline"] = baseline_section(baseline, traces, scenarios[0], repeat=repeat, window=window,
                                            progress=progress)
+    if baseline and study_cost:
+        from rack.analysis.bench_study import study_cost_section
+
+        out["study_cost"] = study_cost_section(baseline, list(study_cost), repeat=max(1, min(repeat, 2)),
+                                               progress=progress)
     if skip_codec:
         out["codec"] = {"skipped": "--skip-codec"}
     else:
@@ -469,6 +481,18 @@ def checks(result: dict) -> dict:
                 row.update(ok=None, na="window")
             elif len(rows["x1"]["current_runs"]) < 3:
                 row.update(ok=None, na="fewer than 3 runs")
+            m = rows["x1"].get("metrics")
+            if m:
+                out[f"baseline.{trace}.per_request_max_diff_s"] = {
+                    "value": m["max_abs_diff_s"], "target": f"<= {TARGETS['baseline_metrics_s']:g} s",
+                    "ok": m["max_abs_diff_s"] <= TARGETS["baseline_metrics_s"]}
+    sc = result.get("study_cost")
+    if sc:
+        out["study_cost.speedup"] = {"value": sc["total"]["speedup"],
+                                     "target": f">= 3 x {sc['ref']} ({', '.join(sc['experiments'])})",
+                                     "ok": (sc["total"]["speedup"] or 0) >= 3.0}
+        out["study_cost.same_verdicts"] = {"value": sc["same_verdicts"], "target": "every capacity verdict unchanged",
+                                           "ok": sc["same_verdicts"]}
     c16 = result.get("codec", {}).get("16MB")
     if c16:
         out["codec.16MB.ratio_to_memcpy"] = {"value": c16["ratio_to_memcpy"], "target": ">= 0.5",
@@ -535,7 +559,7 @@ def render(result: dict, console: Any = None) -> None:
             t.add_column(col, justify="left" if col in left else "right")
         return t
 
-    t = table("Virtual-runtime replay (median wall time of the runs)",
+    t = table(f"Virtual-runtime replay in {REPLAY_MODE} (median wall time of the runs)",
               ("trace", "scenario", "requests", "wall s", "CPU s", "req / wall s", "emulated s / wall s",
                "events / req"), left=("trace", "scenario"))
     for trace, row in result.get("replay", {}).items():
@@ -551,19 +575,42 @@ def render(result: dict, console: Any = None) -> None:
                   f"{ec['wall_s']:.2f} s -> {ec['wall_s_doubled']:.2f} s (ratio {ec['doubled_output_ratio']:.3f})")
     base = result.get("baseline")
     if base:
-        t = table(f"This code beside {base['ref']} (same run, alternately; median wall s of the replays)",
-                  ("trace", "outputs", "baseline s", "current s", "speedup", "TTFT p50 base / current"),
+        modes = base.get("modes", {})
+        t = table(f"This code ({modes.get('current', 'run')} mode) beside {base['ref']} ({modes.get('baseline', 'run')} "
+                  "mode) (same run, alternately; median wall s of the replays)",
+                  ("trace", "outputs", "baseline s", "current s", "speedup", "TTFT p50 base / current",
+                   "max per-request diff (s)", "events/req base / current", "calls/req base / current"),
                   left=("trace",))
         for trace, rows in base["traces"].items():
             for key, r in rows.items():
                 if key.startswith("x"):
                     tt = r["ttft_p50_s"]
+                    ev, ca = r.get("events_per_request") or {}, r.get("calls_per_request") or {}
                     t.add_row(trace, key, _fmt(r["baseline_wall_s"]), _fmt(r["current_wall_s"]),
-                              _fmt(r["speedup"]), f"{_fmt(tt['baseline'], 4)} / {_fmt(tt['current'], 4)}")
+                              _fmt(r["speedup"]), f"{_fmt(tt['baseline'], 4)} / {_fmt(tt['current'], 4)}",
+                              f"{(r.get('metrics') or {}).get('max_abs_diff_s', float('nan')):.3g}",
+                              f"{_fmt(ev.get('baseline'), 1)} / {_fmt(ev.get('current'), 1)}",
+                              f"{_fmt(ca.get('baseline'), 0)} / {_fmt(ca.get('current'), 0)}")
             if "doubled_output_ratio" in rows:
                 d = rows["doubled_output_ratio"]
                 con.print(f"{trace}: doubled outputs cost x{d['baseline']:.3f} (baseline), x{d['current']:.3f} (current)")
         con.print(t)
+    sc = result.get("study_cost")
+    if sc:
+        t = table(f"The study's own cost beside {sc['ref']} (same run, alternately; {sc['workers']} workers)",
+                  ("experiment", "capacity searches", "runs / search base / current", "baseline s", "current s",
+                   "speedup", "same verdicts"), left=("experiment",))
+        for key, r in sc["per_experiment"].items():
+            rpc = r["runs_per_capacity"]
+            t.add_row(key, _fmt(r["capacity_searches"]), f"{_fmt(rpc['baseline'], 1)} / {_fmt(rpc['current'], 1)}",
+                      _fmt(r["baseline_wall_s"], 1), _fmt(r["current_wall_s"], 1), _fmt(r["speedup"]),
+                      "yes" if r["same_verdicts"] else "NO")
+        tot = sc["total"]
+        t.add_row("total", "", "", _fmt(tot["baseline_wall_s"], 1), _fmt(tot["current_wall_s"], 1),
+                  _fmt(tot["speedup"]), "yes" if sc["same_verdicts"] else "NO")
+        con.print(t)
+        for d in sc["differences"]:
+            con.print(f"differs: {d}")
     codec = result.get("codec", {})
     if codec and "skipped" not in codec:
         t = table("KV frame codec vs memory copy (GB/s = 1e9 B/s, median)",

@@ -214,7 +214,8 @@ def run_compare(scenarios: Sequence[Scenario | str], requests: Sequence[Any], *,
     scenarios: Scenario objects or names/paths (empty: the four defaults).
     on_start(name, i, n): called before each run (progress display).
     run_kwargs: more keyword arguments of `run_scenario` for every run (a closed loop:
-    max_concurrency, think_time_s).
+    max_concurrency, think_time_s; kv_payload, "account" by default on the virtual
+    runtime: the payloads described, not built, with the same results).
     address: a Ray cluster address; with runtime "virtual" every run is a Ray task on
     that cluster (all submitted at once), with "ray" the actors run there.
     Raises CompareError before any run for a bad scenario or iso request.
@@ -231,6 +232,10 @@ def run_compare(scenarios: Sequence[Scenario | str], requests: Sequence[Any], *,
             raise CompareError(f"scenario names must differ to be compared side by side; repeated: {dup}")
     plan, ref = prepare(loaded, iso, reference, fixed_stages)
     entries = []
+    if runtime == "virtual":
+        # virtual comparisons account the KV payload instead of building it (the same
+        # numbers, `run_scenario(kv_payload="account")`); the caller may ask for bytes
+        run_kwargs = {"kv_payload": "account", **(run_kwargs or {})}
     if runtime == "virtual" and address is not None:
         # Independent virtual-time runs: one Ray task each, spread over the cluster
         # (rack.runtime.parallel.map_virtual_runs); the numbers do not depend on where.

@@ -140,6 +140,9 @@ class Task:
     rate_scale: float = 1.0
     prompt_tokens: Optional[int] = None
     labels: dict = field(default_factory=dict)
+    #: SLO attainment target: stop the run once its verdict against it is decided
+    #: (`rack.serving.slo_watch.SloWatch`, a certain fail only); None: run to the end.
+    early_stop: Optional[float] = None
 
 
 def point_summary(results: dict) -> dict:
@@ -182,15 +185,31 @@ def arrival_summary(requests: Sequence) -> dict:
 def run_task(task: Task) -> dict:
     """Run one point on the virtual runtime; returns labels + `point_summary`, or labels
     + {"error": message} when the scenario is refused or the rack stalls."""
-    from rack.wiring.runner import run_scenario
+    from rack.wiring.runner import RunInterrupted, run_scenario
 
     out = dict(task.labels)
     try:
         sc = Scenario.model_validate(task.scenario)
         reqs = task.workload.requests(task.rate_scale, task.prompt_tokens)
-        res = run_scenario(sc, reqs, runtime="virtual", **task.workload.run_kwargs())
-        out.update(point_summary(res.results))
+        watch = None
+        if task.early_stop is not None:
+            from rack.serving.slo_watch import SloWatch
+
+            watch = SloWatch.for_scenario(sc, reqs, task.early_stop)
+        try:
+            # the KV payload accounted, not built: the same numbers (run_scenario's kv_payload)
+            res = run_scenario(sc, reqs, runtime="virtual", stop=watch, kv_payload="account",
+                               **task.workload.run_kwargs())
+            results = res.results
+        except RunInterrupted as exc:
+            if watch is None or watch.decided is None:
+                raise
+            results = exc.output.results
+        out.update(point_summary(results))
         out.update(arrival_summary(reqs))
+        if watch is not None and watch.decided is not None:
+            # figures of a run cut short describe only what ran until the verdict
+            out["stopped_early"] = watch.record()
     except Exception as exc:  # one bad point must not sink the sweep; it is reported
         out["error"] = f"{type(exc).__name__}: {exc}"
     return out
@@ -202,19 +221,25 @@ def run_tasks(tasks: Sequence[Task], *, workers: int = 2, address: Optional[str]
     task order.
 
     address: a Ray cluster address ("auto", host:port or "local"): one Ray task per
-    point on that cluster. Otherwise a process pool of `workers` (1: in this process).
+    point on that cluster. Otherwise the pool `rack.runtime.run_pool.shared` opened
+    (a study's, local or on a cluster), else a process pool of `workers` (1: in this
+    process).
     `progress`: a rich progress bar on stderr. A point that fails is returned as its
     labels plus "error" (see `run_task`); the others still run.
     """
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from rack.runtime import run_pool
     from rack.runtime.parallel import map_virtual_runs
 
+    pool = run_pool.current() if address is None else None
     bar = Progress(TextColumn(description), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                    console=Console(stderr=True), transient=True, disable=not progress)
     with bar:
         tid = bar.add_task(description, total=len(tasks))
+        if pool is not None:        # a study's pool, open across its sweeps (local or Ray)
+            return pool.map(run_task, list(tasks), on_done=lambda done, total: bar.update(tid, completed=done))
         return map_virtual_runs(run_task, list(tasks), address=address, max_workers=max(1, workers),
                                 progress=lambda done, total: bar.update(tid, completed=done))
 
@@ -317,6 +342,14 @@ def rate_sweep(scenarios: Sequence[Scenario], workload: Workload, rate_scales: S
                           "rate_per_s": float(r) * base_rate if base_rate else None})
              for s in scenarios for r in rate_scales]
     points = run_tasks(tasks, workers=workers, address=address, progress=progress, description="rate sweep")
+    return SweepResult("rate", "rate_per_s" if absolute else "rate_scale", points,
+                       rate_summary(scenarios, points, target, base_rate), workload.describe())
+
+
+def rate_summary(scenarios: Sequence[Scenario], points: Sequence[dict], target: float,
+                 base_rate: Optional[float]) -> dict:
+    """A rate sweep's summary (see `rate_sweep`) from its points (any subset of a
+    ladder: `rack.analysis.capacity` measures only some rungs)."""
     summary: dict = {"target": target, "max_rate_scale": {}, "max_rate_per_s": {}, "tokens_per_joule_at_max": {},
                      "held_every_rate": {}}
     for s in scenarios:
@@ -330,7 +363,7 @@ def rate_sweep(scenarios: Sequence[Scenario], workload: Workload, rate_scales: S
         at_max = [p for p in mine if m is not None and p["rate_scale"] == m]
         summary["tokens_per_joule_at_max"][s.name] = at_max[0]["tokens_per_joule"] if at_max else None
     summary["vendor_ratio"] = _vendor_ratio(scenarios, summary["tokens_per_joule_at_max"])
-    return SweepResult("rate", "rate_per_s" if absolute else "rate_scale", points, summary, workload.describe())
+    return summary
 
 
 def _vendor_ratio(scenarios: Sequence[Scenario], tpj: dict) -> Optional[dict]:
@@ -449,6 +482,9 @@ def summary_lines(result: SweepResult) -> list[str]:
                                       + (" (every rate tried held: the highest tried)" if held
                                          else " (the highest rate tried that held)")
                                       + (f"; {tpj:.4g} output tokens/J at that rate" if tpj else "")))
+        from rack.analysis.capacity import search_lines
+
+        out += search_lines(result)
         ratio = s.get("vendor_ratio")
         if ratio:
             out.append(f"tokens/J at each one's highest sustained rate, {ratio['split']} vs {ratio['wafer_only']}: "
@@ -483,6 +519,10 @@ def summary_lines(result: SweepResult) -> list[str]:
                         + (" (" + ", ".join(f"{r}: {c}" for r, c in sorted(why.items())) + ")" if why else "")
                         for n, k, why in lost)
         out.append(f"point {p['scenario']} {result.param}={p.get(result.param):g}: {how}")
+    for p in sorted((p for p in result.points if p.get("stopped_early")),
+                    key=lambda p: (p["scenario"], p.get(result.param) or 0)):
+        out.append(f"point {p['scenario']} {result.param}={p.get(result.param):g} stopped early: "
+                   f"{p['stopped_early']['reason']} (its other figures cover only the run until then)")
     errors = [p for p in result.points if "error" in p]
     for p in errors:
         out.append(f"point {p.get('scenario')} {result.param}={p.get(result.param)} failed: {p['error']}")
@@ -514,7 +554,7 @@ def points_table(result: SweepResult) -> tuple[list[str], list[list[str]]]:
         if "error" in p:
             rows.append([p["scenario"], f"{p.get(result.param)}", "error: " + p["error"][:60]] + [""] * (len(cols) - 1))
             continue
-        rows.append([p["scenario"], f"{p.get(result.param):g}"] +
+        rows.append([p["scenario"], f"{p.get(result.param):g}" + (" (stopped early)" if p.get("stopped_early") else "")] +
                     ["-" if p.get(k) is None else f.format(p[k]) for k, _, f in cols])
     return heads, rows
 
@@ -577,4 +617,4 @@ def default_workers() -> int:
 
 __all__ = ["DEFAULT_ATTAINMENT_TARGET", "SweepResult", "Task", "Workload", "arrival_summary", "bandwidth_sweep",
            "default_workers", "find_crossover", "max_sustainable_rate", "point_summary",
-           "prompt_sweep", "rate_sweep", "run_task", "run_tasks", "with_link_bandwidth"]
+           "prompt_sweep", "rate_summary", "rate_sweep", "run_task", "run_tasks", "with_link_bandwidth"]

@@ -28,6 +28,7 @@ def bench(
     rate_scale: Optional[List[float]] = typer.Option(None, "--rate-scale", help="Ray pacing rate-scale ladder [default: 1 2 4 8]"),
     address: Optional[str] = typer.Option(None, "--address", help="Ray cluster address (default: start Ray locally)"),
     baseline: Optional[str] = typer.Option(None, "--baseline", help="also replay with another version of the code (a git revision of this checkout, or a checkout's path), alternately, and report the speed-up"),
+    study_cost: Optional[str] = typer.Option(None, "--study-cost", help="with --baseline: also run these study experiments (comma-separated keys of rack.analysis.study.run.EXPERIMENTS, or 'all') with both versions, alternately: wall time per experiment, runs per capacity search, verdicts compared"),
     out: Optional[Path] = typer.Option(None, "--out", help="also write the JSON to this file"),
 ) -> None:
     """Measure how fast the emulator runs: virtual replay of whole traces, cost of doubled
@@ -45,6 +46,19 @@ def bench(
             from rack.analysis.bench_baseline import check_ref
 
             check_ref(baseline)
+        experiments = None
+        if study_cost:
+            from rack.analysis.study.run import EXPERIMENTS
+
+            known = [k for k, _ in EXPERIMENTS]
+            experiments = known if study_cost == "all" else [k.strip() for k in study_cost.split(",") if k.strip()]
+            bad = [k for k in experiments if k not in known]
+            if bad or not baseline:
+                raise ValueError(f"--study-cost: unknown experiment(s) {bad}; known: {', '.join(known)}" if bad
+                                 else "--study-cost needs --baseline REF (the code to compare with)")
+            experiments = [k for k in known if k in experiments]     # the study's order
+            if "bandwidth" in experiments and "load" not in experiments:
+                raise ValueError("--study-cost: bandwidth reads the load experiment's capacities; name load too")
     except ValueError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2)
@@ -55,7 +69,8 @@ def bench(
                          window=win, codec_sizes_mb=tuple(codec_mb) if codec_mb else B.CODEC_SIZES_MB,
                          rate_scales=tuple(rate_scale) if rate_scale else None, address=address,
                          baseline=baseline, progress=progress, skip_memory=skip_memory,
-                         memory_sizes=tuple(memory_requests) if memory_requests else None)
+                         memory_sizes=tuple(memory_requests) if memory_requests else None,
+                         study_cost=experiments)
     result["settings"]["argv"] = list(sys.argv)
     text = B.to_json(result)
     if out is not None:

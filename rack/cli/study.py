@@ -19,6 +19,7 @@ def study(
     workers: int = typer.Option(2, "--workers", min=1, help="parallel processes for the sweeps (1: in this process)"),
     render_only: bool = typer.Option(False, "--render-only", help="rebuild the page and figures from the folder's study.json.gz, running nothing"),
     no_progress: bool = typer.Option(False, "--no-progress", help="no progress bars"),
+    address: Optional[str] = typer.Option(None, "--address", help="Ray cluster address (auto, HOST:PORT, local): run the experiments' runs as Ray tasks there, as rack sweep --address does"),
     resume: bool = typer.Option(False, "--resume", help="reuse the experiments already finished by an interrupted run with the same settings (FIGURES/checkpoints/)"),
 ) -> None:
     """Run the split-versus-colocated study and write findings.md, its figures and study.json.gz."""
@@ -44,7 +45,13 @@ def study(
                StudyConfig.full(workers=workers, progress=not no_progress))
         t0 = time.perf_counter()
         log = (lambda m: typer.echo(f"[study {time.perf_counter() - t0:5.0f} s] {m}", err=True))
-        results = run_study(cfg, command=command_line(), log=log, checkpoints=fig_dir / "checkpoints")
+        from rack.runtime.errors import RayRunError
+
+        try:
+            results = run_study(cfg, command=command_line(), log=log, checkpoints=fig_dir / "checkpoints",
+                                address=address)
+        except RayRunError as exc:
+            fail(f"--address {address}: {exc}")
     out.parent.mkdir(parents=True, exist_ok=True)
     paths = write_study(results, out, fig_dir)
     if (fig_dir / "checkpoints").is_dir():      # study.json.gz now holds everything

@@ -112,6 +112,8 @@ def sweep_rate(
     window: Optional[str] = typer.Option(None, "--window", help="START:END seconds of the trace"),
     max_requests: Optional[int] = typer.Option(None, "--max-requests", min=1),
     target: float = typer.Option(0.9, "--target", min=0.0, max=1.0, help="SLO attainment defining the max sustainable rate"),
+    search: str = typer.Option("ladder", "--search", help="ladder: run every rate; bisect: find each capacity by bisection over the rates (the same rate when attainment falls with rate; rack.analysis.capacity)"),
+    early_stop: Optional[bool] = typer.Option(None, "--early-stop/--no-early-stop", help="end a run once its SLO miss is certain [default: on with --search bisect]"),
     workers: int = _WORKERS, address: Optional[str] = _ADDRESS,
     out: Path = typer.Option(Path("rack-results/sweep-rate"), "--out", parser=out_path),
     no_plots: bool = typer.Option(False, "--no-plots"),
@@ -119,8 +121,10 @@ def sweep_rate(
     load: Optional[LoadOptions] = None,
 ) -> None:
     """Goodput and tokens/J against request rate; the max rate each deployment sustains (DistServe)."""
-    from rack.analysis.sweep import rate_sweep
+    from rack.analysis.capacity import SEARCHES, capacity_sweep
 
+    if search not in SEARCHES:
+        fail(f"--search: expected one of {', '.join(SEARCHES)}, got {search!r}")
     if load is not None and load.max_concurrency is not None:
         fail("--max-concurrency: a closed loop sends a request when one ends, so it has no "
              "arrival rate for --rates to set; sweep an open loop (--request-rate, or the "
@@ -149,8 +153,9 @@ def sweep_rate(
             fail(f"{'--rates' if asked else '--rate-scales'}: {wl.describe()} arrives all at one instant, so it "
                  "has no arrival rate to " + ("set" if asked else "scale") + "; give --request-rate R")
     prepare_out_dir("--out", out)
-    result = rate_sweep(scs, wl, [r / base for r in asked] if asked else scales, target=target, base_rate=base,
-                        workers=workers, address=address, progress=not as_json, absolute=asked is not None)
+    result = capacity_sweep(scs, wl, [r / base for r in asked] if asked else scales, target=target, base_rate=base,
+                            workers=workers, address=address, progress=not as_json, absolute=asked is not None,
+                            search=search, early_stop=(search == "bisect") if early_stop is None else early_stop)
     _finish(result, out, as_json, no_plots)
 
 

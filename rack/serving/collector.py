@@ -32,6 +32,7 @@ EVENTS = ("arrival", "prefill_queued", "prefill_start", "prefill_end", "kv_reser
 OUTCOMES = ("completed", "rejected", "failed")
 _COL = {name: i for i, name in enumerate(EVENTS)}
 _E = len(EVENTS)
+_ARRIVAL, _FIRST, _COMPLETION = _COL["arrival"], _COL["first_token"], _COL["completion"]
 
 
 class Collector(Core):
@@ -106,6 +107,9 @@ class Collector(Core):
         self.faults: dict[int, dict] = {}        # fault injector records, by fault index
         self.recoveries: list[dict] = []         # router: requests re-dispatched per recovery
         self.truncated: dict[int, int] = {}      # router: output tokens served, if truncated
+        # told of every first token and end (`rack.serving.slo_watch.SloWatch.attach`):
+        # a run whose SLO verdict is decided can stop early
+        self.watch: Any = None
 
     # ----------------------------------------------------------------- handlers
     def event(self, now: float, request_id: int, name: str, t: float) -> None:
@@ -157,6 +161,10 @@ class Collector(Core):
                 self._itl[slot] = itl
                 self._ended_samples += itl.size
         self._end[slot] = when
+        if self.watch is not None:
+            row = self._times[slot]
+            self.watch.ended(rid, outcome, float(row[_ARRIVAL]), float(row[_FIRST]), float(row[_COMPLETION]),
+                             self.truncated.get(rid))
         self._open -= 1
         self._ended.append(slot)
         if self.live_front is not None:
@@ -368,6 +376,8 @@ class Collector(Core):
         old = self._times[slot, col]
         if old != old:                     # NaN: not recorded yet (no ufunc call per event)
             self._times[slot, col] = t
+            if col == _FIRST and self.watch is not None:
+                self.watch.first_token(rid, t, float(self._times[slot, _ARRIVAL]))
         elif name in ("transfer_end", "decode_admit"):
             # ...except the end of a stage that was redone, whose latest time counts.
             self._times[slot, col] = t

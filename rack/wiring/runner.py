@@ -33,6 +33,14 @@ from rack.wiring.topology import ComponentSpec, build_topology
 from workloads.clock import check_time_span
 
 
+#: Payload accounting's sampled verification (`run_scenario(kv_payload="account")`):
+#: the first KV payload of each prefill instance and one in this many after it are
+#: built and checked as real frames. 64 keeps the build cost at ~1/64 of shipping
+#: every payload while a replay of ~10^4 transfers still checks ~150 real ones.
+KV_VERIFY_EVERY = 64
+
+KV_PAYLOADS = ("bytes", "account")
+
 RUN_STATUSES = ("complete", "aborted", "interrupted")
 """results.json `status`: "complete" (every request ended), "aborted" (a component
 raised, or the rack stalled: what was measured until then, `error` says why) or
@@ -123,6 +131,9 @@ def _kv_section(stats: dict) -> dict:
         "bad_frames_at_receivers": int(bad_frames),
         "failed_transfers": int(ic["failed_transfers"]),
         "payload_scale": ic["payload_scale"],
+        # payloads described, not built (`run_scenario(kv_payload="account")`; the
+        # mode is in provenance.load)
+        "described_transfers": int(ic.get("described_transfers", 0)),
         "time_s": metrics.summarize(np.asarray(ic["transfer_time_s"])),
         "links": {name: {"utilization": l["utilisation"], "bytes_logical": int(l["bytes_logical"]),
                          "transfers": l["transfers"], "peak_concurrent": l["peak_flows"],
@@ -222,7 +233,8 @@ def run_scenario(scenario: Scenario, requests: Sequence[Any], *, runtime: str = 
                  address: str | None = None, trace_info: dict | None = None,
                  progress: bool = False, timeout_s: float | None = None,
                  max_concurrency: int | None = None, think_time_s: float = 0.0,
-                 records_dir: str | None = None, stop: StopRequest | None = None) -> RunOutput:
+                 records_dir: str | None = None, stop: StopRequest | None = None,
+                 kv_payload: str = "bytes", kv_verify_every: int = KV_VERIFY_EVERY) -> RunOutput:
     """Replay `requests` (sorted by arrival) through `scenario` and measure it.
 
     runtime: "virtual" (in-process virtual time, deterministic) or "ray" (one actor per
@@ -237,6 +249,13 @@ def run_scenario(scenario: Scenario, requests: Sequence[Any], *, runtime: str = 
         by the requests in flight; the results are the same.
     stop: a `rack.runtime.interrupt.StopRequest` the runtime polls; once requested the
         replay stops and RunInterrupted is raised with what finished.
+    kv_payload: "bytes" (every KV payload built, shipped and verified as real msgpack
+        frames) or "account" (virtual runtime only: sweeps, comparisons, the study):
+        payloads described, their frame counts and sizes exact, no bytes built; the
+        first payload of each prefill instance and one in `kv_verify_every` after it
+        are built and checked against their description. On the virtual runtime the
+        bytes change no figure (the link is charged the logical size), so both give
+        the same results; `kv_transfer.payload` says which was used.
     Returns a RunOutput whose `results["status"]` is "complete".
     Raises ValueError for a bad argument, ScenarioError for a bad scenario and
     TimeSpanError for arrivals beyond `workloads.clock.MAX_EMULATED_S` (all before
@@ -255,6 +274,12 @@ def run_scenario(scenario: Scenario, requests: Sequence[Any], *, runtime: str = 
         raise ValueError(f"max_concurrency: expected an integer >= 1 (or None: open loop), got {max_concurrency!r}")
     if not (math.isfinite(think_time_s) and think_time_s >= 0):
         raise ValueError(f"think_time_s: expected a finite number of seconds >= 0, got {think_time_s!r}")
+    if kv_payload not in KV_PAYLOADS:
+        raise ValueError(f"kv_payload: expected one of {', '.join(KV_PAYLOADS)}, got {kv_payload!r}")
+    if kv_payload == "account" and runtime != "virtual":
+        raise ValueError("kv_payload 'account': the Ray runtime always ships real KV bytes")
+    if kv_payload == "account" and not (isinstance(kv_verify_every, int) and kv_verify_every >= 1):
+        raise ValueError(f"kv_verify_every: expected an integer >= 1, got {kv_verify_every!r}")
     if runtime == "virtual" and hasattr(requests, "sorted_by_arrival"):
         # a workloads.RequestTable: replayed as columns (no Request object per request)
         requests = requests.sorted_by_arrival()
@@ -265,12 +290,14 @@ def run_scenario(scenario: Scenario, requests: Sequence[Any], *, runtime: str = 
     if requests:
         check_time_span(requests[-1].arrival_s)
     specs = build_topology(scenario, ids)
-    if records_dir is not None:
-        for spec in specs:
-            if spec.kind == "collector":
-                spec.kwargs["records_dir"] = str(records_dir)
+    for spec in specs:
+        if spec.kind == "collector" and records_dir is not None:
+            spec.kwargs["records_dir"] = str(records_dir)
+        if spec.kind == "prefill" and kv_payload == "account":
+            spec.kwargs["kv_verify_every"] = int(kv_verify_every)
     wall0 = time.perf_counter()
-    load = {"max_concurrency": max_concurrency, "think_time_s": think_time_s}
+    load = {"max_concurrency": max_concurrency, "think_time_s": think_time_s, "kv_payload": kv_payload,
+            "kv_verify_every": int(kv_verify_every) if kv_payload == "account" else None}
     try:
         if runtime == "virtual":
             from rack.runtime.virtual_run import run_topology_virtual

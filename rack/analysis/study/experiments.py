@@ -41,16 +41,20 @@ def _tpot_name(name: str, tpot_ms: float) -> str:
 # ---------------------------------------------------------------------------- capacity
 def capacity(scenarios: Sequence[Scenario], workload, rates: Sequence[float], cfg: StudyConfig,
              base_rate: float) -> dict:
-    """`rack.analysis.sweep.rate_sweep` of `scenarios` on `workload` at `rates` (multiples of
-    `base_rate` req/s), plus each deployment's point at its maximum sustained rate.
+    """Each deployment's capacity on `workload` over the ladder `rates` (multiples of
+    `base_rate` req/s): `rack.analysis.capacity.capacity_sweep` (bisection with early
+    stopping; the same rung as walking the whole ladder when attainment falls with
+    rate, else the ladder is walked), plus each deployment's point at its maximum
+    sustained rate.
 
-    Returns {"workload", "base_rate", "points", "summary" (rate_sweep's), "at_max":
-    {name: point or None}}; a point carries `rate_per_s`.
+    Returns {"workload", "base_rate", "points" (the rungs run), "summary" (rate_sweep's,
+    with "search": how each capacity was found), "at_max": {name: point or None}}; a
+    point carries `rate_per_s`.
     """
-    from rack.analysis.sweep import rate_sweep
+    from rack.analysis.capacity import capacity_sweep
 
-    res = rate_sweep(list(scenarios), workload, list(rates), target=cfg.target, base_rate=base_rate,
-                     workers=cfg.workers, progress=cfg.progress)
+    res = capacity_sweep(list(scenarios), workload, list(rates), target=cfg.target, base_rate=base_rate,
+                         workers=cfg.workers, progress=cfg.progress)
     at_max = {}
     for s in scenarios:
         m = res.summary["max_rate_scale"][s.name]

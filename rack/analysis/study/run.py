@@ -109,7 +109,7 @@ def _checkpoint(folder: Optional[Path], key: str, cfg: StudyConfig):
 
 
 def run_study(cfg: StudyConfig, *, command: str, log: Callable[[str], None] = lambda m: None,
-              checkpoints: Optional[Path | str] = None) -> dict:
+              checkpoints: Optional[Path | str] = None, address: Optional[str] = None) -> dict:
     """Every experiment of `cfg`; returns the results (JSON-ready) with "meta" (command,
     date, version, git commit, wall time, trace hashes), "config", "deployments" and
     one key per experiment.
@@ -117,8 +117,20 @@ def run_study(cfg: StudyConfig, *, command: str, log: Callable[[str], None] = la
     checkpoints: a folder where each experiment's result is saved as it finishes
     (<key>.json, with the configuration); an experiment whose checkpoint was made with
     the same configuration is read back instead of run again (an interrupted study
-    resumes). Raises TypeError naming the value if a result cannot be saved as JSON.
+    resumes).
+    address: a Ray cluster ("auto", "HOST:PORT", "local"): every sweep's runs are Ray
+    tasks there (`rack.runtime.run_pool.shared`); None: `cfg.workers` local processes,
+    kept open for the whole study. The numbers do not depend on where runs execute.
+    Raises TypeError naming the value if a result cannot be saved as JSON.
     """
+    from rack.runtime import run_pool
+
+    with run_pool.shared(cfg.workers, address):
+        return _run_study(cfg, command=command, log=log, checkpoints=checkpoints)
+
+
+def _run_study(cfg: StudyConfig, *, command: str, log: Callable[[str], None],
+               checkpoints: Optional[Path | str]) -> dict:
     from rack import __version__
     from rack.analysis.results import to_json
 
