@@ -40,24 +40,29 @@ def tornado(res: dict, out: Path, key: str) -> dict[str, str]:
             continue
         plt = _plt()
         fig, ax = plt.subplots(figsize=(7.5, 0.45 * len(rows) + 1.8))
+        vals = [base] if base else []
         for j, t in enumerate(rows):
             lo, hi = t["low_ratio"], t["high_ratio"]
             ref = base or lo or hi
-            for v, colour in ((lo, "tab:blue"), (hi, "tab:orange")):
+            for v, colour, end in ((lo, "tab:blue", "low"), (hi, "tab:orange", "high")):
                 if v:
-                    ax.barh(j, math.log10(v / ref), left=math.log10(ref), color=colour, alpha=0.8)
-            for v, end in ((lo, "low"), (hi, "high")):
-                if v:
-                    ax.annotate(f"{t[end]:g}", (math.log10(v), j), fontsize=6, va="center",
-                                xytext=(2 if v >= ref else -2, 0), textcoords="offset points",
-                                ha="left" if v >= ref else "right")
+                    ax.barh(j, v - ref, left=ref, color=colour, alpha=0.8, height=0.6)
+                    ax.annotate(f"{t[end]:g}", (v, j), fontsize=6, va="center", textcoords="offset points",
+                                xytext=(3 if v >= ref else -3, 0), ha="left" if v >= ref else "right")
+                    vals.append(v)
+        from matplotlib.ticker import FuncFormatter, NullFormatter
+
+        ax.set_xscale("log")
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}x"))
+        ax.xaxis.set_minor_formatter(NullFormatter())
         ax.set_yticks(range(len(rows)), [f"{t['label']} ({t['unit']})" if t["unit"] else t["label"] for t in rows],
                       fontsize=7)
         for v, style, label in ((base, "-", "as shipped"), (1.0, "--", "1x"), (B.CLAIM, ":", f"{B.CLAIM:g}x")):
             if v:
-                ax.axvline(math.log10(v), color="black" if style == "-" else "grey", ls=style, lw=1, label=label)
-        ax.set_xlabel(f"log10 of {a} / {b}, {res['metric']} at equal interactivity (blue: term low, orange: high)",
-                      fontsize=7)
+                ax.axvline(v, color="black" if style == "-" else "grey", ls=style, lw=1, label=label)
+        ax.set_xlim(min(vals + [1.0]) / 1.3, max(vals + [B.CLAIM]) * 1.3)
+        ax.set_xlabel(f"{res['metric']} ratio at equal interactivity (blue: term at its low end, orange: high; "
+                      "labels: the term's value)", fontsize=7)
         ax.legend(fontsize=7, loc="lower right")
         ax.set_title(f"Tornado: {a} / {b} on {res['workload']}", fontsize=9)
         fname = f"{key}_{i}.png"
@@ -85,27 +90,35 @@ def breakeven_map(res: dict, out: Path, key: str) -> dict[str, str]:
         xs = np.array(g["rate"], dtype=float) if use_rate else np.tile(np.array(g["x"], dtype=float), (len(g["y"]), 1))
         ys = np.tile(np.array(g["y"], dtype=float)[:, None], (1, len(g["x"])))
         plt = _plt()
-        fig, ax = plt.subplots(figsize=(6.5, 4.5))
+        fig, ax = plt.subplots(figsize=(6.8, 4.6))
         lz = np.log10(z)
-        m = ax.scatter(xs.ravel(), ys.ravel(), c=lz.ravel(), cmap="RdYlGn", s=300, marker="s", vmin=-1, vmax=1)
+        grid = len(g["x"]) >= 2 and len(g["y"]) >= 2 and np.isfinite(z).all()
+        if grid:
+            m = ax.contourf(xs, ys, lz, levels=np.linspace(-1, 1, 21), cmap="RdYlGn", extend="both")
+        else:
+            m = ax.scatter(xs.ravel(), ys.ravel(), c=lz.ravel(), cmap="RdYlGn", s=200, marker="s", vmin=-1, vmax=1)
+        ax.plot(xs.ravel(), ys.ravel(), "k.", ms=3)
         for xv, yv, zv in zip(xs.ravel(), ys.ravel(), z.ravel()):
             if np.isfinite(zv):
-                ax.annotate(f"{zv:.2f}x", (xv, yv), ha="center", va="center", fontsize=7)
+                ax.annotate(f"{zv:.2f}x", (xv, yv), textcoords="offset points", xytext=(3, 3), fontsize=7)
         drawn = []
-        if len(g["x"]) >= 2 and len(g["y"]) >= 2 and np.isfinite(z).all():
+        if grid:
             for level, style in ((1.0, "--"), (B.CLAIM, "-")):
                 if np.nanmin(z) < level < np.nanmax(z):
-                    ax.contour(xs, ys, z, levels=[level], colors="black", linestyles=style)
+                    cs = ax.contour(xs, ys, z, levels=[level], colors="black", linestyles=style)
+                    ax.clabel(cs, fmt=f"{level:g}x", fontsize=7)
                     drawn.append(f"{level:g}x")
+        cb = fig.colorbar(m, ax=ax, ticks=[-1, -0.5, 0, 0.5, 1])
+        cb.ax.set_yticklabels(["0.1x", "0.32x", "1x", "3.2x", "10x"])
+        cb.set_label(f"{a} / {b}", fontsize=7)
         t = res["term"]
         ax.set_xscale("log" if use_rate or t.get("scale") == "log" else "linear")
         ax.set_yscale("log")
         ax.set_xlabel("wafer prefill rate per request (tokens/s)" if use_rate else
                       f"{t['label']}" + (f" ({t['unit']})" if t["unit"] else ""))
         ax.set_ylabel("input/output tokens")
-        fig.colorbar(m, ax=ax, label=f"log10 {a} / {b} ({res['metric']})")
-        ax.set_title(f"Break-even: {a} / {b}; contours drawn: {', '.join(drawn) or 'none (not crossed)'}",
-                     fontsize=8)
+        ax.set_title(f"Break-even, {res['metric']} at equal interactivity; contours: "
+                     f"{', '.join(drawn) or 'none (not crossed)'}", fontsize=8)
         fname = f"{key}_{i}.png"
         _save(fig, out / fname)
         files[f"{key} {a}"] = fname

@@ -123,7 +123,8 @@ def breakeven_map(res: dict, s, figures: dict, fig_dir: str) -> list[str]:
              f"{_term_value(t, t['low'])} to {_term_value(t, t['high'])} and the input/output ratio of vLLM's "
              f"random dataset ({res['output_tokens']} output tokens, prompts that many times longer), every other "
              "term as shipped. The wafer's per-request prefill rate is `devices.uncertainty.wafer_prefill_rate` "
-             "of the wafer-only deployment at that prompt length.", ""]
+             "of the wafer-only deployment at that prompt length. The figure's colours and contours are interpolated "
+             "between the measured cells (the dots).", ""]
     for a, b in res["pairs"]:
         g = B.map_grid(res, a, b)
         heads = ["input/output"] + [_term_value(t, x) for x in g["x"]]
