@@ -43,8 +43,17 @@ def headline(pa: Sequence[dict], pb: Sequence[dict], *, metric: str, tolerance: 
 
 
 def _hl(section: dict, points: dict, a: str, b: str) -> dict:
+    """The pair's headline in a section's runs: at equal interactivity (`headline`), or
+    for a tornado read at capacity the ratio of the two deployments' figures at their
+    own capacities (`analysis.pair_metric`; "verdict" and "why" kept)."""
     if a not in points or b not in points:
         return {"ratio": None, "x": None, "a_value": None, "b_value": None, "range": None}
+    if section.get("reading") == "at_capacity":
+        from rack.analysis.study.analysis import pair_metric
+
+        m = pair_metric(points[a], points[b], section["metric"])
+        return {"ratio": m["ratio"], "x": None, "a_value": points[a].get(section["metric"]),
+                "b_value": points[b].get(section["metric"]), "range": None, "verdict": m["verdict"], "why": m["why"]}
     return headline(points[a], points[b], metric=section["metric"], tolerance=section["tolerance"],
                     at=section.get("at", "a_best"))
 
@@ -78,14 +87,17 @@ def tornado_rows(res: dict, a: str, b: str) -> dict:
     rows = []
     for t in res["terms"]:
         run = res["runs"].get(t["key"], {})
-        lo = _hl(res, run.get("low", {}), a, b)["ratio"]
-        hi = _hl(res, run.get("high", {}), a, b)["ratio"]
+        hl_lo, hl_hi = _hl(res, run.get("low", {}), a, b), _hl(res, run.get("high", {}), a, b)
+        lo, hi = hl_lo["ratio"], hl_hi["ratio"]
         span = abs(math.log(hi / lo)) if lo and hi else None
         xs, ys = [t["low"], t["high"]], [lo, hi]
         if t.get("nominal") is not None and base["ratio"] is not None and t["low"] < t["nominal"] < t["high"]:
             xs.insert(1, t["nominal"])
             ys.insert(1, base["ratio"])
-        rows.append({**t, "low_ratio": lo, "high_ratio": hi, "span": span,
+        # at capacity a deployment may sustain no rate tried: no ratio, but a verdict
+        notes = {end: f"{h['verdict']}: {h['why']}" for end, h in (("low", hl_lo), ("high", hl_hi))
+                 if h["ratio"] is None and h.get("why")}
+        rows.append({**t, "low_ratio": lo, "high_ratio": hi, "span": span, "notes": notes,
                      "flips_at": TM.crossing(xs, ys, 1.0, t.get("scale", "linear")),
                      "reaches": TM.crossing(xs, ys, CLAIM, t.get("scale", "linear"))})
     rows.sort(key=lambda r: -(r["span"] or -1))
@@ -126,7 +138,7 @@ def five_x(results: dict, sections: Sequence[dict]) -> list[dict]:
         if s["kind"] == "interactivity":
             for r in interactivity_rows(res):
                 seen.append((r["ratio"], f"{r['a']} / {r['b']}", f"{r['workload']}, every term at its nominal value"))
-        elif s["kind"] == "tornado":
+        elif s["kind"] == "tornado" and res.get("reading") != "at_capacity":
             for a, b in res["pairs"]:
                 tr = tornado_rows(res, a, b)
                 for t in tr["terms"]:
@@ -159,7 +171,7 @@ def settle(results: dict, sections: Sequence[dict]) -> list[dict]:
     out = []
     for s in sections:
         res = results.get(s["key"])
-        if s["kind"] != "tornado" or res is None or not res["pairs"]:
+        if s["kind"] != "tornado" or res is None or not res["pairs"] or res.get("reading") == "at_capacity":
             continue
         a, b = res["pairs"][0]
         for t in tornado_rows(res, a, b)["terms"]:
@@ -171,11 +183,12 @@ def settle(results: dict, sections: Sequence[dict]) -> list[dict]:
 
 def tornado_for(results: dict, sections: Sequence[dict], a: str, b: str, workload: Optional[str] = None
                 ) -> Optional[dict]:
-    """The rows of the first tornado section of pair (a, b) run on `workload` (any
-    workload when None), or None."""
+    """The rows of the first tornado section at equal interactivity of pair (a, b) run
+    on `workload` (any workload when None), or None."""
     for s in sections:
         res = results.get(s["key"])
-        if (s["kind"] == "tornado" and res is not None and [a, b] in [list(p) for p in res["pairs"]]
+        if (s["kind"] == "tornado" and res is not None and res.get("reading") != "at_capacity"
+                and [a, b] in [list(p) for p in res["pairs"]]
                 and (workload is None or res["workload"] == workload)):
             return {"section": s["key"], "workload": res["workload"], **tornado_rows(res, a, b)}
     return None

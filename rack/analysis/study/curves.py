@@ -73,15 +73,37 @@ def tornado(section, cfg, log: Log) -> dict:
     for t in terms:
         for end in ("low", "high"):
             variants += [TM.apply(s, t["key"], t[end], _variant_name(n, t["key"], t[end])) for n, s in base.items()]
+    common = {"workload": w.name(), "terms": terms, "pairs": [list(p) for p in section.pairs],
+              "metric": section.metric, "tolerance": section.tolerance, "at": section.at,
+              "reading": section.reading or "at_least_interactivity"}
+    if section.reading == "at_capacity":
+        return {**common, **_tornado_at_capacity(section, cfg, log, terms, base, variants)}
     log(f"{section.key}: {len(terms)} terms x 2 ends x {len(base)} deployments x concurrency "
         f"{section.concurrencies} on {w.name()}")
     curves = _sweep(cfg, variants, w.plan(), section)
     runs = {t["key"]: {end: _split(curves, base, f"{t['key']}={t[end]:g}") for end in ("low", "high")}
             for t in terms}
-    return {"workload": w.name(), "terms": terms, "baseline": {n: curves["deployments"][n]["points"] for n in base},
-            "runs": runs, "errors": curves["errors"], "pairs": [list(p) for p in section.pairs],
-            "metric": section.metric, "tolerance": section.tolerance, "at": section.at,
-            "concurrencies": curves["concurrencies"], "per_slot": section.per_slot}
+    return {**common, "baseline": {n: curves["deployments"][n]["points"] for n in base}, "runs": runs,
+            "errors": curves["errors"], "concurrencies": curves["concurrencies"], "per_slot": section.per_slot}
+
+
+def _tornado_at_capacity(section, cfg, log: Log, terms, base: dict, variants: list) -> dict:
+    """The tornado's variants through one capacity sweep (`experiments.capacity`):
+    "baseline" and "runs" hold each deployment's figures at its capacity
+    (`analysis.at_capacity`), "capacity" the sweep."""
+    from rack.analysis.study import experiments as E
+    from rack.analysis.study.analysis import at_capacity
+
+    w = section.workloads[0]
+    wl, reqs = E._trace_workload(w.trace, tuple(w.window) if w.window else (0.0, 1e9))
+    rates = section.rates.as_tuple()
+    log(f"{section.key}: {len(terms)} terms x 2 ends x {len(base)} deployments x {len(rates)} rates on {w.name()}")
+    cap = E.capacity(variants, wl, rates, cfg, E._base_rate(reqs))
+    at = {v.name: at_capacity(cap, v.name) for v in variants}
+    runs = {t["key"]: {end: {n: at[_variant_name(n, t["key"], t[end])] for n in base} for end in ("low", "high")}
+            for t in terms}
+    return {"baseline": {n: at[n] for n in base}, "runs": runs, "capacity": cap,
+            "errors": [p for p in cap["points"] if "error" in p], "rates": list(rates), "requests": len(reqs)}
 
 
 def _prefill_rate(scenario, prompt_tokens: int) -> Optional[float]:

@@ -22,6 +22,9 @@ def _term_value(t: dict, v: Optional[float]) -> str:
 
 
 def _reading_note(res: dict) -> str:
+    if res.get("reading") == "at_capacity":
+        return ("each deployment read at its own capacity, the highest rate tried at which it meets the SLOs for "
+                "the target share of requests")
     at = res.get("at", "a_best")
     where = ("the tokens/s per user of the split's best operating point (its highest tokens/s per kW)"
              if at == "a_best" else f"{at:g} tokens/s per user")
@@ -39,7 +42,10 @@ def interactivity(res: dict, s, figures: dict, fig_dir: str) -> list[str]:
              f"{T.listing([str(c) for c in s.concurrencies])}, {s.per_slot} units per slot), throughput per "
              "kW against tokens/s per user, one curve per deployment. The ratio is "
              f"{res['metric'].replace('_', ' ')} of the first deployment over the second, {_reading_note(res)}; "
-             "its range is over every measured tokens/s per user both curves reach.", ""]
+             "its range is over every measured tokens/s per user both curves reach. The last column reads both "
+             "curves at exactly the same tokens/s per user, interpolated: where a curve is nearly vertical (a "
+             "wafer's decode speed barely moves with load) a few tokens/s per user span its whole throughput "
+             "range, so that reading swings widely (docs/interactivity.md); the verdicts use the first.", ""]
     table = [[r["workload"], T.code(r["a"]), T.code(r["b"]), T.num(r["x"], "{:,.0f}"), T.x(r["ratio"]),
               T.span(r["range"] or []), T.span(r["equal"] or [])] for r in rows]
     lines += [md_table(["workload", "split", "against", "read at (tok/s/user)", "ratio", "range over x (at least x)",
@@ -95,15 +101,20 @@ def _pair_label(a: str, b: str) -> str:
 
 
 def tornado(res: dict, s, figures: dict, fig_dir: str) -> list[str]:
+    cap = res.get("reading") == "at_capacity"
+    how = (f"rates {T.num(min(res['rates']), '{:g}')}x to {T.num(max(res['rates']), '{:g}')}x the trace's own, "
+           f"{len(res['rates'])} of them" if cap else
+           f"concurrencies {T.listing([str(c) for c in res['concurrencies']])}, {res['per_slot']} units per slot")
     lines = [f"## {s.title or 'The uncertain terms'}", "",
-             f"The ratio at equal interactivity on {res['workload']} ({_reading_note(res)}), with each uncertain "
-             "term set to the low and the high end of its documented range (`devices.uncertainty`; the other "
-             f"terms as shipped; concurrencies {T.listing([str(c) for c in res['concurrencies']])}, "
-             f"{res['per_slot']} units per slot). Terms sorted by how far they move it.", ""]
+             f"The ratio of {res['metric'].replace('_', ' ')} "
+             + ("at capacity" if cap else "at equal interactivity") + f" on {res['workload']} ({_reading_note(res)}), "
+             "with each uncertain term set to the low and the high end of its documented range "
+             f"(`devices.uncertainty`; the other terms as shipped; {how}). Terms sorted by how far they move it.", ""]
     for a, b in res["pairs"]:
         tr = B.tornado_rows(res, a, b)
         rows = [[t["label"], _term_value(t, t["low"]), _term_value(t, t.get("nominal")), _term_value(t, t["high"]),
-                 T.x(t["low_ratio"]), T.x(t["high_ratio"]),
+                 T.x(t["low_ratio"]) if t["low_ratio"] else t["notes"].get("low", "-"),
+                 T.x(t["high_ratio"]) if t["high_ratio"] else t["notes"].get("high", "-"),
                  T.listing([_term_value(t, v) for v in t["flips_at"]], "-"),
                  T.listing([str(x) for x in t["sources"]][:2], "-")] for t in tr["terms"]]
         lines += [f"**{_pair_label(a, b)}**: {T.x(tr['baseline']['ratio'])} as shipped; "
@@ -112,7 +123,8 @@ def tornado(res: dict, s, figures: dict, fig_dir: str) -> list[str]:
                             "sources"], rows), ""]
         lines += _fig(figures, f"{s.key} {a}", fig_dir, f"tornado, {a} / {b}")
     for p in res.get("errors", ()):
-        lines.append(f"- point {p['scenario']} C={p['concurrency']} failed: {p['error']}")
+        lines.append(f"- point {p['scenario']} {'C=' + str(p.get('concurrency')) if 'concurrency' in p else ''} "
+                     f"failed: {p['error']}")
     return lines + [""]
 
 
@@ -178,45 +190,61 @@ def _verdict_word(lo: Optional[float], hi: Optional[float]) -> str:
     return "undetermined" if lo < 1 - TIE_TOLERANCE and hi > 1 + TIE_TOLERANCE else "ties"
 
 
+def _verdict(head: str, ratio: Optional[float], tr: Optional[dict], why: str, item: dict) -> dict:
+    """A verdict line from a ratio as shipped and its tornado (None: not swept)."""
+    if tr is None or tr["range"] is None or ratio is None:
+        return {**item, "text": head + f" (range over the uncertain terms not run: {why})", "ratio": ratio,
+                "range": None, "term": None, "flips": [], "verdict": None}
+    lo, hi = min(tr["range"][0], ratio), max(tr["range"][1], ratio)
+    word = _verdict_word(lo, hi)
+    ms = tr["most_sensitive"]
+    flips = [(t, v) for t in tr["terms"] for v in t["flips_at"]]
+    text = head + f", {T.span([lo, hi])} over the uncertain terms' ranges" + \
+        (f"; most sensitive to {ms['label']}" if ms else "")
+    notes = [f"with {t['label']} = {_term_value(t, t[end])} {note}" for t in tr["terms"]
+             for end, note in t.get("notes", {}).items()]
+    if notes:
+        text += " (" + "; ".join(notes) + ")"
+    if word == "undetermined" and flips:
+        text += ": **undetermined: flips at " + T.listing([f"{t['label']} = {_term_value(t, v)}"
+                                                            for t, v in flips]) + "**"
+    elif word == "undetermined":
+        text += ": **undetermined** (the range straddles 1x)"
+    else:
+        text += f": the split {word} across the ranges"
+    return {**item, "text": text, "ratio": ratio, "range": [lo, hi], "term": ms["key"] if ms else None,
+            "flips": [[t["key"], v] for t, v in flips], "verdict": word}
+
+
 def verdict_lines(results: dict, sections: list) -> list[dict]:
-    """One verdict per interactivity pair and workload: {"text", "ratio", "range",
-    "term", "flips", "verdict", "a", "b", "workload"}; the range and the most sensitive
-    term from the tornado of that pair on that workload (none where no tornado ran
-    there: the line says so)."""
+    """One verdict per interactivity pair and workload, and one per pair of a tornado
+    read at capacity: {"text", "ratio", "range", "term", "flips", "verdict", "a", "b",
+    "workload", "reading"}; the range and the most sensitive term from the tornado of
+    that pair on that workload (none where no tornado ran there: the line says so)."""
     dumped = [x.model_dump() for x in sections]
     out = []
     for s in sections:
         res = results.get(s.key)
-        if s.kind != "interactivity" or res is None:
+        if res is None:
             continue
-        for r in B.interactivity_rows(res):
-            tr = B.tornado_for(results, dumped, r["a"], r["b"], r["workload"])
-            head = f"{_pair_label(r['a'], r['b'])} tokens/s per kW at equal interactivity, {r['workload']}: " \
-                   f"{T.x(r['ratio'])}"
-            if tr is None or tr["range"] is None or r["ratio"] is None:
+        if s.kind == "interactivity":
+            for r in B.interactivity_rows(res):
+                tr = B.tornado_for(results, dumped, r["a"], r["b"], r["workload"])
                 other = B.tornado_for(results, dumped, r["a"], r["b"])
                 why = (f"the uncertain terms were swept on {other['workload']} only" if other else
                        "no tornado of this pair")
-                out.append({"text": head + f" (range over the uncertain terms not run: {why})",
-                            "ratio": r["ratio"], "range": None, "term": None, "flips": [], "verdict": None,
-                            "a": r["a"], "b": r["b"], "workload": r["workload"]})
-                continue
-            lo, hi = min(tr["range"][0], r["ratio"]), max(tr["range"][1], r["ratio"])
-            word = _verdict_word(lo, hi)
-            ms = tr["most_sensitive"]
-            flips = [(t, v) for t in tr["terms"] for v in t["flips_at"]]
-            text = (head + f", {T.x(lo)} to {T.x(hi)} over the uncertain terms' ranges"
-                    + (f"; most sensitive to {ms['label']}" if ms else ""))
-            if word == "undetermined" and flips:
-                text += ": **undetermined: flips at " + T.listing([f"{t['label']} = {_term_value(t, v)}"
-                                                                    for t, v in flips]) + "**"
-            elif word == "undetermined":
-                text += ": **undetermined** (the range straddles 1x)"
-            else:
-                text += f": the split {word} across the ranges"
-            out.append({"text": text, "ratio": r["ratio"], "range": [lo, hi], "term": ms["key"] if ms else None,
-                        "flips": [[t["key"], v] for t, v in flips], "verdict": word,
-                        "a": r["a"], "b": r["b"], "workload": r["workload"]})
+                head = (f"{_pair_label(r['a'], r['b'])} tokens/s per kW at equal interactivity, {r['workload']}: "
+                        f"{T.x(r['ratio'])}")
+                out.append(_verdict(head, r["ratio"], tr, why, {"a": r["a"], "b": r["b"], "workload": r["workload"],
+                                                                "reading": "equal_interactivity"}))
+        elif s.kind == "tornado" and res.get("reading") == "at_capacity":
+            for a, b in res["pairs"]:
+                tr = B.tornado_rows(res, a, b)
+                metric = {"tokens_per_joule": "tokens/J", "usd_per_mtok": "$/Mtok"}.get(res["metric"], res["metric"])
+                head = (f"{_pair_label(a, b)} {metric} at each one's capacity, {res['workload']}: "
+                        f"{T.x(tr['baseline']['ratio'])}")
+                out.append(_verdict(head, tr["baseline"]["ratio"], tr, "no ratio as shipped",
+                                    {"a": a, "b": b, "workload": res["workload"], "reading": "at_capacity"}))
     return out
 
 
@@ -225,9 +253,9 @@ def verdicts(results: dict, sections: list, s) -> list[str]:
     if not v:
         return []
     return [f"## {s.title or 'Verdicts with their conditions'}", "",
-            "Each verdict at equal interactivity, with the range it takes when every uncertain term moves across "
-            "its documented range one at a time (the tornado), and the term it moves with most. The verdicts at "
-            "capacity in the sections above are read with every term as shipped.", ""] + \
+            "Each verdict, with the range it takes when every uncertain term moves across its documented range one "
+            "at a time (the tornado sections), and the term it moves with most. The other verdicts at capacity in "
+            "the sections above are read with every term as shipped.", ""] + \
         [f"- {x['text']}." for x in v] + [""]
 
 
@@ -251,7 +279,8 @@ def settle(results: dict, sections: list, s) -> list[str]:
 def what_rack_says(results: dict, sections: list) -> list[str]:
     """The answer with its conditions in three sentences or fewer (README's "what rack
     says" and the top of findings.md), built from the verdicts and the 5x table."""
-    v = verdict_lines(results, sections)
+    every = verdict_lines(results, sections)
+    v = [x for x in every if x["reading"] == "equal_interactivity"]
     if not v:
         return []
     ranged = [x for x in v if x["range"]]
@@ -265,17 +294,22 @@ def what_rack_says(results: dict, sections: list) -> list[str]:
     s1 = ("At equal interactivity with every uncertain term as shipped, GPU prefill + wafer decode gives "
           + T.listing([f"{T.x(x['ratio'])} ({who(x['a'])}, {x['workload']})" for x in v if x["ratio"]][:4])
           + " the wafer alone's tokens/s per kW.")
+    labels = {t["key"]: t["label"] for s in sections if s.kind == "tornado" and results.get(s.key)
+              for t in results[s.key]["terms"]}
     if ranged:
         lo = min(x["range"][0] for x in ranged)
         hi = max(x["range"][1] for x in ranged)
         terms = [x["term"] for x in ranged if x["term"]]
         top = max(set(terms), key=terms.count) if terms else None
-        label = next((t["label"] for s in sections if s.kind == "tornado" and results.get(s.key)
-                      for t in results[s.key]["terms"] if t["key"] == top), top)
         flips = [x for x in ranged if x["verdict"] == "undetermined"]
         s2 = (f"Over the uncertain terms' documented ranges that ratio spans {T.x(lo)} to {T.x(hi)}, most sensitive "
-              f"to {label}" + (f", so the verdict is undetermined in {len(flips)} of {len(ranged)} cases" if flips
-                               else "") + ".")
+              f"to {labels.get(top, top)}" + (f", so the verdict is undetermined in {len(flips)} of {len(ranged)} "
+                                              "readings" if flips else ""))
+        cap = [x for x in every if x["reading"] == "at_capacity" and x["range"]]
+        if cap:
+            s2 += (f"; at each one's capacity the tokens/J ratio spans "
+                   f"{T.span([min(x['range'][0] for x in cap), max(x['range'][1] for x in cap)])}")
+        s2 += "."
     else:
         s2 = "The uncertain terms were not swept."
     five = B.five_x(results, [x.model_dump() for x in sections])

@@ -54,7 +54,7 @@ KINDS = ("compare", "capacity", "bandwidth", "gpu_pd", "interactivity", "tornado
 REQUIRED = {"compare": ("deployments", "workloads"), "capacity": ("deployments", "workloads", "rates"),
             "bandwidth": ("workloads", "parameter", "cases"), "gpu_pd": ("cases",),
             "interactivity": ("deployments", "workloads", "concurrencies"),
-            "tornado": ("pairs", "workloads", "concurrencies", "terms"),
+            "tornado": ("pairs", "workloads", "terms"),
             "breakeven_map": ("pairs", "concurrencies", "terms", "parameter"), "view": ("view",)}
 #: Parameters a capacity section can sweep.
 CAPACITY_PARAMETERS = ("prompt_tokens", "output_tokens", "slo.tpot_ms")
@@ -245,6 +245,13 @@ class Section(_Strict):
             w = self.workloads[0]
             if p is not None and p.name != "slo.tpot_ms" and w.synthetic is None:
                 raise ValueError(f"parameter {p.name!r} needs a synthetic workload")
+        if self.kind == "tornado":
+            need = "rates" if self.reading == "at_capacity" else "concurrencies"
+            if not getattr(self, need):
+                raise ValueError(f"a tornado read {'at capacity' if need == 'rates' else 'at equal interactivity'} "
+                                 f"needs {need}")
+            if self.reading == "at_capacity" and self.workloads[0].trace is None:
+                raise ValueError("workloads[0]: a tornado read at capacity runs a trace")
         if self.kind == "bandwidth" and self.parameter.name != "link.bandwidth_GBps":
             raise ValueError(f"parameter.name: a bandwidth section sweeps 'link.bandwidth_GBps', got "
                              f"{self.parameter.name!r}")
