@@ -18,7 +18,11 @@ def _fig(figures: dict, key: str, fig_dir: str, alt: str) -> list[str]:
 
 
 def _term_value(t: dict, v: Optional[float]) -> str:
-    return "-" if v is None else f"{v:.3g}" + (f" {t['unit']}" if t.get("unit") else "")
+    """A term's value with its unit: 3 significant digits, thousands separated."""
+    if v is None:
+        return "-"
+    text = f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.3g}"
+    return text + (f" {t['unit']}" if t.get("unit") and t["unit"] != "x" else ("x" if t.get("unit") == "x" else ""))
 
 
 def _reading_note(res: dict) -> str:
@@ -115,13 +119,16 @@ def tornado(res: dict, s, figures: dict, fig_dir: str) -> list[str]:
         rows = [[t["label"], _term_value(t, t["low"]), _term_value(t, t.get("nominal")), _term_value(t, t["high"]),
                  T.x(t["low_ratio"]) if t["low_ratio"] else t["notes"].get("low", "-"),
                  T.x(t["high_ratio"]) if t["high_ratio"] else t["notes"].get("high", "-"),
-                 T.listing([_term_value(t, v) for v in t["flips_at"]], "-"),
-                 T.listing([str(x) for x in t["sources"]][:2], "-")] for t in tr["terms"]]
+                 T.listing([_term_value(t, v) for v in t["flips_at"]], "-")] for t in tr["terms"]]
         lines += [f"**{_pair_label(a, b)}**: {T.x(tr['baseline']['ratio'])} as shipped; "
                   f"{T.span(tr['range'] or [])} over the terms' ranges.", "",
-                  md_table(["term", "low", "nominal", "high", "ratio at low", "ratio at high", "crosses 1x at",
-                            "sources"], rows), ""]
+                  md_table(["term", "low", "nominal", "high", "ratio at low", "ratio at high", "crosses 1x at"],
+                           rows), ""]
         lines += _fig(figures, f"{s.key} {a}", fig_dir, f"tornado, {a} / {b}")
+    sourced = [t for t in res["terms"] if t.get("sources")]
+    if sourced:
+        lines += ["Where each range comes from (`devices.uncertainty`):", ""]
+        lines += [f"- {t['label']}: " + "; ".join(t["sources"]) + "." for t in sourced] + [""]
     for p in res.get("errors", ()):
         lines.append(f"- point {p['scenario']} {'C=' + str(p.get('concurrency')) if 'concurrency' in p else ''} "
                      f"failed: {p['error']}")
