@@ -162,3 +162,21 @@ def test_term_values_and_crossings():
     with pytest.raises(ValueError, match="no documented range"):
         TM.resolve([type("R", (), {"key": "zz.nothing", "low": None, "nominal": None, "high": None, "label": None,
                                    "unit": None, "scale": None, "points": 3})()])
+
+
+def test_a_tornado_at_capacity_reads_each_ones_capacity_and_says_when_one_holds_no_rate():
+    def cap(rate, tpj):
+        return {"rate": rate, "held_all": False, "tokens_per_joule": tpj, "usd_per_mtok": 1.0}
+
+    term = {"key": "link.bandwidth_GBps", "label": "link", "unit": "GB/s", "low": 1.0, "nominal": 400.0,
+            "high": 4000.0, "scale": "log", "sources": [], "doc": ""}
+    res = {"pairs": [["s", "w"]], "metric": "tokens_per_joule", "reading": "at_capacity", "tolerance": 0.01,
+           "workload": "t", "terms": [term], "baseline": {"s": cap(2.0, 0.5), "w": cap(8.0, 1.0)},
+           "runs": {term["key"]: {"low": {"s": cap(None, None), "w": cap(8.0, 1.0)},
+                                  "high": {"s": cap(4.0, 2.0), "w": cap(8.0, 1.0)}}}}
+    tr = B.tornado_rows(res, "s", "w")
+    (t,) = tr["terms"]
+    assert tr["baseline"]["ratio"] == pytest.approx(0.5) and t["high_ratio"] == pytest.approx(2.0)
+    assert t["low_ratio"] is None and "only the other sustains a rate tried" in t["notes"]["low"]
+    # 0.5 at the nominal 400 GB/s, 2.0 at 4,000: crosses 1x a third of the way, in log x (a log term)
+    assert t["flips_at"] == pytest.approx([400.0 * 10 ** (1 / 3)])
