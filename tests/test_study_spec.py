@@ -180,3 +180,12 @@ def test_a_tornado_at_capacity_reads_each_ones_capacity_and_says_when_one_holds_
     assert t["low_ratio"] is None and "only the other sustains a rate tried" in t["notes"]["low"]
     # 0.5 at the nominal 400 GB/s, 2.0 at 4,000: crosses 1x a third of the way, in log x (a log term)
     assert t["flips_at"] == pytest.approx([400.0 * 10 ** (1 / 3)])
+
+
+def test_a_missing_trace_is_refused_before_anything_runs(tmp_path):
+    p = tmp_path / "t.toml"
+    p.write_text('[[section]]\nkey = "c"\nkind = "interactivity"\ndeployments = ["wafer-only-kimi-k2"]\n'
+                 'workloads = [{trace = "no-such-trace.jsonl"}]\nconcurrencies = [1]\n')
+    res = CliRunner().invoke(_app(), ["study", "--spec", str(p), "--out", str(tmp_path / "x.md")])
+    assert res.exit_code == 2 and "t.toml" in res.output and "no-such-trace.jsonl" in res.output, res.output
+    assert not (tmp_path / "x").exists() or not any((tmp_path / "x").glob("*.json*"))

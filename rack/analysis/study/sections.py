@@ -194,6 +194,10 @@ def run_spec(spec: StudySpec, cfg: StudyConfig, *, command: str, log: Log = lamb
             section_cfgs[s.key] = sc.as_dict()
             changed = {k: v for k, v in sc.as_dict().items() if v != cfg.as_dict()[k]}
             merged = replace(merged, **{k: getattr(sc, k) for k in changed})
+    try:        # every trace and workload file found (and hashed) before anything runs
+        traces = provenance(spec)
+    except (OSError, ValueError) as exc:
+        raise StudySpecError(f"{spec_path or 'the shipped spec'}: {exc}") from None
     results: dict = {"spec": spec.model_dump(mode="json"), "config": merged.as_dict(), "section_config": section_cfgs,
                      "timings_s": {}}
     names: list[str] = []
@@ -222,7 +226,7 @@ def run_spec(spec: StudySpec, cfg: StudyConfig, *, command: str, log: Log = lamb
     results["meta"] = {"command": command, "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
                        "version": __version__, "commit": commit, "python": platform.python_version(),
                        "platform": platform.platform(), "wall_s": time.perf_counter() - t0,
-                       "traces": provenance(spec), "spec": spec_path or "rack/analysis/study/findings.toml"}
+                       "traces": traces, "spec": spec_path or "rack/analysis/study/findings.toml"}
     return results
 
 
