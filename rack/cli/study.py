@@ -20,6 +20,10 @@ def study(
     render_only: bool = typer.Option(False, "--render-only", help="rebuild the page and figures from the folder's study.json.gz, running nothing"),
     no_progress: bool = typer.Option(False, "--no-progress", help="no progress bars"),
     address: Optional[str] = typer.Option(None, "--address", help="Ray cluster address (auto, HOST:PORT, local): run the experiments' runs as Ray tasks there, as rack sweep --address does"),
+    spec: Optional[Path] = typer.Option(None, "--spec", help="study spec file (TOML: the sections as grids; "
+                                        "default: the shipped rack/analysis/study/findings.toml)"),
+    readme: Optional[Path] = typer.Option(None, "--readme", help="also rewrite this README's \"what rack says\" "
+                                          "summary (between its rack-says markers) from the study"),
     resume: bool = typer.Option(False, "--resume", help="reuse the experiments already finished by an interrupted run with the same settings (FIGURES/checkpoints/)"),
 ) -> None:
     """Run the split-versus-colocated study and write findings.md, its figures and study.json.gz."""
@@ -28,7 +32,9 @@ def study(
 
     from rack.cli.run import fail
     from rack.analysis.study.config import StudyConfig
-    from rack.analysis.study.run import STUDY_JSON, command_line, load_results, run_study, write_study
+    from rack.analysis.study.run import STUDY_JSON, command_line, load_results, write_study
+    from rack.analysis.study.sections import run_spec
+    from rack.analysis.study.spec import StudySpecError, load_spec
 
     fig_dir = figures if figures is not None else out.with_suffix("")
     if out.exists() and out.is_dir():
@@ -41,6 +47,11 @@ def study(
             fail(f"--render-only: {src} not found; run the study first")
         results = load_results(src)
     else:
+        try:
+            the_spec = load_spec(spec)
+            the_spec = the_spec.quick() if quick else the_spec
+        except StudySpecError as exc:
+            fail(str(exc))
         cfg = (StudyConfig.quick(workers=1, progress=False) if quick else
                StudyConfig.full(workers=workers, progress=not no_progress))
         t0 = time.perf_counter()
@@ -48,13 +59,22 @@ def study(
         from rack.runtime.errors import RayRunError
 
         try:
-            results = run_study(cfg, command=command_line(), log=log, checkpoints=fig_dir / "checkpoints",
-                                address=address)
+            results = run_spec(the_spec, cfg, command=command_line(), log=log, checkpoints=fig_dir / "checkpoints",
+                               spec_path=None if spec is None else str(spec), address=address)
+        except StudySpecError as exc:
+            fail(str(exc))
         except RayRunError as exc:
             fail(f"--address {address}: {exc}")
     out.parent.mkdir(parents=True, exist_ok=True)
     paths = write_study(results, out, fig_dir)
     if (fig_dir / "checkpoints").is_dir():      # study.json.gz now holds everything
         shutil.rmtree(fig_dir / "checkpoints")
+    if readme is not None:
+        from rack.analysis.study.summary import update_readme
+
+        try:
+            update_readme(readme, results)
+        except ValueError as exc:
+            fail(str(exc))
     typer.echo(f"wrote {paths['md']}, {paths['json']} and {len(paths['figures'])} figures in {fig_dir}"
                + ("" if render_only else f" ({results['meta']['wall_s']:.0f} s)"))

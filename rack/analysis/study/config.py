@@ -1,9 +1,13 @@
-"""What the study runs: deployments, workloads, rate ladders and SLO variants.
+"""The parameters of the study's experiments (`rack.analysis.study.experiments`):
+deployments, workloads, rate ladders and SLO variants.
 
-`StudyConfig.full()` is the study behind docs/findings.md (about 15 minutes on two
-cores); `StudyConfig.quick()` the same experiments on tiny inputs (a smoke test, well
-under a minute, in this process). Every figure findings.md quotes comes from a run made
-with one of these configurations; the configuration itself is written into study.json.gz.
+What runs is declared by a study spec (`rack.analysis.study.spec`; the shipped one,
+findings.toml, is the study behind docs/findings.md): each section's grid becomes the
+`StudyConfig` its experiment reads (`rack.analysis.study.sections.section_config`), on
+top of `StudyConfig.full()` (workers, progress) or `StudyConfig.quick()` (a smoke test:
+the spec's [section.quick] tables give the tiny inputs). The defaults below are the
+shipped spec's values (a test checks they agree); every configuration run is written
+into study.json.gz.
 """
 
 from __future__ import annotations

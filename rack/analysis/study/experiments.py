@@ -165,15 +165,17 @@ def output_length(cfg: StudyConfig, log: Log) -> dict:
                         {"prompt_tokens": cfg.output_prompt_tokens})
 
 
-def bandwidth(cfg: StudyConfig, log: Log, load_result: dict) -> dict:
+def bandwidth(cfg: StudyConfig, log: Log, load_result: dict, cases: Optional[Sequence[tuple]] = None) -> dict:
     """KV link bandwidth: the 16-GPU split at the trace's rate against the colocated
     racks of its size, and the 72-GPU split at its own capacity (from `load`) against
-    the full Helios rack alone and the wafer alone."""
+    the full Helios rack alone and the wafer alone; or `cases`, [(split, (colocated,
+    ...), rate scale)] (a study spec's). `load_result` gives the trace's base rate."""
     from rack.analysis.sweep import Workload, bandwidth_sweep, summary_lines
     from workloads.load import LoadPlan
 
-    cap72 = load_result["summary"]["max_rate_scale"].get(SPLIT72)
-    cases = [(SPLIT, (GPU_ONLY, WAFER), 1.0), (SPLIT72, (GPU72, WAFER), cap72 or 1.0)]
+    if cases is None:
+        cap72 = load_result["summary"]["max_rate_scale"].get(SPLIT72)
+        cases = [(SPLIT, (GPU_ONLY, WAFER), 1.0), (SPLIT72, (GPU72, WAFER), cap72 or 1.0)]
     out = []
     for split, colocated, scale in cases:
         log(f"bandwidth: {split} at {scale:g}x the trace rate, {len(cfg.bandwidths)} bandwidths")

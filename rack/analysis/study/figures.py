@@ -78,13 +78,49 @@ LOAD_PANELS = (("goodput_rps", "goodput (req/s meeting the SLO)", True),
 
 
 def write_figures(results: dict, out_dir: Path | str, names: Sequence[str]) -> dict[str, str]:
-    """Every figure of the study into `out_dir`; returns {figure key: file name}.
-    `names`: the deployments in palette order."""
+    """Every figure of the study into `out_dir`, section by section of its spec;
+    returns {figure key: file name}. `names`: the deployments in palette order."""
     from rack.analysis.plots import palette
+    from rack.analysis.study import figures_terms as FT
+    from rack.analysis.study.layout import CANONICAL, sections_of, view
+    from rack.analysis.study.sections import role
 
     out = Path(out_dir)
-    colours = palette(list(names))
+    files: dict[str, str] = {}
+    every = list(names) + [n for s in sections_of(results) for n in s.scenario_names()]
+    colours = palette(every)
+    for s in sections_of(results):
+        r, res = role(s), results.get(s.key)
+        if res is None:
+            continue
+        if r in CANONICAL:
+            v = view(results, s)
+            only = {k: v[k] for k in ("config", "deployments", "meta") if k in v}
+            got = _legacy_figures({**only, CANONICAL[r]: res}, out, colours)
+            if s.key != CANONICAL[r]:      # a user's section: its own file names
+                got = {f"{s.key} {k}": _renamed(out, f, s.key) for k, f in got.items()}
+            files.update(got)
+        elif r == "interactivity":
+            files.update(FT.interactivity(res, out, s.key, colours))
+        elif r == "tornado":
+            files.update(FT.tornado(res, out, s.key))
+        elif r == "breakeven_map":
+            files.update(FT.breakeven_map(res, out, s.key))
+    return files
+
+
+def _renamed(out: Path, fname: str, prefix: str) -> str:
+    new = f"{prefix}_{fname}"
+    (out / fname).replace(out / new)
+    return new
+
+
+def _legacy_figures(results: dict, out: Path, colours: Mapping[str, str]) -> dict[str, str]:
+    """The figures of the first study's sections present in `results` (by their keys)."""
+    from rack.analysis.plots import palette
+
     target = results["config"]["target"]
+    names = list(colours)
     files: dict[str, str] = {}
 
     def put(key: str, fname: str, series: dict, **kw) -> None:
