@@ -15,7 +15,7 @@ import pytest
 from rack.analysis.study import analysis as A
 from rack.analysis.study import text as T
 from rack.analysis.study.config import SPLIT72, WAFER, ladder
-from rack.analysis.study.run import load_results, write_study
+from rack.analysis.study.output import load_results, write_study
 from workloads import TraceError, resolve_trace
 
 ROOT = Path(__file__).resolve().parents[1]

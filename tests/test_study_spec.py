@@ -14,7 +14,7 @@ from rack.analysis.study import breakeven as B
 from rack.analysis.study import terms as TM
 from rack.analysis.study import text as T
 from rack.analysis.study.config import StudyConfig
-from rack.analysis.study.run import load_results
+from rack.analysis.study.output import load_results
 from rack.analysis.study.sections import section_config
 from rack.analysis.study.spec import StudySpecError, load_spec, parse_spec
 

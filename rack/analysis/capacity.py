@@ -175,15 +175,4 @@ def capacity_sweep(scenarios: Sequence[Scenario], workload: Workload, rate_scale
     return SweepResult("rate", "rate_per_s" if absolute else "rate_scale", points, summary, workload.describe())
 
 
-def search_lines(result: SweepResult) -> list[str]:
-    """Sentences on how each capacity was found (runs per deployment, early stops,
-    ladder walks), for the CLI and reports; [] for a sweep without a search."""
-    out = []
-    for name, s in (result.summary.get("search") or {}).items():
-        out.append(f"{name}: {s['method']}, {s['runs']} of {s['rungs']} rungs run"
-                   + (f", {s['stopped_early']} of them stopped once the miss was certain" if s["stopped_early"] else "")
-                   + (f"; {s['note']}" if s["note"] else ""))
-    return out
-
-
-__all__ = ["MONOTONE_TOLERANCE", "SEARCHES", "capacity_sweep", "search_lines"]
+__all__ = ["MONOTONE_TOLERANCE", "SEARCHES", "capacity_sweep"]

@@ -458,6 +458,18 @@ def _within(a: float, b: float, tol: float = TIE_TOLERANCE) -> bool:
     return abs(a - b) <= tol * max(abs(a), abs(b), 1e-12)
 
 
+def search_lines(result: SweepResult) -> list[str]:
+    """Sentences on how each capacity was found (runs per deployment, early stops,
+    ladder walks; `rack.analysis.capacity`), for the CLI and reports; [] for a sweep
+    without a search."""
+    out = []
+    for name, s in (result.summary.get("search") or {}).items():
+        out.append(f"{name}: {s['method']}, {s['runs']} of {s['rungs']} rungs run"
+                   + (f", {s['stopped_early']} of them stopped once the miss was certain" if s["stopped_early"] else "")
+                   + (f"; {s['note']}" if s["note"] else ""))
+    return out
+
+
 def summary_lines(result: SweepResult) -> list[str]:
     """Human sentences for the sweep's summary (printed by the CLI, used in the report)."""
     s, out = result.summary, []
@@ -482,8 +494,6 @@ def summary_lines(result: SweepResult) -> list[str]:
                                       + (" (every rate tried held: the highest tried)" if held
                                          else " (the highest rate tried that held)")
                                       + (f"; {tpj:.4g} output tokens/J at that rate" if tpj else "")))
-        from rack.analysis.capacity import search_lines
-
         out += search_lines(result)
         ratio = s.get("vendor_ratio")
         if ratio:
@@ -617,4 +627,4 @@ def default_workers() -> int:
 
 __all__ = ["DEFAULT_ATTAINMENT_TARGET", "SweepResult", "Task", "Workload", "arrival_summary", "bandwidth_sweep",
            "default_workers", "find_crossover", "max_sustainable_rate", "point_summary",
-           "prompt_sweep", "rate_summary", "rate_sweep", "run_task", "run_tasks", "with_link_bandwidth"]
+           "prompt_sweep", "rate_summary", "search_lines", "rate_sweep", "run_task", "run_tasks", "with_link_bandwidth"]

@@ -32,7 +32,8 @@ def study(
 
     from rack.cli.run import fail
     from rack.analysis.study.config import StudyConfig
-    from rack.analysis.study.run import STUDY_JSON, command_line, load_results, write_study
+    from rack.analysis.study.output import load_results, write_study
+    from rack.analysis.study.run import STUDY_JSON, command_line
     from rack.analysis.study.sections import run_spec
     from rack.analysis.study.spec import StudySpecError, load_spec
 

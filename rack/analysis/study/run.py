@@ -1,17 +1,18 @@
-"""Run the study and write findings.md, its figures and study.json.gz.
+"""Run the study's experiments (the pages are written by `rack.analysis.study.output`).
 
-    from rack.analysis.study.run import run_study, write_study
+    from rack.analysis.study.run import run_study
+    from rack.analysis.study.output import write_study
     results = run_study(StudyConfig.full(), command="python scripts/study.py")
     write_study(results, "docs/findings.md")
 
-`write_study` can also rebuild the page from a saved study.json.gz (`load_results`), so
-the text and figures can be regenerated without rerunning anything.
+`rack study` runs the sections of a study spec (`rack.analysis.study.sections.run_spec`);
+`run_study` runs the fixed experiments of `EXPERIMENTS` (the benchmark of the study's
+own cost, `rack.analysis.bench_study`, times them).
 """
 
 from __future__ import annotations
 
 import datetime as _dt
-import gzip
 import json
 import platform
 import subprocess
@@ -163,45 +164,4 @@ def _run_study(cfg: StudyConfig, *, command: str, log: Callable[[str], None],
     return results
 
 
-def palette_order(results: dict) -> list[str]:
-    """Deployment names in a fixed order, so each keeps its colour in every figure."""
-    cfg = results["config"]
-    return list(dict.fromkeys([*cfg["shipped"], *cfg["main"]]))
-
-
-def write_study(results: dict, md_path: Path | str, fig_dir: Optional[Path | str] = None) -> dict:
-    """Write study.json.gz and the figures into `fig_dir` (default: `md_path` without its
-    suffix, e.g. docs/findings/) and the page at `md_path`. Returns {"md", "json",
-    "figures": {key: path}}."""
-    from rack.analysis.results import to_json
-    from rack.analysis.study.figures import write_figures
-    from rack.analysis.study.findings import render
-
-    md_path = Path(md_path)
-    fig_dir = Path(fig_dir) if fig_dir is not None else md_path.with_suffix("")
-    results = {**results, "meta": {**results["meta"], "rendered_commit": _git_commit()}}
-    fig_dir.mkdir(parents=True, exist_ok=True)
-    # gzip (mtime 0: the same results give the same bytes): every point of every run is
-    # ~1.5 MB of JSON, ~10x less compressed
-    with gzip.GzipFile(fig_dir / STUDY_JSON, "wb", mtime=0) as f:
-        f.write((to_json(results) + "\n").encode())
-    figures = write_figures(results, fig_dir, palette_order(results))
-    md_path.write_text(render(results, figures, _relative(fig_dir, md_path.parent).as_posix()))
-    return {"md": md_path, "json": fig_dir / STUDY_JSON, "figures": {k: fig_dir / v for k, v in figures.items()}}
-
-
-def _relative(path: Path, start: Path) -> Path:
-    import os
-
-    return Path(os.path.relpath(path.resolve(), start.resolve()))
-
-
-def load_results(path: Path | str) -> dict:
-    """The results `write_study` saved (study.json.gz; a plain .json is read too)."""
-    path = Path(path)
-    raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
-    return json.loads(raw)
-
-
-__all__ = ["EXPERIMENTS", "command_line", "deployments", "load_results", "palette_order", "run_study",
-           "write_study"]
+__all__ = ["ALL", "EXPERIMENTS", "STUDY_JSON", "command_line", "deployments", "run_study"]
