@@ -40,7 +40,9 @@ def test_random_dataset_closed_loop_never_more_than_8_in_flight(cli, tmp_path):
     in_flight = np.cumsum([d for _, d in events])
     assert in_flight.max() == 8
     res = json.loads((out / "results.json").read_text())
-    assert res["provenance"]["load"] == {"max_concurrency": 8, "think_time_s": 0.0}
+    # rack run ships real KV bytes (payload accounting is for sweeps only)
+    assert res["provenance"]["load"] == {"max_concurrency": 8, "think_time_s": 0.0, "kv_payload": "bytes",
+                                         "kv_verify_every": None}
     assert res["provenance"]["trace"]["controls"]["source"] == "random"
 
 
