@@ -182,6 +182,33 @@ def test_a_tornado_at_capacity_reads_each_ones_capacity_and_says_when_one_holds_
     assert t["flips_at"] == pytest.approx([400.0 * 10 ** (1 / 3)])
 
 
+def test_a_capacity_tornado_where_the_wafer_never_holds_a_rate_is_a_win_not_a_missing_ratio():
+    from rack.analysis.study import findings_terms as FT
+
+    def cap(rate, tpj):
+        return {"rate": rate, "held_all": False, "tokens_per_joule": tpj, "usd_per_mtok": 1.0}
+
+    term = {"key": "link.bandwidth_GBps", "label": "link", "unit": "GB/s", "low": 1.0, "nominal": 400.0,
+            "high": 4000.0, "scale": "log", "sources": [], "doc": ""}
+    none = {"s": cap(2.0, 0.5), "w": cap(None, None)}
+    res = {"pairs": [["s", "w"]], "metric": "tokens_per_joule", "reading": "at_capacity", "tolerance": 0.01,
+           "workload": "t", "terms": [term], "baseline": none, "runs": {term["key"]: {"low": none, "high": none}}}
+    tr = B.tornado_rows(res, "s", "w")
+    v = FT._verdict("s / w tokens/J, t: -", None, tr, "no ratio as shipped", {})
+    assert v["verdict"] == "wins" and "unbounded" in v["text"] and "not run" not in v["text"]
+    # one end where the wafer does hold a rate: a ratio exists there, so no blanket verdict
+    res["runs"][term["key"]]["high"] = {"s": cap(2.0, 0.5), "w": cap(1.0, 1.0)}
+    assert FT._verdict("h", None, B.tornado_rows(res, "s", "w"), "no ratio as shipped", {})["verdict"] is None
+
+
+def test_a_crossing_of_the_claim_names_the_side_where_the_ratio_is_above_it():
+    from rack.analysis.study import findings_terms as FT
+
+    t = {"label": "prompt time", "unit": "us", "low_ratio": 3.0, "high_ratio": 9.0}
+    assert FT._crossing_text(t, 55.3) == "prompt time >= 55.3 us"
+    assert FT._crossing_text({**t, "low_ratio": 9.0, "high_ratio": 3.0}, 55.3) == "prompt time <= 55.3 us"
+
+
 def test_a_missing_trace_is_refused_before_anything_runs(tmp_path):
     p = tmp_path / "t.toml"
     p.write_text('[[section]]\nkey = "c"\nkind = "interactivity"\ndeployments = ["wafer-only-kimi-k2"]\n'

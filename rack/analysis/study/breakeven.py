@@ -124,46 +124,6 @@ def map_grid(res: dict, a: str, b: str) -> dict:
             "rate": [[at.get((x, y), {}).get("prefill_rate") for x in xs] for y in ys]}
 
 
-def five_x(results: dict, sections: Sequence[dict]) -> list[dict]:
-    """Where a pair's ratio at equal interactivity reaches CLAIM: rows {"where", "pair",
-    "condition", "ratio"} from the interactivity sections (as shipped), each tornado
-    term's ends and crossings, and each map cell; plus, per source, the highest
-    ratio seen (row "highest": True) when none reaches it."""
-    out = []
-    for s in sections:
-        res = results.get(s["key"])
-        if res is None:
-            continue
-        seen = []
-        if s["kind"] == "interactivity":
-            for r in interactivity_rows(res):
-                seen.append((r["ratio"], f"{r['a']} / {r['b']}", f"{r['workload']}, every term at its nominal value"))
-        elif s["kind"] == "tornado" and res.get("reading") != "at_capacity":
-            for a, b in res["pairs"]:
-                tr = tornado_rows(res, a, b)
-                for t in tr["terms"]:
-                    for end in ("low", "high"):
-                        seen.append((t[f"{end}_ratio"], f"{a} / {b}",
-                                     f"{res['workload']}, {t['label']} = {t[end]:g} {t['unit']}".rstrip()))
-                    for v in t["reaches"]:
-                        out.append({"where": s["key"], "pair": f"{a} / {b}", "ratio": CLAIM, "highest": False,
-                                    "condition": f"{res['workload']}, {t['label']} = {v:.3g} {t['unit']} "
-                                                 "(interpolated between measured ends)".replace("  ", " ")})
-        elif s["kind"] == "breakeven_map":
-            for a, b in res["pairs"]:
-                t = res["term"]
-                for c in map_grid(res, a, b)["cells"]:
-                    seen.append((c["ratio"], f"{a} / {b}", f"input/output {c['io_ratio']:g} ({c['prompt_tokens']:,} "
-                                 f"in), {t['label']} = {c['x']:g} {t['unit']}".rstrip()))
-        hits = [(r, p, c) for r, p, c in seen if r is not None and r >= CLAIM]
-        out += [{"where": s["key"], "pair": p, "condition": c, "ratio": r, "highest": False} for r, p, c in hits]
-        got = [(r, p, c) for r, p, c in seen if r is not None]
-        if got and not hits:
-            r, p, c = max(got)
-            out.append({"where": s["key"], "pair": p, "condition": c, "ratio": r, "highest": True})
-    return out
-
-
 def settle(results: dict, sections: Sequence[dict]) -> list[dict]:
     """The measurements that would narrow the verdict most: every tornado term, by how
     far it moves the first pair's ratio (span, largest first): {"term", "low_ratio",
@@ -194,4 +154,4 @@ def tornado_for(results: dict, sections: Sequence[dict], a: str, b: str, workloa
     return None
 
 
-__all__ = ["CLAIM", "five_x", "headline", "interactivity_rows", "map_grid", "settle", "tornado_for", "tornado_rows"]
+__all__ = ["CLAIM", "headline", "interactivity_rows", "map_grid", "settle", "tornado_for", "tornado_rows"]

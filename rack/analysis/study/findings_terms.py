@@ -167,21 +167,59 @@ def breakeven_map(res: dict, s, figures: dict, fig_dir: str) -> list[str]:
 
 
 def five_x(results: dict, sections: list, s) -> list[str]:
-    rows = B.five_x(results, [x.model_dump() for x in sections])
-    if not rows:
+    """The page's "what the vendors' 5x requires": each reading as shipped against the
+    claim, the term values at which a tornado moves it across the claim (interpolated
+    between measured points) or the ends that land on the other side, and the
+    break-even map's cells on either side."""
+    dumped = [x.model_dump() for x in sections]
+    claim = f"{B.CLAIM:g}x"
+    shipped, moves, cells = [], [], []
+    for sec in sections:
+        res = results.get(sec.key)
+        if res is None:
+            continue
+        if sec.kind == "interactivity":
+            for r in B.interactivity_rows(res):
+                if r["ratio"] is None:
+                    continue
+                shipped.append([r["workload"], _pair_label(r["a"], r["b"]), T.x(r["ratio"]),
+                                "holds" if r["ratio"] >= B.CLAIM else "short"])
+                tr = B.tornado_for(results, dumped, r["a"], r["b"], r["workload"])
+                for t in (tr["terms"] if tr else []):
+                    for v in t["reaches"]:
+                        moves.append([r["workload"], _pair_label(r["a"], r["b"]), f"{_crossing_text(t, v)}",
+                                      f"{claim} or more (interpolated between measured points)"])
+                    for end in ("low", "high"):
+                        e = t[f"{end}_ratio"]
+                        if e is not None and (e >= B.CLAIM) != (r["ratio"] >= B.CLAIM) and not t["reaches"]:
+                            moves.append([r["workload"], _pair_label(r["a"], r["b"]),
+                                          f"{t['label']} = {_term_value(t, t[end])}", T.x(e)])
+        elif sec.kind == "breakeven_map":
+            for a, b in res["pairs"]:
+                for c in B.map_grid(res, a, b)["cells"]:
+                    if c["ratio"] is not None:
+                        cells.append((c, _pair_label(a, b), res["term"]))
+    if not shipped and not cells:
         return []
-    reached = [r for r in rows if not r["highest"]]
     lines = [f"## {s.title or 'What the vendors 5x requires'}", "",
-             f"Where a split rack's tokens/s per kW at equal interactivity reaches {B.CLAIM:g}x the wafer alone's "
-             "(the vendors' \"up to 5x\"), over the interactivity sections as shipped, every tornado term's ends and "
-             "every cell of the break-even map:", ""]
-    if reached:
-        lines += [md_table(["section", "pair", "condition", "ratio"],
-                           [[r["where"], r["pair"], r["condition"], T.x(r["ratio"])] for r in reached]), ""]
-    else:
-        lines += [f"**Nowhere within the documented ranges.** The highest ratio each source reaches:", "",
-                  md_table(["section", "pair", "condition", "ratio"],
-                           [[r["where"], r["pair"], r["condition"], T.x(r["ratio"])] for r in rows]), ""]
+             f"The vendors' \"up to {claim}\" against each split/wafer ratio of tokens/s per kW at equal "
+             "interactivity, with every term as shipped:", ""]
+    if shipped:
+        lines += [md_table(["workload", "pair", "ratio", f"against {claim}"], shipped), ""]
+    if moves:
+        lines += [f"What moves a reading across {claim} (the tornado sections: one term at a time, the others as "
+                  "shipped):", "", md_table(["workload", "pair", "condition", "ratio"], moves), ""]
+    elif shipped:
+        lines += [f"No term moves a reading across {claim} within its documented range (the tornado sections).", ""]
+    if cells:
+        up = [c for c, _, _ in cells if c["ratio"] >= B.CLAIM]
+        down = [(c, pair, t) for c, pair, t in cells if c["ratio"] < B.CLAIM]
+        lines.append(f"On the break-even map {len(up)} of {len(cells)} cells reach {claim}"
+                     + (": below it " + T.listing([f"{pair} at input/output {c['io_ratio']:g}, {t['label']} = "
+                                                   f"{c['x']:g} {t.get('unit', '')}".rstrip() + f" ({T.x(c['ratio'])})"
+                                                   for c, pair, t in down[:6]]) if down else "")
+                     + ".")
+        lines.append("")
     return lines
 
 
@@ -197,8 +235,29 @@ def _verdict_word(lo: Optional[float], hi: Optional[float]) -> str:
     return "undetermined" if lo < 1 - TIE_TOLERANCE and hi > 1 + TIE_TOLERANCE else "ties"
 
 
+_UNBOUNDED_WORD = {"wins": "wins", "loses": "loses"}
+
+
+def _unbounded(tr: dict) -> Optional[str]:
+    """At capacity, where one deployment sustains no rate tried in every run of a
+    tornado (as shipped and at each term's end), the ratio is unbounded but the verdict
+    is not: that shared "verdict: why" note, or None."""
+    base = tr["baseline"]
+    if base.get("ratio") is not None or base.get("verdict") not in _UNBOUNDED_WORD or not base.get("why"):
+        return None
+    note = f"{base['verdict']}: {base['why']}"
+    ends = [t.get("notes", {}).get(end) for t in tr["terms"] for end in ("low", "high")]
+    return note if ends and all(e == note for e in ends) else None
+
+
 def _verdict(head: str, ratio: Optional[float], tr: Optional[dict], why: str, item: dict) -> dict:
     """A verdict line from a ratio as shipped and its tornado (None: not swept)."""
+    unbounded = _unbounded(tr) if tr is not None and ratio is None else None
+    if unbounded:
+        word, why = unbounded.split(": ", 1)
+        return {**item, "text": head.rstrip(": -") + f": {why}, as shipped and at every term's end, so the split "
+                f"{word} across the ranges (the ratio is unbounded)", "ratio": None, "range": None,
+                "term": None, "flips": [], "verdict": word}
     if tr is None or tr["range"] is None or ratio is None:
         return {**item, "text": head + f" (range over the uncertain terms not run: {why})", "ratio": ratio,
                 "range": None, "term": None, "flips": [], "verdict": None}
@@ -283,6 +342,40 @@ def settle(results: dict, sections: list, s) -> list[str]:
     return lines + [""]
 
 
+def _crossing_text(t: dict, v: float) -> str:
+    """ "<term> >= v" or "<term> <= v": the side of a crossing at which the ratio is
+    above the claim (from which end of the term's range is higher)."""
+    up = (t.get("high_ratio") or 0) >= (t.get("low_ratio") or 0)
+    return f"{t['label']} {'>=' if up else '<='} {_term_value(t, v)}"
+
+
+def _five_x_sentence(results: dict, sections: list, v: list[dict], who) -> str:
+    """Where the vendors' 5x holds with every term as shipped, and for each reading
+    where it does not, the term values that reach it (from that pair's tornado on that
+    workload) or the highest ratio within the ranges."""
+    dumped = [x.model_dump() for x in sections]
+    held = [x for x in v if x["ratio"] is not None and x["ratio"] >= B.CLAIM]
+    short = [x for x in v if x["ratio"] is not None and x["ratio"] < B.CLAIM]
+    parts = []
+    if held:
+        parts.append(f"The vendors' {B.CLAIM:g}x holds as shipped for "
+                     + T.listing([f"{who(x['a'])} on {x['workload']}" for x in held]))
+    for x in short:
+        tr = B.tornado_for(results, dumped, x["a"], x["b"], x["workload"])
+        needs = [_crossing_text(t, c) for t in (tr["terms"] if tr else []) for c in t["reaches"]]
+        where = f"{who(x['a'])} on {x['workload']} ({T.x(x['ratio'])})"
+        if needs:
+            parts.append(f"{where} reaches it only with {T.listing(needs[:2])}")
+        elif tr and tr["range"]:
+            parts.append(f"{where} does not reach it within the ranges (at most {T.x(tr['range'][1])})")
+        else:
+            parts.append(f"{where} does not reach it as shipped (its terms not swept)")
+    if not parts:
+        return ""
+    text = "; ".join(parts) + "."
+    return text if held else f"Against the vendors' {B.CLAIM:g}x: " + text
+
+
 def what_rack_says(results: dict, sections: list) -> list[str]:
     """The answer with its conditions in three sentences or fewer (README's "what rack
     says" and the top of findings.md), built from the verdicts and the 5x table."""
@@ -293,13 +386,16 @@ def what_rack_says(results: dict, sections: list) -> list[str]:
     ranged = [x for x in v if x["range"]]
     gpus = results.get("deployments", {})
 
+    models = {(gpus.get(x["a"]) or {}).get("model") for x in v}
+
     def who(name: str) -> str:
         d = gpus.get(name)
         n = sum(p["devices"] for p in d["pools"].values() if p["kind"] == "gpu") if d else None
-        return f"{n} GPUs" if n else name
+        # several models in the readings: each names its own
+        return (f"{n} GPUs" + (f", {d['model']}" if len(models) > 1 and d.get("model") else "")) if n else name
 
     s1 = ("At equal interactivity with every uncertain term as shipped, GPU prefill + wafer decode gives "
-          + T.listing([f"{T.x(x['ratio'])} ({who(x['a'])}, {x['workload']})" for x in v if x["ratio"]][:4])
+          + T.listing([f"{T.x(x['ratio'])} ({who(x['a'])}, {x['workload']})" for x in v if x["ratio"]][:6])
           + " the wafer alone's tokens/s per kW.")
     labels = {t["key"]: t["label"] for s in sections if s.kind == "tornado" and results.get(s.key)
               for t in results[s.key]["terms"]}
@@ -319,12 +415,7 @@ def what_rack_says(results: dict, sections: list) -> list[str]:
         s2 += "."
     else:
         s2 = "The uncertain terms were not swept."
-    five = B.five_x(results, [x.model_dump() for x in sections])
-    reached = [r for r in five if not r["highest"]]
-    s3 = (f"The vendors' {B.CLAIM:g}x is reached only with " + T.listing(sorted({r['condition'] for r in reached})[:3])
-          + "." if reached else
-          f"The vendors' {B.CLAIM:g}x is reached nowhere within those ranges (highest "
-          f"{T.x(max((r['ratio'] for r in five), default=None))}).") if five else ""
+    s3 = _five_x_sentence(results, sections, v, who)
     return [" ".join(x for x in (s1, s2, s3) if x)]
 
 

@@ -37,7 +37,7 @@ EXPERIMENTS = (("shipped", E.shipped), ("load", E.load), ("prompt", E.prompt_len
 
 
 def deployments(names) -> dict:
-    """{name: {"description", "slo", "pools": {pool: {device, kind, role, devices}},
+    """{name: {"description", "model", "slo", "pools": {pool: {device, kind, role, devices}},
     "peak_w", "usd_per_hour"}} of shipped scenarios (no run: their provisioned figures)."""
     from devices.catalog import resolve_device
     from rack.analysis.compare import provisioned
@@ -47,7 +47,7 @@ def deployments(names) -> dict:
     for n in dict.fromkeys(names):
         s = load_scenario(n)
         prov = provisioned(s)
-        out[n] = {"description": s.description, "slo": s.slo.model_dump(),
+        out[n] = {"description": s.description, "model": s.model, "slo": s.slo.model_dump(),
                   "peak_w": prov["peak_w"], "usd_per_hour": prov["usd_per_hour"],
                   "pools": {p.name: {"device": prov["pools"][p.name]["device"], "role": p.role,
                                      "kind": resolve_device(p.device).kind,
