@@ -461,7 +461,8 @@ def load_scenario(name_or_path: str | Path | None = None) -> Scenario:
         raise ScenarioError(f"scenario {shown(name_or_path)!r}: {bad}; expected a TOML file path or one of "
                             f"{scenario_names()}")
     path = Path(name_or_path)
-    if not path.suffix and not os.path.lexists(path):
+    # a shipped name may hold a dot ("wafer-only-kimi-k2.6"): only .toml marks a path
+    if path.suffix != ".toml" and not os.path.lexists(path):
         path = SCENARIO_DIR / f"{name_or_path}.toml"
         if not path.exists():
             close = difflib.get_close_matches(str(name_or_path), scenario_names(), n=3)

@@ -392,7 +392,7 @@ def what_rack_says(results: dict, sections: list) -> list[str]:
         d = gpus.get(name)
         n = sum(p["devices"] for p in d["pools"].values() if p["kind"] == "gpu") if d else None
         # several models in the readings: each names its own
-        return (f"{n} GPUs" + (f", {d['model']}" if len(models) > 1 and d.get("model") else "")) if n else name
+        return (f"{n} GPUs" + (f" with {d['model']}" if len(models) > 1 and d.get("model") else "")) if n else name
 
     s1 = ("At equal interactivity with every uncertain term as shipped, GPU prefill + wafer decode gives "
           + T.listing([f"{T.x(x['ratio'])} ({who(x['a'])}, {x['workload']})" for x in v if x["ratio"]][:6])
