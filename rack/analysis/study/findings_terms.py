@@ -171,30 +171,24 @@ def five_x(results: dict, sections: list, s) -> list[str]:
     claim, the term values at which a tornado moves it across the claim (interpolated
     between measured points) or the ends that land on the other side, and the
     break-even map's cells on either side."""
-    dumped = [x.model_dump() for x in sections]
     claim = f"{B.CLAIM:g}x"
     shipped, moves, cells = [], [], []
+    for r, tr, _ in _readings(results, sections):
+        if r["ratio"] is None:
+            continue
+        pair = _pair_label(r["a"], r["b"])
+        shipped.append([r["workload"], pair, T.x(r["ratio"]), "holds" if r["ratio"] >= B.CLAIM else "short"])
+        for t in (tr["terms"] if tr else []):
+            for v in t["reaches"]:
+                moves.append([r["workload"], pair, _crossing_text(t, v),
+                              f"{claim} or more (interpolated between measured points)"])
+            for end in ("low", "high"):
+                e = t[f"{end}_ratio"]
+                if e is not None and (e >= B.CLAIM) != (r["ratio"] >= B.CLAIM) and not t["reaches"]:
+                    moves.append([r["workload"], pair, f"{t['label']} = {_term_value(t, t[end])}", T.x(e)])
     for sec in sections:
         res = results.get(sec.key)
-        if res is None:
-            continue
-        if sec.kind == "interactivity":
-            for r in B.interactivity_rows(res):
-                if r["ratio"] is None:
-                    continue
-                shipped.append([r["workload"], _pair_label(r["a"], r["b"]), T.x(r["ratio"]),
-                                "holds" if r["ratio"] >= B.CLAIM else "short"])
-                tr = B.tornado_for(results, dumped, r["a"], r["b"], r["workload"])
-                for t in (tr["terms"] if tr else []):
-                    for v in t["reaches"]:
-                        moves.append([r["workload"], _pair_label(r["a"], r["b"]), f"{_crossing_text(t, v)}",
-                                      f"{claim} or more (interpolated between measured points)"])
-                    for end in ("low", "high"):
-                        e = t[f"{end}_ratio"]
-                        if e is not None and (e >= B.CLAIM) != (r["ratio"] >= B.CLAIM) and not t["reaches"]:
-                            moves.append([r["workload"], _pair_label(r["a"], r["b"]),
-                                          f"{t['label']} = {_term_value(t, t[end])}", T.x(e)])
-        elif sec.kind == "breakeven_map":
+        if res is not None and sec.kind == "breakeven_map":
             for a, b in res["pairs"]:
                 for c in B.map_grid(res, a, b)["cells"]:
                     if c["ratio"] is not None:
@@ -282,28 +276,32 @@ def _verdict(head: str, ratio: Optional[float], tr: Optional[dict], why: str, it
             "flips": [[t["key"], v] for t, v in flips], "verdict": word}
 
 
+def _readings(results: dict, sections: list):
+    """Every interactivity section's (row, the tornado of that pair on that workload or
+    None, the pair's tornado on any workload or None), in the spec's order."""
+    dumped = [x.model_dump() for x in sections]
+    for s in sections:
+        res = results.get(s.key)
+        if res is not None and s.kind == "interactivity":
+            for r in B.interactivity_rows(res):
+                yield (r, B.tornado_for(results, dumped, r["a"], r["b"], r["workload"]),
+                       B.tornado_for(results, dumped, r["a"], r["b"]))
+
+
 def verdict_lines(results: dict, sections: list) -> list[dict]:
     """One verdict per interactivity pair and workload, and one per pair of a tornado
     read at capacity: {"text", "ratio", "range", "term", "flips", "verdict", "a", "b",
     "workload", "reading"}; the range and the most sensitive term from the tornado of
     that pair on that workload (none where no tornado ran there: the line says so)."""
-    dumped = [x.model_dump() for x in sections]
     out = []
+    for r, tr, other in _readings(results, sections):
+        why = f"the uncertain terms were swept on {other['workload']} only" if other else "no tornado of this pair"
+        head = f"{_pair_label(r['a'], r['b'])} tokens/s per kW at equal interactivity, {r['workload']}: {T.x(r['ratio'])}"
+        out.append(_verdict(head, r["ratio"], tr, why, {"a": r["a"], "b": r["b"], "workload": r["workload"],
+                                                        "reading": "equal_interactivity"}))
     for s in sections:
         res = results.get(s.key)
-        if res is None:
-            continue
-        if s.kind == "interactivity":
-            for r in B.interactivity_rows(res):
-                tr = B.tornado_for(results, dumped, r["a"], r["b"], r["workload"])
-                other = B.tornado_for(results, dumped, r["a"], r["b"])
-                why = (f"the uncertain terms were swept on {other['workload']} only" if other else
-                       "no tornado of this pair")
-                head = (f"{_pair_label(r['a'], r['b'])} tokens/s per kW at equal interactivity, {r['workload']}: "
-                        f"{T.x(r['ratio'])}")
-                out.append(_verdict(head, r["ratio"], tr, why, {"a": r["a"], "b": r["b"], "workload": r["workload"],
-                                                                "reading": "equal_interactivity"}))
-        elif s.kind == "tornado" and res.get("reading") == "at_capacity":
+        if res is not None and s.kind == "tornado" and res.get("reading") == "at_capacity":
             for a, b in res["pairs"]:
                 tr = B.tornado_rows(res, a, b)
                 metric = {"tokens_per_joule": "tokens/J", "usd_per_mtok": "$/Mtok"}.get(res["metric"], res["metric"])
