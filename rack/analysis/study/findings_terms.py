@@ -229,26 +229,23 @@ def _verdict_word(lo: Optional[float], hi: Optional[float]) -> str:
     return "undetermined" if lo < 1 - TIE_TOLERANCE and hi > 1 + TIE_TOLERANCE else "ties"
 
 
-_UNBOUNDED_WORD = {"wins": "wins", "loses": "loses"}
-
-
-def _unbounded(tr: dict) -> Optional[str]:
+def _unbounded(tr: dict) -> Optional[tuple[str, str]]:
     """At capacity, where one deployment sustains no rate tried in every run of a
     tornado (as shipped and at each term's end), the ratio is unbounded but the verdict
-    is not: that shared "verdict: why" note, or None."""
+    is not: that shared (verdict, why), or None."""
     base = tr["baseline"]
-    if base.get("ratio") is not None or base.get("verdict") not in _UNBOUNDED_WORD or not base.get("why"):
+    if base.get("ratio") is not None or base.get("verdict") not in ("wins", "loses") or not base.get("why"):
         return None
     note = f"{base['verdict']}: {base['why']}"
     ends = [t.get("notes", {}).get(end) for t in tr["terms"] for end in ("low", "high")]
-    return note if ends and all(e == note for e in ends) else None
+    return (base["verdict"], base["why"]) if ends and all(e == note for e in ends) else None
 
 
 def _verdict(head: str, ratio: Optional[float], tr: Optional[dict], why: str, item: dict) -> dict:
     """A verdict line from a ratio as shipped and its tornado (None: not swept)."""
     unbounded = _unbounded(tr) if tr is not None and ratio is None else None
     if unbounded:
-        word, why = unbounded.split(": ", 1)
+        word, why = unbounded
         return {**item, "text": head.rstrip(": -") + f": {why}, as shipped and at every term's end, so the split "
                 f"{word} across the ranges (the ratio is unbounded)", "ratio": None, "range": None,
                 "term": None, "flips": [], "verdict": word}
