@@ -9,10 +9,10 @@ benchmark reports median TPOT, median TTFT and total tokens/s per GPU.
 `load_serving_rows(path)` reads exactly the CSV layout of gpu-calibration.csv (the
 column names of `COLUMNS`; extra columns are refused so a misspelt one is not
 silently ignored), so anyone can add measured rows. `deployment(row)` turns a row
-into plain data the runner builds a scenario from (rack.analysis.validation_runs) and that
+into plain data the runner builds a scenario from (rack.experiments.validation_runs) and that
 `closed_loop_estimate` prices with the cost model alone (a formula-level check, used
 to fit the stacks: scripts/fit_gpu_stacks.py). The authoritative figures are the
-engine replays of rack.analysis.validation_runs.
+engine replays of rack.experiments.validation_runs.
 
 Assumptions, each stated where it is used:
 - request lengths are drawn uniformly in [0.8, 1.0] x the nominal isl/osl: InferenceX

@@ -194,7 +194,7 @@ class HardwareSpec(_Spec):
     x this, or its FLOPs at the prefill efficiency if that is longer
     (`CostModel.prefill`); `request_latency_s` per request, outside the GPUs: the serving front end's HTTP,
     tokenisation and streaming of the first token, which a client's TTFT holds (a
-    fixed stage, `rack.analysis.breakdown`, in the replays of measured rows).
+    fixed stage, `rack.measure.breakdown`, in the replays of measured rows).
     Collectives come from `collectives` (measured tables, per fabric and group size)
     within the scale-up domain, else from the alpha-beta link figures.
 

@@ -16,7 +16,7 @@ on first use so that `import rack` stays light:
 
 __version__ = "0.1.0"
 
-_API = {"run_scenario": "rack.wiring.runner", "load_scenario": "rack.wiring.scenario",
+_API = {"run_scenario": "rack.run.runner", "load_scenario": "rack.wiring.load",
         "parse_scenario": "rack.wiring.scenario", "Scenario": "rack.wiring.scenario"}
 
 

@@ -1,9 +1,12 @@
-"""Benchmark the emulator itself: the same as `rack bench` (see rack/analysis/bench.py, docs/bench.md).
+"""Benchmark the emulator itself: the same as `rack bench` (see rack/experiments/bench.py, docs/bench.md).
 
-Run: .venv/bin/python scripts/bench.py [--json] [--repeat N] [--quick] [--skip-ray] ...
+Run: python scripts/bench.py [--json] [--repeat N] [--quick] [--skip-ray] ...
 """
 
-from rack.analysis.bench import main
+import sys
+
+from rack.cli import main
 
 if __name__ == "__main__":
+    sys.argv = ["rack", "bench", *sys.argv[1:]]
     main()

@@ -192,8 +192,8 @@ def record(trace: str, scenario: str) -> CallLog:
     import devices.costmodel as costmodel
     import devices.memory as memory
     import interconnect.codec as codec
-    from rack.wiring.runner import run_scenario
-    from rack.wiring.scenario import load_scenario
+    from rack.run.runner import run_scenario
+    from rack.wiring.load import load_scenario
     from workloads import load_requests
 
     sc = load_scenario(scenario)

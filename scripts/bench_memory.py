@@ -9,7 +9,7 @@ import argparse
 import json
 import sys
 
-from rack.analysis.bench_memory import RATE_PER_S, SIZES, SOURCES, memory_section, render_memory
+from rack.experiments.bench_memory import RATE_PER_S, SIZES, SOURCES, memory_section, render_memory
 
 
 def main() -> int:

@@ -26,8 +26,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from rack.serving.router import POLICIES  # noqa: E402
-from rack.wiring.runner import run_scenario  # noqa: E402
-from rack.wiring.scenario import load_scenario  # noqa: E402
+from rack.run.runner import run_scenario  # noqa: E402
+from rack.wiring.load import load_scenario  # noqa: E402
 from workloads import load_requests  # noqa: E402
 
 

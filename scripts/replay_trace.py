@@ -15,9 +15,9 @@ import argparse
 
 import numpy as np
 
-from rack.analysis.results import summary_text, write_results
-from rack.wiring.runner import run_scenario, trace_info
-from rack.wiring.scenario import load_scenario
+from rack.measure.results import summary_text, write_results
+from rack.run.runner import run_scenario, trace_info
+from rack.wiring.load import load_scenario
 from workloads import load_requests, parse_window, resolve_trace
 
 

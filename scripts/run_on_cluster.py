@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import argparse
 
-from rack.analysis.results import summary_text
-from rack.wiring.runner import run_scenario
+from rack.measure.results import summary_text
+from rack.run.runner import run_scenario
 from rack.runtime.cluster import LocalCluster, parse_node_spec
-from rack.wiring.scenario import load_scenario
+from rack.wiring.load import load_scenario
 from workloads import load_requests, parse_window
 
 

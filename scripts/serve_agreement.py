@@ -14,7 +14,7 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 from rack.serve.agreement import http_vs_ray  # noqa: E402
-from rack.wiring.scenario import load_scenario  # noqa: E402
+from rack.wiring.load import load_scenario  # noqa: E402
 from workloads import load_requests, parse_window  # noqa: E402
 
 

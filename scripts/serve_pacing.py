@@ -46,7 +46,7 @@ def main() -> None:
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     from rack.runtime.ray_runtime import ensure_ray
     from rack.serve.session import LiveServer
-    from rack.wiring.scenario import load_scenario
+    from rack.wiring.load import load_scenario
 
     ensure_ray()
     print(f"{'dilation':>8} {'ITL wall':>9} {'late p50':>9} {'late p99':>9} {'late max':>9} {'p99/ITL':>8} "

@@ -44,7 +44,7 @@ def main() -> int:
 
     from rack.serve.session import LiveServer
     from rack.serve.soak import soak
-    from rack.wiring.scenario import load_scenario
+    from rack.wiring.load import load_scenario
 
     sc = load_scenario(args.scenario).with_overrides(dilation=args.dilation)
     key = "soak-key"

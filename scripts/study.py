@@ -1,4 +1,4 @@
-"""The split-versus-colocated study: the same as `rack study` (see rack/analysis/study/).
+"""The split-versus-colocated study: the same as `rack study` (see rack/experiments/study/).
 
 Run: python scripts/study.py [--quick] [--out docs/findings.md] [--workers 2] [--render-only]
 Writes docs/findings.md, docs/findings/*.png and docs/findings/study.json.gz (~15 min on

@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 
 from rack.serving.admission import KVFit, context_verdict
-from rack.wiring.runner import run_scenario
-from rack.wiring.scenario import ScenarioError, load_scenario, parse_scenario, check_hardware
+from rack.run.runner import run_scenario
+from rack.wiring.scenario import ScenarioError, parse_scenario
+from rack.wiring.load import load_scenario, check_hardware
 from workloads import Request
 
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rack.wiring.runner import run_scenario
-from rack.wiring.scenario import load_scenario
+from rack.run.runner import run_scenario
+from rack.wiring.load import load_scenario
 from workloads import generate_workload, load_workload
 from workloads.load import LoadControls, apply_load
 from workloads.workload_spec import parse_workload

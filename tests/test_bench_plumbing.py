@@ -10,7 +10,7 @@ import math
 import pytest
 from typer.testing import CliRunner
 
-from rack.analysis import bench as B
+from rack.experiments import bench as B
 from rack.runtime.virtual import VirtualDriver
 from rack.runtime.virtual_run import last_run_counters
 from workloads.core import Core
@@ -42,8 +42,8 @@ def test_driver_counters_count_messages_and_wakeups():
 
 
 def test_last_run_counters_of_a_replay():
-    from rack.wiring.runner import run_scenario
-    from rack.wiring.scenario import load_scenario
+    from rack.run.runner import run_scenario
+    from rack.wiring.load import load_scenario
     from workloads import load_requests
 
     reqs = load_requests("mooncake-excerpt", window=(0.0, 2.0))
@@ -150,7 +150,7 @@ def test_cli_rejects_a_bad_window():
 def test_baseline_section_compares_two_checkouts_in_one_run():
     """The same code as its own baseline (a checkout path): both sides replay the same
     window in subprocesses and agree on what they served; the ratio is baseline/current."""
-    from rack.analysis import bench_baseline as BB
+    from rack.experiments import bench_baseline as BB
 
     root = str(BB.project_root())
     out = BB.baseline_section(root, ["mooncake-excerpt"], "helios-cs3-kimi-k2", repeat=1, window=WINDOW)
@@ -166,7 +166,7 @@ def test_baseline_section_compares_two_checkouts_in_one_run():
 
 
 def test_baseline_bad_ref_is_refused_before_measuring(tmp_path):
-    from rack.analysis.bench_baseline import check_ref
+    from rack.experiments.bench_baseline import check_ref
 
     with pytest.raises(ValueError, match="neither a directory nor a git revision"):
         check_ref("no-such-revision-xyz")
@@ -183,8 +183,8 @@ def test_baseline_bad_ref_is_refused_before_measuring(tmp_path):
 def test_study_cost_section_compares_two_checkouts():
     # both sides are this checkout (a directory is a valid REF): same verdicts, and the
     # cost per experiment and the runs per capacity search are reported for both
-    from rack.analysis.bench_baseline import project_root
-    from rack.analysis.bench_study import study_cost_section
+    from rack.experiments.bench_baseline import project_root
+    from rack.experiments.bench_study import study_cost_section
 
     sec = study_cost_section(str(project_root()), ["tpot"], workers=1, quick=True)
     row = sec["per_experiment"]["tpot"]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rack.wiring.scenario import load_scenario
+from rack.wiring.load import load_scenario
 from rack.wiring.topology import build_topology
 
 

@@ -82,7 +82,7 @@ def test_validate_answers_a_file_of_unstacked_pairs(tmp_path):
 
 
 def test_saturated_prefill_rows():
-    from rack.analysis.validation_table import saturated_rows, saturated_summary
+    from rack.experiments.validation_table import saturated_rows, saturated_summary
 
     rows = saturated_rows()
     assert len(rows) >= 8 and len({r.row.hardware for r in rows}) >= 3

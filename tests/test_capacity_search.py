@@ -1,4 +1,4 @@
-"""Capacity by bisection with early stopping (rack.analysis.capacity, rack.serving.slo_watch):
+"""Capacity by bisection with early stopping (rack.experiments.capacity, rack.experiments.slo_watch):
 the same capacity rung as walking the whole ladder, runs cut short only when their miss is
 certain, and the ladder walked where attainment contradicts monotonicity."""
 
@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-import rack.analysis.capacity as C
-from rack.analysis.sweep import Task, Workload, max_sustainable_rate, rate_sweep, run_task
-from rack.wiring.scenario import load_scenario
+import rack.experiments.capacity as C
+from rack.experiments.sweep import Task, Workload, max_sustainable_rate, rate_sweep, run_task
+from rack.wiring.load import load_scenario
 
 WL = Workload(kind="trace", trace="mooncake_conv", window=(0.0, 30.0))
 LADDER = (0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)

@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rack.wiring.runner import run_scenario
-from rack.wiring.scenario import load_scenario
-from rack.analysis.sweep import with_link_bandwidth
+from rack.run.runner import run_scenario
+from rack.wiring.load import load_scenario
+from rack.experiments.sweep import with_link_bandwidth
 from workloads import Request, load_requests
 
 REFERENCE = Path(__file__).parent / "data" / "reference_first_token_prefill.json"

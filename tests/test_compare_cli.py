@@ -8,10 +8,10 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from rack.analysis.compare import (DEFAULT_SCENARIOS, CompareError, check_scenario, iso_scale, prepare,
+from rack.experiments.compare import (DEFAULT_SCENARIOS, CompareError, check_scenario, iso_scale, prepare,
                           provisioned)
-from rack.analysis.energy import pool_rates
-from rack.wiring.scenario import load_scenario
+from rack.measure.energy import pool_rates
+from rack.wiring.load import load_scenario
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +78,7 @@ def test_unpriced_device_under_iso_cost():
     dev["name"] = "gpu-rental"
     # MI455X has neither a rental price nor (after this override) a capex figure.
     dev["cost"]["capex_usd"] = {}
-    import rack.analysis.energy as energy
+    import rack.measure.energy as energy
 
     saved = energy.DEFAULT_CAPEX_USD.pop("mi455x")
     try:
@@ -140,7 +140,7 @@ def test_compare_cli_table_and_errors(cli, tmp_path):
 
 
 def test_compare_warns_when_deployments_serve_different_models():
-    from rack.analysis.compare import model_warning
+    from rack.experiments.compare import model_warning
 
     kimi = [load_scenario("helios-cs3-kimi-k2"), load_scenario("gpu-only-kimi-k2")]
     assert model_warning(kimi) is None
@@ -149,7 +149,7 @@ def test_compare_warns_when_deployments_serve_different_models():
 
 
 def test_a_deployment_keeps_its_colour_in_every_plot():
-    from rack.analysis.plots import palette
+    from rack.measure.plots import palette
 
     p = palette(["a", "b", "c"])
     assert len(set(p.values())) == 3 and p == palette(["a", "b", "c", "a"])

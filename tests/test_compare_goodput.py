@@ -8,14 +8,14 @@ import json
 import numpy as np
 import pytest
 
-from rack.analysis import metrics
+from rack.measure import metrics
 from rack.wiring.settings import FixedStage, parse_stage
-from rack.analysis.breakdown import (apply_fixed_stages, chrome_trace, stage_breakdown,
+from rack.measure.breakdown import (apply_fixed_stages, chrome_trace, stage_breakdown,
                             stage_durations)
 from rack.serving.collector import EVENTS, OUTCOMES
-from rack.wiring.runner import run_scenario
+from rack.run.runner import run_scenario
 from rack.wiring.scenario import Scenario
-from rack.analysis.sweep import max_sustainable_rate
+from rack.experiments.sweep import max_sustainable_rate
 from workloads import FixedLengths, PoissonArrivals, Request, synthesize
 
 NAN = float("nan")

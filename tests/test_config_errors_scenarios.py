@@ -9,8 +9,9 @@ from typer.testing import CliRunner
 
 import rack.cli
 from rack.cli.app import app
-from rack.wiring.runner import run_scenario
-from rack.wiring.scenario import ScenarioError, load_scenario, parse_scenario
+from rack.run.runner import run_scenario
+from rack.wiring.scenario import ScenarioError, parse_scenario
+from rack.wiring.load import load_scenario
 from rack.wiring.topology import build_topology
 from workloads import Request
 

@@ -21,8 +21,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rack.wiring.runner import run_scenario
-from rack.wiring.scenario import load_scenario
+from rack.run.runner import run_scenario
+from rack.wiring.load import load_scenario
 from workloads import load_requests
 
 REFERENCE = Path(__file__).parent / "data" / "reference_core.json.gz"

@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 from devices.costmodel import CostModel, Parallelism
-from rack.wiring.scenario import load_scenario, scenario_names
+from rack.wiring.scenario import scenario_names
+from rack.wiring.load import load_scenario
 from rack.wiring.sizing import cost_model
 
 

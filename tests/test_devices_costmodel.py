@@ -184,7 +184,7 @@ def test_a_mixed_pass_never_gets_faster_when_decode_requests_join(name):
     prompt chunk counted as one micro-batch made an 8,192-token chunk cost 44 ms alone
     and 2.3 ms beside 28 decode requests (found by a new-user trial): its tokens
     stream through the stages as in a prefill pass, whatever shares the pass."""
-    from rack.wiring.scenario import load_scenario
+    from rack.wiring.load import load_scenario
     from rack.wiring.sizing import cost_model
 
     sc = load_scenario(name)

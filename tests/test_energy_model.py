@@ -9,10 +9,11 @@ import pytest
 
 from devices.catalog import resolve_device
 from rack.wiring.settings import CostSettings
-from rack.analysis.energy import (DEFAULT_CAPEX_USD, cost_section, device_price, energy_section,
+from rack.measure.energy import (DEFAULT_CAPEX_USD, cost_section, device_price, energy_section,
                          pool_rates)
-from rack.wiring.runner import run_scenario
-from rack.wiring.scenario import Scenario, load_scenario
+from rack.run.runner import run_scenario
+from rack.wiring.scenario import Scenario
+from rack.wiring.load import load_scenario
 from workloads import FixedLengths, PoissonArrivals, Request, synthesize
 
 

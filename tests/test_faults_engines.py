@@ -11,7 +11,7 @@ import pytest
 from _engine_fakes import Client, FakeCollector, FakeCost, GB, frames_for, plan, run_cores
 from devices.engines.decode import DecodeEngine
 from devices.engines.prefill import PrefillEngine
-from rack.analysis.faults import faults_section
+from rack.measure.faults import faults_section
 from workloads.core import BROADCAST, Core
 from workloads.request import Request
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from rack.wiring.runner import run_scenario
+from rack.run.runner import run_scenario
 from rack.wiring.scenario import parse_scenario
 from workloads import Request
 

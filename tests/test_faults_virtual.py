@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from rack.wiring.faults import parse_fault_option
-from rack.wiring.runner import run_scenario
+from rack.run.runner import run_scenario
 from rack.wiring.scenario import ScenarioError, parse_scenario
 from workloads import Request
 
@@ -219,7 +219,7 @@ def test_fault_after_the_run_is_reported_as_not_applied():
     check_accounting(out, reqs)
     f = out.results["faults"]
     assert f["injected"] == 0 and f["list"][0]["applied"] is False and f["list"][0]["instance"] == "decode-0"
-    from rack.analysis.results import summary_text
+    from rack.measure.results import summary_text
 
     text = summary_text(out.results)
     assert "faults: 1 of 1 not applied (scheduled after the run ended: decode_crash at 500 s)" in text
@@ -302,7 +302,7 @@ def test_work_before_a_crash_counts_the_run_in_progress():
     scenario's wafer on its August 2024 stack (~8.5 ms per token) decodes without a gap
     from its first admission (~130 ms) on, so its work before a crash at 5 s is ~4.87 s of
     busy time."""
-    from rack.wiring.scenario import load_scenario
+    from rack.wiring.load import load_scenario
     from workloads import load_requests
 
     reqs = load_requests("mooncake-excerpt", window=(0, 20), output_scale=0.5)
@@ -329,7 +329,7 @@ def test_a_fault_with_nothing_to_act_on_says_so():
     assert idle["outcome"] == "no target at that time" and idle["frames_corrupted"] == 0 and idle["recovered"] is None
     assert "outcome" not in hit and hit["frames_corrupted"] == 1 and hit["recovered"] is True
     assert (f["injected"], f["recovered"], f["no_target"]) == (2, 1, 1)
-    from rack.analysis.results import summary_text
+    from rack.measure.results import summary_text
 
     assert "faults: 2 injected, 1 recovered, 1 with no target at that time, 0 requests failed" in summary_text(out.results)
 

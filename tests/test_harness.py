@@ -10,8 +10,8 @@ import pytest
 from devices.catalog import CatalogError
 from devices.harness import RowHarness, harness_for, load_harness
 from devices.serving_rows import closed_loop_estimate, deployment
-from rack.analysis.validation_runs import row_requests, row_scenario
-from rack.analysis.validation_table import serving_rows
+from rack.experiments.validation_runs import row_requests, row_scenario
+from rack.experiments.validation_table import serving_rows
 from rack.wiring.scenario import ScenarioError, parse_scenario
 
 

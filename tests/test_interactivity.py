@@ -1,4 +1,4 @@
-"""Interactivity curves (rack.analysis.interactivity): the ratio of two curves read at
+"""Interactivity curves (rack.experiments.interactivity): the ratio of two curves read at
 equal tokens/s per user, interpolated along each and never extrapolated; a point's
 figures from its closed-loop run; the points' requests; `rack sweep interactivity`."""
 
@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from rack.analysis.interactivity import (interactivity_sweep, interpolate, point_metrics, point_requests,
+from rack.experiments.interactivity import (interactivity_sweep, interpolate, point_metrics, point_requests,
                                          ratio_at_equal_interactivity)
-from rack.wiring.runner import run_scenario
-from rack.wiring.scenario import load_scenario
+from rack.run.runner import run_scenario
+from rack.wiring.load import load_scenario
 from workloads.load import LoadControls, LoadPlan
 
 

@@ -18,10 +18,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-from rack.analysis.results import summary_text
+from rack.measure.results import summary_text
 from rack.runtime.interrupt import EXIT_INTERRUPTED, EXIT_TERMINATED, StopRequest
-from rack.wiring.runner import RunInterrupted, run_scenario
-from rack.wiring.scenario import load_scenario
+from rack.run.runner import RunInterrupted, run_scenario
+from rack.wiring.load import load_scenario
 from workloads import load_requests
 
 RACK = [sys.executable, "-c", "from rack.cli import main; main()"]
@@ -49,7 +49,7 @@ def _conserved(r: dict) -> None:
 
 
 def test_a_stop_request_ends_a_virtual_run_with_what_finished(tmp_path):
-    from rack.analysis.results import write_results
+    from rack.measure.results import write_results
 
     reqs = load_requests("mooncake-excerpt")
     with pytest.raises(RunInterrupted) as err:

@@ -6,8 +6,10 @@ from __future__ import annotations
 import pytest
 
 from rack.runtime.cluster import ClusterError, NodeSpec, parse_node_spec
-from rack.runtime.parallel import MapTimeout, RunFailed, map_virtual_runs, virtual_results
-from rack.wiring.scenario import ScenarioError, load_scenario, parse_scenario
+from rack.run.tasks import virtual_results
+from rack.runtime.parallel import MapTimeout, RunFailed, map_virtual_runs
+from rack.wiring.scenario import ScenarioError, parse_scenario
+from rack.wiring.load import load_scenario
 from rack.wiring.topology import ComponentSpec, build_topology
 from workloads import load_requests
 

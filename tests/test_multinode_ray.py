@@ -13,8 +13,8 @@ import time
 
 import pytest
 
-from rack.wiring.runner import run_scenario
-from rack.wiring.scenario import load_scenario
+from rack.run.runner import run_scenario
+from rack.wiring.load import load_scenario
 from workloads import load_requests
 
 pytestmark = pytest.mark.ray
@@ -22,7 +22,8 @@ pytestmark = pytest.mark.ray
 ray = pytest.importorskip("ray")
 
 from rack.runtime.cluster import LocalCluster, NodeSpec  # noqa: E402
-from rack.runtime.parallel import map_virtual_runs, virtual_results  # noqa: E402
+from rack.run.tasks import virtual_results  # noqa: E402
+from rack.runtime.parallel import map_virtual_runs  # noqa: E402
 from rack.runtime.ray_runtime import RayRunError, ensure_ray  # noqa: E402
 
 
@@ -136,7 +137,7 @@ def test_sweep_runs_as_ray_tasks_and_matches_local(cluster):
 
 
 def test_compare_runs_as_ray_tasks_and_matches_local(cluster):
-    from rack.analysis.compare import run_compare
+    from rack.experiments.compare import run_compare
 
     reqs = load_requests("mooncake-excerpt", window=(0, 1), output_scale=0.1)
     names = ["helios-cs3-kimi-k2", "gpu-only-kimi-k2"]
@@ -156,9 +157,9 @@ def _study_numbers(results: dict) -> dict:
 def test_study_runs_over_the_cluster_and_matches_local(cluster, tmp_path):
     # rack study --address: every sweep's runs are Ray tasks over the nodes; the numbers
     # are those of the local run (each run is a deterministic function of its inputs)
-    from rack.analysis.results import to_json
-    from rack.analysis.study.config import StudyConfig
-    from rack.analysis.study.run import run_study
+    from rack.measure.results import to_json
+    from rack.experiments.study.config import StudyConfig
+    from rack.experiments.study.run import run_study
 
     cfg = StudyConfig.quick(workers=1, progress=False)
     local = run_study(cfg, command="test")

@@ -15,7 +15,7 @@ import numpy as np
 import psutil
 import pytest
 
-from rack.wiring.runner import run_scenario
+from rack.run.runner import run_scenario
 from rack.wiring.scenario import parse_scenario
 from workloads import PoissonArrivals, UniformLengths, synthesize
 

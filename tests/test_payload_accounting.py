@@ -9,8 +9,8 @@ import pytest
 
 from interconnect.codec import (FrameError, check_description, describe_kv_frames, make_kv_frames,
                                 scan_kv_frames)
-from rack.wiring.runner import run_scenario
-from rack.wiring.scenario import load_scenario
+from rack.run.runner import run_scenario
+from rack.wiring.load import load_scenario
 from workloads import load_requests
 
 

@@ -13,9 +13,9 @@ import pytest
 from typer.testing import CliRunner
 
 import rack.cli
-from rack.analysis.results import summary_text
+from rack.measure.results import summary_text
 from rack.cli.app import app
-from rack.wiring.runner import run_scenario
+from rack.run.runner import run_scenario
 from rack.wiring.scenario import parse_scenario
 from test_config_errors_scenarios import BASE  # one prefill and one decode H100, Llama-3.1-8B
 from workloads import Request, ideal_prefix_hits, trace_stats

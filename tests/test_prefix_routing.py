@@ -14,8 +14,8 @@ from rack.runtime.virtual import VirtualDriver
 from rack.serving.collector import Collector
 from rack.serving.prefix_routing import CachedBlockIndex, cached_tokens, prefix_aware_choice
 from rack.serving.router import Router
-from rack.wiring.runner import run_scenario
-from rack.wiring.scenario import load_scenario
+from rack.run.runner import run_scenario
+from rack.wiring.load import load_scenario
 from rack.wiring.topology import build_topology
 from workloads import Request, TraceError, ideal_prefix_hits, load_requests, resolve_trace
 from workloads.core import Core

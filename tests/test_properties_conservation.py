@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rack.wiring.runner import run_scenario
+from rack.run.runner import run_scenario
 from rack.wiring.scenario import parse_scenario
 from workloads import Request
 

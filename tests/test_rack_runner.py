@@ -7,9 +7,9 @@ import json
 import numpy as np
 import pytest
 
-from rack.analysis.results import to_json, write_results
-from rack.wiring.runner import run_scenario
-from rack.wiring.scenario import load_scenario
+from rack.measure.results import to_json, write_results
+from rack.run.runner import run_scenario
+from rack.wiring.load import load_scenario
 from workloads import Request, load_requests
 
 

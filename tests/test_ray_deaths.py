@@ -17,7 +17,7 @@ import typer
 
 import rack.runtime.ray_runtime as ray_runtime
 from rack.runtime.errors import ActorLost
-from rack.wiring.runner import run_scenario
+from rack.run.runner import run_scenario
 from rack.wiring.scenario import parse_scenario
 from workloads import Request
 
@@ -171,7 +171,7 @@ def test_with_restarts_configured_a_killed_actor_is_recovered_and_the_run_comple
     assert rec["serving_from_s"] > rec["applied_at_s"]          # it reloaded its weights
     assert f["requests_redispatched"] > 0 and f["requests_recovered"] == f["requests_redispatched"]
     assert out["value"].stats[VICTIM]["restarts"] == 1
-    from rack.analysis.results import summary_text
+    from rack.measure.results import summary_text
 
     assert "faults: 0 injected, 1 actor death(s) (not injected), 1 recovered" in summary_text(res)
     for name, st in out["value"].stats.items():

@@ -1,4 +1,4 @@
-"""The Ray runtime's pace limits (rack.runtime.pace): a dilation outside sane limits,
+"""The Ray runtime's pace limits (rack.wiring.pace): a dilation outside sane limits,
 or arrivals that would take more than a week of wall time, are refused before anything
 starts, with the reason; the liveness timeout follows the run's pace."""
 
@@ -12,9 +12,10 @@ from typer.testing import CliRunner
 from rack.cli import _register_commands
 from rack.cli.app import app
 from rack.runtime.errors import RayRunError
-from rack.runtime.pace import (DILATION_MAX, DILATION_MIN, LIVENESS_FLOOR_S, MAX_REPLAY_WALL_S, dilation_error,
+from rack.wiring.pace import (DILATION_MAX, DILATION_MIN, LIVENESS_FLOOR_S, MAX_REPLAY_WALL_S, dilation_error,
                                liveness_timeout_s, replay_error)
-from rack.wiring.scenario import ScenarioError, load_scenario
+from rack.wiring.scenario import ScenarioError
+from rack.wiring.load import load_scenario
 
 _register_commands()
 

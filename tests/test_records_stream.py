@@ -11,14 +11,14 @@ import numpy as np
 import pytest
 
 import rack.serving.collector as collector_mod
-from rack.analysis import quantiles
-from rack.analysis.metrics import summarize
-from rack.analysis.results import to_json
+from rack.measure import quantiles
+from rack.measure.metrics import summarize
+from rack.measure.results import to_json
 from rack.serving.collector import Collector
 from rack.serving.records import DiskRecordSet, MemoryRecords, SampleChunks
 from rack.wiring.faults import parse_fault_option
-from rack.wiring.runner import run_scenario
-from rack.wiring.scenario import load_scenario
+from rack.run.runner import run_scenario
+from rack.wiring.load import load_scenario
 from workloads import load_requests
 
 

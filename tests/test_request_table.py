@@ -82,7 +82,7 @@ def test_from_columns_refuses_a_bad_length():
 
 
 def _strip(results: dict) -> dict:
-    from rack.analysis.results import to_json
+    from rack.measure.results import to_json
 
     r = json.loads(to_json(results))
     r["emulation"].pop("wall_s")
@@ -98,8 +98,8 @@ def _strip(results: dict) -> dict:
 def test_columns_and_streamed_records_give_the_in_memory_metrics(tmp_path, scenario, kw):
     """The long-run path (requests as columns, records streamed to disk) gives the
     per-request columns and results.json of the in-memory path (a list, records held)."""
-    from rack.wiring.runner import run_scenario
-    from rack.wiring.scenario import load_scenario
+    from rack.run.runner import run_scenario
+    from rack.wiring.load import load_scenario
 
     plan, sc = LoadPlan(**kw), load_scenario(scenario)
     held = run_scenario(sc, plan.requests(), runtime="virtual")
@@ -135,7 +135,7 @@ def test_rack_run_records_disk_matches_records_memory(tmp_path):
 
 
 def test_repeat_mooncake_shifts_copies_and_cuts_the_last(tmp_path):
-    from rack.analysis.bench_memory import repeat_mooncake
+    from rack.experiments.bench_memory import repeat_mooncake
     from workloads import load_requests, resolve_trace
 
     src = resolve_trace("mooncake-excerpt")

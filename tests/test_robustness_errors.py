@@ -15,10 +15,10 @@ import devices.engines.decode as decode_mod
 import rack.cli
 import rack.serving.router as router_mod
 from rack.cli.app import app
-from rack.wiring.runner import RunAborted, run_scenario
+from rack.run.runner import RunAborted, run_scenario
 from rack.runtime.errors import ComponentError
 from rack.runtime.virtual import VirtualTimeDeadlock
-from rack.wiring.scenario import load_scenario
+from rack.wiring.load import load_scenario
 from test_config_errors_scenarios import BASE  # small split rack: Llama-3.1-8B on H100s
 from workloads import Request, load_requests
 from workloads.clock import MAX_EMULATED_S, TimeSpanError, check_time_span

@@ -13,7 +13,8 @@ from typer.testing import CliRunner
 
 import rack.cli
 from rack.cli.app import app
-from rack.wiring.scenario import ScenarioError, load_scenario
+from rack.wiring.scenario import ScenarioError
+from rack.wiring.load import load_scenario
 from test_config_errors_scenarios import BASE  # the small valid scenario those tests edit
 from workloads import TraceError, load_requests, open_trace
 from workloads.names import DATA_DIR, EXCERPTS

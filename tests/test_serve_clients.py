@@ -71,7 +71,7 @@ def _other_tokenizer(folder: Path) -> Path:
 def served(request, ray_session, tmp_path_factory):
     from rack.serve.session import LiveServer
     from rack.serve.tokenizer import SHIPPED
-    from rack.wiring.scenario import load_scenario
+    from rack.wiring.load import load_scenario
 
     folder = SHIPPED if request.param == "shipped" else _other_tokenizer(tmp_path_factory.mktemp("tok"))
     sc = load_scenario("helios-cs3-kimi-k2").with_overrides(dilation=D)

@@ -15,8 +15,8 @@ from rack.runtime.placement import construct
 from rack.runtime.virtual import VirtualDriver
 from rack.serve.gateway import Gateway
 from rack.serve.topology import live_topology
-from rack.wiring.runner import run_scenario
-from rack.wiring.scenario import load_scenario
+from rack.run.runner import run_scenario
+from rack.wiring.load import load_scenario
 from workloads import load_requests
 from workloads.core import Core
 

@@ -27,7 +27,7 @@ TOL_S = 0.005       # the issue's tolerance beyond the reported lateness
 @pytest.fixture(scope="module")
 def server(ray_session):
     from rack.serve.session import LiveServer
-    from rack.wiring.scenario import load_scenario
+    from rack.wiring.load import load_scenario
 
     sc = load_scenario("helios-cs3-kimi-k2")
     router = {**sc.router.model_dump(), "max_outstanding_tokens": 1}   # a tiny router queue: 429s
@@ -227,7 +227,7 @@ def test_http_replay_of_a_trace_slice_agrees_with_rack_run_on_ray(ray_session):
     The Mooncake excerpt arrives in 3-s ticks of ~10 simultaneous requests, which a
     replay submits together and HTTP clients cannot (docs/serve.md)."""
     from rack.serve.agreement import http_vs_ray
-    from rack.wiring.scenario import load_scenario
+    from rack.wiring.load import load_scenario
     from workloads import load_requests, parse_window
 
     sc = load_scenario("helios-cs3-kimi-k2").with_overrides(dilation=D)

@@ -17,7 +17,7 @@ pytestmark = [pytest.mark.ray, pytest.mark.slow]
 def test_no_stream_is_held(ray_session):
     from rack.serve.session import LiveServer
     from rack.serve.soak import soak
-    from rack.wiring.scenario import load_scenario
+    from rack.wiring.load import load_scenario
 
     sc = load_scenario("helios-cs3-kimi-k2").with_overrides(dilation=20.0)
     srv = LiveServer(sc, host="127.0.0.1", port=0, api_key="soak")

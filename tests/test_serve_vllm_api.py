@@ -28,7 +28,7 @@ PROMPT = "The wafer-scale engine keeps every weight in on-chip memory, so decode
 @pytest.fixture(scope="module")
 def server(ray_session):
     from rack.serve.session import LiveServer
-    from rack.wiring.scenario import load_scenario
+    from rack.wiring.load import load_scenario
 
     sc = load_scenario("helios-cs3-kimi-k2").with_overrides(dilation=D).with_router(policy="prefix_aware")
     srv = LiveServer(sc, host="127.0.0.1", port=0)
@@ -139,7 +139,7 @@ def test_pacing_window_counts_each_streamed_chunk_once(server):
     time.sleep(0.5)
     w = server.pacing_window()
     # one request's decode step on the fixture scenario's wafer pool, in wall seconds
-    from rack.wiring.scenario import load_scenario
+    from rack.wiring.load import load_scenario
     from rack.wiring.sizing import cost_model
 
     sc = load_scenario("helios-cs3-kimi-k2")

@@ -13,8 +13,8 @@ from devices.catalog import CatalogError
 from devices.serving_rows import COLUMNS, closed_loop_estimate, deployment, load_serving_rows, mean_lengths
 import rack.cli
 from rack.cli.app import app
-from rack.analysis.validation_runs import replay_row, row_requests, row_scenario
-from rack.analysis.validation_table import SERVING_ROWS, serving_rows, summarize
+from rack.experiments.validation_runs import replay_row, row_requests, row_scenario
+from rack.experiments.validation_table import SERVING_ROWS, serving_rows, summarize
 
 rack.cli._register_commands()
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "reference" / "gpu-calibration.csv"

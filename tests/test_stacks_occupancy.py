@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 
 from devices.costmodel import CostModel, Parallelism
-from rack.wiring.runner import run_scenario
-from rack.wiring.scenario import ScenarioError, load_scenario, parse_scenario
+from rack.run.runner import run_scenario
+from rack.wiring.scenario import ScenarioError, parse_scenario
+from rack.wiring.load import load_scenario
 from rack.wiring.topology import build_topology
 from workloads import Request
 
@@ -37,7 +38,7 @@ def test_pool_stack_and_max_num_seqs_default_from_the_stack():
 
 def test_unknown_stack_names_the_field():
     sc = _scenario(stack="tgi")
-    from rack.wiring.scenario import check_hardware
+    from rack.wiring.load import check_hardware
     with pytest.raises(ScenarioError, match=r"pools\[0\]\.stack.*no software stack 'tgi'.*sglang"):
         check_hardware(sc, "t.toml")
 

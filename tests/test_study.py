@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from rack.analysis.study import analysis as A
-from rack.analysis.study import text as T
-from rack.analysis.study.config import SPLIT72, WAFER, ladder
-from rack.analysis.study.output import load_results, write_study
+from rack.experiments.study import analysis as A
+from rack.experiments.study import text as T
+from rack.experiments.study.config import SPLIT72, WAFER, ladder
+from rack.experiments.study.output import load_results, write_study
 from workloads import TraceError, resolve_trace
 
 ROOT = Path(__file__).resolve().parents[1]

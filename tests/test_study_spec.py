@@ -1,4 +1,4 @@
-"""The study as data (rack/analysis/study/spec.py): a user's small spec writes its own
+"""The study as data (rack/experiments/study/spec.py): a user's small spec writes its own
 page through `rack study --spec`; bad specs are refused naming the file and field; the
 shipped spec is the study the first findings.md ran; the tornado's and the verdicts'
 readings follow their definitions."""
@@ -10,13 +10,13 @@ import math
 import pytest
 from typer.testing import CliRunner
 
-from rack.analysis.study import breakeven as B
-from rack.analysis.study import terms as TM
-from rack.analysis.study import text as T
-from rack.analysis.study.config import StudyConfig
-from rack.analysis.study.output import load_results
-from rack.analysis.study.sections import section_config
-from rack.analysis.study.spec import StudySpecError, load_spec, parse_spec
+from rack.experiments.study import breakeven as B
+from rack.experiments.study import terms as TM
+from rack.experiments.study import text as T
+from rack.experiments.study.config import StudyConfig
+from rack.experiments.study.output import load_results
+from rack.experiments.study.sections import section_config
+from rack.experiments.study.spec import StudySpecError, load_spec, parse_spec
 
 SMALL = """
 title = "My two racks"
@@ -183,7 +183,7 @@ def test_a_tornado_at_capacity_reads_each_ones_capacity_and_says_when_one_holds_
 
 
 def test_a_capacity_tornado_where_the_wafer_never_holds_a_rate_is_a_win_not_a_missing_ratio():
-    from rack.analysis.study import findings_terms as FT
+    from rack.experiments.study import findings_terms as FT
 
     def cap(rate, tpj):
         return {"rate": rate, "held_all": False, "tokens_per_joule": tpj, "usd_per_mtok": 1.0}
@@ -202,7 +202,7 @@ def test_a_capacity_tornado_where_the_wafer_never_holds_a_rate_is_a_win_not_a_mi
 
 
 def test_a_crossing_of_the_claim_names_the_side_where_the_ratio_is_above_it():
-    from rack.analysis.study import findings_terms as FT
+    from rack.experiments.study import findings_terms as FT
 
     t = {"label": "prompt time", "unit": "us", "low_ratio": 3.0, "high_ratio": 9.0}
     assert FT._crossing_text(t, 55.3) == "prompt time >= 55.3 us"

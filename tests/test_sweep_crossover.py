@@ -16,8 +16,13 @@ import re
 import pytest
 from typer.testing import CliRunner
 
-from rack.wiring.scenario import Scenario, parse_scenario, tomllib
-from rack.analysis.sweep import Task, Workload, find_crossover, run_task, run_tasks, with_link_bandwidth
+from rack.wiring.scenario import Scenario, parse_scenario
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+from rack.experiments.sweep import Task, Workload, find_crossover, run_task, run_tasks, with_link_bandwidth
 
 SPLIT_TOML = """
 name = "toy-split"

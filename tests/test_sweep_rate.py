@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from rack.wiring.scenario import parse_scenario
-from rack.analysis.sweep import Workload, prompt_sweep, rate_sweep
+from rack.experiments.sweep import Workload, prompt_sweep, rate_sweep
 
 # The hardware's roofline stack: the sweeps' mechanics on the dynamics they were tuned on.
 COLOC = dict(name="toy-coloc", model="llama-3.1-8b", weight_dtype="bf16", kv_dtype="bf16",
@@ -37,7 +37,7 @@ def test_rate_sweep_attainment_falls_with_load():
 def test_rate_sweep_reports_tokens_per_joule_at_the_sustained_rate(monkeypatch):
     """Attainment that recovers above the first miss: the capacity is the rate below the
     miss, and tokens/J is that point's, not the higher rate's (new-user trial)."""
-    import rack.analysis.sweep as sweep
+    import rack.experiments.sweep as sweep
 
     att = {1.0: 0.95, 2.0: 0.80, 4.0: 0.93}
     tpj = {1.0: 0.01, 2.0: 0.02, 4.0: 0.04}
@@ -79,7 +79,7 @@ def test_prompt_sweep_names_no_winner_within_one_percent():
     b = parse_scenario({**COLOC, "name": "toy-coloc-twin"})      # the same rack: a tie
     res = prompt_sweep([a, b], [512], rate_per_s=2.0, output_tokens=16, n=20, workers=1, progress=False)
     assert res.summary["best"] == {512: "tie"}
-    from rack.analysis.sweep import summary_lines
+    from rack.experiments.sweep import summary_lines
 
     assert "512 prompt tokens: no winner (the best goodputs are within 1%)" in summary_lines(res)
 
@@ -87,7 +87,7 @@ def test_prompt_sweep_names_no_winner_within_one_percent():
 def test_sweep_summary_names_points_whose_requests_were_refused():
     # a prompt above Llama-3.1-8B's 131,072-token window is refused at admission: the
     # summary says so instead of leaving a bare "no winner" (new-user trial)
-    from rack.analysis.sweep import summary_lines
+    from rack.experiments.sweep import summary_lines
 
     a = parse_scenario(COLOC)
     res = prompt_sweep([a], [512, 200_000], rate_per_s=2.0, output_tokens=16, n=10, workers=1, progress=False)
@@ -102,7 +102,7 @@ def test_sweep_summary_names_points_whose_requests_were_refused():
 def test_goodput_is_the_offered_rate_where_every_request_meets_the_slo():
     # the shipped excerpt through the split rack at several rates (done-when of the
     # client-metrics issue): steady-state goodput equals the offered rate at 100%
-    from rack.wiring.scenario import load_scenario
+    from rack.wiring.load import load_scenario
 
     wl = Workload(kind="trace", trace="mooncake-excerpt")
     # prefill on the MI455X's roofline: with SGLang's calibrated prompt passes the

@@ -11,7 +11,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from rack.analysis.sweep import Workload
+from rack.experiments.sweep import Workload
 from test_sweep_crossover import COLOC_TOML
 from workloads.load import LoadControls, LoadPlan
 

@@ -11,12 +11,12 @@ import pytest
 from typer.testing import CliRunner
 
 from devices.engines.common import SERIES_COLUMNS, EventSeries
-from rack.analysis.breakdown import engine_tracks, write_chrome_trace
-from rack.analysis.timeseries import (CSV_COLUMNS, counter_points, instance_series, link_series, step_means,
+from rack.measure.breakdown import engine_tracks, write_chrome_trace
+from rack.measure.timeseries import (CSV_COLUMNS, counter_points, instance_series, link_series, step_means,
                                       windowed_hit_ratio, write_timeseries_csv)
-from rack.wiring.runner import run_scenario
+from rack.run.runner import run_scenario
 from workloads.series import BoundedSeries
-from rack.wiring.scenario import load_scenario
+from rack.wiring.load import load_scenario
 from workloads import load_requests
 
 
@@ -120,7 +120,7 @@ def test_csv_plot_and_perfetto_tracks(run, tmp_path):
     assert by["gpu-to-wafer"][0]["queue_depth"] == "" and by["decode-0"][0]["link_utilisation"] == ""
     assert int(by["prefill-0"][-1]["prefix_hit_blocks"]) == out.stats["prefill-0"]["prefix_cache"]["hit_blocks"]
 
-    from rack.analysis.plots import timeseries
+    from rack.measure.plots import timeseries
 
     assert timeseries(out.stats, tmp_path / "ts.png", title=sc.name).stat().st_size > 10_000
 

@@ -14,7 +14,8 @@ from devices.uncertainty import (apply_terms, check_terms, parse_term, uncertain
                                  wafer_prefill_rate)
 import rack.cli
 from rack.cli.app import app
-from rack.wiring.scenario import ScenarioError, load_scenario, parse_scenario
+from rack.wiring.scenario import ScenarioError, parse_scenario
+from rack.wiring.load import load_scenario
 from rack.wiring.sizing import cost_model
 
 rack.cli._register_commands()
@@ -125,7 +126,7 @@ def test_wafer_prefill_rate_is_what_estimate_prints():
 
 
 def test_energy_rates_take_the_power_terms():
-    from rack.analysis.energy import pool_rates
+    from rack.measure.energy import pool_rates
 
     sc = load_scenario("helios-cs3-kimi-k2")
     hot = sc.with_overrides(terms={"cs3.busy_power_w": 25000.0})

@@ -343,7 +343,7 @@ class LoadPlan:
         return None if loop is None else replace(loop, think_time="fixed")
 
     def run_kwargs(self) -> dict:
-        """Keyword arguments for `rack.wiring.runner.run_scenario` (closed loop or none)."""
+        """Keyword arguments for `rack.run.runner.run_scenario` (closed loop or none)."""
         c = self.controls
         if c.max_concurrency is None:
             return {}

@@ -27,7 +27,7 @@ Python int is a valid hash) are kept as tuples in `_big` by position. Labels
 
 Provenance attributes are those of `workloads.replay.RequestList` (`name`, `path`,
 `format`, `controls`, reader counters, `summary()`), so a table stands wherever a
-RequestList does for a replay (`rack.wiring.runner.run_scenario` on the virtual
+RequestList does for a replay (`rack.run.runner.run_scenario` on the virtual
 runtime, the metrics). Tables are immutable; `take`, `where`, `with_arrivals` and
 slices give new ones.
 """

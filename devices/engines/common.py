@@ -133,7 +133,7 @@ class Utilisation:
     reported over busy time and over the whole elapsed time. `busy_s` is the time the
     instance runs iterations; `device_busy_s` the time each of its devices works
     (`IterationCost.device_busy_s`: on a pipeline a stage idles while the other stages
-    hold the micro-batches), which sets the dynamic power (rack.analysis.energy).
+    hold the micro-batches), which sets the dynamic power (rack.measure.energy).
     """
 
     __slots__ = ("busy_s", "flops", "bytes", "iterations", "device_busy_s")
@@ -258,7 +258,7 @@ def record_series(engine: Any, t: float, queue_depth: int, running: int) -> None
                       st.hit_blocks if st else 0, st.hit_blocks + st.miss_blocks if st else 0)
 
 
-#: Columns of `EventSeries` (stats key "timeseries"; rack.analysis.timeseries):
+#: Columns of `EventSeries` (stats key "timeseries"; rack.measure.timeseries):
 #: queue_depth: requests waiting (prefill: queued; decode: waiting for memory, reserved
 #: awaiting their KV, or ready for the batch; colocated: both); running: requests in the
 #: running batch (prefill: being prefilled; decode: decoding; colocated: both); kv_bytes:

@@ -257,7 +257,7 @@ class DecodeEngine(Core):
         self.lateness = Lateness()
         self.memory = TimeSeries()
         self.batch_series = TimeSeries()
-        self.series = EventSeries()            # gauges at batch boundaries (rack.analysis.timeseries)
+        self.series = EventSeries()            # gauges at batch boundaries (rack.measure.timeseries)
         self.wakeups = 0
         self.batch_peak = 0
         self._batch_seconds = 0.0              # integral of batch size over step time

@@ -221,7 +221,7 @@ class PrefillEngine(Core):
         self.util = Utilisation()
         self.lateness = Lateness()
         self.memory = TimeSeries()
-        self.series = EventSeries()           # gauges at events (rack.analysis.timeseries)
+        self.series = EventSeries()           # gauges at events (rack.measure.timeseries)
         self.counts = {"submitted": 0, "rejected": 0, "failed": 0, "prefilled": 0,
                        "completed_at_first_token": 0, "handoffs_done": 0,
                        "handoffs_refused": 0, "transfer_failed": 0, "resends": 0,

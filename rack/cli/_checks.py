@@ -74,11 +74,11 @@ def prepare_out_dir(option: str, path: Path) -> Path:
 def report_failure(folder: Path, exc: BaseException, what: str = "run", keep_partial: bool = True) -> NoReturn:
     """One line for a run that failed, its traceback in `folder`/error.log, exit 1.
 
-    A `rack.wiring.runner.RunAborted` (a component raised, or the rack stalled) gets its
+    A `rack.run.runner.RunAborted` (a component raised, or the rack stalled) gets its
     results measured until then written to `folder` (status "aborted") when
     `keep_partial`; anything else is a stalled Ray run or a bug."""
-    from rack.analysis.results import write_error_log, write_results
-    from rack.wiring.runner import RunAborted
+    from rack.measure.results import write_error_log, write_results
+    from rack.run.runner import RunAborted
 
     log = write_error_log(folder, exc)
     if isinstance(exc, RunAborted):

@@ -1,5 +1,5 @@
 """`rack bench`: speed of the emulator itself (replay speed, event cost, Ray pacing,
-KV codec and KV link throughput, peak RSS of long replays); see rack.analysis.bench and
+KV codec and KV link throughput, peak RSS of long replays); see rack.experiments.bench and
 docs/bench.md."""
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ def bench(
     rate_scale: Optional[List[float]] = typer.Option(None, "--rate-scale", help="Ray pacing rate-scale ladder [default: 1 2 4 8]"),
     address: Optional[str] = typer.Option(None, "--address", help="Ray cluster address (default: start Ray locally)"),
     baseline: Optional[str] = typer.Option(None, "--baseline", help="also replay with another version of the code (a git revision of this checkout, or a checkout's path), alternately, and report the speed-up"),
-    study_cost: Optional[str] = typer.Option(None, "--study-cost", help="with --baseline: also run these study experiments (comma-separated keys of rack.analysis.study.run.EXPERIMENTS, or 'all') with both versions, alternately: wall time per experiment, runs per capacity search, verdicts compared"),
+    study_cost: Optional[str] = typer.Option(None, "--study-cost", help="with --baseline: also run these study experiments (comma-separated keys of rack.experiments.study.run.EXPERIMENTS, or 'all') with both versions, alternately: wall time per experiment, runs per capacity search, verdicts compared"),
     out: Optional[Path] = typer.Option(None, "--out", help="also write the JSON to this file"),
 ) -> None:
     """Measure how fast the emulator runs: virtual replay of whole traces, cost of doubled
@@ -37,18 +37,18 @@ def bench(
     the code measured in the same run."""
     import sys
 
-    from rack.analysis import bench as B
+    from rack.experiments import bench as B
     from workloads import parse_window
 
     try:
         win = parse_window(window) if window is not None else None
         if baseline:
-            from rack.analysis.bench_baseline import check_ref
+            from rack.experiments.bench_baseline import check_ref
 
             check_ref(baseline)
         experiments = None
         if study_cost:
-            from rack.analysis.study.run import EXPERIMENTS
+            from rack.experiments.study.run import EXPERIMENTS
 
             known = [k for k, _ in EXPERIMENTS]
             experiments = known if study_cost == "all" else [k.strip() for k in study_cost.split(",") if k.strip()]

@@ -40,7 +40,7 @@ def bench_serve(
     """Replay requests over HTTP (streaming, ignore_eos) and measure TTFT, TPOT, ITL at the client."""
     import httpx
 
-    from rack.analysis.results import summary_text, write_results
+    from rack.measure.results import summary_text, write_results
     from rack.serve.loadgen import client_results, replay_http
 
     for name, value in (("--rate-scale", rate_scale), ("--output-scale", output_scale),

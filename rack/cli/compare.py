@@ -39,9 +39,9 @@ def compare(
 ) -> None:
     """Run deployments on the same requests and compare TTFT/TPOT/ITL/E2E, goodput, tokens/J, $/Mtok."""
     from rack.wiring.settings import parse_stage
-    from rack.analysis.compare import (CompareError, compare_document, compare_rich_table, run_compare,
+    from rack.experiments.compare import (CompareError, compare_document, compare_rich_table, run_compare,
                               write_compare)
-    from rack.analysis.results import to_json
+    from rack.measure.results import to_json
 
     if runtime not in ("ray", "virtual"):
         fail(f"--runtime: expected 'ray' or 'virtual', got {runtime!r}")
@@ -73,7 +73,7 @@ def compare(
     try:
         chosen = list(scenarios or [])
         if router_policy is not None or prefix_weight is not None or terms:
-            from rack.analysis.compare import load_scenarios
+            from rack.experiments.compare import load_scenarios
 
             chosen = with_terms(with_routing(load_scenarios(chosen), router_policy, prefix_weight), terms)
         result = run_compare(chosen, reqs, runtime=runtime, iso=iso, reference=reference,
@@ -93,7 +93,7 @@ def compare(
             except ImportError:  # pragma: no cover
                 pass
     paths = write_compare(result, out, plots=not no_plots)
-    from rack.analysis.compare import model_warning
+    from rack.experiments.compare import model_warning
 
     warning = model_warning([e.scenario for e in result.entries])
     if warning:

@@ -164,7 +164,7 @@ class LoadOptions:
         """Plan (see `plan`) and read the requests (with `compact`, as a
         `workloads.RequestTable`: columns, for a long virtual replay). Raises ValueError,
         TraceError or WorkloadSpecError for bad input."""
-        from rack.wiring.runner import trace_info
+        from rack.run.runner import trace_info
 
         plan = self.plan(trace, **kwargs)
         try:
@@ -185,7 +185,7 @@ def rate_line(requests, load: "LoadOptions", rate_scale: float = 1.0) -> str:
     `rack compare` print): "arrivals: N over S s (first to last), R req/s realised
     (asked: ...)". Realised = N / --duration when one is set, else (N - 1) / S (the
     rate the gaps realise)."""
-    from rack.analysis.sweep import arrival_summary
+    from rack.experiments.sweep import arrival_summary
 
     a = arrival_summary(requests)
     if load.duration and a["arrivals"]:

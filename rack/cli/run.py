@@ -33,7 +33,8 @@ def load_inputs(scenario: Optional[str], trace: str, window: Optional[str], rate
     `workloads.RequestTable`), or a clean CLI error."""
     from devices.catalog import CatalogError
     from devices.planner import ModelDoesNotFit
-    from rack.wiring.scenario import ScenarioError, load_scenario
+    from rack.wiring.scenario import ScenarioError
+    from rack.wiring.load import load_scenario
     from workloads import TraceError
 
     try:
@@ -90,7 +91,7 @@ def run(
     SIGINT (Ctrl-C) or SIGTERM during the replay stops it and writes the results of what
     finished (status "interrupted"), exit code 130 (SIGINT) or 143 (SIGTERM); a second
     signal exits at once."""
-    from rack.analysis.results import summary_text, to_json, write_results
+    from rack.measure.results import summary_text, to_json, write_results
     from rack.runtime.interrupt import exit_code
 
     if runtime not in ("ray", "virtual"):
@@ -105,7 +106,7 @@ def run(
         for name, value in (("--dilation", dilation), ("--payload-scale", payload_scale),
                             ("--rate-scale", rate_scale), ("--output-scale", output_scale), ("--timeout", timeout)):
             check_positive(name, value)
-        from rack.runtime.pace import dilation_error, replay_error
+        from rack.wiring.pace import dilation_error, replay_error
 
         if dilation is not None and dilation_error(dilation):
             fail(f"--dilation {dilation:g}: {dilation_error(dilation)}")
@@ -160,7 +161,7 @@ def run(
 
 def interrupted_line(results: dict, folder: Path) -> str:
     """The one line `rack run` prints for an interrupted run."""
-    from rack.analysis.results import not_arrived_note
+    from rack.measure.results import not_arrived_note
 
     r, why = results["requests"], results.get("interrupted") or {}
     at = f" at t={why['t_s']:.3f} s of emulated time" if why.get("t_s") is not None else ""
@@ -174,15 +175,15 @@ def write_run_series(folder: Path, output, sc, plots: bool = True) -> list[str]:
     """Beside results.json: timeseries.csv (per instance and link), timeseries.png
     (unless `plots` is False) and timelines.json (Perfetto: 200 sampled requests and
     the engine and link tracks). Returns the file names written."""
-    from rack.analysis.breakdown import write_chrome_trace
-    from rack.analysis.timeseries import write_timeseries_csv
+    from rack.measure.breakdown import write_chrome_trace
+    from rack.measure.timeseries import write_timeseries_csv
 
     write_timeseries_csv(folder / "timeseries.csv", output.stats)
     write_chrome_trace(folder / "timelines.json", {sc.name: output.columns}, stages={sc.name: sc.fixed_stages},
                        engines={sc.name: output.stats})
     names = ["timeseries.csv", "timelines.json"]
     if plots:
-        from rack.analysis.plots import timeseries
+        from rack.measure.plots import timeseries
 
         timeseries(output.stats, folder / "timeseries.png", end_s=output.results["energy"]["window_s"], title=sc.name)
         names.insert(1, "timeseries.png")
@@ -197,7 +198,7 @@ def execute(folder: Path, sc, reqs, *, runtime: str, address: Optional[str], **k
     An interrupted run (`stop` requested) returns its RunOutput (status "interrupted").
     Ray started here is shut down before this returns, whatever happened.
     Exit codes: 2 for input refused before the run, 1 for a run that failed."""
-    from rack.wiring.runner import RunInterrupted, run_scenario
+    from rack.run.runner import RunInterrupted, run_scenario
     from rack.wiring.scenario import ScenarioError
     from workloads.clock import TimeSpanError
 

@@ -88,7 +88,7 @@ def _rel(a: Optional[float], b: Optional[float]) -> Optional[float]:
 def run_point(sc, reqs, *, workers: int, rate_scale: float, address: str, node_names: dict,
               lateness_bound: float, timeout_s: float) -> dict:
     """One (K, R) point: the virtual run, the Ray run, and their comparison."""
-    from rack.wiring.runner import run_scenario
+    from rack.run.runner import run_scenario
 
     v = run_scenario(sc, reqs, runtime="virtual").results
     wall0 = time.monotonic()
@@ -201,7 +201,9 @@ def scale_test(
     """Scale the Ray runtime over nodes and rate; check lateness and agreement with virtual time."""
     from rich.console import Console
 
-    from rack.wiring.scenario import ScenarioError, load_scenario
+    from rack.wiring.scenario import ScenarioError
+
+    from rack.wiring.load import load_scenario
     from workloads import TraceError, load_requests
 
     ks = [int(k) for k in _floats(workers, "--workers")]

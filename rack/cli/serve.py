@@ -43,7 +43,7 @@ def serve(
 ) -> None:
     """Serve the emulated rack over HTTP (OpenAI API: /v1/completions, /v1/chat/completions,
     /v1/models; /health, /metrics) until Ctrl-C, then write a results folder."""
-    from rack.analysis.results import summary_text, write_results
+    from rack.measure.results import summary_text, write_results
     from rack.serve.session import LiveServer
 
     from rack.serve.limits import HttpLimits
@@ -161,7 +161,8 @@ def _scenario(name: Optional[str], dilation, payload_scale, max_outstanding_toke
     """The scenario with the command's overrides, or a clean CLI error."""
     from devices.catalog import CatalogError
     from devices.planner import ModelDoesNotFit
-    from rack.wiring.scenario import ScenarioError, load_scenario
+    from rack.wiring.scenario import ScenarioError
+    from rack.wiring.load import load_scenario
 
     try:
         sc = load_scenario(name).with_overrides(dilation=dilation, payload_scale=payload_scale)

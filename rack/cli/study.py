@@ -1,5 +1,5 @@
 """`rack study`: the split-versus-colocated study behind docs/findings.md (the same as
-`python scripts/study.py`; see rack.analysis.study)."""
+`python scripts/study.py`; see rack.experiments.study)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ def study(
     no_progress: bool = typer.Option(False, "--no-progress", help="no progress bars"),
     address: Optional[str] = typer.Option(None, "--address", help="Ray cluster address (auto, HOST:PORT, local): run the experiments' runs as Ray tasks there, as rack sweep --address does"),
     spec: Optional[Path] = typer.Option(None, "--spec", help="study spec file (TOML: the sections as grids; "
-                                        "default: the shipped rack/analysis/study/findings.toml)"),
+                                        "default: the shipped rack/experiments/study/findings.toml)"),
     readme: Optional[Path] = typer.Option(None, "--readme", help="also rewrite this README's \"what rack says\" "
                                           "summary (between its rack-says markers) from the study"),
     resume: bool = typer.Option(False, "--resume", help="reuse the experiments already finished by an interrupted run with the same settings (FIGURES/checkpoints/)"),
@@ -31,11 +31,11 @@ def study(
     import time
 
     from rack.cli.run import fail
-    from rack.analysis.study.config import StudyConfig
-    from rack.analysis.study.output import load_results, write_study
-    from rack.analysis.study.run import STUDY_JSON, command_line
-    from rack.analysis.study.sections import run_spec
-    from rack.analysis.study.spec import StudySpecError, load_spec
+    from rack.experiments.study.config import StudyConfig
+    from rack.experiments.study.output import load_results, write_study
+    from rack.experiments.study.run import STUDY_JSON, command_line
+    from rack.experiments.study.sections import run_spec
+    from rack.experiments.study.spec import StudySpecError, load_spec
 
     fig_dir = figures if figures is not None else out.with_suffix("")
     if out.exists() and out.is_dir():
@@ -71,7 +71,7 @@ def study(
     if (fig_dir / "checkpoints").is_dir():      # study.json.gz now holds everything
         shutil.rmtree(fig_dir / "checkpoints")
     if readme is not None:
-        from rack.analysis.study.summary import update_readme
+        from rack.experiments.study.summary import update_readme
 
         try:
             update_readme(readme, results)

@@ -1,7 +1,7 @@
 """`rack sweep rate|bandwidth|prompt`: goodput, SLO attainment, tokens per joule and
 cost of deployments against request rate, KV link bandwidth or prompt length;
 `rack sweep interactivity`: throughput against tokens/s per user over closed-loop
-concurrency ladders (rack.analysis.interactivity)."""
+concurrency ladders (rack.experiments.interactivity)."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def _floats(text: str, option: str) -> list[float]:
 
 
 def _scenarios(names: list[str]):
-    from rack.analysis.compare import CompareError, check_scenario, load_scenarios
+    from rack.experiments.compare import CompareError, check_scenario, load_scenarios
 
     try:
         scs = load_scenarios(names)
@@ -52,7 +52,7 @@ def _workload(trace: Optional[str], window: Optional[str], max_requests: Optiona
               load: LoadOptions):
     """A synthetic workload when --prompt-tokens is given, else the trace (or dataset or
     workload file) through the load options."""
-    from rack.analysis.sweep import Workload
+    from rack.experiments.sweep import Workload
     from workloads import TraceError
 
     if prompt_tokens is not None:
@@ -85,8 +85,8 @@ def _print_table(title: str, heads: list[str], rows: list[list[str]], min_width:
 
 
 def _finish(result, out: Path, as_json: bool, no_plots: bool) -> None:
-    from rack.analysis.results import to_json
-    from rack.analysis.sweep import points_table, summary_lines, write_sweep
+    from rack.measure.results import to_json
+    from rack.experiments.sweep import points_table, summary_lines, write_sweep
 
     paths = write_sweep(result, out, plots=not no_plots)
     if as_json:
@@ -112,7 +112,7 @@ def sweep_rate(
     window: Optional[str] = typer.Option(None, "--window", help="START:END seconds of the trace"),
     max_requests: Optional[int] = typer.Option(None, "--max-requests", min=1),
     target: float = typer.Option(0.9, "--target", min=0.0, max=1.0, help="SLO attainment defining the max sustainable rate"),
-    search: str = typer.Option("ladder", "--search", help="ladder: run every rate; bisect: find each capacity by bisection over the rates (the same rate when attainment falls with rate; rack.analysis.capacity)"),
+    search: str = typer.Option("ladder", "--search", help="ladder: run every rate; bisect: find each capacity by bisection over the rates (the same rate when attainment falls with rate; rack.experiments.capacity)"),
     early_stop: Optional[bool] = typer.Option(None, "--early-stop/--no-early-stop", help="end a run once its SLO miss is certain [default: on with --search bisect]"),
     workers: int = _WORKERS, address: Optional[str] = _ADDRESS,
     out: Path = typer.Option(Path("rack-results/sweep-rate"), "--out", parser=out_path),
@@ -121,7 +121,7 @@ def sweep_rate(
     load: Optional[LoadOptions] = None,
 ) -> None:
     """Goodput and tokens/J against request rate; the max rate each deployment sustains (DistServe)."""
-    from rack.analysis.capacity import SEARCHES, capacity_sweep
+    from rack.experiments.capacity import SEARCHES, capacity_sweep
 
     if search not in SEARCHES:
         fail(f"--search: expected one of {', '.join(SEARCHES)}, got {search!r}")
@@ -182,7 +182,7 @@ def sweep_bandwidth(
     load: Optional[LoadOptions] = None,
 ) -> None:
     """The split deployment at each KV link bandwidth against colocated ones; prints the crossover."""
-    from rack.analysis.sweep import bandwidth_sweep, with_link_bandwidth
+    from rack.experiments.sweep import bandwidth_sweep, with_link_bandwidth
 
     if metric not in ("goodput_rps", "slo_attainment"):
         fail(f"--metric: expected goodput_rps or slo_attainment, got {metric!r}")
@@ -214,7 +214,7 @@ def sweep_prompt(
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Goodput and tokens/J against prompt length on synthetic Poisson traffic."""
-    from rack.analysis.sweep import prompt_sweep
+    from rack.experiments.sweep import prompt_sweep
 
     scs = _scenarios(list(scenarios or []))
     Ls = [int(x) for x in _floats(lengths, "--lengths")]
@@ -253,8 +253,8 @@ def sweep_interactivity(
     concurrency ladders (InferenceX's curves); ratios read at equal interactivity."""
     import dataclasses
 
-    from rack.analysis.compare import is_gpu_prefill_wafer_decode, is_wafer_only
-    from rack.analysis.interactivity import METRICS, interactivity_sweep, points_table, summary_lines, \
+    from rack.experiments.compare import is_gpu_prefill_wafer_decode, is_wafer_only
+    from rack.experiments.interactivity import METRICS, interactivity_sweep, points_table, summary_lines, \
         write_interactivity
     from workloads import TraceError
 

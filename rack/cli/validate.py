@@ -33,7 +33,7 @@ def _figures_table(con, figures, tolerance: float, title: str) -> None:
 def _lodo_table(con, lodo: dict) -> None:
     from rich.table import Table
 
-    from rack.analysis.validation_table import LABELS
+    from rack.experiments.validation_table import LABELS
 
     t = Table(title="Leave-one-device-out: each device's rows on the stack it would borrow (median |error|)")
     for col in ("device", "stack", "borrows", "rows", *LABELS.values()):
@@ -51,7 +51,7 @@ def _lodo_table(con, lodo: dict) -> None:
 def _saturated_table(con, sat, sat_summary) -> None:
     from rich.table import Table
 
-    from rack.analysis.validation_table import SATURATED_LIMITS
+    from rack.experiments.validation_table import SATURATED_LIMITS
 
     t = Table(title="Saturated-prefill rows (devices/catalog/saturated-prefill.csv, InferenceX): closed-loop "
               "estimate (predicted / measured, error)")
@@ -74,7 +74,7 @@ def _saturated_table(con, sat, sat_summary) -> None:
 def _serving_table(con, replays, summary, lodo=None) -> None:
     from rich.table import Table
 
-    from rack.analysis.validation_table import LABELS, SERVING_LIMITS
+    from rack.experiments.validation_table import LABELS, SERVING_LIMITS
 
     t = Table(title="Measured serving rows: closed-loop replay through the engines (predicted / measured, error)")
     for col in ("row", "deployment", "users", *LABELS.values()):
@@ -137,7 +137,7 @@ def validate(
     from devices.validation import load_rows
     from devices.validation import validate as run_figures
     from rack.wiring.scenario import ScenarioError
-    from rack.analysis.validation_table import replay_rows, serving_rows, summarize
+    from rack.experiments.validation_table import replay_rows, serving_rows, summarize
     from workloads.paths import file_problem
 
     bad = file_problem(rows_file) if rows_file is not None else None
@@ -160,12 +160,12 @@ def validate(
 
         lodo = leave_one_device_out()
     if rows_file is None:
-        from rack.analysis.validation_table import saturated_rows, saturated_summary
+        from rack.experiments.validation_table import saturated_rows, saturated_summary
 
         sat = saturated_rows()
         sat_summary = saturated_summary(sat)
     if plot_dir is not None:
-        from rack.analysis.validation_plots import write_extra_plots, write_plots
+        from rack.experiments.validation_plots import write_extra_plots, write_plots
 
         for p in [*write_plots(replays, plot_dir), *write_extra_plots(figures, lodo, plot_dir)]:
             typer.echo(f"wrote {p}", err=json_out)

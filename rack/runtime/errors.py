@@ -5,7 +5,7 @@ exception ends the run. The runtime catches it where it drives the component and
 raises `ComponentError` naming the component, the emulated time, the request the
 component was handling (if one can be told) and the original exception, with the
 records gathered up to then (`partial`), so the caller can still write what was
-measured (`rack.wiring.runner.RunAborted`, results marked "aborted").
+measured (`rack.run.runner.RunAborted`, results marked "aborted").
 
 This module knows nothing of asyncio or Ray: the drivers of the engine-core design
 (DESIGN.md, "One model, two clocks") raise the same error when a core's handler raises.
@@ -65,7 +65,7 @@ class ComponentError(RuntimeError):
 
 class ActorLost(ComponentError):
     """A component's Ray actor was lost without an injected fault: it died (its process
-    killed, its node gone), stopped answering (`rack.runtime.pace.liveness_timeout_s`),
+    killed, its node gone), stopped answering (`rack.wiring.pace.liveness_timeout_s`),
     died more often than its restarts allow, or was not back from a restart in time.
     Raised by the Ray driver, which names the component, where it ran and what it held.
 

@@ -5,7 +5,7 @@ looks at it once per emulated instant (`rack.runtime.virtual_run`), the Ray driv
 its wait loops (`rack.runtime.ray_runtime`). A driver that sees it stops the replay
 (the Ray driver halts every actor, the router first, so nothing is admitted any more),
 gathers the records of what finished and raises `RunStopped` with them in `partial`;
-`rack.wiring.runner.run_scenario` turns that into results with status "interrupted".
+`rack.run.runner.run_scenario` turns that into results with status "interrupted".
 
 `handle_signals()` installs the handlers for the duration of a command (main thread
 only). While a replay is running (`StopRequest.replaying()`), the first signal only

@@ -138,24 +138,3 @@ def _map_processes(fn, items, workers, on_done, timeout_s, return_exceptions) ->
             for proc in list((pool._processes or {}).values()):
                 proc.terminate()
         pool.shutdown(wait=True, cancel_futures=True)
-
-
-def virtual_results(item: tuple) -> dict:
-    """A ready-made `fn` for `map_virtual_runs`: item = (scenario, requests) or
-    (scenario, requests, trace_info); returns `run_scenario(..., runtime="virtual").results`
-    (the results.json dict)."""
-    from rack.wiring.runner import run_scenario
-
-    scenario, requests, *rest = item
-    return run_scenario(scenario, requests, runtime="virtual", trace_info=rest[0] if rest else None).results
-
-
-def virtual_run_output(item: tuple):
-    """Like `virtual_results` but returns the whole `RunOutput` (results, per-request
-    columns, component stats, topology), for callers that need more than results.json.
-    item may end with a dict of more `run_scenario` keyword arguments (a closed loop)."""
-    from rack.wiring.runner import run_scenario
-
-    scenario, requests, *rest = item
-    return run_scenario(scenario, requests, runtime="virtual", trace_info=rest[0] if rest else None,
-                        **(rest[1] if len(rest) > 1 else {}))

@@ -1,4 +1,4 @@
-"""Ray-side measurements of `rack bench` (this module imports Ray; `rack.analysis.bench` does not).
+"""Ray-side measurements of `rack bench` (this module imports Ray; `rack.experiments.bench` does not).
 
 `actor_link_throughput` ships KV payloads from one Ray actor to another on this node
 along the path a KV transfer takes on the Ray runtime: a list of msgpack frames
@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from .ray_runtime import _ray, ensure_ray
+from .ray_runtime import ray_api, ensure_ray
 
 
 class _Receiver:
@@ -83,7 +83,7 @@ def actor_link_throughput(payload_mb: tuple[float, ...] = (1, 16, 64), *, repeat
     Starts a local Ray when none is running (and shuts it down again); raises
     RuntimeError if a frame arrives corrupted.
     """
-    ray = _ray()
+    ray = ray_api()
     opened = ensure_ray(address)
     try:
         Receiver = ray.remote(num_cpus=0, max_concurrency=16)(_Receiver)

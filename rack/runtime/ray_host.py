@@ -70,7 +70,9 @@ SPIN_S = 0.001
 yields to the loop until the deadline (module docstring)."""
 
 
-def _ray():
+def ray_api():
+    """The `ray` module, imported on first use (so that importing rack.runtime never
+    starts or needs Ray), with usage stats and token auth off unless the user set them."""
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     import ray
@@ -132,7 +134,7 @@ def _store_payloads(args: tuple) -> tuple:
     for a in args:
         if isinstance(a, KVFrames):
             ref = a.store_ref if a.store_ref is not None and a.intact() else None
-            a = _StoredPayload(ref if ref is not None else _ray().put(a))
+            a = _StoredPayload(ref if ref is not None else ray_api().put(a))
         out.append(a)
     return tuple(out)
 
@@ -196,7 +198,7 @@ class CoreHost:
         self._pids: dict[str, int] = {}
         self._deaths: list[dict] = []
         if registry is not None:
-            self._restarted = _ray().get_runtime_context().was_current_actor_reconstructed
+            self._restarted = ray_api().get_runtime_context().was_current_actor_reconstructed
 
     # ------------------------------------------------------------------ setup
     async def warm(self, factory: str) -> dict:
@@ -205,7 +207,7 @@ class CoreHost:
         warm_up = getattr(load_factory(factory), "warm_up", None)
         if warm_up is not None:
             warm_up()
-        ray = _ray()
+        ray = ray_api()
         ctx = ray.get_runtime_context()
         return {"node_id": ctx.get_node_id(), "node_ip": ray.util.get_node_ip_address(),
                 "hostname": socket.gethostname(), "pid": os.getpid()}
@@ -239,7 +241,7 @@ class CoreHost:
         self.peers = dict(peers)
         self._epoch, self._dilation = epoch_wall, dilation
         self.core = construct(spec, loading_until_s)
-        ray = _ray()
+        ray = ray_api()
         if self._registry is not None:      # for a rebuild after Ray restarts this actor
             await ray.get_actor(self._registry).keep.remote(self.name, (spec, peers, epoch_wall, dilation),
                                                             os.getpid())
@@ -271,7 +273,7 @@ class CoreHost:
         """Once per restarted process: tell the registry (`note_restart`)."""
         if self._announcing is None:
             self._announcing = asyncio.ensure_future(
-                _ray().get_actor(self._registry).note_restart.remote(self.name, os.getpid()))
+                ray_api().get_actor(self._registry).note_restart.remote(self.name, os.getpid()))
         await asyncio.shield(self._announcing)
 
     async def halt(self) -> float:
@@ -317,8 +319,8 @@ class CoreHost:
         if method == "crash" and self._registry is not None:
             self._dying = True
             at = args[0] if args else None
-            await _ray().get_actor(self._registry).keep_crash.remote(self.name, self.now() if at is None else float(at))
-            _ray().kill(_ray().get_runtime_context().current_actor, no_restart=False)
+            await ray_api().get_actor(self._registry).keep_crash.remote(self.name, self.now() if at is None else float(at))
+            ray_api().kill(ray_api().get_runtime_context().current_actor, no_restart=False)
             await asyncio.sleep(3600)
         if method == "ping":
             reply_to, tag = args
@@ -389,7 +391,7 @@ class CoreHost:
             return
         try:
             ref = actor.deliver_many.remote(inline)
-        except _ray().exceptions.RayActorError:
+        except ray_api().exceptions.RayActorError:
             self._failed_sends(dst, inline)
             return
         asyncio.ensure_future(self._watch(ref, dst, inline))
@@ -397,14 +399,14 @@ class CoreHost:
     async def _watch_offloaded(self, fut, dst: str, messages: list) -> None:
         try:
             ref = await fut
-        except _ray().exceptions.RayActorError:
+        except ray_api().exceptions.RayActorError:
             self._failed_sends(dst, messages)
             return
         await self._watch(ref, dst, messages)
 
     async def _watch(self, ref, dst: str, messages: list) -> None:
         """The delivery of one call; a dead destination makes its messages `send_failed`."""
-        ray = _ray()
+        ray = ray_api()
         try:
             await ref
         except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError):
@@ -545,7 +547,7 @@ class CoreHost:
 
     async def _rebuild(self) -> None:
         await self._announce()          # first: a real death sets the time it reloads from
-        args = await _ray().get_actor(self._registry).recall.remote(self.name)
+        args = await ray_api().get_actor(self._registry).recall.remote(self.name)
         if args is None:
             raise RayRunError(f"component {self.name!r} restarted but its build arguments were not kept")
         await self.build(*args)

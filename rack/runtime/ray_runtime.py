@@ -44,9 +44,9 @@ from rack.wiring.topology import ComponentSpec
 
 from .errors import ActorLost, ComponentError, RayRunError, RunFailed
 from .interrupt import RunStopped, StopRequest, reclaim_signals, signals_claimed
-from .pace import LIVENESS_FLOOR_S, dilation_error, replay_error, replay_timeout_s
+from rack.wiring.pace import LIVENESS_FLOOR_S, dilation_error, replay_error, replay_timeout_s
 from .placement import load_factory
-from .ray_host import CoreHost, _ray
+from .ray_host import CoreHost, ray_api
 from .ray_watch import ActorWatch
 
 # Ray's predefined resources: not the custom ones a scenario pins components with.
@@ -66,7 +66,7 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None) -> bool:
     was already initialised in this process. Raises RayRunError when this process is
     already connected to another cluster than an explicit "HOST:PORT" `address`.
     """
-    ray = _ray()
+    ray = ray_api()
     if ray.is_initialized():
         if address not in (None, "auto", "local"):
             current = ray.get_runtime_context().gcs_address
@@ -96,7 +96,7 @@ def init_ray(**kwargs: Any) -> None:
     stops at once with exit code 143), and afterwards rack's handlers are installed
     again over the C one (`reclaim_signals`). Outside such a block Ray's own handlers
     stay, as a library user expects."""
-    ray = _ray()
+    ray = ray_api()
     utils = getattr(getattr(ray, "_private", None), "utils", None)
     original = getattr(utils, "set_sigterm_handler", None)
     keep_out = original is not None and signals_claimed()
@@ -113,7 +113,7 @@ def init_ray(**kwargs: Any) -> None:
 def live_nodes() -> list[dict]:
     """The connected cluster's live nodes, as `ray.nodes()` dicts ("NodeID",
     "NodeManagerAddress", "Resources", ...)."""
-    return [n for n in _ray().nodes() if n.get("Alive")]
+    return [n for n in ray_api().nodes() if n.get("Alive")]
 
 
 def _custom(resources: dict) -> dict:
@@ -136,7 +136,7 @@ def check_resources(specs: Sequence[ComponentSpec], nodes: Sequence[dict] | None
     what the nodes offer.
     """
     if nodes is None:
-        nodes = _ray().nodes()
+        nodes = ray_api().nodes()
     live = [n for n in nodes if n.get("Alive", True)]
     offered = [n.get("Resources", {}) for n in live]
     custom_offered = sorted({k for r in offered for k in _custom(r)})
@@ -270,7 +270,7 @@ def run_topology_ray(specs: Sequence[ComponentSpec], requests: Sequence[Any], *,
         halted (the router first: nothing more is admitted), what finished is gathered
         and `RunStopped` (rack.runtime.interrupt) is raised with it.
     liveness_timeout_s: wall seconds an actor may leave the driver's probe unanswered
-        before it counts as hung (`rack.runtime.pace.liveness_timeout_s` derives it from
+        before it counts as hung (`rack.wiring.pace.liveness_timeout_s` derives it from
         the run's pace; `rack.runtime.ray_watch`).
 
     Returns the same dict as `run_topology_virtual` plus "loop_type", "nodes"
@@ -283,7 +283,7 @@ def run_topology_ray(specs: Sequence[ComponentSpec], requests: Sequence[Any], *,
     frames at `payload_scale`), summed over the hops prefill -> interconnect -> decode.
     Raises RayRunError on a missing resource or a timeout (startup_timeout_s: actors
     started; placement_timeout_s: placement groups; timeout_s: the replay, default
-    `rack.runtime.pace.replay_timeout_s`; a dilation outside `rack.runtime.pace`'s
+    `rack.wiring.pace.replay_timeout_s`; a dilation outside `rack.wiring.pace`'s
     limits, or arrivals that would take more than a week without `timeout_s`, are
     refused before any actor exists), ComponentError when a core raises (with
     `partial` records), `rack.runtime.errors.ActorLost` (a ComponentError, with the
@@ -291,7 +291,7 @@ def run_topology_ray(specs: Sequence[ComponentSpec], requests: Sequence[Any], *,
     restarts cover (`rack.runtime.ray_watch`), RunStopped on `stop`. Actors and
     placement groups are removed at the end; Ray itself keeps running (the caller owns it).
     """
-    ray = _ray()
+    ray = ray_api()
     span = max((r.arrival_s for r in requests), default=0.0)
     why = replay_error(span, dilation, timeout_s)
     if why is not None:
@@ -362,7 +362,7 @@ def launch_topology(specs: Sequence[ComponentSpec], *, dilation: float, address:
     why = dilation_error(dilation)
     if why is not None:
         raise RayRunError(f"dilation {dilation!r}: {why}")
-    ray = _ray()
+    ray = ray_api()
     ensure_ray(address)
     check_resources(specs)
     hosts_cls: dict[str, Any] = {}
@@ -420,7 +420,7 @@ def launch_topology(specs: Sequence[ComponentSpec], *, dilation: float, address:
 def collect_records(topo: RayTopology, replay_wall: float) -> dict:
     """The run's records (`run_topology_ray`'s dict) read from the actors of `topo`:
     router counts, engine stats, restarts, the collector's snapshot, each host's report."""
-    ray, actors, specs = _ray(), topo.actors, topo.specs
+    ray, actors, specs = ray_api(), topo.actors, topo.specs
     engine_names = topo.engine_names
     router_counts = ray.get(actors["router"].query.remote("counts"), timeout=60)
     stats = dict(zip(engine_names, ray.get(
@@ -442,7 +442,7 @@ def collect_records(topo: RayTopology, replay_wall: float) -> dict:
 
 def remove_topology(topo: RayTopology) -> None:
     """Kill the actors and remove the placement groups of `topo` (best effort)."""
-    ray = _ray()
+    ray = ray_api()
     for a in topo.actors.values():
         try:
             ray.kill(a)
@@ -632,7 +632,7 @@ def map_ray_tasks(fn: Callable[[Any], Any], items: Sequence[Any], *, address: st
     are cancelled) unless `return_exceptions`, in which case its exception is returned
     in its place.
     """
-    ray = _ray()
+    ray = ray_api()
     opened = ensure_ray(None if address in (None, "local") else address)
     pending: list = []
     try:

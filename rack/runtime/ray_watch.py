@@ -20,7 +20,7 @@ actor that dies, or stops answering, says nothing. `ActorWatch.poll` (called eve
   re-dispatches what it lost) while the instance has restarts left
   (`ComponentSpec.restarts`); one death more ends the run (`ActorLost`, "died again").
 - **silence**: a probe unanswered for the run's liveness timeout
-  (`rack.runtime.pace.liveness_timeout_s`, from its dilation and TPOT target) means a
+  (`rack.wiring.pace.liveness_timeout_s`, from its dilation and TPOT target) means a
   hung actor: a restartable one is killed so that Ray restarts it (then recovered as a
   death), any other ends the run (`ActorLost`, "hung"); a restarting actor that is not
   back within `RESTART_TIMEOUT_S` (or the liveness timeout, if longer) ends it too.
@@ -124,7 +124,7 @@ class ActorWatch:
         if waited <= self.liveness_s:
             return
         cause = TimeoutError(f"no answer to the driver's probe for {waited:.0f} s (liveness timeout "
-                             f"{self.liveness_s:.0f} s: rack.runtime.pace.liveness_timeout_s)")
+                             f"{self.liveness_s:.0f} s: rack.wiring.pace.liveness_timeout_s)")
         if name in self.restartable and self.specs[name].restarts > 0:
             # hung, but it may restart: kill it, Ray restarts it, and it is recovered as a death
             try:

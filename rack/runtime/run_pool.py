@@ -2,7 +2,7 @@
 results back as each run finishes.
 
 `rack.runtime.parallel.map_virtual_runs` runs one list of runs and closes its workers;
-a capacity search (`rack.analysis.capacity`) decides its next run from the last one's
+a capacity search (`rack.experiments.capacity`) decides its next run from the last one's
 verdict, and a study makes hundreds of such decisions: starting two spawned processes
 (or a Ray session) for every round would cost more than many of the runs. A `RunPool`
 keeps its workers for as long as it is open:
@@ -60,9 +60,9 @@ class RunPool:
         self._remote = None
         self._opened_ray = False
         if address is not None:
-            from .ray_runtime import _apply, _ray, ensure_ray
+            from .ray_runtime import _apply, ray_api, ensure_ray
 
-            self._ray = _ray()
+            self._ray = ray_api()
             self._opened_ray = ensure_ray(None if address == "local" else address)
             self._remote = self._ray.remote(num_cpus=1, max_retries=0, scheduling_strategy="SPREAD")(_apply)
 

@@ -200,7 +200,7 @@ def work_of(core: Core, now: float) -> dict | None:
     stats = getattr(core, "stats", None)
     if stats is None:
         return None
-    from rack.analysis.faults import WORK_KEYS
+    from rack.measure.faults import WORK_KEYS
 
     st = stats(now)
     return {k: float(st.get(k, 0.0)) for k in WORK_KEYS}

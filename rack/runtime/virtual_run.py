@@ -29,7 +29,7 @@ def run_topology_virtual(specs: Sequence[ComponentSpec], requests: Sequence[Any]
     max_concurrency, think_time_s: closed-loop replay (`rack.serving.router.Router.start`).
     stop: looked at once per emulated instant; once requested, the replay ends there
         and `RunStopped` (rack.runtime.interrupt) is raised with the records so far.
-        A stop with an `attach(collector)` method (`rack.serving.slo_watch.SloWatch`)
+        A stop with an `attach(collector)` method (`rack.experiments.slo_watch.SloWatch`)
         is attached to the collector first, which then tells it of every first token
         and end (the run stops once its SLO verdict is decided).
 
@@ -47,7 +47,7 @@ def run_topology_virtual(specs: Sequence[ComponentSpec], requests: Sequence[Any]
                            weight_load_s={s.name: s.weight_load_s for s in specs
                                           if s.weight_load_s is not None})
     cores = driver.cores
-    if stop is not None and hasattr(stop, "attach"):     # an SLO watch (rack.serving.slo_watch)
+    if stop is not None and hasattr(stop, "attach"):     # an SLO watch (rack.experiments.slo_watch)
         stop.attach(cores["collector"])
     # a RequestTable (workloads.table) goes as it is: its requests are built as the router reaches them
     driver.post("router", "start", requests if hasattr(requests, "overlay") else list(requests),

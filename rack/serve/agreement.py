@@ -16,7 +16,7 @@ def http_vs_ray(scenario: Scenario, requests: Sequence[Any], *, address: str | N
     use `scenario.dilation`; Ray must be reachable (`address`, default local)."""
     from rack.serve.loadgen import client_results, replay_http
     from rack.serve.session import LiveServer
-    from rack.wiring.runner import run_scenario
+    from rack.run.runner import run_scenario
 
     ray_out = run_scenario(scenario, requests, runtime="ray", address=address)
     server = LiveServer(scenario, host="127.0.0.1", port=0, address=address)

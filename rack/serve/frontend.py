@@ -1,7 +1,7 @@
 """The live front's request handling (asyncio; no HTTP, no Ray): from a parsed request
 to the rack and back, paced, recorded and counted.
 
-`LiveFront` is given a *host* (`rack.runtime.ray_front.FrontHost`) that owns the
+`LiveFront` is given a *host* (`rack.serve.ray_front.FrontHost`) that owns the
 gateway core (`rack.serve.gateway.Gateway`) and the emulated clock:
 `host.call_core(method, *args)` runs a gateway handler now, `host.now()` is emulated
 time, `host.wall_of(t)` the wall instant of emulated `t`, `host.send_to(core, method,

@@ -1,6 +1,6 @@
 """The gateway core: a live front's side of the rack, as a core (`workloads.core`).
 
-The HTTP front (`rack.runtime.ray_front.FrontHost`) is one more driver of the router's
+The HTTP front (`rack.serve.ray_front.FrontHost`) is one more driver of the router's
 input (DESIGN.md): for every accepted HTTP request it calls `open(now, req)`, which
 sends `submit_live` to the router. What comes back is enough to stream the request's
 tokens at their emulated times without a message per token:

@@ -171,7 +171,7 @@ async def replay_http(requests: Sequence[Any], base_url: str, *, model: str, cha
 
 
 def client_snapshot(records: Sequence[ClientRecord], time_scale: float) -> dict:
-    """The client's measurements as a collector snapshot (`rack.analysis.metrics`
+    """The client's measurements as a collector snapshot (`rack.measure.metrics`
     reads it as it reads the rack's): times in seconds / time_scale."""
     n = len(records)
     times = np.full((n, len(EVENTS)), np.nan)
@@ -201,10 +201,10 @@ def client_snapshot(records: Sequence[ClientRecord], time_scale: float) -> dict:
 def client_results(records: Sequence[ClientRecord], requests: Sequence[Any], *, time_scale: float,
                    slo_ttft_s: float, slo_tpot_s: float, provenance: dict) -> tuple[dict, dict]:
     """(results.json dict, per-request columns) of a client-side replay: the request,
-    latency, throughput and goodput sections of `rack run` (`rack.analysis.metrics`),
+    latency, throughput and goodput sections of `rack run` (`rack.measure.metrics`),
     a `client` section and the provenance; sections only the rack can measure (memory,
     energy, KV transfer) are absent."""
-    from rack.analysis import metrics
+    from rack.measure import metrics
 
     by_id = {r.id: r for r in requests}
     snap = client_snapshot(records, time_scale)

@@ -23,12 +23,12 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from rack.analysis.metrics import summarize
+from rack.measure.metrics import summarize
 from rack.serve.frontend import FrontConfig
 from rack.serve.limits import HttpLimits
 from rack.serve.tokenizer import load_tokenizer
 from rack.serve.topology import FRONT, live_topology
-from rack.wiring.runner import RunOutput, assemble
+from rack.run.runner import RunOutput, assemble
 from rack.wiring.scenario import Scenario
 from rack.wiring.sizing import context_limit
 
@@ -87,7 +87,7 @@ class LiveServer:
         self._wall0 = time.perf_counter()
         self.topo = launch_topology(self.specs, dilation=self.scenario.dilation, address=self.address,
                                     startup_timeout_s=self.startup_timeout_s)
-        ray = _ray()
+        ray = ray_api()
         actors = self.topo.actors
         try:
             ray.get(actors["router"].deliver.remote("start", ([], None, 0.0)), timeout=60)
@@ -107,17 +107,17 @@ class LiveServer:
 
     def state(self) -> dict:
         """The front's state ({"state", "in_flight", "recorded", "emulated_s"})."""
-        return _ray().get(self.topo.actors[FRONT].front_state.remote(), timeout=30)
+        return ray_api().get(self.topo.actors[FRONT].front_state.remote(), timeout=30)
 
     def failure(self):
         """The first component failure (a `ComponentError`), or None."""
         from rack.runtime.ray_runtime import _first_failure
 
-        return _first_failure(_ray(), self.topo.actors)
+        return _first_failure(ray_api(), self.topo.actors)
 
     def pacing_window(self) -> dict:
         """The front's pacing lateness since the last call (`LiveFront.pacing_window`)."""
-        return _ray().get(self.topo.actors[FRONT].pacing_window.remote(), timeout=30)
+        return ray_api().get(self.topo.actors[FRONT].pacing_window.remote(), timeout=30)
 
     def request_stop(self, drain_s: float) -> Any:
         """Ask the front to drain and stop (returns the Ray reference; `stop` waits)."""
@@ -130,7 +130,7 @@ class LiveServer:
         already made (e.g. by a signal handler)."""
         from rack.runtime.ray_runtime import collect_records, remove_topology
 
-        ray = _ray()
+        ray = ray_api()
         try:
             ref = pending if pending is not None else self.request_stop(drain_s)
             try:
@@ -201,8 +201,8 @@ def _vocab_size(scenario: Scenario) -> int | None:
     return int(vocab) if vocab else None
 
 
-def _ray():
-    from rack.runtime.ray_host import _ray as ray_module
+def ray_api():
+    from rack.runtime.ray_host import ray_api as ray_module
 
     return ray_module()
 

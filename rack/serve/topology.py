@@ -4,7 +4,7 @@
 three additive changes, none to a core's behaviour on replayed requests:
 
 - a `Gateway` core named "front" (kind "front"), hosted on the Ray driver by
-  `rack.runtime.ray_front.FrontHost` (the HTTP server) with the scenario's
+  `rack.serve.ray_front.FrontHost` (the HTTP server) with the scenario's
   `[placement] front` resources, so that on a cluster it can sit on its own node;
 - every engine streams to it (`stream_to="front"`: planned token times, cuts, first
   tokens) and the collector opens rows for requests it has not seen and reports every
@@ -21,7 +21,7 @@ from rack.wiring.topology import ComponentSpec, Ref, build_topology
 
 FRONT = "front"
 #: The Ray actor class that hosts the front's core and its HTTP server.
-FRONT_HOST = "rack.runtime.ray_front:FrontHost"
+FRONT_HOST = "rack.serve.ray_front:FrontHost"
 _STREAMING_KINDS = ("prefill", "decode", "both")
 
 

@@ -107,7 +107,7 @@ class Collector(Core):
         self.faults: dict[int, dict] = {}        # fault injector records, by fault index
         self.recoveries: list[dict] = []         # router: requests re-dispatched per recovery
         self.truncated: dict[int, int] = {}      # router: output tokens served, if truncated
-        # told of every first token and end (`rack.serving.slo_watch.SloWatch.attach`):
+        # told of every first token and end (`rack.experiments.slo_watch.SloWatch.attach`):
         # a run whose SLO verdict is decided can stop early
         self.watch: Any = None
 

@@ -7,8 +7,16 @@ import heapq
 import math
 from typing import Any, Mapping, Sequence
 
-from rack.wiring.faults import CRASH_KINDS
 from workloads.core import BROADCAST, Core
+
+#: The fault kinds this core applies (the scenario side, `rack.wiring.faults`, checks a
+#: scenario's faults against them).
+FAULT_KINDS = ("decode_crash", "prefill_crash", "link_degrade", "link_flap", "frame_corrupt")
+CRASH_KINDS = ("decode_crash", "prefill_crash")
+LINK_KINDS = ("link_degrade", "link_flap", "frame_corrupt")
+#: Failure reasons only fault handling produces (a request's KV stayed bad after its
+#: re-sends; the decode engine kept losing it).
+FAULT_REASONS = ("kv_checksum", "decode_unavailable")
 
 #: Back-off of a ping to an instance that is still restarting (emulated s): from 1 ms,
 #: doubling, capped at 0.5 s (on Ray a message to a restarting actor fails until it is up).

@@ -23,7 +23,7 @@ arrays, readable with `np.load` and nothing else) the moment it is full, plus
 `records.json` (format, event and outcome names, counts). Streaming to disk keeps the
 emulator's memory bounded by the requests in flight, not by the run's length; the rows
 are read back one column at a time for the metrics, and the latency samples one chunk
-at a time (`SampleChunks`, with exact percentiles by `rack.analysis.quantiles`).
+at a time (`SampleChunks`, with exact percentiles by `rack.measure.quantiles`).
 
 Both sinks get the same chunks at the same moments, so a run gives the same records
 either way; `assemble` turns them into the collector's snapshot arrays, in the order
@@ -137,7 +137,7 @@ def _save(path: Path, chunk: dict[str, np.ndarray]) -> None:
 
 class SampleChunks:
     """Latency samples kept as a sequence of chunks (in memory or on disk), for
-    summaries that never hold them all at once (`rack.analysis.quantiles`).
+    summaries that never hold them all at once (`rack.measure.quantiles`).
 
     `source`: a sink or record set with `chunks(keys)`; `key`: the samples' column.
     Iterating gives float64 arrays, one per chunk, NaN left out (empty ones skipped);

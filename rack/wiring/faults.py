@@ -28,7 +28,7 @@ Every request still ends exactly once (completed, rejected or failed with a reas
 This module is the configuration side (the faults a scenario names, checked against
 its pools and links); `rack.wiring.topology.apply_faults` wires them into a run,
 `rack.serving.fault_injector.FaultInjector` applies them, and
-`rack.analysis.faults.faults_section` builds results.json's `faults` block.
+`rack.measure.faults.faults_section` builds results.json's `faults` block.
 docs/robustness.md has the protocol and its limits.
 """
 
@@ -40,14 +40,9 @@ from typing import Any, Literal, Optional
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from rack.serving.fault_injector import CRASH_KINDS, FAULT_KINDS, FAULT_REASONS, LINK_KINDS
 from workloads.clock import MAX_EMULATED_S
 
-FAULT_KINDS = ("decode_crash", "prefill_crash", "link_degrade", "link_flap", "frame_corrupt")
-CRASH_KINDS = ("decode_crash", "prefill_crash")
-LINK_KINDS = ("link_degrade", "link_flap", "frame_corrupt")
-#: Failure reasons only fault handling produces (a request's KV stayed bad after its
-#: re-sends; the decode engine kept losing it).
-FAULT_REASONS = ("kv_checksum", "decode_unavailable")
 _ROLE_OF = {"decode_crash": "decode", "prefill_crash": "prefill"}
 
 

@@ -32,7 +32,7 @@ class _Strict(BaseModel):
 
 class EnergySettings(_Strict):
     """The scenario's `[energy]` table: which activity measure sets the dynamic power
-    ("busy" or "roofline", see `rack.analysis.energy`)."""
+    ("busy" or "roofline", see `rack.measure.energy`)."""
 
     activity: Literal["busy", "roofline"] = "busy"
 

@@ -1,7 +1,8 @@
 """Sizing a scenario's pools: each instance's cost model, its memory plan (do the
 weights fit?), its batch cap, how long a restart reloads its weights, and the run's
 context limit. Used by the topology (to build the cores) and by the scenario's own
-checks (`check_hardware`), so it imports neither.
+checks (`rack.wiring.load.check_hardware`); it imports the scenario schema only for
+type annotations, and nothing imports it back from the schema.
 """
 
 from __future__ import annotations

@@ -1,0 +1,196 @@
+"""What the study's runs say: deployments compared pairwise at capacity, at equal
+offered load, and the ratios behind the vendor claim and the GPU disaggregation claim.
+
+Pure functions of the experiments' data (`rack.experiments.study.experiments`); nothing here runs.
+Verdicts: "wins" / "loses" when the ratio is beyond `rack.experiments.sweep.TIE_TOLERANCE` of 1,
+"tie" within it, "undetermined" when the runs cannot order the two (both sustained
+every rate tried, or neither sustained any).
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Optional
+
+from rack.experiments.study.config import GPU72, GPU_ONLY, SPLIT, SPLIT72, WAFER
+
+#: (split deployment, deployment it is held against).
+PAIRS = ((SPLIT, WAFER), (SPLIT72, WAFER), (SPLIT, GPU_ONLY), (SPLIT72, GPU72))
+#: Figures compared at capacity; for each, whether more is better.
+METRICS = {"capacity": True, "tokens_per_joule": True, "usd_per_mtok": False}
+VERDICTS = ("wins", "loses", "tie", "undetermined")
+
+
+def at_capacity(cap: dict, name: str) -> dict:
+    """A deployment's figures at its maximum sustained rate in capacity sweep `cap`:
+    {"rate" (req/s, None if no rate held), "held_all" (every rate tried held: the rate is
+    a lower bound), "goodput", "attainment", "tokens_per_joule", "usd_per_mtok",
+    "output_tokens_per_s", "mean_power_w"}."""
+    p = cap["at_max"].get(name)
+    held = bool(cap["summary"]["held_every_rate"].get(name))
+    if p is None:
+        return {"rate": None, "held_all": False, "goodput": None, "attainment": None, "tokens_per_joule": None,
+                "usd_per_mtok": None, "output_tokens_per_s": None, "mean_power_w": None}
+    return {"rate": p["rate_per_s"], "held_all": held, "goodput": p["goodput_rps"],
+            "attainment": p["slo_attainment"], "tokens_per_joule": p["tokens_per_joule"],
+            "usd_per_mtok": p["usd_per_mtok"], "output_tokens_per_s": p["output_tokens_per_s"],
+            "mean_power_w": p["mean_power_w"]}
+
+
+def verdict(ratio: Optional[float], tol: Optional[float] = None) -> str:
+    """"wins" (ratio > 1 + tol), "loses" (< 1 - tol), "tie", or "undetermined" (None)."""
+    from rack.experiments.sweep import TIE_TOLERANCE
+
+    tol = TIE_TOLERANCE if tol is None else tol
+    if ratio is None:
+        return "undetermined"
+    return "wins" if ratio > 1 + tol else ("loses" if ratio < 1 - tol else "tie")
+
+
+def pair_metric(a: dict, b: dict, metric: str) -> dict:
+    """Deployment `a` against `b` (both `at_capacity` dicts) on `metric`: {"ratio" (> 1:
+    a is better; for $/Mtok b's cost over a's), "verdict", "why"}."""
+    if a["rate"] is None or b["rate"] is None:
+        if a["rate"] is None and b["rate"] is None:
+            return {"ratio": None, "verdict": "undetermined", "why": "neither sustains a rate tried"}
+        if a["rate"] is None:
+            return {"ratio": None, "verdict": "loses", "why": "only the other sustains a rate tried"}
+        return {"ratio": None, "verdict": "wins", "why": "the other sustains no rate tried"}
+    if metric == "capacity":
+        ratio = a["rate"] / b["rate"]
+        if a["held_all"] and b["held_all"]:
+            return {"ratio": ratio, "verdict": "undetermined", "why": "both sustain every rate tried"}
+        v = verdict(ratio)
+        if a["held_all"] and v != "wins":
+            v = "undetermined"     # a's capacity is only a lower bound
+        if b["held_all"] and v != "loses":
+            v = "undetermined"
+        return {"ratio": ratio, "verdict": v, "why": ""}
+    va, vb = a[metric], b[metric]
+    if not va or not vb:
+        return {"ratio": None, "verdict": "undetermined", "why": "no figure"}
+    ratio = va / vb if METRICS[metric] else vb / va
+    v = verdict(ratio)
+    # A deployment that held every rate tried was read below its capacity, where its
+    # idle hardware still weighs on tokens/J and $/Mtok: a loss of its is not proven.
+    if (a["held_all"] and v == "loses") or (b["held_all"] and v == "wins"):
+        return {"ratio": ratio, "verdict": "undetermined", "why": "read below a capacity not reached"}
+    return {"ratio": ratio, "verdict": v, "why": ""}
+
+
+def present_pairs(names: Iterable[str]) -> list[tuple[str, str]]:
+    """The `PAIRS` whose two deployments both ran."""
+    have = set(names)
+    return [p for p in PAIRS if p[0] in have and p[1] in have]
+
+
+def axis_rows(caps: dict, names: Iterable[str]) -> list[dict]:
+    """For every value of an axis ({label: capacity sweep}) and every present pair:
+    {"x", "a", "b", metric: pair_metric(...)}."""
+    rows = []
+    pairs = present_pairs(names)
+    for x, cap in caps.items():
+        for a, b in pairs:
+            ca, cb = at_capacity(cap, a), at_capacity(cap, b)
+            rows.append({"x": x, "a": a, "b": b, **{m: pair_metric(ca, cb, m) for m in METRICS}})
+    return rows
+
+
+def where(rows: list[dict], a: str, b: str, metric: str) -> dict[str, list]:
+    """{verdict: [x values]} of pair (a, b) on `metric` along an axis (`axis_rows`)."""
+    out: dict[str, list] = {v: [] for v in VERDICTS}
+    for r in rows:
+        if r["a"] == a and r["b"] == b:
+            out[r[metric]["verdict"]].append(r["x"])
+    return out
+
+
+def ratio_range(rows: list[dict], a: str, b: str, metric: str) -> Optional[tuple[float, float]]:
+    """(min, max) of the pair's measured ratios on `metric` along the axis, or None."""
+    v = [r[metric]["ratio"] for r in rows if r["a"] == a and r["b"] == b and r[metric]["ratio"] is not None]
+    return (min(v), max(v)) if v else None
+
+
+def equal_load(cap: dict, a: str, b: str) -> list[dict]:
+    """At each rate tried: both deployments' goodput, SLO attainment and tokens/J, and
+    the verdicts of a against b on goodput and on tokens/J (same offered load)."""
+    by = {}
+    for p in cap["points"]:
+        if "error" not in p and p["scenario"] in (a, b):
+            by.setdefault(p["rate_scale"], {})[p["scenario"]] = p
+    out = []
+    for r in sorted(by):
+        pa, pb = by[r].get(a), by[r].get(b)
+        if pa is None or pb is None:
+            continue
+        gp = pa["goodput_rps"] / pb["goodput_rps"] if pb["goodput_rps"] else None
+        tj = (pa["tokens_per_joule"] / pb["tokens_per_joule"]
+              if pa["tokens_per_joule"] and pb["tokens_per_joule"] else None)
+        out.append({"rate_scale": r, "rate_per_s": pa.get("rate_per_s"), "a": pa, "b": pb,
+                    "goodput_ratio": gp, "goodput": verdict(gp) if gp is not None else
+                    ("wins" if pa["goodput_rps"] > 0 else "tie"),
+                    "tpj_ratio": tj, "tokens_per_joule": verdict(tj)})
+    return out
+
+
+def vendor_ratios(results: dict) -> list[dict]:
+    """Tokens/J of each split rack over the wafer alone, each at its own capacity, for
+    every workload the study ran: [{"condition", "split", "ratio" (None when either
+    sustains no rate), "split_rate", "wafer_rate", "why"}]."""
+    conds: list[tuple[str, dict, str, str]] = []
+    if "load" in results:
+        conds.append(("Mooncake trace, TPOT SLO as shipped", results["load"], SPLIT, WAFER))
+        conds.append(("Mooncake trace, TPOT SLO as shipped", results["load"], SPLIT72, WAFER))
+    for key, label in (("prompt", "prompt tokens"), ("output", "output tokens")):
+        for x, cap in results.get(key, {}).get("values", {}).items():
+            for s in (SPLIT, SPLIT72):
+                conds.append((f"{int(x):,} {label}", cap, s, WAFER))
+    if "agentic" in results:
+        for s in (SPLIT, SPLIT72):
+            conds.append(("agentic sessions", results["agentic"], s, WAFER))
+    for t, cap in results.get("tpot", {}).get("values", {}).items():
+        names = cap["names"]
+        for s in (SPLIT, SPLIT72):
+            if s in names and WAFER in names:
+                conds.append((f"Mooncake trace, TPOT SLO {t} ms", cap, names[s], names[WAFER]))
+    out = []
+    for label, cap, s, w in conds:
+        if s not in cap["at_max"] or w not in cap["at_max"]:
+            continue
+        cs, cw = at_capacity(cap, s), at_capacity(cap, w)
+        m = pair_metric(cs, cw, "tokens_per_joule")
+        out.append({"condition": label, "split": s, "wafer": w, "ratio": m["ratio"], "verdict": m["verdict"],
+                    "why": m["why"], "split_rate": cs["rate"], "wafer_rate": cw["rate"],
+                    "split_held_all": cs["held_all"], "wafer_held_all": cw["held_all"]})
+    return out
+
+
+def goodput_per_power(cap: dict, a: str, b: str) -> list[dict]:
+    """At each rate tried: goodput per MW of mean power of a and of b and their ratio
+    (requests meeting the SLO per second per megawatt; both measured per run)."""
+    out = []
+    for row in equal_load(cap, a, b):
+        ga = row["a"]["goodput_rps"] / (row["a"]["mean_power_w"] / 1e6)
+        gb = row["b"]["goodput_rps"] / (row["b"]["mean_power_w"] / 1e6)
+        out.append({"rate_scale": row["rate_scale"], "rate_per_s": row["rate_per_s"], "a": ga, "b": gb,
+                    "ratio": ga / gb if gb > 0 else None})
+    return out
+
+
+def pd_gains(case: dict) -> list[dict]:
+    """Per TPOT target of a GPU disaggregation case: the colocated deployment's
+    capacity, each disaggregated split's, the best one and the ratio best / colocated."""
+    out = []
+    for t, cap in case["values"].items():
+        col = at_capacity(cap, cap["colocated"])
+        pds = {n: at_capacity(cap, n) for n in cap["disaggregated"]}
+        ranked = sorted((n for n in pds if pds[n]["rate"] is not None), key=lambda n: pds[n]["rate"], reverse=True)
+        best = ranked[0] if ranked else None
+        m = pair_metric(pds[best], col, "capacity") if best else {"ratio": None, "verdict": "loses" if col["rate"]
+                                                                  else "undetermined", "why": ""}
+        out.append({"tpot_ms": t, "colocated": cap["colocated"], "colocated_cap": col, "pd": pds,
+                    "best": best, "ratio": m["ratio"], "verdict": m["verdict"], "why": m["why"]})
+    return out
+
+
+__all__ = ["METRICS", "PAIRS", "at_capacity", "axis_rows", "equal_load", "goodput_per_power", "pair_metric",
+           "pd_gains", "present_pairs", "ratio_range", "vendor_ratios", "verdict", "where"]

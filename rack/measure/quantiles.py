@@ -1,0 +1,140 @@
+"""Exact percentiles, means and extremes of samples too many to hold at once.
+
+A long run's inter-token latencies (one per output token: ~10^8 for a million
+requests) are kept in chunks on disk (`rack.serving.records`). Their summary is exact,
+not a sketch: the same numbers `numpy.percentile` (linear interpolation, numpy's
+default method) and a correctly rounded mean give on the whole array in memory.
+
+- Order statistics by radix selection over the float64 bit patterns: a float64 maps to
+  a uint64 whose order is the numbers' order (flip every bit of a negative number, the
+  sign bit of a positive one); each pass over the chunks counts, among the samples
+  whose leading bits match what is known of the wanted one, how many have each value
+  of the next 16 bits, and so fixes those bits. Once the wanted sample's group is small
+  (`COLLECT_MAX`) one more pass gathers the group and selects in memory. At most five
+  passes for all percentiles together; memory is one chunk plus 2^16 counters per
+  wanted sample.
+- Interpolation as numpy does it: virtual index (n - 1) * q / 100, neighbours at its
+  floor and floor + 1 (both the last at the top end), and numpy's two-sided lerp, so
+  the result is bit for bit `np.percentile`'s (checked by tests/test_records_stream.py).
+- Mean: `math.fsum` (correctly rounded, so independent of the samples' order and of the
+  chunking) divided by n, for arrays in memory too (`rack.measure.metrics.summarize`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Iterable, Sequence
+
+import numpy as np
+
+#: A group of candidates this small (8 MiB of float64) is gathered and selected in memory.
+COLLECT_MAX = 1 << 20
+#: Samples processed at once within a chunk (their keys, digits and Python floats are
+#: temporaries).
+BLOCK = 1 << 16
+_DIGIT_BITS = 16
+_SIGN = np.uint64(1 << 63)
+
+
+def sortable_keys(v: np.ndarray) -> np.ndarray:
+    """uint64 keys whose order is the order of the float64 values `v` (no NaN)."""
+    u = np.ascontiguousarray(v, dtype=np.float64).view(np.uint64)
+    return np.where(u >> np.uint64(63), ~u, u | _SIGN)
+
+
+def _value(key: int) -> float:
+    u = np.uint64(key)
+    u = u ^ _SIGN if u & _SIGN else ~u
+    return float(np.array([u], dtype=np.uint64).view(np.float64)[0])
+
+
+def _blocks(chunks: Iterable[np.ndarray]) -> Iterable[np.ndarray]:
+    """The samples of `chunks` in pieces of at most BLOCK."""
+    for c in chunks:
+        for start in range(0, len(c), BLOCK):
+            yield c[start:start + BLOCK]
+
+
+def exact_fsum(chunks: Iterable[np.ndarray]) -> float:
+    """The correctly rounded sum of every sample of `chunks` (math.fsum)."""
+    return math.fsum(itertools.chain.from_iterable(b.tolist() for b in _blocks(chunks)))
+
+
+def order_statistics(chunks: Iterable[np.ndarray], ranks: Sequence[int], n: int | None = None) -> dict[int, float]:
+    """{rank: the rank-th smallest sample (0-based)} over the samples of `chunks`, an
+    iterable that can be iterated several times (e.g. `rack.serving.records.SampleChunks`),
+    of float64 arrays without NaN; `n`: their number if known (else counted).
+    Raises IndexError for a rank outside [0, n)."""
+    wanted = sorted(set(int(r) for r in ranks))
+    if n is None:
+        n = sum(len(c) for c in chunks)
+    for r in wanted:
+        if not 0 <= r < n:
+            raise IndexError(f"rank {r} outside [0, {n})")
+    # per wanted rank: (known leading bits, how many bits are known, rank within the group)
+    state = {r: (0, 0, r) for r in wanted}
+    found: dict[int, float] = {}
+    group_size = {r: n for r in wanted}
+    while len(found) < len(wanted):
+        todo = [r for r in wanted if r not in found]
+        collect = [r for r in todo if group_size[r] <= COLLECT_MAX]
+        count = [r for r in todo if r not in collect]
+        hist: dict[tuple[int, int], np.ndarray] = {}
+        groups: dict[tuple[int, int], list[np.ndarray]] = {}
+        for block in _blocks(chunks):
+            keys = sortable_keys(block)
+            for prefix, bits in {state[r][:2] for r in todo}:
+                sel = keys if bits == 0 else keys[(keys >> np.uint64(64 - bits)) == np.uint64(prefix)]
+                if any(state[r][:2] == (prefix, bits) for r in count):
+                    digit = (sel >> np.uint64(64 - bits - _DIGIT_BITS)) & np.uint64((1 << _DIGIT_BITS) - 1)
+                    h = np.bincount(digit.astype(np.int64), minlength=1 << _DIGIT_BITS)
+                    hist[(prefix, bits)] = hist[(prefix, bits)] + h if (prefix, bits) in hist else h
+                if any(state[r][:2] == (prefix, bits) for r in collect):
+                    groups.setdefault((prefix, bits), []).append(sel)
+        for r in collect:
+            prefix, bits, k = state[r]
+            g = np.concatenate(groups[(prefix, bits)])
+            found[r] = _value(int(np.partition(g, k)[k]))
+        for r in count:
+            prefix, bits, k = state[r]
+            cum = np.cumsum(hist[(prefix, bits)])
+            d = int(np.searchsorted(cum, k, side="right"))
+            before = int(cum[d - 1]) if d else 0
+            prefix, bits, k = (prefix << _DIGIT_BITS) | d, bits + _DIGIT_BITS, k - before
+            group_size[r] = int(cum[d]) - before
+            if bits == 64:                  # every bit known: the key is the sample
+                found[r] = _value(prefix)
+            state[r] = (prefix, bits, k)
+    return {r: found[r] for r in ranks}
+
+
+def linear_percentiles(chunks: Iterable[np.ndarray], n: int, q: Sequence[float]) -> list[float]:
+    """Percentiles `q` (in [0, 100]) of the `n` samples of `chunks` (re-iterable, no
+    NaN), as `np.percentile(all_samples, q)` computes them (module docstring).
+    Raises ValueError for n < 1."""
+    if n < 1:
+        raise ValueError("percentiles of no samples")
+    # numpy.lib._function_base_impl._quantile / _get_indexes / _lerp, method "linear"
+    virtual = (n - 1) * np.true_divide(np.asarray(q, dtype=np.float64), 100)
+    prev = np.floor(virtual)
+    nxt = prev + 1
+    above = virtual >= n - 1
+    prev[above] = -1
+    nxt[above] = -1
+    below = virtual < 0
+    prev[below] = 0
+    nxt[below] = 0
+    prev, nxt = prev.astype(np.intp), nxt.astype(np.intp)
+    gamma = np.asarray(virtual - prev, dtype=np.float64)
+    lo, hi = np.where(prev < 0, n - 1, prev), np.where(nxt < 0, n - 1, nxt)
+    stats = order_statistics(chunks, [*lo.tolist(), *hi.tolist()], n)
+    a = np.array([stats[i] for i in lo.tolist()])
+    b = np.array([stats[i] for i in hi.tolist()])
+    diff = b - a
+    out = a + diff * gamma
+    np.subtract(b, diff * (1 - gamma), out=out, where=gamma >= 0.5)
+    return out.tolist()
+
+
+__all__ = ["COLLECT_MAX", "exact_fsum", "linear_percentiles", "order_statistics", "sortable_keys"]
