@@ -181,6 +181,12 @@ def _rule(key: str) -> _Rule:
     return _RULES[key.split(".", 1)[1]]
 
 
+def term_value(key: str, device: HardwareSpec) -> float | None:
+    """The value term `key` ("<target>.<name>") has on `device` as catalogued (what the
+    term replaces when a study varies it); None where the spec does not set it."""
+    return _rule(key).get(device)
+
+
 def _nominal(key: str) -> float:
     target = key.split(".", 1)[0]
     if target == "link":
@@ -248,7 +254,9 @@ def parse_term(text: str) -> tuple[str, float]:
     return key, check_terms({key: v})[key]
 
 
-def _applies(target: str, device: HardwareSpec) -> bool:
+def applies_to(target: str, device: HardwareSpec) -> bool:
+    """Whether a term whose target is `target` (e.g. "cs3") sets `device`: its catalog
+    key is the target or starts with "<target>-"."""
     key = device.key.lower()
     return key == target or key.startswith(target + "-")
 
@@ -262,7 +270,7 @@ def apply_terms(device: HardwareSpec, terms: Mapping[str, float]) -> HardwareSpe
         ValueError: as `check_terms`; pydantic.ValidationError: a value the spec refuses.
     """
     mine = [(k, v) for k, v in check_terms(terms).items() if not k.startswith("link.")
-            and _applies(k.split(".", 1)[0], device)]
+            and applies_to(k.split(".", 1)[0], device)]
     if not mine:
         return device
     mine.sort(key=lambda kv: kv[0].endswith("idle_power_fraction"))

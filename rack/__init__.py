@@ -3,11 +3,13 @@
 GPU prefill pools, wafer-scale SRAM decode engines and the KV interconnect between
 them, driven by real request traces, on a virtual-time runtime or on Ray actors.
 
-Layout: `rack.serving` (the router, collector and fault injector cores),
-`rack.wiring` (scenario, sizing, topology, runner), `rack.runtime` (the virtual and
-Ray drivers), `rack.analysis` (metrics, energy, comparisons, sweeps, reports),
-`rack.cli` (the `rack` command). The main entry points are re-exported here, loaded
-on first use so that `import rack` stays light:
+Layout, bottom to top (each folder imports only those before it; docs/architecture.md,
+generated from the imports): `rack.serving` (router, collector, fault injector cores),
+`rack.wiring` (scenario, sizing, topology), `rack.measure` (what one run measured),
+`rack.runtime` (the virtual and Ray drivers), `rack.run` (`run_scenario`), `rack.serve`
+(the HTTP endpoint), `rack.experiments` (compare, sweeps, study, validation, bench),
+`rack.cli` (the `rack` command). This root imports nothing at load time: the main entry
+points are re-exported here, loaded on first use, so that `import rack` stays light:
 
     from rack import load_scenario, run_scenario
     from workloads import load_requests

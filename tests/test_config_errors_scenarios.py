@@ -138,7 +138,7 @@ def test_custom_device_file_with_zero_capacity(tmp_path):
 
 
 def _parsed(model: str = "llama-3.1-8b", decode_device: str = "h100"):
-    from rack.wiring.scenario import tomllib
+    from rack.wiring.load import tomllib
 
     data = tomllib.loads(BASE)
     data["model"] = model

@@ -1,7 +1,9 @@
-"""Command-line interface: `rack run`, `rack estimate`, `rack validate`, `rack trace stats`, ...
+"""Layer 8 of rack/ (the top): the `rack` command: `rack run`, `rack estimate`,
+`rack validate`, `rack trace stats`, ...
 
 Every module in this package other than `app` defines commands on `rack.cli.app.app`;
-they are imported here so that adding a command is adding a module.
+they are imported here so that adding a command is adding a module. May import every
+layer below (docs/architecture.md); nothing imports it but `rack.__main__`.
 """
 
 import importlib

@@ -123,13 +123,13 @@ def build_estimate(model: str, device: str, count: int, tp: Optional[int], pp: O
 def _device_terms(device) -> list[dict]:
     """The documented uncertain terms that set `device` (devices.uncertainty): key,
     value on this device, range, unit and sources."""
-    from devices.uncertainty import _RULES, _applies, uncertain_terms
+    from devices.uncertainty import applies_to, term_value, uncertain_terms
 
     out = []
     for t in uncertain_terms():
-        if t.target == "link" or not _applies(t.target, device):
+        if t.target == "link" or not applies_to(t.target, device):
             continue
-        value = _RULES[t.key.split(".", 1)[1]].get(device)
+        value = term_value(t.key, device)
         out.append({"key": t.key, "label": t.label, "value": value, "nominal": t.nominal, "low": t.low,
                     "high": t.high, "unit": t.unit, "sources": list(t.sources)})
     return out

@@ -1,4 +1,9 @@
-"""What a run measured, and what people read: metrics, the stage breakdown, energy and
-cost, comparisons and sweeps, reports and plots, results folders, validation against
-measured serving, benchmarks. Reads the collector's records and the cores' stats;
-never reaches into a running core."""
+"""Layer 3 of rack/: what ONE run measured: per-request metrics (TTFT, TPOT, ITL,
+goodput, SLO attainment), quantiles, energy and cost, the stage breakdown, the faults
+section, time series, the results folder (results.json, requests.csv) and the plots of
+one run. Reads the collector's records and the cores' stats; never reaches into a
+running core, never starts a run. To change how TTFT is computed: `metrics`.
+
+May import: rack.wiring, rack.serving; devices, interconnect, workloads
+(docs/architecture.md).
+"""

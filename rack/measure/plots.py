@@ -25,7 +25,8 @@ def palette(names: Sequence[str]) -> dict[str, str]:
     return {n: _DEPLOYMENT_COLOURS[i % len(_DEPLOYMENT_COLOURS)] for i, n in enumerate(dict.fromkeys(names))}
 
 
-def _plt():
+def pyplot():
+    """matplotlib.pyplot on the non-interactive Agg backend (files only, no screen)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -34,12 +35,13 @@ def _plt():
     return plt
 
 
-def _save(fig, path: Path | str) -> Path:
+def save_figure(fig, path: Path | str) -> Path:
+    """Write `fig` to `path` (PNG at 110 dpi, parent folders made), close it; returns the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    _plt().close(fig)
+    pyplot().close(fig)
     return path
 
 
@@ -52,7 +54,7 @@ def latency_cdfs(runs: Mapping[str, Mapping[str, np.ndarray]], path: Path | str,
     colours: label -> colour (`palette`; default: `palette(runs)`).
     Log x axis (latencies span decades); NaNs (rejected/failed, one-token TPOT) skipped.
     """
-    plt = _plt()
+    plt = pyplot()
     colours = colours or palette(list(runs))
     keys = [("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("e2e_s", "E2E latency")]
     n = len(keys) + (1 if itl else 0)
@@ -75,7 +77,7 @@ def latency_cdfs(runs: Mapping[str, Mapping[str, np.ndarray]], path: Path | str,
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("fraction of requests")
     axes[0].legend(fontsize=7)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def _cdf(ax, v: np.ndarray, label: str, colour: Optional[str] = None, points: int = 1000) -> None:
@@ -128,7 +130,7 @@ def memory_over_time(runs: Mapping[str, tuple[Sequence[Any], Mapping[str, dict],
 
     runs: label -> (component specs, component stats, run end in s).
     """
-    plt = _plt()
+    plt = pyplot()
     n = max(1, len(runs))
     fig, axes = plt.subplots(n, 1, figsize=(8, 1.9 * n + 0.6), sharex=True, squeeze=False)
     for ax, (label, (specs, stats, end)) in zip(axes[:, 0], runs.items()):
@@ -141,7 +143,7 @@ def memory_over_time(runs: Mapping[str, tuple[Sequence[Any], Mapping[str, dict],
         ax.legend(fontsize=7, loc="lower right")
     axes[-1, 0].set_xlabel("emulated time (s)")
     fig.suptitle("Memory occupancy (weights + KV + prefix cache + workspace)", fontsize=10)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def binned_utilisation(series: np.ndarray, end_s: float, bins: int = 120) -> tuple[np.ndarray, np.ndarray]:
@@ -161,7 +163,7 @@ def link_utilisation(runs: Mapping[str, Mapping[str, dict]], path: Path | str, e
     runs: label -> interconnect stats (or {} for a run without a link); colours: label
     -> colour (`palette`).
     """
-    plt = _plt()
+    plt = pyplot()
     colours = colours or palette(list(runs))
     fig, ax = plt.subplots(figsize=(8, 3.4))
     drawn = False
@@ -181,7 +183,7 @@ def link_utilisation(runs: Mapping[str, Mapping[str, dict]], path: Path | str, e
     if drawn:
         ax.legend(fontsize=7)
     ax.set_title("KV link utilisation")
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def timeseries(stats: Mapping[str, dict], path: Path | str, end_s: Optional[float] = None,
@@ -196,7 +198,7 @@ def timeseries(stats: Mapping[str, dict], path: Path | str, end_s: Optional[floa
     """
     from rack.measure.timeseries import instance_series, link_series, step_means, windowed_hit_ratio
 
-    plt = _plt()
+    plt = pyplot()
     inst, links = instance_series(stats), link_series(stats)
     end = end_s if end_s is not None else max(
         [float(d["t_s"][-1]) for d in (*inst.values(), *links.values()) if d["t_s"].size] or [1.0])
@@ -232,7 +234,7 @@ def timeseries(stats: Mapping[str, dict], path: Path | str, end_s: Optional[floa
             ax.legend(fontsize=6, loc="upper right", ncol=4)
     axes[-1].set_xlabel(f"emulated time (s); means over {end / bins:.2g} s windows")
     fig.suptitle(f"Per-instance time series{': ' + title if title else ''}", fontsize=10)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def stage_breakdown(breakdowns: Mapping[str, Mapping[str, Any]], path: Path | str) -> Path:
@@ -241,7 +243,7 @@ def stage_breakdown(breakdowns: Mapping[str, Mapping[str, Any]], path: Path | st
     breakdowns: label -> `rack.measure.breakdown.stage_breakdown` output. p99 bars are per stage
     (p99s do not add up: the right panel is grouped, not stacked).
     """
-    plt = _plt()
+    plt = pyplot()
     labels = list(breakdowns)
     stages: list[str] = []
     for b in breakdowns.values():
@@ -272,7 +274,7 @@ def stage_breakdown(breakdowns: Mapping[str, Mapping[str, Any]], path: Path | st
     a2.set_title("p99 time by stage")
     for a in (a1, a2):
         a.grid(alpha=0.3, axis="y")
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def sweep_metric(points: Sequence[Mapping[str, Any]], x: str, y: str, path: Path | str, *,
@@ -285,7 +287,7 @@ def sweep_metric(points: Sequence[Mapping[str, Any]], x: str, y: str, path: Path
     colours: scenario -> colour (`palette`). The y axis starts at 0 (every swept metric
     is a rate, a ratio or a count); so does a linear x axis.
     """
-    plt = _plt()
+    plt = pyplot()
     colours = colours or palette([p["scenario"] for p in points])
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
     by: dict[str, list] = {}
@@ -309,7 +311,7 @@ def sweep_metric(points: Sequence[Mapping[str, Any]], x: str, y: str, path: Path
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 #: Panels of `interactivity_curves`: (point key, y label), InferenceX's y axes.
@@ -329,7 +331,7 @@ def interactivity_curves(curves: Mapping[str, Sequence[Mapping[str, Any]]], path
     "concurrency"). The x axis is logarithmic when the points span more than a decade
     (a wafer's and a GPU's tokens/s per user differ by that much); y axes start at 0.
     """
-    plt = _plt()
+    plt = pyplot()
     colours = colours or palette(list(curves))
     fig, axes = plt.subplots(1, len(_INTERACTIVITY_PANELS), figsize=(5.0 * len(_INTERACTIVITY_PANELS), 4.0))
     xs = [p[x] for pts in curves.values() for p in pts if p.get(x)]
@@ -353,7 +355,7 @@ def interactivity_curves(curves: Mapping[str, Sequence[Mapping[str, Any]]], path
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=7)
     fig.suptitle(f"{title}: throughput against interactivity (labels: concurrency)", fontsize=9)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 __all__ = ["binned_utilisation", "interactivity_curves", "latency_cdfs", "link_utilisation", "memory_over_time",

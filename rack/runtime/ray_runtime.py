@@ -533,7 +533,7 @@ def _ray_section(specs, infos, nodes, reports, replay_wall, epoch, hosts, pools)
             "clock": {"epoch_wall": epoch, "hosts": hosts}, "pools": pools}
 
 
-def _first_failure(ray, actors: dict[str, Any]) -> ComponentError | None:
+def first_failure(ray, actors: dict[str, Any]) -> ComponentError | None:
     """The earliest failure (by emulated time) any host kept, or None. An actor that
     is down (killed by an injected crash, restarting) has nothing to say."""
     found = []

@@ -111,9 +111,9 @@ class LiveServer:
 
     def failure(self):
         """The first component failure (a `ComponentError`), or None."""
-        from rack.runtime.ray_runtime import _first_failure
+        from rack.runtime.ray_runtime import first_failure
 
-        return _first_failure(ray_api(), self.topo.actors)
+        return first_failure(ray_api(), self.topo.actors)
 
     def pacing_window(self) -> dict:
         """The front's pacing lateness since the last call (`LiveFront.pacing_window`)."""

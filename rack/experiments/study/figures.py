@@ -32,9 +32,9 @@ def panels(series: Mapping[str, Sequence[tuple]], path: Path | str, *, xlabel: s
     """One row of panels, one line per series: series {label: [(x, {key: value})]},
     panels [(key, y label, log y)]. `hlines` {panel key: y} draws a dashed reference
     line (the SLO attainment target). Returns the PNG's path."""
-    from rack.measure.plots import _plt, _save
+    from rack.measure.plots import pyplot, save_figure
 
-    plt = _plt()
+    plt = pyplot()
     fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 3.7), squeeze=False)
     for ax, (key, ylabel, logy) in zip(axes[0], panels):
         for name, xy in series.items():
@@ -55,7 +55,7 @@ def panels(series: Mapping[str, Sequence[tuple]], path: Path | str, *, xlabel: s
         ax.grid(alpha=0.3, which="both")
     axes[0][0].legend(fontsize=7)
     fig.suptitle(title, fontsize=10)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def capacity_series(caps: Mapping[str, dict], names: Sequence[str],

@@ -29,7 +29,7 @@ def tornado(res: dict, out: Path, key: str) -> dict[str, str]:
     """One PNG per pair: a horizontal bar per term from the ratio with the term at its
     low end to the ratio at its high end (log axis), the ratio as shipped and the 1x and
     5x lines drawn."""
-    from rack.measure.plots import _plt, _save
+    from rack.measure.plots import pyplot, save_figure
 
     files = {}
     for i, (a, b) in enumerate(res["pairs"]):
@@ -38,7 +38,7 @@ def tornado(res: dict, out: Path, key: str) -> dict[str, str]:
         base = tr["baseline"]["ratio"]
         if not rows and base is None:
             continue
-        plt = _plt()
+        plt = pyplot()
         fig, ax = plt.subplots(figsize=(7.5, 0.45 * len(rows) + 1.8))
         vals = [base] if base else []
         for j, t in enumerate(rows):
@@ -66,7 +66,7 @@ def tornado(res: dict, out: Path, key: str) -> dict[str, str]:
         ax.legend(fontsize=7, loc="lower right")
         ax.set_title(f"Tornado: {a} / {b} on {res['workload']}", fontsize=9)
         fname = f"{key}_{i}.png"
-        _save(fig, out / fname)
+        save_figure(fig, out / fname)
         files[f"{key} {a}"] = fname
     return files
 
@@ -78,7 +78,7 @@ def breakeven_map(res: dict, out: Path, key: str) -> dict[str, str]:
     crosses them."""
     import numpy as np
 
-    from rack.measure.plots import _plt, _save
+    from rack.measure.plots import pyplot, save_figure
 
     files = {}
     for i, (a, b) in enumerate(res["pairs"]):
@@ -89,7 +89,7 @@ def breakeven_map(res: dict, out: Path, key: str) -> dict[str, str]:
         use_rate = all(v is not None for row in g["rate"] for v in row)
         xs = np.array(g["rate"], dtype=float) if use_rate else np.tile(np.array(g["x"], dtype=float), (len(g["y"]), 1))
         ys = np.tile(np.array(g["y"], dtype=float)[:, None], (1, len(g["x"])))
-        plt = _plt()
+        plt = pyplot()
         fig, ax = plt.subplots(figsize=(6.8, 4.6))
         lz = np.log10(z)
         grid = len(g["x"]) >= 2 and len(g["y"]) >= 2 and np.isfinite(z).all()
@@ -120,7 +120,7 @@ def breakeven_map(res: dict, out: Path, key: str) -> dict[str, str]:
         ax.set_title(f"Break-even, {res['metric']} at equal interactivity; contours: "
                      f"{', '.join(drawn) or 'none (not crossed)'}", fontsize=8)
         fname = f"{key}_{i}.png"
-        _save(fig, out / fname)
+        save_figure(fig, out / fname)
         files[f"{key} {a}"] = fname
     return files
 
