@@ -81,6 +81,12 @@ class ColocatedEngine(DecodeEngine):
         prefix_cache: enable the prefix cache (requests with `block_hashes`).
         recv_interval: decode steps between the scheduler's receives of new requests
             (SGLang --scheduler-recv-interval, >= 1; see the module docstring).
+        prompt_chunk_tokens: at most this many tokens of one prompt per iteration
+            (vLLM's long_prefill_token_threshold; None: the whole budget), so an
+            iteration's budget spreads over several prompts: on a wafer each is a
+            stream of its own through the layer regions (`CostModel.mixed`), and the
+            longest stream sets the step's time (`devices.chunking` picks it from a
+            TPOT target).
     `max_batch` bounds the requests being prefilled or decoded at once.
     """
 
@@ -91,11 +97,15 @@ class ColocatedEngine(DecodeEngine):
                  memory_reserve_fraction: float | None = None, memory_plan: Any = None,
                  max_steps_per_wake: int = 4096, max_reserve_queue: int | None = None,
                  first_token: str = "prefill", loading_until_s: float | None = None,
-                 recv_interval: int = 1, stream_to: str | None = None) -> None:
+                 recv_interval: int = 1, stream_to: str | None = None,
+                 prompt_chunk_tokens: int | None = None) -> None:
         if int(chunk_tokens) < 1:
             raise ValueError(f"ColocatedEngine {name!r}: chunk_tokens must be >= 1, got {chunk_tokens}")
         if int(max_queue) < 0:
             raise ValueError(f"ColocatedEngine {name!r}: max_queue must be >= 0, got {max_queue}")
+        if prompt_chunk_tokens is not None and int(prompt_chunk_tokens) < 1:
+            raise ValueError(f"ColocatedEngine {name!r}: prompt_chunk_tokens must be >= 1 or None, "
+                             f"got {prompt_chunk_tokens}")
         if int(recv_interval) < 1:
             raise ValueError(f"ColocatedEngine {name!r}: recv_interval must be >= 1, got {recv_interval}")
         super().__init__(name=name, cost=cost, collector=collector,
@@ -106,6 +116,7 @@ class ColocatedEngine(DecodeEngine):
                          max_reserve_queue=max_reserve_queue, first_token=first_token,
                          loading_until_s=loading_until_s, stream_to=stream_to)
         self.chunk_tokens = int(chunk_tokens)
+        self.prompt_chunk_tokens = None if prompt_chunk_tokens is None else int(prompt_chunk_tokens)
         self.max_queue = int(max_queue)
         self.prefix = PrefixCache(self.ledger, self.pool.kv_bytes_per_token) if prefix_cache else None
         self._queue: deque[_Job] = deque()
@@ -260,7 +271,7 @@ class ColocatedEngine(DecodeEngine):
         return True
 
     def _schedule(self, budget: int) -> list[tuple[_Job, int]]:
-        return plan_chunk(self._prefilling, self._queue, budget, self._try_admit)
+        return plan_chunk(self._prefilling, self._queue, budget, self._try_admit, self.prompt_chunk_tokens)
 
     def _extra_work(self, t: float) -> bool:
         """Mixed iterations (decode step + prefill chunk) if a prompt can progress: one,
@@ -272,6 +283,7 @@ class ColocatedEngine(DecodeEngine):
         if budget <= 0:
             return False
         t0 = t
+        take = self._take(budget)
         run = self._fusable(budget)
         k = self._plan(t0, limit=run) if self._batch else 0   # may preempt (policy "preempt")
         plan = self._schedule(budget)
@@ -279,10 +291,10 @@ class ColocatedEngine(DecodeEngine):
             return False
         batch = list(self._batch) if k else []
         ctx = self._contexts(batch) if batch else np.zeros(0, np.int64)
-        n = (k if batch else run) if len(plan) == 1 and plan[0] == (self._prefilling[0], budget) else 1
+        n = (k if batch else run) if run > 1 and len(plan) == 1 and plan[0] == (self._prefilling[0], take) else 1
         if n > 1:
             job = plan[0][0]
-            sc = self.cost.mixed_steps(budget, job.cached + job.computed, ctx, n)
+            sc = self.cost.mixed_steps(take, job.cached + job.computed, ctx, n)
             ends = t0 + np.cumsum(sc.time_s)
             c = None
         else:
@@ -374,9 +386,14 @@ class ColocatedEngine(DecodeEngine):
         record_series(self, t, len(self._queue) + len(self._waiters) + len(self._reservations) + len(self._ready),
                       len(self._batch) + len(self._prefilling))
 
+    def _take(self, budget: int) -> int:
+        """Tokens one prompt may take of an iteration's `budget` (`prompt_chunk_tokens`)."""
+        return budget if self.prompt_chunk_tokens is None else min(budget, self.prompt_chunk_tokens)
+
     def _fusable(self, budget: int) -> int:
         """How many coming iterations the first prompt in progress takes the whole
-        `budget` without finishing (>= 1), else 1.
+        `budget` (or its per-prompt share, `_take`, when it is the only prompt in
+        progress or queued) without finishing (>= 1), else 1.
 
         Through those, nothing but an admission changes the schedule: prompts in
         progress are served in order and admissions need budget left, so every
@@ -388,5 +405,8 @@ class ColocatedEngine(DecodeEngine):
         """
         if not self._prefilling:
             return 1
+        take = self._take(budget)
+        if take < budget and (len(self._prefilling) > 1 or self._queue):
+            return 1                    # the budget left over goes to other prompts
         left = self._prefilling[0].remaining
-        return max(1, min((left - 1) // budget, self.max_steps_per_wake)) if left > budget else 1
+        return max(1, min((left - 1) // take, self.max_steps_per_wake)) if left > take else 1

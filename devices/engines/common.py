@@ -357,18 +357,22 @@ def admit_with_prefix(engine: Any, job: Any, hashes: tuple, hit: int, cached: in
         engine.send(engine.stream_to, "prompt_cached", job.req.id, cached)
 
 
-def plan_chunk(active: list, queue, budget: int, try_admit) -> list:
+def plan_chunk(active: list, queue, budget: int, try_admit, per_job: int | None = None) -> list:
     """One chunked-prefill iteration's (job, new tokens) list, vLLM-style: the jobs
     already prefilling (`active`, in admission order) first, then FCFS admissions from
     the head of `queue` while `budget` tokens and memory last (`try_admit(job)` books
     the job's KV and returns False when it does not fit: head-of-line blocking).
     Admitted jobs move from `queue` to `active`. Jobs have a `remaining` token count.
+    `per_job`: at most this many tokens of one job per iteration (vLLM's
+    long_prefill_token_threshold; None: no cap), so the budget spreads over several
+    prompts.
     """
     plan: list = []
+    cap = budget if per_job is None else min(budget, int(per_job))
     for job in active:
         if budget == 0:
             break
-        take = min(job.remaining, budget)
+        take = min(job.remaining, budget, cap)
         plan.append((job, take))
         budget -= take
     while budget > 0 and queue:
@@ -377,7 +381,7 @@ def plan_chunk(active: list, queue, budget: int, try_admit) -> list:
             break
         queue.popleft()
         active.append(job)
-        take = min(job.remaining, budget)
+        take = min(job.remaining, budget, cap)
         plan.append((job, take))
         budget -= take
     return plan

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import difflib
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Literal, Optional, Union
 
 from interconnect.link import LinkSpec
 from rack.wiring.faults import FaultConfig, check_faults
@@ -84,7 +84,13 @@ class PoolConfig(_Strict):
     ep: int = Field(default=1, ge=1)
     dp_attention: bool = Field(default=False, description="data-parallel attention over the tp devices")
     # prefill side (role prefill or both)
-    chunk_tokens: int = Field(default=8192, ge=1, description="chunked-prefill token budget per iteration")
+    chunk_tokens: Union[int, Literal["tpot"]] = Field(
+        default=8192, description="chunked-prefill token budget per iteration (prefill + decode tokens); "
+        "\"tpot\": the largest whose iterations keep within the SLO's TPOT target (devices.chunking; role both)")
+    prompt_chunk_tokens: Optional[Union[int, Literal["tpot"]]] = Field(
+        default=None, description="role both: tokens one prompt takes of an iteration at most (vLLM's "
+        "long_prefill_token_threshold); \"tpot\": from the SLO's TPOT target (devices.chunking); None: the "
+        "whole budget, or the TPOT rule's when chunk_tokens is \"tpot\"")
     prefix_cache: bool = True
     max_queue: int = Field(default=1024, ge=1, description="requests waiting per instance before rejection")
     scheduler_recv_interval: int = Field(default=1, ge=1, description="role both: decode steps between the "
@@ -119,6 +125,22 @@ class PoolConfig(_Strict):
     @classmethod
     def _resources(cls, v: dict[str, float]) -> dict[str, float]:
         return _positive_resources(v)
+
+    @field_validator("chunk_tokens", "prompt_chunk_tokens")
+    @classmethod
+    def _chunk(cls, v, info):
+        if isinstance(v, int) and v < 1:
+            raise ValueError(f"{info.field_name} must be >= 1 tokens or \"tpot\", got {v}")
+        return v
+
+    @model_validator(mode="after")
+    def _tpot_rule_decodes(self) -> "PoolConfig":
+        if self.role != "both" and "tpot" in (self.chunk_tokens, self.prompt_chunk_tokens):
+            raise ValueError(f"pool {self.name!r}: chunk sizes from the TPOT target (\"tpot\") apply to a pool "
+                             f"that decodes what it prefills (role \"both\"), not role {self.role!r}")
+        if self.role != "both" and self.prompt_chunk_tokens is not None:
+            raise ValueError(f"pool {self.name!r}: prompt_chunk_tokens applies to role \"both\" pools")
+        return self
 
     @property
     def devices_per_instance(self) -> int:

@@ -66,6 +66,23 @@ def weight_load_s(scenario: Scenario, pool: PoolConfig, cost: CostModel) -> floa
     return plan.per_device_weight_bytes / rate
 
 
+def chunk_sizes(scenario: Scenario, pool: PoolConfig, cost: CostModel) -> tuple[int, int | None]:
+    """(chunk_tokens, prompt_chunk_tokens) of `pool`'s engines: the pool's numbers, or
+    for "tpot" the sizes whose iterations keep within the scenario's TPOT target
+    (`devices.chunking.tpot_chunks`, at most the pool's max_num_seqs prompts at once).
+    prompt_chunk_tokens None: a prompt may take the whole budget."""
+    from devices.chunking import tpot_chunks
+
+    rule = None
+    if "tpot" in (pool.chunk_tokens, pool.prompt_chunk_tokens):
+        rule = tpot_chunks(cost, scenario.slo.tpot_ms * 1e-3, max_num_seqs(pool, cost))
+    budget = rule["chunk_tokens"] if pool.chunk_tokens == "tpot" else pool.chunk_tokens
+    per = pool.prompt_chunk_tokens
+    if per == "tpot" or (per is None and pool.chunk_tokens == "tpot"):
+        per = rule["prompt_chunk_tokens"]
+    return int(budget), (None if per is None else int(per))
+
+
 def context_limit(scenario: Scenario) -> int | None:
     """The run's context limit in tokens: the scenario's `max_model_len`, else the
     model's `max_context_tokens` (None if neither is known)."""
@@ -76,5 +93,5 @@ def context_limit(scenario: Scenario) -> int | None:
 
 
 
-__all__ = ["DEFAULT_MAX_NUM_SEQS", "check_fit", "context_limit", "cost_model", "instance_names", "max_num_seqs",
+__all__ = ["DEFAULT_MAX_NUM_SEQS", "check_fit", "chunk_sizes", "context_limit", "cost_model", "instance_names", "max_num_seqs",
            "weight_load_s"]
