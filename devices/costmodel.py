@@ -1145,6 +1145,27 @@ class CostModel:
                          busy_line=(busy_a, first.device_busy_s - busy_a * first.time_s))
 
     # ---- conveniences -------------------------------------------------------------------------
+    def prompt_throughput(self, prompt_tokens: int, requests: int) -> dict:
+        """One prompt of `prompt_tokens` alone against `requests` of them prefilled at once
+        (one `prefill` iteration; on a wafer, `requests` streams through the layer regions).
+
+        Returns {"requests", "single_tokens_per_s", "single_mfu", "aggregate_tokens_per_s",
+        "aggregate_mfu", "aggregate_time_s", "gain" (aggregate over single)}; MFU is the
+        pass's FLOPs over the instance's dense peak for its time.
+        Raises: ValueError on prompt_tokens or requests below 1.
+        """
+        if int(prompt_tokens) < 1 or int(requests) < 1:
+            raise ValueError(f"prompt_throughput: prompt_tokens and requests must be >= 1, got "
+                             f"{prompt_tokens}, {requests}")
+        n, k = int(prompt_tokens), int(requests)
+        one = self.prefill([n], [0])
+        many = self.prefill(np.full(k, n), 0)
+        rate = k * n / many.time_s
+        return {"requests": k, "single_tokens_per_s": n / one.time_s,
+                "single_mfu": one.flops / (one.time_s * self.peak_flops),
+                "aggregate_tokens_per_s": rate, "aggregate_mfu": many.flops / (many.time_s * self.peak_flops),
+                "aggregate_time_s": many.time_s, "gain": rate * one.time_s / n}
+
     def decode_step(self, context_lens) -> IterationCost:
         """One decode step of the batch as an IterationCost (see `decode_steps`).
 
