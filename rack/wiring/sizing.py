@@ -83,6 +83,29 @@ def chunk_sizes(scenario: Scenario, pool: PoolConfig, cost: CostModel) -> tuple[
     return int(budget), (None if per is None else int(per))
 
 
+def prefill_scheduling(scenario: Scenario) -> str:
+    """How `scenario`'s colocated pools (role "both") schedule prompts, as a clause for
+    a report, from the chunk sizes their engines get (`chunk_sizes`): what a page says
+    about a deployment's scheduling is what the code does. "" when no pool prefills
+    and decodes. Raises ScenarioError as `cost_model`."""
+    parts = []
+    for p in scenario.pools:
+        if p.role != "both":
+            continue
+        budget, per = chunk_sizes(scenario, p, cost_model(scenario, p))
+        rule = (f", sizes from its {scenario.slo.tpot_ms:g} ms TPOT target"
+                if "tpot" in (p.chunk_tokens, p.prompt_chunk_tokens) else "")
+        if per is None or per >= budget:
+            parts.append(f"piggybacks prompt chunks of up to {budget:,} tokens on its decode steps (chunked "
+                         f"prefill{rule}), so a chunk holds every decoding user for its time")
+        else:
+            parts.append(f"piggybacks prompt chunks on its decode steps (chunked prefill{rule}): up to {per:,} "
+                         f"token{'s' if per != 1 else ''} of each prompt in progress and {budget:,} tokens in all per step, every prompt "
+                         "a stream of its own" + (" through the layer regions beside the decode micro-batches"
+                                                   if cost_model(scenario, p).device.kind == "wafer" else ""))
+    return "; ".join(parts)
+
+
 def context_limit(scenario: Scenario) -> int | None:
     """The run's context limit in tokens: the scenario's `max_model_len`, else the
     model's `max_context_tokens` (None if neither is known)."""
@@ -93,5 +116,5 @@ def context_limit(scenario: Scenario) -> int | None:
 
 
 
-__all__ = ["DEFAULT_MAX_NUM_SEQS", "check_fit", "chunk_sizes", "context_limit", "cost_model", "instance_names", "max_num_seqs",
+__all__ = ["DEFAULT_MAX_NUM_SEQS", "check_fit", "chunk_sizes", "prefill_scheduling", "context_limit", "cost_model", "instance_names", "max_num_seqs",
            "weight_load_s"]
