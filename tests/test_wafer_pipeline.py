@@ -29,9 +29,12 @@ def test_a_prompt_token_never_costs_the_wafer_more_pipeline_time_than_a_decode_t
     decode token, at the same context: the prompt step never takes longer (the same
     arithmetic without the decode step's weight reads; the streams of several requests
     share the regions as decode micro-batches do). Also in a mixed step: adding B
-    prompt streams of one token to B decode tokens costs at most the B decode tokens."""
+    prompt streams of one token to B decode tokens costs at most the B decode tokens.
+    Batches up to the streams a region interleaves (`prompt_streams`, 512 as shipped:
+    the scenarios' max_num_seqs); beyond it the streams queue."""
     c = CostModel(model, device, Parallelism(pp=pp), wd, "fp8")
-    for b in (1, 2, 7, pp, 64, 512, 4096):
+    assert c.device.prompt_streams == 512
+    for b in (1, 2, 7, pp, 64, 256, 512):
         for ctx in (0, 100, 4096, 32768, 131072):
             prompt = c.prefill(np.ones(b), np.full(b, ctx)).time_s
             decode = c.decode_step(np.full(b, ctx)).time_s
