@@ -556,9 +556,12 @@ def _caveats(results: dict) -> list[str]:
         "`_handle_speculative_decoding`: a lower default max_running_requests, no overlap scheduler, no mixed "
         "chunked prefill).",
         "- The wafer's prompt rate is a stream through its layer regions (`prompt_token_layer_s`, fitted on four "
-        "published wafer prompt rows, `rack validate`; docs/devices.md), ~24k tokens/s per request for Kimi-K2: no "
-        "public figure measures the production stack's TTFT against prompt length, so the tornado and break-even "
-        "sections move it across its documented range; the verdicts above say how far that moves them.",
+        "published wafer prompt rows, `rack validate`; docs/devices.md), ~24k tokens/s per request for Kimi-K2; the "
+        "prompts of several requests stream through the regions at once, up to the regions' arithmetic at the "
+        "prefill efficiency (`cs3.prompt_streams`, `cs3.prefill_efficiency`): no public figure measures the "
+        "production stack's TTFT against prompt length or its prompt rate under load, so the tornado and "
+        "break-even sections move these terms across their documented ranges; the verdicts above say how far "
+        "that moves them.",
         "- Energy counts the devices (idle power plus dynamic power by occupancy), not hosts, switches or "
         "cooling; prices are the catalog's (`rack/measure/energy.py`).",
         f"- Each synthetic point lasts {cfg['synthetic_duration_s']:g} s of arrivals (at least "
