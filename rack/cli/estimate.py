@@ -20,6 +20,11 @@ def _fmt_rate(x: float, unit: str) -> str:
     return f"{x:.3g} {unit}"
 
 
+def _count(n: int, noun: str) -> str:
+    """"1 token", "2 tokens", "1,024 tokens"."""
+    return f"{n:,} {noun}" + ("" if n == 1 else "s")
+
+
 def _fmt_time(s: float) -> str:
     if s >= 1:
         return f"{s:.3g} s"
@@ -251,12 +256,12 @@ def _print_tables(est: dict) -> None:
     ch = est.get("chunks")
     if ch:
         con.print(f"chunked prefill at a {ch['tpot_s'] * 1e3:g} ms TPOT target (devices/chunking.py, "
-                  f"chunk_tokens = \"tpot\"): at most {ch['prompt_chunk_tokens']:,} tokens of one prompt per "
+                  f"chunk_tokens = \"tpot\"): at most {_count(ch['prompt_chunk_tokens'], 'token')} of one prompt per "
                   f"iteration ({_fmt_time(ch['prompt_chunk_s'])}), {ch['chunk_tokens']:,} tokens per iteration "
                   f"({_fmt_time(ch['step_s'])})")
     sz = est.get("sizing")
     if sz and "error" not in sz:
-        con.print(f"sizing for {sz['requests']:,} requests of {sz['context_tokens']:,} tokens: "
+        con.print(f"sizing for {_count(sz['requests'], 'request')} of {sz['context_tokens']:,} tokens: "
                   f"{sz['devices']} devices hold the {format_bytes(sz['weight_bytes'])} of weights plus "
                   f"{format_bytes(sz['kv_bytes_needed'])} of KV ({sz['weights_only_devices']} hold the weights "
                   "alone; devices.planner.devices_for_workload)")
