@@ -889,9 +889,10 @@ class CostModel:
                 "busy": occupancy + roof + lat_layers / pp, "compute": compute_s, "memory": memory_s,
                 "comm_bw": comm_bw, "latency": time - roof - comm_bw, "fixed": fixed}
 
-    def _wafer_mixed(self, n: np.ndarray, c: np.ndarray, ctx: np.ndarray) -> dict:
+    def _wafer_mixed(self, n: np.ndarray, c: np.ndarray, ctx: np.ndarray, tok_p: float) -> dict:
         """A wafer's mixed step: prompt chunks n over cached c and one decode step of the
-        requests with contexts ctx, in flight in the layer regions at once.
+        requests with contexts ctx, in flight in the layer regions at once (tok_p: the
+        chunks' tokens, `_prefill_tokens(n)`).
 
         The decode micro-batches and the prompt streams share the regions as the decode
         micro-batches share them among themselves: each region works on whichever
@@ -909,12 +910,11 @@ class CostModel:
         """
         ovh = self.device.iteration_overhead_s
         parts = []
-        if self._prefill_tokens(n):
+        if tok_p:
             _, fl, att, kv = self._prefill_work(self._t, n, c)
             parts.append(self._stream_prefill(self._t, n, fl, att, kv, overhead=False))
         if ctx.size:
-            dd = self._decode_dict(ctx, np.zeros(1))
-            dd = {k: float(_at(v)) for k, v in dd.items()}
+            dd = self._decode_point(ctx)
             dd["time"] -= ovh
             dd["latency"] -= ovh
             dd["fixed"] -= ovh
@@ -981,7 +981,7 @@ class CostModel:
         from two scalar evaluations of the general `_pass` (x = 0 and x = `_LINE_X`), so
         there is one formula; values agree with it to ~1e-14 relative.
         Returns (compute0, compute1, memory0, memory1, rest, flops0, flops1, bytes0,
-        bytes1, comm, comm_bw, latency, busy_a, busy_b): v(x) = v0 + v1 x; time =
+        bytes1, comm, comm_bw, latency, busy_a, busy_b, fixed): v(x) = v0 + v1 x; time =
         max(compute, memory) + rest; a device's busy time = busy_a x time + busy_b (the
         stage time is (time - overhead - hops) / pp, busy for m micro-batches).
         """
@@ -1000,7 +1000,7 @@ class CostModel:
         busy_a = m / pp
         busy_b = float(_at(d0["busy"])) - busy_a * time0
         line = (c0, c1, m0, m1, rest, fl0, fl1, b0, b1, float(_at(d0["comm"])),
-                float(_at(d0["comm_bw"])), float(_at(d0["latency"])), busy_a, busy_b)
+                float(_at(d0["comm_bw"])), float(_at(d0["latency"])), busy_a, busy_b, float(_at(d0["fixed"])))
         self._lines[B] = line
         return line
 
@@ -1009,7 +1009,7 @@ class CostModel:
         decode engine). Step j has context sum x_j = x_0 + B tps j, so each quantity is
         v0 + v1 x_0 + (v1 B tps) j: one multiply-add over j per array."""
         B = c.size
-        c0, c1, m0, m1, rest, fl0, fl1, b0, b1, comm, comm_bw, lat, busy_a, busy_b = self._decode_line(B)
+        c0, c1, m0, m1, rest, fl0, fl1, b0, b1, comm, comm_bw, lat, busy_a, busy_b, _ = self._decode_line(B)
         # contexts are whole token counts (no speculative decoding on this path), so every
         # order of summation gives the same, exact sum; Python's sum is cheaper than
         # numpy's for a few items
@@ -1033,6 +1033,20 @@ class CostModel:
         draft = self._draft_passes(c, shift)
         return d if draft is None else self._combine([d, draft])
 
+    def _decode_point(self, c: np.ndarray) -> dict:
+        """One decode step of the batch with contexts c as a dict of floats (`_pass`'s
+        keys): from the batch size's `_decode_line` when it applies (no speculative
+        decoding, no sliding-window layers), else `_decode_dict`."""
+        if self.speculative is not None or self._t.n_slide:
+            return {k: float(_at(v)) for k, v in self._decode_dict(c, np.zeros(1)).items()}
+        c0, c1, m0, m1, rest, fl0, fl1, b0, b1, comm, comm_bw, lat, busy_a, busy_b, fixed = self._decode_line(c.size)
+        x = float(sum(c.tolist())) if c.size < 8 else float(c.sum())
+        compute, memory = c0 + c1 * x, m0 + m1 * x
+        time = max(compute, memory) + rest
+        return {"time": time, "flops": fl0 + fl1 * x, "bytes": b0 + b1 * x, "comm": comm,
+                "busy": busy_a * time + busy_b, "compute": compute, "memory": memory, "comm_bw": comm_bw,
+                "latency": lat, "fixed": fixed}
+
     def mixed(self, new_tokens, cached_tokens, context_lens) -> IterationCost:
         """One colocated iteration: a prefill chunk (new_tokens over cached_tokens, as in
         `prefill`) and one decode step of the requests with `context_lens`.
@@ -1054,7 +1068,7 @@ class CostModel:
         if tok_p + ctx.size <= 0:
             raise ValueError("mixed: no prefill tokens and no decode requests")
         if self.device.prompt_token_layer_s > 0:
-            d = self._wafer_mixed(n, c, ctx)       # the decode part carries its draft passes
+            d = self._wafer_mixed(n, c, ctx, tok_p)       # the decode part carries its draft passes
             if self.speculative is not None and tok_p:
                 d = self._combine([d, self._draft_prefill(n, c, tok_p)])
             return self._cost(d, tok_p + ctx.size * q)
