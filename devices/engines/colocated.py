@@ -46,8 +46,8 @@ from typing import Any
 
 import numpy as np
 
-from devices.engines.common import (admit_with_prefix, ceil_div, enqueue_batch, plan_chunk, prefix_lookup,
-                                    record_series)
+from devices.engines.common import (admit_with_prefix, attach_host_tier, ceil_div, enqueue_batch, host_load_s,
+                                    host_prefix, plan_chunk, prefix_lookup, record_series)
 from devices.engines.decode import AdmissionPolicy, DecodeEngine, _Seq
 from devices.memory import PrefixCache
 
@@ -55,13 +55,14 @@ from devices.memory import PrefixCache
 class _Job:
     """A prompt in the prefill part of the colocated engine."""
 
-    __slots__ = ("req", "cached", "computed", "started")
+    __slots__ = ("req", "cached", "computed", "started", "load_s")
 
     def __init__(self, req) -> None:
         self.req = req
         self.cached = 0
         self.computed = 0
         self.started = False
+        self.load_s = 0.0          # its prefix's load from the host tier (s)
 
     @property
     def remaining(self) -> int:
@@ -87,6 +88,9 @@ class ColocatedEngine(DecodeEngine):
             stream of its own through the layer regions (`CostModel.mixed`), and the
             longest stream sets the step's time (`devices.chunking` picks it from a
             TPOT target).
+        host_kv_bytes: host memory for prefixes the prefix cache evicts (0: none;
+            `devices.memory.HostKVTier`); host_kv_Bps: its link (None: the devices'
+            `weight_load_Bps`).
     `max_batch` bounds the requests being prefilled or decoded at once.
     """
 
@@ -98,7 +102,8 @@ class ColocatedEngine(DecodeEngine):
                  max_steps_per_wake: int = 4096, max_reserve_queue: int | None = None,
                  first_token: str = "prefill", loading_until_s: float | None = None,
                  recv_interval: int = 1, stream_to: str | None = None,
-                 prompt_chunk_tokens: int | None = None) -> None:
+                 prompt_chunk_tokens: int | None = None, host_kv_bytes: int = 0,
+                 host_kv_Bps: float | None = None) -> None:
         if int(chunk_tokens) < 1:
             raise ValueError(f"ColocatedEngine {name!r}: chunk_tokens must be >= 1, got {chunk_tokens}")
         if int(max_queue) < 0:
@@ -119,6 +124,7 @@ class ColocatedEngine(DecodeEngine):
         self.prompt_chunk_tokens = None if prompt_chunk_tokens is None else int(prompt_chunk_tokens)
         self.max_queue = int(max_queue)
         self.prefix = PrefixCache(self.ledger, self.pool.kv_bytes_per_token) if prefix_cache else None
+        attach_host_tier(self, host_kv_bytes, host_kv_Bps)
         self._queue: deque[_Job] = deque()
         self._prefilling: list[_Job] = []
         self.recv_interval = int(recv_interval)
@@ -222,6 +228,7 @@ class ColocatedEngine(DecodeEngine):
             "tokens_computed": self.tokens_computed,
             "tokens_cached": self.tokens_cached,
             "prefix_cache": self.prefix.stats.as_dict() if self.prefix else None,
+            "host_kv": self.prefix.host.as_dict() if self.prefix is not None and self.prefix.host is not None else None,
             "prefix_cache_entries": len(self.prefix) if self.prefix else 0,
             # bytes a cached token holds (all its copies): the cache's size in tokens is
             # at most kv_capacity_bytes / this
@@ -267,7 +274,7 @@ class ColocatedEngine(DecodeEngine):
             if self.prefix is not None:
                 self.prefix.release(req.id)
             return False
-        admit_with_prefix(self, job, hashes, hit, cached)
+        admit_with_prefix(self, job, hashes, hit, cached + host_prefix(self, job, hashes, hit, cached))
         return True
 
     def _schedule(self, budget: int) -> list[tuple[_Job, int]]:
@@ -301,7 +308,7 @@ class ColocatedEngine(DecodeEngine):
             new = np.fromiter((take for _, take in plan), np.int64, len(plan))
             cached = np.fromiter((j.cached + j.computed for j, _ in plan), np.int64, len(plan))
             c = self.cost.mixed(new, cached, ctx)
-            ends = np.array([t0 + c.time_s])
+            ends = np.array([t0 + host_load_s(plan) + c.time_s])
             sc = None
         for j, _ in plan:
             if not j.started:

@@ -92,6 +92,10 @@ class PoolConfig(_Strict):
         "long_prefill_token_threshold); \"tpot\": from the SLO's TPOT target (devices.chunking); None: the "
         "whole budget, or the TPOT rule's when chunk_tokens is \"tpot\"")
     prefix_cache: bool = True
+    host_kv_gb: float = Field(default=0.0, ge=0, description="host memory per instance (GB) keeping the prefixes "
+                              "its prefix cache evicts, loaded back instead of recomputed (0: none)")
+    host_kv_GBps: Optional[float] = Field(default=None, gt=0, description="the host tier's link per instance "
+                                          "(GB/s); None: each device's weight_load_Bps (catalog) x its devices")
     max_queue: int = Field(default=1024, ge=1, description="requests waiting per instance before rejection")
     scheduler_recv_interval: int = Field(default=1, ge=1, description="role both: decode steps between the "
                                          "scheduler's receives of new requests (SGLang "
