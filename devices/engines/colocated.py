@@ -6,7 +6,12 @@ a KV transfer. The scheduler is vLLM's with chunked prefill: while prompts are b
 prefilled, every iteration is one *mixed* iteration, a decode step of the running
 batch fused with a prefill chunk, priced by `cost.mixed(new, cached, context_lens)`;
 the chunk's token budget is `chunk_tokens` minus the batch's decode tokens (vLLM's
-max_num_batched_tokens counts both), continuing prompts first, then FCFS admissions.
+max_num_batched_tokens counts both), continuing prompts first, then FCFS admissions,
+each prompt taking at most `prompt_chunk_tokens` of it (vLLM's
+long_prefill_token_threshold), so the budget spreads over several prompts. On a wafer
+the chunks of the several prompts stream through the layer regions at once, beside the
+decode micro-batches (`CostModel.mixed`); `devices.chunking` sizes both from a TPOT
+target.
 When no prompt is in progress (or the batch alone fills the budget) the engine runs
 decode-only with event skipping, exactly as `DecodeEngine`, and a new submission cuts
 the run at the next step boundary. Mixed iterations skip events the same way: while one
