@@ -113,9 +113,13 @@ def test_the_chunk_rule_keeps_steps_within_the_tpot_target_and_the_engine_gets_i
     assert chunk_sizes(sc, pool, cost) == (b, n)
     engine = next(s for s in build_topology(sc, [0]) if s.kind == "both")
     assert (engine.kwargs["chunk_tokens"], engine.kwargs["prompt_chunk_tokens"]) == (b, n)
-    # a user may set the sizes; a bad target is refused
+    # a user may set the sizes, or the rule's own target (the SLO unchanged); a bad target is refused
     own = pool.model_copy(update={"chunk_tokens": 4096, "prompt_chunk_tokens": 512})
     assert chunk_sizes(sc, own, cost) == (4096, 512)
+    tight = pool.model_copy(update={"chunk_tpot_ms": 20.0})
+    rule20 = tpot_chunks(cost, 0.020, 512)
+    assert chunk_sizes(sc, tight, cost) == (rule20["chunk_tokens"], rule20["prompt_chunk_tokens"])
+    assert rule20["prompt_chunk_tokens"] < n
     with pytest.raises(ValueError, match="TPOT target"):
         tpot_chunks(cost, 0.0)
 

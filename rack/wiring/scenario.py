@@ -87,6 +87,9 @@ class PoolConfig(_Strict):
     chunk_tokens: Union[int, Literal["tpot"]] = Field(
         default=8192, description="chunked-prefill token budget per iteration (prefill + decode tokens); "
         "\"tpot\": the largest whose iterations keep within the SLO's TPOT target (devices.chunking; role both)")
+    chunk_tpot_ms: Optional[float] = Field(
+        default=None, gt=0, description="the TPOT target (ms) the \"tpot\" chunk sizes keep to; None: the "
+        "SLO's tpot_ms (a knob that trades per-user speed for prompt throughput, the SLO unchanged)")
     prompt_chunk_tokens: Optional[Union[int, Literal["tpot"]]] = Field(
         default=None, description="role both: tokens one prompt takes of an iteration at most (vLLM's "
         "long_prefill_token_threshold); \"tpot\": from the SLO's TPOT target (devices.chunking); None: the "

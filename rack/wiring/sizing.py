@@ -66,16 +66,22 @@ def weight_load_s(scenario: Scenario, pool: PoolConfig, cost: CostModel) -> floa
     return plan.per_device_weight_bytes / rate
 
 
+def chunk_tpot_ms(scenario: Scenario, pool: PoolConfig) -> float:
+    """The TPOT target (ms) `pool`'s "tpot" chunk sizes keep to: its `chunk_tpot_ms`,
+    else the scenario's SLO."""
+    return pool.chunk_tpot_ms if pool.chunk_tpot_ms is not None else scenario.slo.tpot_ms
+
+
 def chunk_sizes(scenario: Scenario, pool: PoolConfig, cost: CostModel) -> tuple[int, int | None]:
     """(chunk_tokens, prompt_chunk_tokens) of `pool`'s engines: the pool's numbers, or
-    for "tpot" the sizes whose iterations keep within the scenario's TPOT target
+    for "tpot" the sizes whose iterations keep within its TPOT target (`chunk_tpot_ms`)
     (`devices.chunking.tpot_chunks`, at most the pool's max_num_seqs prompts at once).
     prompt_chunk_tokens None: a prompt may take the whole budget."""
     from devices.chunking import tpot_chunks
 
     rule = None
     if "tpot" in (pool.chunk_tokens, pool.prompt_chunk_tokens):
-        rule = tpot_chunks(cost, scenario.slo.tpot_ms * 1e-3, max_num_seqs(pool, cost))
+        rule = tpot_chunks(cost, chunk_tpot_ms(scenario, pool) * 1e-3, max_num_seqs(pool, cost))
     budget = rule["chunk_tokens"] if pool.chunk_tokens == "tpot" else pool.chunk_tokens
     per = pool.prompt_chunk_tokens
     if per == "tpot" or (per is None and pool.chunk_tokens == "tpot"):
@@ -93,7 +99,7 @@ def prefill_scheduling(scenario: Scenario) -> str:
         if p.role != "both":
             continue
         budget, per = chunk_sizes(scenario, p, cost_model(scenario, p))
-        rule = (f", sizes from its {scenario.slo.tpot_ms:g} ms TPOT target"
+        rule = (f", sizes from a {chunk_tpot_ms(scenario, p):g} ms TPOT target"
                 if "tpot" in (p.chunk_tokens, p.prompt_chunk_tokens) else "")
         if per is None or per >= budget:
             parts.append(f"piggybacks prompt chunks of up to {budget:,} tokens on its decode steps (chunked "
@@ -116,5 +122,5 @@ def context_limit(scenario: Scenario) -> int | None:
 
 
 
-__all__ = ["DEFAULT_MAX_NUM_SEQS", "check_fit", "chunk_sizes", "prefill_scheduling", "context_limit", "cost_model", "instance_names", "max_num_seqs",
+__all__ = ["DEFAULT_MAX_NUM_SEQS", "check_fit", "chunk_sizes", "chunk_tpot_ms", "prefill_scheduling", "context_limit", "cost_model", "instance_names", "max_num_seqs",
            "weight_load_s"]
