@@ -150,6 +150,9 @@ def test_wafer_tiers_are_sized_from_their_weights_and_kv(name, requests, context
     assert pool.max_num_seqs == requests
     if sc.model == "kimi-k2.6":
         assert rule["weights_only_devices"] == 12 and rule["devices"] < 28
+        # a study shows 12 or 28 systems by resizing the pool
+        for n in (12, 28):
+            assert sc.with_pool(pool.name, pp=n).pool(pool.name).pp == n
 
 
 def test_a_split_racks_gain_stays_under_the_physics_ceiling():

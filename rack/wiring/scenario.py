@@ -377,6 +377,17 @@ class Scenario(_Strict):
         data.update(given)
         return parse_scenario(data, f"scenario {self.name!r} with overrides {sorted(given)}")
 
+    def with_pool(self, name: str, **changes) -> "Scenario":
+        """A copy with fields of pool `name` replaced (validated again), e.g. a wafer
+        tier's size (`pp`) or its chunk sizes. Raises KeyError for an unknown pool and
+        ScenarioError for a bad value."""
+        self.pool(name)
+        data = self.model_dump()
+        for p in data["pools"]:
+            if p["name"] == name:
+                p.update(changes)
+        return parse_scenario(data, f"scenario {self.name!r} with pool {name!r} {sorted(changes)}")
+
 
 def scenario_names() -> list[str]:
     """Names of the scenarios shipped in `rack/scenarios/`."""
