@@ -811,7 +811,7 @@ class CostModel:
         head's own prefill of the prompt when speculating."""
         tokens, flops, att, kv = self._prefill_work(self._t, n, c)
         if self.device.prompt_token_layer_s > 0:
-            d = self._stream_prefill(self._t, tokens, flops, att, kv)
+            d = self._stream_prefill(self._t, n, flops, att, kv)
             if self.speculative is not None:
                 d = self._combine([d, self._draft_prefill(n, c, tokens)])
             return d
@@ -830,27 +830,44 @@ class CostModel:
             d = self._combine([d, self._draft_prefill(n, c, tokens)])
         return d
 
-    def _stream_prefill(self, t: _Terms, tokens: float, flops: float, att: float, kv: float) -> dict:
-        """A prompt streamed through a wafer's layers (`HardwareSpec.prompt_token_layer_s`).
+    def _stream_prefill(self, t: _Terms, n: np.ndarray, flops: float, att: float, kv: float,
+                        overhead: bool = True) -> dict:
+        """Prompt chunks streamed through a wafer's layers (`HardwareSpec.prompt_token_layer_s`).
 
-        Every layer's weights sit in their own region of PEs (on pp systems, layers / pp
-        regions each), so prompt tokens follow one another through the layers: the first
-        token takes the decode path's latency through every layer and hop,
+        n: (R,) new tokens of each request's chunk; flops, att, kv: their work
+        (`_prefill_work`). Every layer's weights sit in their own region of PEs (on pp
+        systems, layers / pp regions each), so one request's prompt tokens follow one
+        another through the layers: its first token takes the decode path's latency
+        through every layer and hop,
             fill = layers x (layer_latency + prefill_layer_latency) + moe_layers x
                    moe_layer_latency + (pp - 1) x (link latency + hop latency + one
                    token's activations over the link),
         and each later token holds a layer region for tau = max(prompt_token_layer_s, one
-        token's activations over the system link) plus its own arithmetic there (the
-        region's share of the PEs; attention over a longer context costs more): the
-        stream takes
-            time = fill + (T - 1) x tau + max(FLOPs / (e_pc x P x N), KV bytes / (e_pm x B x N))
-        with P, B one system's dense peak and SRAM bandwidth, N = pp systems (the regions
-        together hold every PE, so the prompt's FLOPs spread over the whole instance). Activations in flight are one hidden vector per layer region
-        (bytes, against GBs of SRAM), so no memory bound applies to them; the prompt's KV
-        is written into SRAM as on GPUs (the KV cache's capacity is the planner's).
+        token's activations over the system link): a stream of n tokens takes
+        fill + (n - 1) tau. The chunks of several requests are separate streams, in
+        flight in the same regions at once (as a decode step's micro-batches are in
+        different regions at once): a region interleaves up to S = `prompt_streams`
+        of them (None: no cap), so its busiest stream slot carries
+            n_slot = max(max_i n_i, sum_i n_i / S)
+        tokens one after another. The chunks' arithmetic spreads over the regions, which
+        together hold every PE of the N = pp systems; it adds to the streams' time:
+            time = fill + (n_slot - 1) x tau + max(FLOPs / (e_pc x P x N), KV bytes / (e_pm x B x N))
+        with P, B one system's dense peak and SRAM bandwidth. One request (R = 1) is the
+        stream the wafer prompt rows measure (devices/wafer_prompt.py); many requests
+        reach the regions' arithmetic at the prefill efficiency (`rack estimate` prints
+        both rates and the MFU). Adding the arithmetic to the stream instead of
+        overlapping them is conservative by at most 2x at the crossover. Activations in
+        flight are one hidden vector per stream per layer region (bytes, against GBs of
+        SRAM), so no memory bound applies to them; the prompt's KV is written into SRAM
+        as on GPUs (the KV cache's capacity is the planner's). `overhead`: add the
+        per-iteration overhead (a mixed step adds it once, `_wafer_mixed`).
         """
         dev, eff, par = self.device, self.device.efficiency, self.parallelism
         N, pp = par.n_devices, par.pp
+        live = [x for x in n.tolist() if x > 0]
+        n_slot = max(live) if live else 0.0
+        if dev.prompt_streams is not None:
+            n_slot = max(n_slot, sum(live) / dev.prompt_streams)
         compute_s = ((flops - att) / self._peak_dev + att / self._peak_att) / (N * eff.prefill_compute)
         memory_s = t.kv_rep * kv / (N * dev.memory_bandwidth_Bps * eff.prefill_memory)
         tok_x = hop_lat = 0.0
@@ -861,9 +878,9 @@ class CostModel:
         lat_layers = (t.n_layers * (dev.layer_latency_s + dev.prefill_layer_latency_s)
                       + t.n_moe * dev.moe_layer_latency_s)
         hops = (pp - 1) * (hop_lat + tok_x)
-        occupancy = (tokens - 1.0) * max(dev.prompt_token_layer_s, tok_x)
+        occupancy = max(0.0, n_slot - 1.0) * max(dev.prompt_token_layer_s, tok_x)
         roof = max(compute_s, memory_s)
-        time = lat_layers + hops + occupancy + roof + dev.iteration_overhead_s
+        time = lat_layers + hops + occupancy + roof + (dev.iteration_overhead_s if overhead else 0.0)
         link_bound = tok_x > dev.prompt_token_layer_s
         comm_bw = (pp - 1) * tok_x + (occupancy if link_bound else 0.0)
         fixed = time - roof - hops - (occupancy if link_bound else 0.0)
@@ -871,6 +888,52 @@ class CostModel:
                 # a system works from the first token's arrival at its layers to the last's departure
                 "busy": occupancy + roof + lat_layers / pp, "compute": compute_s, "memory": memory_s,
                 "comm_bw": comm_bw, "latency": time - roof - comm_bw, "fixed": fixed}
+
+    def _wafer_mixed(self, n: np.ndarray, c: np.ndarray, ctx: np.ndarray, tok_p: float) -> dict:
+        """A wafer's mixed step: prompt chunks n over cached c and one decode step of the
+        requests with contexts ctx, in flight in the layer regions at once (tok_p: the
+        chunks' tokens, `_prefill_tokens(n)`).
+
+        The decode micro-batches and the prompt streams share the regions as the decode
+        micro-batches share them among themselves: each region works on whichever
+        arrives. The step ends when its longest path ends and its busiest system has
+        done all its work:
+            time = overhead + max(decode step's latency path (`decode_step` less its
+                   overhead), the longest prompt stream (`_stream_prefill`),
+                   busiest system: m x decode stage + the prompt chunks' arithmetic share)
+        so a decode token waits for no prompt token (a step is as long as its slowest
+        member, which sets TPOT: the chunk rule, `devices.chunking`, bounds it) and a
+        prompt token never costs more pipeline time than a decode token at the same
+        batch and context (tests/test_wafer_pipeline.py). The cost terms (compute,
+        memory, latency...) are the longer path's, the extra time of a busier system
+        counted as compute.
+        """
+        ovh = self.device.iteration_overhead_s
+        parts = []
+        if tok_p:
+            _, fl, att, kv = self._prefill_work(self._t, n, c)
+            parts.append(self._stream_prefill(self._t, n, fl, att, kv, overhead=False))
+        if ctx.size:
+            dd = self._decode_point(ctx)
+            dd["time"] -= ovh
+            dd["latency"] -= ovh
+            dd["fixed"] -= ovh
+            parts.append(dd)
+        if len(parts) == 1:
+            d = dict(parts[0])
+        else:
+            p, dd = parts
+            d = dict(p if p["time"] >= dd["time"] else dd)
+            busiest = dd["busy"] + max(p["compute"], p["memory"])
+            if busiest > d["time"]:
+                extra = busiest - d["time"]
+                d["compute"] = max(d["compute"], d["memory"]) + extra
+                d["time"] = busiest
+            d["flops"], d["bytes"] = p["flops"] + dd["flops"], p["bytes"] + dd["bytes"]
+            d["busy"] = min(d["time"], dd["busy"] + p["busy"])
+        for k in ("time", "latency", "fixed"):
+            d[k] += ovh
+        return d
 
     def _draft_prefill(self, n: np.ndarray, c: np.ndarray, tokens: float) -> dict:
         _, fl, att, kv = self._prefill_work(self._td, n, c)
@@ -918,7 +981,7 @@ class CostModel:
         from two scalar evaluations of the general `_pass` (x = 0 and x = `_LINE_X`), so
         there is one formula; values agree with it to ~1e-14 relative.
         Returns (compute0, compute1, memory0, memory1, rest, flops0, flops1, bytes0,
-        bytes1, comm, comm_bw, latency, busy_a, busy_b): v(x) = v0 + v1 x; time =
+        bytes1, comm, comm_bw, latency, busy_a, busy_b, fixed): v(x) = v0 + v1 x; time =
         max(compute, memory) + rest; a device's busy time = busy_a x time + busy_b (the
         stage time is (time - overhead - hops) / pp, busy for m micro-batches).
         """
@@ -937,7 +1000,7 @@ class CostModel:
         busy_a = m / pp
         busy_b = float(_at(d0["busy"])) - busy_a * time0
         line = (c0, c1, m0, m1, rest, fl0, fl1, b0, b1, float(_at(d0["comm"])),
-                float(_at(d0["comm_bw"])), float(_at(d0["latency"])), busy_a, busy_b)
+                float(_at(d0["comm_bw"])), float(_at(d0["latency"])), busy_a, busy_b, float(_at(d0["fixed"])))
         self._lines[B] = line
         return line
 
@@ -946,7 +1009,7 @@ class CostModel:
         decode engine). Step j has context sum x_j = x_0 + B tps j, so each quantity is
         v0 + v1 x_0 + (v1 B tps) j: one multiply-add over j per array."""
         B = c.size
-        c0, c1, m0, m1, rest, fl0, fl1, b0, b1, comm, comm_bw, lat, busy_a, busy_b = self._decode_line(B)
+        c0, c1, m0, m1, rest, fl0, fl1, b0, b1, comm, comm_bw, lat, busy_a, busy_b, _ = self._decode_line(B)
         # contexts are whole token counts (no speculative decoding on this path), so every
         # order of summation gives the same, exact sum; Python's sum is cheaper than
         # numpy's for a few items
@@ -970,6 +1033,20 @@ class CostModel:
         draft = self._draft_passes(c, shift)
         return d if draft is None else self._combine([d, draft])
 
+    def _decode_point(self, c: np.ndarray) -> dict:
+        """One decode step of the batch with contexts c as a dict of floats (`_pass`'s
+        keys): from the batch size's `_decode_line` when it applies (no speculative
+        decoding, no sliding-window layers), else `_decode_dict`."""
+        if self.speculative is not None or self._t.n_slide:
+            return {k: float(_at(v)) for k, v in self._decode_dict(c, np.zeros(1)).items()}
+        c0, c1, m0, m1, rest, fl0, fl1, b0, b1, comm, comm_bw, lat, busy_a, busy_b, fixed = self._decode_line(c.size)
+        x = float(sum(c.tolist())) if c.size < 8 else float(c.sum())
+        compute, memory = c0 + c1 * x, m0 + m1 * x
+        time = max(compute, memory) + rest
+        return {"time": time, "flops": fl0 + fl1 * x, "bytes": b0 + b1 * x, "comm": comm,
+                "busy": busy_a * time + busy_b, "compute": compute, "memory": memory, "comm_bw": comm_bw,
+                "latency": lat, "fixed": fixed}
+
     def mixed(self, new_tokens, cached_tokens, context_lens) -> IterationCost:
         """One colocated iteration: a prefill chunk (new_tokens over cached_tokens, as in
         `prefill`) and one decode step of the requests with `context_lens`.
@@ -990,6 +1067,11 @@ class CostModel:
         q = 1 if self.speculative is None else int(self.speculative.draft_tokens) + 1
         if tok_p + ctx.size <= 0:
             raise ValueError("mixed: no prefill tokens and no decode requests")
+        if self.device.prompt_token_layer_s > 0:
+            d = self._wafer_mixed(n, c, ctx, tok_p)       # the decode part carries its draft passes
+            if self.speculative is not None and tok_p:
+                d = self._combine([d, self._draft_prefill(n, c, tok_p)])
+            return self._cost(d, tok_p + ctx.size * q)
         if not self._fused:
             parts = ([self._prefill_dict(n, c)] if tok_p else []) + \
                 ([self._decode_dict(ctx, np.zeros(1))] if ctx.size else [])
@@ -1077,6 +1159,27 @@ class CostModel:
                          busy_line=(busy_a, first.device_busy_s - busy_a * first.time_s))
 
     # ---- conveniences -------------------------------------------------------------------------
+    def prompt_throughput(self, prompt_tokens: int, requests: int) -> dict:
+        """One prompt of `prompt_tokens` alone against `requests` of them prefilled at once
+        (one `prefill` iteration; on a wafer, `requests` streams through the layer regions).
+
+        Returns {"requests", "single_tokens_per_s", "single_mfu", "aggregate_tokens_per_s",
+        "aggregate_mfu", "aggregate_time_s", "gain" (aggregate over single)}; MFU is the
+        pass's FLOPs over the instance's dense peak for its time.
+        Raises: ValueError on prompt_tokens or requests below 1.
+        """
+        if int(prompt_tokens) < 1 or int(requests) < 1:
+            raise ValueError(f"prompt_throughput: prompt_tokens and requests must be >= 1, got "
+                             f"{prompt_tokens}, {requests}")
+        n, k = int(prompt_tokens), int(requests)
+        one = self.prefill([n], [0])
+        many = self.prefill(np.full(k, n), 0)
+        rate = k * n / many.time_s
+        return {"requests": k, "single_tokens_per_s": n / one.time_s,
+                "single_mfu": one.flops / (one.time_s * self.peak_flops),
+                "aggregate_tokens_per_s": rate, "aggregate_mfu": many.flops / (many.time_s * self.peak_flops),
+                "aggregate_time_s": many.time_s, "gain": rate * one.time_s / n}
+
     def decode_step(self, context_lens) -> IterationCost:
         """One decode step of the batch as an IterationCost (see `decode_steps`).
 

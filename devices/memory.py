@@ -363,6 +363,8 @@ class PrefixCache:
         self._unpinned_bytes = 0
         self.stats = PrefixCacheStats()
         self.journal: list | None = None
+        #: A host-memory tier the evicted entries go to (`HostKVTier`; None: they are dropped).
+        self.host: HostKVTier | None = None
 
     def __len__(self) -> int:
         return len(self._lru)
@@ -525,8 +527,9 @@ class PrefixCache:
         if freed < need:
             return False
         lru = self._lru
-        for key in victims:
-            del lru[key]
+        sizes = [lru.pop(key) for key in victims]
+        if self.host is not None:
+            self.host.demote(victims, sizes)
         self.ledger.free(self.category, freed - free)
         self._unpinned_bytes -= freed - free
         self.stats.evicted_blocks += len(victims)
@@ -549,3 +552,83 @@ class PrefixCache:
         self._unpinned_bytes = 0
         if self.journal is not None and victims:
             self.journal.append(("removed", victims))
+
+
+class HostKVTier:
+    """Prefix blocks evicted from a device's prefix cache, kept in its host's memory.
+
+    A second, larger and slower tier under `PrefixCache` (as LMCache and vLLM's CPU
+    offloading keep evicted KV in host DRAM, and Mooncake's store in pooled DRAM): a
+    block the device evicts is kept here (LRU within `capacity_bytes`), and a request
+    whose prefix continues into these blocks loads them back instead of recomputing
+    them. Loading moves the bytes over the host link: `bandwidth_Bps` is the instance's
+    host-to-device bandwidth (all its devices' links together: each device loads its
+    own share of the layers and heads), `joules_per_byte` the energy of moving a byte
+    from host DRAM to the device (DRAM read, the link, the device write).
+
+    Keys are the prefix cache's (block_size, hash). `stats`: blocks demoted, dropped
+    (evicted here too), looked up and hit, loads, bytes loaded, seconds and joules.
+    Raises ValueError on a negative capacity, a bandwidth <= 0 or a negative energy.
+    """
+
+    def __init__(self, capacity_bytes: int, bandwidth_Bps: float, joules_per_byte: float) -> None:
+        if int(capacity_bytes) < 0 or not bandwidth_Bps > 0 or not joules_per_byte >= 0:
+            raise ValueError(f"HostKVTier: need capacity_bytes >= 0, bandwidth_Bps > 0, joules_per_byte >= 0; "
+                             f"got {capacity_bytes}, {bandwidth_Bps}, {joules_per_byte}")
+        self.capacity_bytes = int(capacity_bytes)
+        self.bandwidth_Bps = float(bandwidth_Bps)
+        self.joules_per_byte = float(joules_per_byte)
+        self._lru: OrderedDict[tuple[int, int], int] = OrderedDict()
+        self.used_bytes = 0
+        self.stats = {"demoted_blocks": 0, "dropped_blocks": 0, "hit_blocks": 0, "loads": 0,
+                      "bytes_loaded": 0, "load_s": 0.0, "joules": 0.0}
+
+    def __len__(self) -> int:
+        return len(self._lru)
+
+    def demote(self, keys: Sequence[tuple[int, int]], sizes: Sequence[int]) -> None:
+        """Keep evicted entries (most recently used last), dropping the least recently
+        used beyond the capacity; an entry larger than the whole tier is dropped."""
+        lru = self._lru
+        for key, size in zip(keys, sizes):
+            if key in lru:
+                lru.move_to_end(key)
+                continue
+            if size > self.capacity_bytes:
+                self.stats["dropped_blocks"] += 1
+                continue
+            lru[key] = int(size)
+            self.used_bytes += int(size)
+            self.stats["demoted_blocks"] += 1
+        while self.used_bytes > self.capacity_bytes:
+            _, size = lru.popitem(last=False)
+            self.used_bytes -= size
+            self.stats["dropped_blocks"] += 1
+
+    def run(self, hashes: Sequence[int], block_size: int) -> int:
+        """Length of the leading run of `hashes` held here (the run is touched)."""
+        lru, bs, n = self._lru, int(block_size), 0
+        for h in hashes:
+            key = (bs, h)
+            if key not in lru:
+                break
+            lru.move_to_end(key)
+            n += 1
+        self.stats["hit_blocks"] += n
+        return n
+
+    def load(self, nbytes: int) -> float:
+        """Book a load of `nbytes` back to the device; returns its time (s) over the link."""
+        nbytes = int(nbytes)
+        seconds = nbytes / self.bandwidth_Bps
+        st = self.stats
+        st["loads"] += 1
+        st["bytes_loaded"] += nbytes
+        st["load_s"] += seconds
+        st["joules"] += nbytes * self.joules_per_byte
+        return seconds
+
+    def as_dict(self) -> dict:
+        """The counters with the capacity and what is held."""
+        return {**self.stats, "capacity_bytes": self.capacity_bytes, "used_bytes": self.used_bytes,
+                "blocks": len(self._lru), "bandwidth_Bps": self.bandwidth_Bps}

@@ -122,4 +122,52 @@ def plan_memory(cost: CostModel, *, reserve_fraction: float | None = None, block
         per_device_weight_bytes=per_dev_weights, per_device_kv_bytes=kv_per_dev)
 
 
-__all__ = ["MemoryPlan", "ModelDoesNotFit", "format_bytes", "plan_memory"]
+def devices_for_workload(cost_of, requests: int, context_tokens: int, *, reserve_fraction: float | None = None,
+                         block_size: int = 16, max_devices: int = 4096) -> dict:
+    """The fewest devices of an instance that hold the weights plus the KV a workload
+    keeps at once: `requests` requests of `context_tokens` tokens of context each (a
+    decode tier's max_num_seqs at the workload's context, or its concurrency).
+
+    The rule: the smallest N with plan_memory(cost_of(N)).max_batch(context_tokens) >=
+    requests, i.e. N x (device memory x (1 - reserve)) >= weights + requests x
+    ceil(context / block) x block x KV bytes per token (x the KV's copies across TP),
+    every device holding its even share of the weights. On the wafer N is the number of
+    systems the layers are pipelined over (Kimi-K2.6's 513 GB of 4-bit weights need 12
+    CS-3; 512 requests of 8,192 tokens of fp8 KV need more).
+
+    Args:
+        cost_of: N -> the instance's `CostModel` on N devices (raises ValueError for an
+            N the model cannot be split over, which is skipped).
+        requests, context_tokens: the workload (>= 1 each).
+        reserve_fraction, block_size: as `plan_memory`.
+        max_devices: the largest N tried.
+    Returns: {"devices": N, "weight_bytes", "kv_bytes_needed", "kv_bytes" (the KV
+        capacity at N), "per_device_bytes", "requests", "context_tokens",
+        "weights_only_devices": the fewest N that hold the weights with at least one KV
+        block}.
+    Raises: ValueError on requests or context below 1, or no N up to max_devices that holds it.
+    """
+    if int(requests) < 1 or int(context_tokens) < 1:
+        raise ValueError(f"devices_for_workload: requests and context_tokens must be >= 1, got "
+                         f"{requests}, {context_tokens}")
+    weights_only = None
+    for n in range(1, int(max_devices) + 1):
+        try:
+            cost = cost_of(n)
+            plan = plan_memory(cost, reserve_fraction=reserve_fraction, block_size=block_size)
+        except ValueError:          # ModelDoesNotFit, or a split the model refuses
+            continue
+        if weights_only is None:
+            weights_only = n
+        if plan.max_batch(context_tokens) >= requests:
+            blocks = math.ceil(context_tokens / plan.block_size)
+            return {"devices": n, "weights_only_devices": weights_only, "weight_bytes": plan.weight_bytes,
+                    "kv_bytes_needed": int(requests) * blocks * plan.block_size * plan.kv_bytes_per_token
+                    * plan.kv_replication,
+                    "kv_bytes": plan.kv_bytes, "per_device_bytes": plan.per_device_capacity_bytes,
+                    "requests": int(requests), "context_tokens": int(context_tokens)}
+    raise ValueError(f"devices_for_workload: {requests} requests of {context_tokens:,} tokens do not fit "
+                     f"{max_devices} devices")
+
+
+__all__ = ["MemoryPlan", "ModelDoesNotFit", "devices_for_workload", "format_bytes", "plan_memory"]

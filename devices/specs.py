@@ -191,8 +191,12 @@ class HardwareSpec(_Spec):
     another, each occupying a layer's region for this long (its activations broadcast
     over the region's fabric and its partial sums reduced, as a decode token's are): a
     prompt of n tokens takes the first token's latency through every layer plus (n - 1)
-    x this, or its FLOPs at the prefill efficiency if that is longer
-    (`CostModel.prefill`); `request_latency_s` per request, outside the GPUs: the serving front end's HTTP,
+    x this, plus its FLOPs at the prefill efficiency (`CostModel.prefill`). That is
+    one request's stream; the prompts of several requests stream through the same
+    regions at once, each region interleaving up to `prompt_streams` of them (None: as
+    many as the scheduler sends, bounded by the regions' arithmetic at the prefill
+    efficiency; 1: one stream at a time, the prompts' tokens queue behind one another);
+    `request_latency_s` per request, outside the GPUs: the serving front end's HTTP,
     tokenisation and streaming of the first token, which a client's TTFT holds (a
     fixed stage, `rack.measure.breakdown`, in the replays of measured rows).
     Collectives come from `collectives` (measured tables, per fabric and group size)
@@ -255,6 +259,9 @@ class HardwareSpec(_Spec):
     prompt_token_layer_s: float = Field(
         0.0, ge=0, description="wafer: time a prompt token occupies one layer's PE region as prompt tokens "
         "stream through the layers (s); 0: prompts run as micro-batched passes (GPUs)")
+    prompt_streams: Optional[int] = Field(
+        None, ge=1, description="wafer: prompt streams (requests) a layer region interleaves; None: no cap "
+        "but the regions' arithmetic; 1: prompts stream one after another")
     pipeline_hop_latency_s: float = Field(0.0, ge=0, description="latency per pipeline hop between devices (s)")
     iteration_overhead_s: float = Field(0.0, ge=0, description="fixed cost per iteration (s)")
     request_latency_s: float = Field(0.0, ge=0, description="API server time in every request's TTFT (s)")

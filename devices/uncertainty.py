@@ -115,6 +115,9 @@ _RULES: dict[str, _Rule] = {
                                 _fraction),
     "prompt_token_layer_us": _Rule(lambda s: s.prompt_token_layer_s * 1e6,
                                    lambda s, v: {"prompt_token_layer_s": v * 1e-6}, _positive),
+    "prompt_streams": _Rule(lambda s: float(s.prompt_streams) if s.prompt_streams else math.inf,
+                            lambda s, v: {"prompt_streams": max(1, int(round(v)))},
+                            lambda v: None if v >= 1.0 else "a number of streams >= 1"),
     "idle_power_fraction": _Rule(lambda s: s.idle_w / s.peak_w, lambda s, v: {"idle_w": v * s.peak_w},
                                  lambda v: None if 0.0 <= v <= 1.0 else "a fraction in [0, 1]"),
     "busy_power_w": _Rule(lambda s: s.peak_w, _set_busy_power, _positive),
@@ -135,9 +138,19 @@ _RANGES: tuple[tuple, ...] = (
      "log", "dense FP16 FLOP/s of one wafer at prompt GEMMs: the vendor's 125 PFLOP/s is a sparse figure"),
     ("cs3.prefill_efficiency", "CS-3 prefill efficiency", "", 0.2, 0.8,
      ("no public wafer GEMM-efficiency figure; sustained FP8 GEMM on GB200 ~55 % of peak (hardware.md)",
-      "binds only when a prompt's FLOPs / (efficiency x dense peak) exceed its stream through the layers: "
-      "below ~1 % on the catalog's models (`rack estimate` on a wafer prints both)"),
-     "linear", "share of the dense peak the wafer's prompt GEMMs sustain"),
+      "one request's prompt is bound by its stream through the layers (~0.4 % MFU for Kimi-K2 on 28 CS-3); "
+      "many prompts in flight at once are bound by this share of the dense peak (`rack estimate` on a wafer "
+      "prints both rates and their MFU)"),
+     "linear", "share of the dense peak the wafer's prompt arithmetic sustains with many prompts in flight"),
+    ("cs3.prompt_streams", "CS-3 prompt streams per layer region", "", 1.0, 512.0,
+     ("no public figure: the wafer prompt rows measure one request at a time (devices/wafer_prompt.py)",
+      "low end: one stream, the prompts of several requests queue behind one another (a pipeline's prompt "
+      "rate is one request's, ~24k tokens/s)",
+      "high end and nominal: as many as the requests an instance runs (the scenarios' max_num_seqs 512): "
+      "the regions' arithmetic at the prefill efficiency binds, as for decode micro-batches (DESIGN.md: a "
+      "pipeline of W stages keeps W micro-batches in flight)"),
+     "log", "prompts of different requests a layer region interleaves: with the prefill efficiency, the "
+     "range from one request's stream to the compute roofline"),
     ("cs3.prompt_token_layer_us", "CS-3 prompt token time per layer region", "us", 23.0, 150.0,
      ("fitted (41 us) on the wafer prompt rows of `rack validate`: Cerebras API example, 12 prompt tokens of "
       "Llama-3.1-8B in 1.07 ms (Aug 2024); WaferEngine on a real CS-3, 768 tokens of Qwen3-1.7B at 24.7k tok/s",

@@ -212,6 +212,11 @@ def steady_state(cost: CostModel, prompt_tokens: float, output_tokens: float, *,
     return best
 
 
+#: Prompts in flight for a wafer prompt row's pipeline rate when its stack sets no
+#: request cap (rack's default max_num_seqs, rack.wiring.sizing).
+PIPELINE_PROMPTS = 256
+
+
 def predict(row: CalibrationRow, device=None) -> tuple[float, dict]:
     """(predicted value, details) for one calibration row (`device`: see `cost_for`)."""
     cost = cost_for(row, device)
@@ -222,6 +227,10 @@ def predict(row: CalibrationRow, device=None) -> tuple[float, dict]:
         front = cost.device.request_latency_s if row.kind == "ttft" else 0.0
         value = n / one.time_s if row.kind == "prefill_rate" else (front + one.time_s) * 1e3
         details.update(prompt_tokens=n, prefill_s=one.time_s, front_end_s=front, bound=one.bound)
+        if cost.device.prompt_token_layer_s > 0:
+            # the row measures one request's stream; the pipeline's rate with many
+            # prompts in flight (the stack's request cap) is what serving sees
+            details["pipeline"] = cost.prompt_throughput(n, cost.max_num_seqs or PIPELINE_PROMPTS)
         return value, details
     if row.kind == "single_stream":
         value = single_stream_tokens_per_s(cost, row.context)

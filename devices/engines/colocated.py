@@ -6,7 +6,12 @@ a KV transfer. The scheduler is vLLM's with chunked prefill: while prompts are b
 prefilled, every iteration is one *mixed* iteration, a decode step of the running
 batch fused with a prefill chunk, priced by `cost.mixed(new, cached, context_lens)`;
 the chunk's token budget is `chunk_tokens` minus the batch's decode tokens (vLLM's
-max_num_batched_tokens counts both), continuing prompts first, then FCFS admissions.
+max_num_batched_tokens counts both), continuing prompts first, then FCFS admissions,
+each prompt taking at most `prompt_chunk_tokens` of it (vLLM's
+long_prefill_token_threshold), so the budget spreads over several prompts. On a wafer
+the chunks of the several prompts stream through the layer regions at once, beside the
+decode micro-batches (`CostModel.mixed`); `devices.chunking` sizes both from a TPOT
+target.
 When no prompt is in progress (or the batch alone fills the budget) the engine runs
 decode-only with event skipping, exactly as `DecodeEngine`, and a new submission cuts
 the run at the next step boundary. Mixed iterations skip events the same way: while one
@@ -46,8 +51,8 @@ from typing import Any
 
 import numpy as np
 
-from devices.engines.common import (admit_with_prefix, ceil_div, enqueue_batch, plan_chunk, prefix_lookup,
-                                    record_series)
+from devices.engines.common import (admit_with_prefix, attach_host_tier, ceil_div, enqueue_batch, host_load_s,
+                                    host_prefix, plan_chunk, prefix_lookup, record_series)
 from devices.engines.decode import AdmissionPolicy, DecodeEngine, _Seq
 from devices.memory import PrefixCache
 
@@ -55,13 +60,14 @@ from devices.memory import PrefixCache
 class _Job:
     """A prompt in the prefill part of the colocated engine."""
 
-    __slots__ = ("req", "cached", "computed", "started")
+    __slots__ = ("req", "cached", "computed", "started", "load_s")
 
     def __init__(self, req) -> None:
         self.req = req
         self.cached = 0
         self.computed = 0
         self.started = False
+        self.load_s = 0.0          # its prefix's load from the host tier (s)
 
     @property
     def remaining(self) -> int:
@@ -81,6 +87,15 @@ class ColocatedEngine(DecodeEngine):
         prefix_cache: enable the prefix cache (requests with `block_hashes`).
         recv_interval: decode steps between the scheduler's receives of new requests
             (SGLang --scheduler-recv-interval, >= 1; see the module docstring).
+        prompt_chunk_tokens: at most this many tokens of one prompt per iteration
+            (vLLM's long_prefill_token_threshold; None: the whole budget), so an
+            iteration's budget spreads over several prompts: on a wafer each is a
+            stream of its own through the layer regions (`CostModel.mixed`), and the
+            longest stream sets the step's time (`devices.chunking` picks it from a
+            TPOT target).
+        host_kv_bytes: host memory for prefixes the prefix cache evicts (0: none;
+            `devices.memory.HostKVTier`); host_kv_Bps: its link (None: the devices'
+            `weight_load_Bps`).
     `max_batch` bounds the requests being prefilled or decoded at once.
     """
 
@@ -91,11 +106,16 @@ class ColocatedEngine(DecodeEngine):
                  memory_reserve_fraction: float | None = None, memory_plan: Any = None,
                  max_steps_per_wake: int = 4096, max_reserve_queue: int | None = None,
                  first_token: str = "prefill", loading_until_s: float | None = None,
-                 recv_interval: int = 1, stream_to: str | None = None) -> None:
+                 recv_interval: int = 1, stream_to: str | None = None,
+                 prompt_chunk_tokens: int | None = None, host_kv_bytes: int = 0,
+                 host_kv_Bps: float | None = None) -> None:
         if int(chunk_tokens) < 1:
             raise ValueError(f"ColocatedEngine {name!r}: chunk_tokens must be >= 1, got {chunk_tokens}")
         if int(max_queue) < 0:
             raise ValueError(f"ColocatedEngine {name!r}: max_queue must be >= 0, got {max_queue}")
+        if prompt_chunk_tokens is not None and int(prompt_chunk_tokens) < 1:
+            raise ValueError(f"ColocatedEngine {name!r}: prompt_chunk_tokens must be >= 1 or None, "
+                             f"got {prompt_chunk_tokens}")
         if int(recv_interval) < 1:
             raise ValueError(f"ColocatedEngine {name!r}: recv_interval must be >= 1, got {recv_interval}")
         super().__init__(name=name, cost=cost, collector=collector,
@@ -106,8 +126,10 @@ class ColocatedEngine(DecodeEngine):
                          max_reserve_queue=max_reserve_queue, first_token=first_token,
                          loading_until_s=loading_until_s, stream_to=stream_to)
         self.chunk_tokens = int(chunk_tokens)
+        self.prompt_chunk_tokens = None if prompt_chunk_tokens is None else int(prompt_chunk_tokens)
         self.max_queue = int(max_queue)
         self.prefix = PrefixCache(self.ledger, self.pool.kv_bytes_per_token) if prefix_cache else None
+        attach_host_tier(self, host_kv_bytes, host_kv_Bps)
         self._queue: deque[_Job] = deque()
         self._prefilling: list[_Job] = []
         self.recv_interval = int(recv_interval)
@@ -211,6 +233,7 @@ class ColocatedEngine(DecodeEngine):
             "tokens_computed": self.tokens_computed,
             "tokens_cached": self.tokens_cached,
             "prefix_cache": self.prefix.stats.as_dict() if self.prefix else None,
+            "host_kv": self.prefix.host.as_dict() if self.prefix is not None and self.prefix.host is not None else None,
             "prefix_cache_entries": len(self.prefix) if self.prefix else 0,
             # bytes a cached token holds (all its copies): the cache's size in tokens is
             # at most kv_capacity_bytes / this
@@ -256,11 +279,11 @@ class ColocatedEngine(DecodeEngine):
             if self.prefix is not None:
                 self.prefix.release(req.id)
             return False
-        admit_with_prefix(self, job, hashes, hit, cached)
+        admit_with_prefix(self, job, hashes, hit, cached + host_prefix(self, job, hashes, hit, cached))
         return True
 
     def _schedule(self, budget: int) -> list[tuple[_Job, int]]:
-        return plan_chunk(self._prefilling, self._queue, budget, self._try_admit)
+        return plan_chunk(self._prefilling, self._queue, budget, self._try_admit, self.prompt_chunk_tokens)
 
     def _extra_work(self, t: float) -> bool:
         """Mixed iterations (decode step + prefill chunk) if a prompt can progress: one,
@@ -272,6 +295,7 @@ class ColocatedEngine(DecodeEngine):
         if budget <= 0:
             return False
         t0 = t
+        take = self._take(budget)
         run = self._fusable(budget)
         k = self._plan(t0, limit=run) if self._batch else 0   # may preempt (policy "preempt")
         plan = self._schedule(budget)
@@ -279,17 +303,17 @@ class ColocatedEngine(DecodeEngine):
             return False
         batch = list(self._batch) if k else []
         ctx = self._contexts(batch) if batch else np.zeros(0, np.int64)
-        n = (k if batch else run) if len(plan) == 1 and plan[0] == (self._prefilling[0], budget) else 1
+        n = (k if batch else run) if run > 1 and len(plan) == 1 and plan[0] == (self._prefilling[0], take) else 1
         if n > 1:
             job = plan[0][0]
-            sc = self.cost.mixed_steps(budget, job.cached + job.computed, ctx, n)
+            sc = self.cost.mixed_steps(take, job.cached + job.computed, ctx, n)
             ends = t0 + np.cumsum(sc.time_s)
             c = None
         else:
             new = np.fromiter((take for _, take in plan), np.int64, len(plan))
             cached = np.fromiter((j.cached + j.computed for j, _ in plan), np.int64, len(plan))
             c = self.cost.mixed(new, cached, ctx)
-            ends = np.array([t0 + c.time_s])
+            ends = np.array([t0 + host_load_s(plan) + c.time_s])
             sc = None
         for j, _ in plan:
             if not j.started:
@@ -374,9 +398,14 @@ class ColocatedEngine(DecodeEngine):
         record_series(self, t, len(self._queue) + len(self._waiters) + len(self._reservations) + len(self._ready),
                       len(self._batch) + len(self._prefilling))
 
+    def _take(self, budget: int) -> int:
+        """Tokens one prompt may take of an iteration's `budget` (`prompt_chunk_tokens`)."""
+        return budget if self.prompt_chunk_tokens is None else min(budget, self.prompt_chunk_tokens)
+
     def _fusable(self, budget: int) -> int:
         """How many coming iterations the first prompt in progress takes the whole
-        `budget` without finishing (>= 1), else 1.
+        `budget` (or its per-prompt share, `_take`, when it is the only prompt in
+        progress or queued) without finishing (>= 1), else 1.
 
         Through those, nothing but an admission changes the schedule: prompts in
         progress are served in order and admissions need budget left, so every
@@ -388,5 +417,8 @@ class ColocatedEngine(DecodeEngine):
         """
         if not self._prefilling:
             return 1
+        take = self._take(budget)
+        if take < budget and (len(self._prefilling) > 1 or self._queue):
+            return 1                    # the budget left over goes to other prompts
         left = self._prefilling[0].remaining
-        return max(1, min((left - 1) // budget, self.max_steps_per_wake)) if left > budget else 1
+        return max(1, min((left - 1) // take, self.max_steps_per_wake)) if left > take else 1

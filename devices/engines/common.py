@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from devices.memory import MemoryLedger
+from devices.memory import HostKVTier, MemoryLedger
 from workloads.series import BoundedSeries
 
 #: Slack for float products such as steps * tokens_per_step (e.g. 3 * (1/3 * 3)) so an
@@ -357,18 +357,68 @@ def admit_with_prefix(engine: Any, job: Any, hashes: tuple, hit: int, cached: in
         engine.send(engine.stream_to, "prompt_cached", job.req.id, cached)
 
 
-def plan_chunk(active: list, queue, budget: int, try_admit) -> list:
+#: Energy of moving a byte of KV from host DRAM to a device (J/byte): DRAM read
+#: (DDR5 ~15-20 pJ/bit), the host link (PCIe Gen5 SerDes ~5-10 pJ/bit; a wafer's
+#: Ethernet NICs and switch ~10-30 pJ/bit) and the device's write (HBM ~4 pJ/bit):
+#: ~30 pJ/bit [E] (range 15-60 pJ/bit; Horowitz, ISSCC 2014 keynote, for DRAM and
+#: wire energies; PCI-SIG and IEEE 802.3 SerDes figures) = 3.75 nJ per byte.
+HOST_KV_JOULES_PER_BYTE = 30e-12 * 8
+
+
+def attach_host_tier(engine: Any, capacity_bytes: int, bandwidth_Bps: float | None) -> None:
+    """Give `engine.prefix` (a `PrefixCache`, or None: nothing to do) a host-memory
+    tier of `capacity_bytes` for the prefixes it evicts (`devices.memory.HostKVTier`;
+    0: none). bandwidth_Bps None: the instance's host links, each device's
+    `weight_load_Bps` (the link its weights load over) times its devices."""
+    if engine.prefix is None or int(capacity_bytes) <= 0:
+        return
+    cost = engine.cost
+    if bandwidth_Bps is None:
+        bandwidth_Bps = cost.device.weight_load_Bps * cost.parallelism.n_devices
+    engine.prefix.host = HostKVTier(int(capacity_bytes), float(bandwidth_Bps), HOST_KV_JOULES_PER_BYTE)
+
+
+def host_prefix(engine: Any, job: Any, hashes: tuple, hit: int, cached: int) -> int:
+    """Prompt tokens of an admitted `job` held in its engine's host tier beyond the
+    `hit` blocks (`cached` tokens) the device's prefix cache holds: they are loaded
+    back instead of recomputed (their device memory is allocated with the rest of the
+    prompt's). Books the load (`HostKVTier.load`) and adds its time to `job.load_s`;
+    the iteration that starts the job waits for it (a synchronous load before the
+    forward pass, as vLLM's KV connector does). Returns the tokens (0 without a tier)."""
+    host = engine.prefix.host if engine.prefix is not None else None
+    if host is None or not hashes or hit >= len(hashes):
+        return 0
+    bs = job.req.block_size
+    more = host.run(hashes[hit:], bs)
+    tokens = min((hit + more) * bs, job.req.prompt_tokens - 1) - cached if more else 0
+    if tokens <= 0:
+        return 0
+    job.load_s += host.load(tokens * engine.prefix.kv_bytes_per_token)
+    return tokens
+
+
+def host_load_s(plan: list) -> float:
+    """Seconds an iteration waits for its newly started jobs' host-tier loads (the
+    host link carries them one after another)."""
+    return sum(j.load_s for j, _ in plan if not j.started)
+
+
+def plan_chunk(active: list, queue, budget: int, try_admit, per_job: int | None = None) -> list:
     """One chunked-prefill iteration's (job, new tokens) list, vLLM-style: the jobs
     already prefilling (`active`, in admission order) first, then FCFS admissions from
     the head of `queue` while `budget` tokens and memory last (`try_admit(job)` books
     the job's KV and returns False when it does not fit: head-of-line blocking).
     Admitted jobs move from `queue` to `active`. Jobs have a `remaining` token count.
+    `per_job`: at most this many tokens of one job per iteration (vLLM's
+    long_prefill_token_threshold; None: no cap), so the budget spreads over several
+    prompts.
     """
     plan: list = []
+    cap = budget if per_job is None else min(budget, int(per_job))
     for job in active:
         if budget == 0:
             break
-        take = min(job.remaining, budget)
+        take = min(job.remaining, budget, cap)
         plan.append((job, take))
         budget -= take
     while budget > 0 and queue:
@@ -377,7 +427,7 @@ def plan_chunk(active: list, queue, budget: int, try_admit) -> list:
             break
         queue.popleft()
         active.append(job)
-        take = min(job.remaining, budget)
+        take = min(job.remaining, budget, cap)
         plan.append((job, take))
         budget -= take
     return plan
@@ -389,6 +439,7 @@ def ceil_div(a: int, b: int) -> int:
 
 
 __all__ = [
+    "HOST_KV_JOULES_PER_BYTE", "attach_host_tier", "host_load_s", "host_prefix",
     "EventSeries", "SERIES_COLUMNS", "GrowingArray", "record_series", "Lateness", "TimeSeries", "Utilisation", "ceil_div", "emitted_after",
     "enqueue_batch", "instance_ledger", "memory_label", "model_layers", "step_token_times", "steps_for",
 ]

@@ -64,6 +64,9 @@ import numpy as np
 from devices.engines.common import (
     EventSeries,
     admit_with_prefix,
+    attach_host_tier,
+    host_load_s,
+    host_prefix,
     record_series,
     prefix_lookup,
     plan_chunk,
@@ -84,7 +87,7 @@ class _Job:
     """A request inside the prefill engine (queued, prefilling, then handing off)."""
 
     __slots__ = ("req", "target", "cached", "computed", "started", "t_first", "state",
-                 "attempt", "losses", "expect")
+                 "attempt", "losses", "expect", "load_s")
 
     def __init__(self, req, target: str) -> None:
         self.req = req
@@ -92,6 +95,7 @@ class _Job:
         self.cached = 0        # prompt tokens served by the prefix cache
         self.computed = 0      # prompt tokens computed so far
         self.started = False   # prefill_start sent
+        self.load_s = 0.0      # its prefix's load from the host tier (s)
         self.t_first = 0.0     # end of the prompt (the first token's time under "prefill")
         self.state = "queued"  # queued, running, reserving, transferring, backoff, checking
         self.attempt = 0       # payloads sent in this handoff (re-sends after bad frames)
@@ -145,6 +149,8 @@ class PrefillEngine(Core):
             headers and sizes, no bytes: `interconnect.codec.describe_kv_frames`) and
             builds and checks the real frames of the first payload and one in N after
             it, the description compared with them.
+        host_kv_bytes, host_kv_Bps: a host-memory tier for the prefixes the prefix cache
+            evicts (`devices.engines.common.attach_host_tier`; 0 bytes: none).
     Raises ValueError on out-of-range arguments; `planner.ModelDoesNotFit` if the
     weights do not fit the instance.
     """
@@ -157,7 +163,8 @@ class PrefillEngine(Core):
                  max_resends: int = 1, kv_seed: int = 0, max_peer_retries: int = 8,
                  first_token: str = "prefill", loading_until_s: float | None = None,
                  kv_events: bool = False, stream_to: str | None = None,
-                 kv_verify_every: int | None = None) -> None:
+                 kv_verify_every: int | None = None, host_kv_bytes: int = 0,
+                 host_kv_Bps: float | None = None) -> None:
         super().__init__(name)
         if kv_verify_every is not None and int(kv_verify_every) < 1:
             raise ValueError(f"PrefillEngine {name!r}: kv_verify_every must be >= 1 (or None: every "
@@ -203,6 +210,7 @@ class PrefillEngine(Core):
         held = int(cost.kv_held_bytes_per_token)
         self.pool = KVBlockPool(self.ledger, kv_block_tokens, held)
         self.prefix = PrefixCache(self.ledger, held) if prefix_cache else None
+        attach_host_tier(self, host_kv_bytes, host_kv_Bps)
         if kv_events and self.prefix is not None and router is not None:
             self.prefix.journal = []
 
@@ -403,6 +411,7 @@ class PrefillEngine(Core):
             "tokens_computed": self.tokens_computed,
             "tokens_cached": self.tokens_cached,
             "prefix_cache": self.prefix.stats.as_dict() if self.prefix else None,
+            "host_kv": self.prefix.host.as_dict() if self.prefix is not None and self.prefix.host is not None else None,
             "prefix_cache_entries": len(self.prefix) if self.prefix else 0,
             "timeseries": self.series.as_dict(),
             # bytes a cached token holds (all its copies): the cache's size in tokens is
@@ -460,7 +469,7 @@ class PrefillEngine(Core):
             if self.prefix is not None:
                 self.prefix.release(req.id)
             return False
-        admit_with_prefix(self, job, hashes, hit, cached)
+        admit_with_prefix(self, job, hashes, hit, cached + host_prefix(self, job, hashes, hit, cached))
         job.state = "running"
         return True
 
@@ -480,7 +489,7 @@ class PrefillEngine(Core):
         cached = np.fromiter((j.cached + j.computed for j, _ in plan), dtype=np.int64,
                              count=len(plan))
         c = self.cost.prefill(new, cached)
-        t1 = t0 + c.time_s
+        t1 = t0 + host_load_s(plan) + c.time_s
         starts = [(j.req.id, "prefill_start", t0) for j, _ in plan if not j.started]
         for j, _ in plan:
             j.started = True

@@ -20,6 +20,11 @@ def _fmt_rate(x: float, unit: str) -> str:
     return f"{x:.3g} {unit}"
 
 
+def _count(n: int, noun: str) -> str:
+    """"1 token", "2 tokens", "1,024 tokens"."""
+    return f"{n:,} {noun}" + ("" if n == 1 else "s")
+
+
 def _fmt_time(s: float) -> str:
     if s >= 1:
         return f"{s:.3g} s"
@@ -40,11 +45,13 @@ def build_estimate(model: str, device: str, count: int, tp: Optional[int], pp: O
                    draft_tokens: int = 0, acceptance_rate: float = 0.7, spec_method: str = "mtp",
                    draft_model: Optional[str] = None, reserve_fraction: Optional[float] = None,
                    stack: Optional[str] = None, dp_attention: bool = False,
-                   terms: Optional[dict] = None) -> dict:
+                   terms: Optional[dict] = None, tpot_ms: float = 80.0) -> dict:
     """The estimate as a plain dict (what `--json` prints). `weight_dtype` None: the
     model's native dtype (`ModelSpec.native_dtype`, from its config; bf16 if unknown).
     `terms`: uncertain terms set on the device ({key: value}, `devices.uncertainty`;
-    those naming another device are ignored).
+    those naming another device are ignored). `tpot_ms`: the TPOT target of the
+    chunked-prefill sizes printed (`devices.chunking.tpot_chunks`); "sizing": the fewest
+    devices holding the weights plus `batch` requests' KV at `context` tokens.
 
     Raises:
         devices.CatalogError: unknown model/device; ValueError: bad parallelism or sizes;
@@ -55,6 +62,7 @@ def build_estimate(model: str, device: str, count: int, tp: Optional[int], pp: O
     from devices.borrow import resolve_stack
     from devices.catalog import resolve_model
     from devices.costmodel import CostModel, Parallelism, SpeculativeConfig
+    from devices.chunking import tpot_chunks
     from devices.planner import ModelDoesNotFit, plan_memory
     from devices.uncertainty import apply_terms
     from devices.validation import default_parallelism
@@ -116,8 +124,34 @@ def build_estimate(model: str, device: str, count: int, tp: Optional[int], pp: O
         "mbu": step.bytes / (step.time_s * cost.memory_bandwidth),
     }
     out["prefill"]["single"]["rate_vs_decode"] = out["prefill"]["single"]["tokens_per_s"] / per_user
+    if dev.prompt_token_layer_s > 0:
+        # the pipeline's prompt rate at a batch: the given one, else the stack's request cap
+        out["prefill"]["wafer"] = cost.prompt_throughput(prompt, batch if batch > 1 else (cost.max_num_seqs or 256))
+        out["prefill"]["wafer"]["prompt_streams"] = dev.prompt_streams
+    out["chunks"] = tpot_chunks(cost, tpot_ms * 1e-3, batch if batch > 1 else (cost.max_num_seqs or 256))
+    out["sizing"] = _sizing(cost, batch, context, reserve_fraction, plan.block_size)
     out["uncertain_terms"] = _device_terms(cost.device)
     return out
+
+
+def _sizing(cost, requests: int, context: int, reserve_fraction, block_size: int) -> dict:
+    """The fewest devices of this kind holding the weights plus `requests` x `context`
+    tokens of KV (`devices.planner.devices_for_workload`, with this instance's dtypes
+    and layout: pipelined on a wafer, tensor parallel on GPUs)."""
+    from devices.costmodel import CostModel, Parallelism
+    from devices.planner import devices_for_workload
+
+    wafer = cost.device.kind == "wafer"
+
+    def cost_of(n: int):
+        par = Parallelism(pp=n) if wafer else Parallelism(tp=n, ep=n if cost.parallelism.ep > 1 else 1)
+        return CostModel(cost.model, cost.device, par, cost.weight_dtype, cost.kv_dtype, cost.speculative)
+
+    try:
+        return devices_for_workload(cost_of, requests, context, reserve_fraction=reserve_fraction,
+                                    block_size=block_size, max_devices=cost.model.n_layers if wafer else 128)
+    except ValueError as e:
+        return {"error": str(e), "requests": requests, "context_tokens": context}
 
 
 def _device_terms(device) -> list[dict]:
@@ -210,6 +244,29 @@ def _print_tables(est: dict) -> None:
                   "docs/devices.md); its tokens stream through the layers at "
                   f"{inst['prompt_token_layer_s'] * 1e6:.3g} us per token per layer region "
                   "(fitted on the wafer prompt rows of `rack validate`)")
+    w = p.get("wafer")
+    if w:
+        con.print(f"prompts through the pipeline: {w['requests']} prompts of {p['prompt_tokens']:,} at once in "
+                  f"{_fmt_time(w['aggregate_time_s'])}: {w['aggregate_tokens_per_s']:,.0f} tokens/s "
+                  f"(MFU {w['aggregate_mfu']:.1%}), {w['gain']:.1f}x one request's "
+                  f"{w['single_tokens_per_s']:,.0f} tokens/s (MFU {w['single_mfu']:.2%}); each request is a "
+                  "stream through the layer regions, the streams of several requests in flight at once"
+                  + (f" (at most {w['prompt_streams']} per region)" if w["prompt_streams"] else
+                     ", bounded by the regions' arithmetic at the prefill efficiency"))
+    ch = est.get("chunks")
+    if ch:
+        con.print(f"chunked prefill at a {ch['tpot_s'] * 1e3:g} ms TPOT target (devices/chunking.py, "
+                  f"chunk_tokens = \"tpot\"): at most {_count(ch['prompt_chunk_tokens'], 'token')} of one prompt per "
+                  f"iteration ({_fmt_time(ch['prompt_chunk_s'])}), {ch['chunk_tokens']:,} tokens per iteration "
+                  f"({_fmt_time(ch['step_s'])})")
+    sz = est.get("sizing")
+    if sz and "error" not in sz:
+        con.print(f"sizing for {_count(sz['requests'], 'request')} of {sz['context_tokens']:,} tokens: "
+                  f"{sz['devices']} devices hold the {format_bytes(sz['weight_bytes'])} of weights plus "
+                  f"{format_bytes(sz['kv_bytes_needed'])} of KV ({sz['weights_only_devices']} hold the weights "
+                  "alone; devices.planner.devices_for_workload)")
+    elif sz:
+        con.print(f"sizing: {sz['error']}")
     terms = est.get("uncertain_terms") or []
     if terms:
         con.print("uncertain terms of this device (range; sources in docs/devices.md, `--term KEY=VALUE` sets one): "
@@ -244,6 +301,8 @@ def estimate(
     reserve_fraction: Optional[float] = typer.Option(None, "--reserve-fraction", help="memory kept for activations (default: the device's)"),
     json_out: bool = typer.Option(False, "--json", help="print JSON instead of tables"),
     term: Optional[List[str]] = TERM_OPTION,
+    tpot_ms: float = typer.Option(80.0, "--tpot-ms", min=0.1, help="TPOT target of the chunked-prefill sizes "
+                                  "printed (devices/chunking.py)"),
 ) -> None:
     """Estimate memory fit, KV capacity, prefill and decode speed, and the binding roof."""
     from devices.catalog import CatalogError
@@ -252,7 +311,7 @@ def estimate(
     try:
         est = build_estimate(model, device, count, tp, pp, ep, weight_dtype, kv_dtype, batch, context, prompt,
                              draft_tokens, acceptance_rate, spec_method, draft_model, reserve_fraction,
-                             stack, dp_attention, terms)
+                             stack, dp_attention, terms, tpot_ms)
     except (CatalogError, ValueError) as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2)

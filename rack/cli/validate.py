@@ -30,6 +30,26 @@ def _figures_table(con, figures, tolerance: float, title: str) -> None:
     con.print(t)
 
 
+def _pipeline_table(con, prompt_rows) -> None:
+    """Each wafer prompt row's instance: one request's prompt rate (the stream the row
+    measures) against the pipeline's with many prompts in flight, and their MFU."""
+    from rich.table import Table
+
+    rows = [r for r in prompt_rows if "pipeline" in r.details]
+    if not rows:
+        return
+    t = Table(title="The wafer prompt rows' instances: one request's stream against the pipeline's prompt rate "
+              "(CostModel.prompt_throughput)")
+    for col in ("row", "prompt", "one request tok/s", "MFU", "prompts at once", "aggregate tok/s", "MFU", "gain"):
+        t.add_column(col, justify="left" if col == "row" else "right")
+    for r in rows:
+        p = r.details["pipeline"]
+        t.add_row(r.name, f"{r.details['prompt_tokens']:,}", f"{p['single_tokens_per_s']:,.0f}",
+                  f"{p['single_mfu']:.2%}", f"{p['requests']:,}", f"{p['aggregate_tokens_per_s']:,.0f}",
+                  f"{p['aggregate_mfu']:.1%}", f"{p['gain']:.1f}x")
+    con.print(t)
+
+
 def _lodo_table(con, lodo: dict) -> None:
     from rich.table import Table
 
@@ -173,6 +193,7 @@ def validate(
         keys = ("name", "kind", "predicted", "published", "unit", "relative_error", "source")
         out = {
             "figures": [{k: getattr(r, k) for k in keys} | ({"details": r.details} if details else {})
+                        | ({"pipeline": r.details["pipeline"]} if "pipeline" in r.details else {})
                         for r in figures],
             "serving_rows": [{"id": rr.row.id, "curve": rr.row.curve, "concurrency": rr.row.concurrency_requests,
                               "borrowed_from": _lender(rr.row) or None,
@@ -200,6 +221,7 @@ def validate(
         if prompt:
             _figures_table(con, prompt, tolerance, "Wafer prompt rows (calibration.toml; fitted by "
                            "devices/wafer_prompt.py): a prompt's time or rate at a stated length, within 35 %")
+            _pipeline_table(con, prompt)
         if replays:
             _serving_table(con, replays, summary, lodo)
             _lodo_table(con, lodo)

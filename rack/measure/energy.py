@@ -218,7 +218,8 @@ def energy_section(scenario: "Scenario", specs: Sequence["ComponentSpec"], stats
     window_s: the integration window [0, window_s] (s, >= 0): the run's end, its last request event.
     output_tokens / input_tokens: completed requests' tokens.
 
-    Returns {"joules", "tokens_per_joule" (output tokens / J), "joules_per_output_token",
+    Returns {"joules", "host_kv_joules" (loads from host-memory KV tiers, in "joules"),
+    "tokens_per_joule" (output tokens / J), "joules_per_output_token",
     "total_tokens_per_joule" ((input + output) / J), "window_s", "mean_power_w",
     "idle_power_w", "peak_power_w", "activity", "pools": {pool: {...}}, "instances":
     {name: {"pool", "device", "devices", "idle_w", "peak_w" (per device), "activity_s",
@@ -254,6 +255,12 @@ def energy_section(scenario: "Scenario", specs: Sequence["ComponentSpec"], stats
         p["dynamic_joules"] += joules[mode] - n * dev.idle_w * window_s
         p["idle_power_w"] += n * dev.idle_w
         p["peak_power_w"] += n * dev.peak_w
+    # loads from a host-memory KV tier (devices.memory.HostKVTier): each byte's DRAM
+    # read, host link and device write, on top of the devices' own power
+    host_kv = sum(float((stats.get(spec.name, {}).get("host_kv") or {}).get("joules", 0.0))
+                  for spec, _, _ in engine_instances(specs))
+    for k in totals:
+        totals[k] += host_kv
     for p in pools.values():
         p["mean_power_w"] = p["joules"] / window_s if window_s > 0 else p["idle_power_w"]
     total = totals[mode]
@@ -264,6 +271,7 @@ def energy_section(scenario: "Scenario", specs: Sequence["ComponentSpec"], stats
     idle_w = sum(p["idle_power_w"] for p in pools.values())
     return {
         "joules": total,
+        "host_kv_joules": host_kv,
         "tokens_per_joule": per_j(output_tokens, total),
         "joules_per_output_token": total / output_tokens if output_tokens else None,
         "total_tokens_per_joule": per_j(output_tokens + input_tokens, total),
@@ -279,7 +287,9 @@ def energy_section(scenario: "Scenario", specs: Sequence["ComponentSpec"], stats
             "P = idle_w + (peak_w - idle_w) x u per device (linear model, Fan et al. 2007); "
             f"u = {'busy fraction' if mode == 'busy' else 'share of the achievable roofline'} of the instance",
             f"integrated over [0, {window_s:.1f} s] (to the run's last request event) for every provisioned device, idle or not",
-            "devices only: hosts, NICs, switches and cooling excluded (PUE enters the electricity cost only)",
+            "devices only: hosts, NICs, switches and cooling excluded (PUE enters the electricity cost only), "
+            "except the energy of loads from a host-memory KV tier (host_kv_joules, "
+            "devices.engines.common.HOST_KV_JOULES_PER_BYTE)",
             "idle_w/peak_w from the device catalog (devices/catalog/devices/*.toml, with sources)",
         ],
     }

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import difflib
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Literal, Optional, Union
 
 from interconnect.link import LinkSpec
 from rack.wiring.faults import FaultConfig, check_faults
@@ -84,8 +84,21 @@ class PoolConfig(_Strict):
     ep: int = Field(default=1, ge=1)
     dp_attention: bool = Field(default=False, description="data-parallel attention over the tp devices")
     # prefill side (role prefill or both)
-    chunk_tokens: int = Field(default=8192, ge=1, description="chunked-prefill token budget per iteration")
+    chunk_tokens: Union[int, Literal["tpot"]] = Field(
+        default=8192, description="chunked-prefill token budget per iteration (prefill + decode tokens); "
+        "\"tpot\": the largest whose iterations keep within the SLO's TPOT target (devices.chunking; role both)")
+    chunk_tpot_ms: Optional[float] = Field(
+        default=None, gt=0, description="the TPOT target (ms) the \"tpot\" chunk sizes keep to; None: the "
+        "SLO's tpot_ms (a knob that trades per-user speed for prompt throughput, the SLO unchanged)")
+    prompt_chunk_tokens: Optional[Union[int, Literal["tpot"]]] = Field(
+        default=None, description="role both: tokens one prompt takes of an iteration at most (vLLM's "
+        "long_prefill_token_threshold); \"tpot\": from the SLO's TPOT target (devices.chunking); None: the "
+        "whole budget, or the TPOT rule's when chunk_tokens is \"tpot\"")
     prefix_cache: bool = True
+    host_kv_gb: float = Field(default=0.0, ge=0, description="host memory per instance (GB) keeping the prefixes "
+                              "its prefix cache evicts, loaded back instead of recomputed (0: none)")
+    host_kv_GBps: Optional[float] = Field(default=None, gt=0, description="the host tier's link per instance "
+                                          "(GB/s); None: each device's weight_load_Bps (catalog) x its devices")
     max_queue: int = Field(default=1024, ge=1, description="requests waiting per instance before rejection")
     scheduler_recv_interval: int = Field(default=1, ge=1, description="role both: decode steps between the "
                                          "scheduler's receives of new requests (SGLang "
@@ -119,6 +132,22 @@ class PoolConfig(_Strict):
     @classmethod
     def _resources(cls, v: dict[str, float]) -> dict[str, float]:
         return _positive_resources(v)
+
+    @field_validator("chunk_tokens", "prompt_chunk_tokens")
+    @classmethod
+    def _chunk(cls, v, info):
+        if isinstance(v, int) and v < 1:
+            raise ValueError(f"{info.field_name} must be >= 1 tokens or \"tpot\", got {v}")
+        return v
+
+    @model_validator(mode="after")
+    def _tpot_rule_decodes(self) -> "PoolConfig":
+        if self.role != "both" and "tpot" in (self.chunk_tokens, self.prompt_chunk_tokens):
+            raise ValueError(f"pool {self.name!r}: chunk sizes from the TPOT target (\"tpot\") apply to a pool "
+                             f"that decodes what it prefills (role \"both\"), not role {self.role!r}")
+        if self.role != "both" and self.prompt_chunk_tokens is not None:
+            raise ValueError(f"pool {self.name!r}: prompt_chunk_tokens applies to role \"both\" pools")
+        return self
 
     @property
     def devices_per_instance(self) -> int:
@@ -347,6 +376,17 @@ class Scenario(_Strict):
         given = {k: v for k, v in changes.items() if v is not None}     # None: not overridden
         data.update(given)
         return parse_scenario(data, f"scenario {self.name!r} with overrides {sorted(given)}")
+
+    def with_pool(self, name: str, **changes) -> "Scenario":
+        """A copy with fields of pool `name` replaced (validated again), e.g. a wafer
+        tier's size (`pp`) or its chunk sizes. Raises KeyError for an unknown pool and
+        ScenarioError for a bad value."""
+        self.pool(name)
+        data = self.model_dump()
+        for p in data["pools"]:
+            if p["name"] == name:
+                p.update(changes)
+        return parse_scenario(data, f"scenario {self.name!r} with pool {name!r} {sorted(changes)}")
 
 
 def scenario_names() -> list[str]:

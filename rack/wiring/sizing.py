@@ -66,6 +66,52 @@ def weight_load_s(scenario: Scenario, pool: PoolConfig, cost: CostModel) -> floa
     return plan.per_device_weight_bytes / rate
 
 
+def chunk_tpot_ms(scenario: Scenario, pool: PoolConfig) -> float:
+    """The TPOT target (ms) `pool`'s "tpot" chunk sizes keep to: its `chunk_tpot_ms`,
+    else the scenario's SLO."""
+    return pool.chunk_tpot_ms if pool.chunk_tpot_ms is not None else scenario.slo.tpot_ms
+
+
+def chunk_sizes(scenario: Scenario, pool: PoolConfig, cost: CostModel) -> tuple[int, int | None]:
+    """(chunk_tokens, prompt_chunk_tokens) of `pool`'s engines: the pool's numbers, or
+    for "tpot" the sizes whose iterations keep within its TPOT target (`chunk_tpot_ms`)
+    (`devices.chunking.tpot_chunks`, at most the pool's max_num_seqs prompts at once).
+    prompt_chunk_tokens None: a prompt may take the whole budget."""
+    from devices.chunking import tpot_chunks
+
+    rule = None
+    if "tpot" in (pool.chunk_tokens, pool.prompt_chunk_tokens):
+        rule = tpot_chunks(cost, chunk_tpot_ms(scenario, pool) * 1e-3, max_num_seqs(pool, cost))
+    budget = rule["chunk_tokens"] if pool.chunk_tokens == "tpot" else pool.chunk_tokens
+    per = pool.prompt_chunk_tokens
+    if per == "tpot" or (per is None and pool.chunk_tokens == "tpot"):
+        per = rule["prompt_chunk_tokens"]
+    return int(budget), (None if per is None else int(per))
+
+
+def prefill_scheduling(scenario: Scenario) -> str:
+    """How `scenario`'s colocated pools (role "both") schedule prompts, as a clause for
+    a report, from the chunk sizes their engines get (`chunk_sizes`): what a page says
+    about a deployment's scheduling is what the code does. "" when no pool prefills
+    and decodes. Raises ScenarioError as `cost_model`."""
+    parts = []
+    for p in scenario.pools:
+        if p.role != "both":
+            continue
+        budget, per = chunk_sizes(scenario, p, cost_model(scenario, p))
+        rule = (f", sizes from a {chunk_tpot_ms(scenario, p):g} ms TPOT target"
+                if "tpot" in (p.chunk_tokens, p.prompt_chunk_tokens) else "")
+        if per is None or per >= budget:
+            parts.append(f"piggybacks prompt chunks of up to {budget:,} tokens on its decode steps (chunked "
+                         f"prefill{rule}), so a chunk holds every decoding user for its time")
+        else:
+            parts.append(f"piggybacks prompt chunks on its decode steps (chunked prefill{rule}): up to {per:,} "
+                         f"token{'s' if per != 1 else ''} of each prompt in progress and {budget:,} tokens in all per step, every prompt "
+                         "a stream of its own" + (" through the layer regions beside the decode micro-batches"
+                                                   if cost_model(scenario, p).device.kind == "wafer" else ""))
+    return "; ".join(parts)
+
+
 def context_limit(scenario: Scenario) -> int | None:
     """The run's context limit in tokens: the scenario's `max_model_len`, else the
     model's `max_context_tokens` (None if neither is known)."""
@@ -76,5 +122,5 @@ def context_limit(scenario: Scenario) -> int | None:
 
 
 
-__all__ = ["DEFAULT_MAX_NUM_SEQS", "check_fit", "context_limit", "cost_model", "instance_names", "max_num_seqs",
+__all__ = ["DEFAULT_MAX_NUM_SEQS", "check_fit", "chunk_sizes", "chunk_tpot_ms", "prefill_scheduling", "context_limit", "cost_model", "instance_names", "max_num_seqs",
            "weight_load_s"]

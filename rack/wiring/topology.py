@@ -21,7 +21,7 @@ from rack.serving.admission import kv_fit_of
 
 from .faults import CRASH_KINDS, resolve_target
 from .scenario import Scenario, ScenarioError
-from .sizing import check_fit, context_limit, cost_model, instance_names, max_num_seqs, weight_load_s
+from .sizing import check_fit, chunk_sizes, context_limit, cost_model, instance_names, max_num_seqs, weight_load_s
 
 
 @dataclass(frozen=True)
@@ -71,6 +71,12 @@ class ComponentSpec:
         return out
 
 
+def _host_tier(pool) -> dict:
+    """A prefilling engine's host-memory KV tier arguments from its pool's settings."""
+    return {"host_kv_bytes": int(pool.host_kv_gb * 1e9),
+            "host_kv_Bps": None if pool.host_kv_GBps is None else pool.host_kv_GBps * 1e9}
+
+
 def build_topology(scenario: Scenario, request_ids: Sequence[int]) -> list[ComponentSpec]:
     """The components of `scenario`, in an order where each one's peers come first.
 
@@ -103,13 +109,15 @@ def build_topology(scenario: Scenario, request_ids: Sequence[int]) -> list[Compo
 
     local_names: list[str] = []
     for p in colocated:
+        budget, per_prompt = chunk_sizes(scenario, p, costs[p.name])
         for name in instance_names(p):
             local_names.append(name)
             if p in kv_receivers:
                 decode_names.append(name)
             specs.append(ComponentSpec(name, "devices.engines.colocated:ColocatedEngine", {
                 "name": name, "cost": costs[p.name], "collector": Ref("collector"),
-                "chunk_tokens": p.chunk_tokens, "max_queue": p.max_queue,
+                "chunk_tokens": budget, "prompt_chunk_tokens": per_prompt, "max_queue": p.max_queue,
+                **_host_tier(p),
                 "max_batch": max_num_seqs(p, costs[p.name]), "kv_block_tokens": p.kv_block_tokens,
                 "prefix_cache": p.prefix_cache, "admission_policy": p.admission_policy,
                 "memory_reserve_fraction": p.memory_reserve_fraction,
@@ -147,7 +155,7 @@ def build_topology(scenario: Scenario, request_ids: Sequence[int]) -> list[Compo
                 "name": name, "cost": costs[p.name], "collector": Ref("collector"),
                 "interconnect": Ref("interconnect"), "decode": [Ref(d) for d in decode_names],
                 "router": Ref("router"),
-                "chunk_tokens": p.chunk_tokens, "max_queue": p.max_queue,
+                "chunk_tokens": p.chunk_tokens, "max_queue": p.max_queue, **_host_tier(p),
                 "kv_block_tokens": p.kv_block_tokens, "prefix_cache": p.prefix_cache,
                 "payload_scale": scenario.payload_scale, "layer_group": scenario.layer_group,
                 "memory_reserve_fraction": p.memory_reserve_fraction, "kv_seed": scenario.seed,

@@ -153,7 +153,7 @@ def _summary(results: dict, sections: Optional[list] = None) -> list[str]:
                     won.append(f"{t} ms")
         lines.append(f"- Under tighter TPOT targets, {T.code(SPLIT72)} sustains more than {T.code(WAFER)} at "
                      f"{T.listing(won)} (of {T.listing([f'{t} ms' for t in tp['values']])} tried)"
-                     + (": the wafer alone fuses prefill chunks into its decode steps, the split rack does not."
+                     + (f": the wafer alone {_wafer_scheduling()}; the split rack's wafers only decode."
                         if won else "."))
     for case in results.get("bandwidth", {}).get("cases", []):
         lines.append(f"- KV link, {T.code(case['split'])} at {case['rate_scale']:g}x the trace rate: "
@@ -419,10 +419,23 @@ def _tpot(results: dict, figures: dict, fig_dir: str) -> list[str]:
                          f"across the rates tried, and {T.code(SPLIT72)} {v['verdict']} on capacity against it"
                          + (f" ({v['why']})" if v["why"] else "") + f"; goodput per megawatt of {T.code(SPLIT72)} "
                          f"over {T.code(WAFER)} at equal offered load is {T.span(ratios)} at the rates the split sustains."
-                         + (" The wafer alone fuses prefill chunks into its decode steps; the split rack's wafers "
-                            "only decode, so their TPOT does not move." if v["verdict"] == "wins" else ""))
+                         + (f" The wafer alone {_wafer_scheduling(float(tight))}; the split rack's wafers only "
+                            "decode, so "
+                            "their TPOT does not move." if v["verdict"] == "wins" else ""))
             lines.append("")
     return lines + _fig(figures, "tpot", fig_dir, "capacity against the TPOT target")
+
+
+def _wafer_scheduling(tpot_ms: Optional[float] = None) -> str:
+    """How the wafer alone schedules its prompts (at TPOT target `tpot_ms`, None: its
+    own), read from its scenario: the chunk sizes its engine gets
+    (rack.wiring.sizing.prefill_scheduling)."""
+    from rack.experiments.study.experiments import variant
+    from rack.wiring.load import load_scenario
+    from rack.wiring.sizing import prefill_scheduling
+
+    sc = load_scenario(WAFER)
+    return prefill_scheduling(sc if tpot_ms is None else variant(sc, sc.name, tpot_ms=tpot_ms))
 
 
 def _vendor(results: dict) -> list[str]:
@@ -543,9 +556,12 @@ def _caveats(results: dict) -> list[str]:
         "`_handle_speculative_decoding`: a lower default max_running_requests, no overlap scheduler, no mixed "
         "chunked prefill).",
         "- The wafer's prompt rate is a stream through its layer regions (`prompt_token_layer_s`, fitted on four "
-        "published wafer prompt rows, `rack validate`; docs/devices.md), ~24k tokens/s per request for Kimi-K2: no "
-        "public figure measures the production stack's TTFT against prompt length, so the tornado and break-even "
-        "sections move it across its documented range; the verdicts above say how far that moves them.",
+        "published wafer prompt rows, `rack validate`; docs/devices.md), ~24k tokens/s per request for Kimi-K2; the "
+        "prompts of several requests stream through the regions at once, up to the regions' arithmetic at the "
+        "prefill efficiency (`cs3.prompt_streams`, `cs3.prefill_efficiency`): no public figure measures the "
+        "production stack's TTFT against prompt length or its prompt rate under load, so the tornado and "
+        "break-even sections move these terms across their documented ranges; the verdicts above say how far "
+        "that moves them.",
         "- Energy counts the devices (idle power plus dynamic power by occupancy), not hosts, switches or "
         "cooling; prices are the catalog's (`rack/measure/energy.py`).",
         f"- Each synthetic point lasts {cfg['synthetic_duration_s']:g} s of arrivals (at least "
