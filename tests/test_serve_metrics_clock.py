@@ -64,8 +64,8 @@ def test_the_pacing_line_warns_on_what_a_client_measures():
     base = {"chunks": 96, "responses": 3, "compared": 3, "p50_s": 0.030, "p99_s": 0.045, "max_s": 0.05}
     ok = lateness_line({**base, "ttft_dev": 0.9 * AGREEMENT_WARN_SHARE, "tpot_dev": -0.004}, 10)
     late = lateness_line({**base, "ttft_dev": 0.004, "tpot_dev": -1.1 * AGREEMENT_WARN_SHARE}, 10)
-    assert ok.startswith("pacing over the last 10 s: 3 streamed response(s); a client measures TTFT +4.5%, "
-                         "time per output token -0.4% off")
+    assert ok.startswith("clients over the last 10 s: 3 streamed response(s) measured TTFT +4.5%, "
+                         "time per output token -0.4% off rack's records x dilation (medians); chunks left late")
     assert late.startswith("WARNING: ") and "raise --dilation" in late
     assert not lateness_line({**base, "ttft_dev": None, "tpot_dev": None}, 10).startswith("WARNING")
     assert lateness_line({"chunks": 0}, 10) is None

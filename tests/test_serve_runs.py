@@ -99,3 +99,15 @@ def test_every_route_is_counted_by_its_template():
         assert counts[("/rack/requests/{key}", "200")] == 2            # one label value for every id
         text = httpx.get(url + "/metrics", timeout=30).text
         assert 'rack:http_requests_total{endpoint="/version",model_name="kimi-k2",status="200"} 1.0' in text
+
+
+def test_client_agreement_compares_what_a_client_sees_with_rack_records():
+    from rack.serve.runs import client_agreement
+
+    # dilation 20: rack's TTFT 0.05 s (1 s of wall), 0.01 s per output token (0.2 s);
+    # the client saw its first chunk 1.02 s after sending and 11 tokens over 2.0 s
+    row = {**_row(100.0, 103.1, 1.0, 1.05, 1.15), "first_chunk_wall_s": 101.02, "last_chunk_wall_s": 103.02}
+    a = client_agreement([row, {**row, "outcome": "failed"}, {**row, "first_chunk_wall_s": None}], 20.0)
+    assert a["compared"] == 1 and a["ttft_dev"] == pytest.approx(0.02) and a["tpot_dev"] == pytest.approx(0.0)
+    assert a["tpot_wall_s"] == pytest.approx(0.2)
+    assert client_agreement([], 20.0) == {"compared": 0, "ttft_dev": None, "tpot_dev": None, "tpot_wall_s": None}

@@ -44,6 +44,7 @@ def serve(
     """Serve the emulated rack over HTTP (OpenAI API: /v1/completions, /v1/chat/completions,
     /v1/models; /health, /metrics) until Ctrl-C, then write a results folder."""
     from rack.measure.results import summary_text, write_results
+    from rack.serve.pacing import agreement_line
     from rack.serve.session import LiveServer
 
     from rack.serve.limits import HttpLimits
@@ -103,6 +104,7 @@ def serve(
                + "; pacing lateness (wall) "
                + (f"p50 {late['p50'] * 1e3:.2f} ms, p99 {late['p99'] * 1e3:.2f} ms, max {late['max'] * 1e3:.2f} ms"
                   if late else "n/a"))
+    typer.echo(agreement_line(s["client_agreement"], "the whole session"))
     typer.echo(_runs_text(s.get("runs")))
     typer.echo(f"results: {folder}/results.json, {folder}/requests.csv, {folder}/front.csv")
 

@@ -44,7 +44,7 @@ import numpy as np
 from rack.serve import openai_api as oa
 from rack.serve.metrics import ServeMetrics
 from rack.serve.pacing import next_chunk
-from rack.serve.runs import IDLE_GAP_S, run_figures, split_runs
+from rack.serve.runs import IDLE_GAP_S, client_agreement, run_figures, split_runs
 from rack.serve.tokenizer import load_tokenizer
 from rack.serving.collector import EVENTS
 from workloads.request import Request
@@ -100,9 +100,7 @@ class LiveFront:
         self.tokenizer = load_tokenizer(config.tokenizer)
         self.metrics = ServeMetrics(config.served_model_names[0], config.dilation)
         self._late: list[np.ndarray] = []        # per-chunk lateness (wall s) since `pacing_window`
-        # per streamed response since then: (TTFT, time per output token) as a client
-        # measures them (wall s, at the front) and as rack recorded them (x dilation)
-        self._observed: list[tuple[float, float, float | None, float | None]] = []
+        self._window_row = 0                      # first row of `records` since `pacing_window`
         self.windows: list[dict] = []             # `/rack/runs` windows (`open_window`)
         self.records: list[dict] = []
         self.requests: list[Request] = []
@@ -321,12 +319,6 @@ class LiveFront:
         if lr.record_times is not None:
             times = {name: float(t) for name, t in zip(EVENTS, lr.record_times)}
         sent = _sent_wall(resp) if lr.outcome == "completed" else None
-        if sent is not None and times:
-            d, n = self.config.dilation, sent["tokens"]
-            span = float(resp.chunk_wall[-1] - resp.chunk_wall[0])
-            self._observed.append((sent["ttft"], (times["first_token"] - times["arrival"]) * d,
-                                   span / (n - 1) if n > 1 else None,
-                                   (times["completion"] - times["first_token"]) * d / (n - 1) if n > 1 else None))
         if lr.outcome == "completed" and times:
             ttft = times["first_token"] - times["arrival"]
             self._ttft_ewma = ttft if self._ttft_ewma is None else 0.8 * self._ttft_ewma + 0.2 * ttft
@@ -341,6 +333,9 @@ class LiveFront:
             "tokens_sent": int(resp.chunk_end[-1]) if resp.chunk_end else 0, "chunks": len(resp.chunk_end),
             "client_disconnected": resp.disconnected, "received_wall_s": resp.received_wall,
             "ended_wall_s": resp.ended_wall,
+            # what the client saw of a stream: its first and last chunk's send time (wall s)
+            "first_chunk_wall_s": resp.chunk_wall[0] if resp.plan.stream and resp.chunk_wall else None,
+            "last_chunk_wall_s": resp.chunk_wall[-1] if resp.plan.stream and resp.chunk_wall else None,
             "response_id": oa.response_id(resp.plan, rid), "prompt_tokens": resp.plan.prompt_tokens,
             "cached_tokens": int(lr.extra.get("cached_tokens", 0)),
             "lateness_s": lateness, "early_s": early,
@@ -358,21 +353,15 @@ class LiveFront:
     def pacing_window(self) -> dict:
         """What the clients of the streamed responses recorded since the last call
         could observe, against rack's records: {"chunks", "responses", "p50_s", "p99_s",
-        "max_s" (the chunks' pacing lateness, wall s), "itl_wall_s" (the median recorded
-        time per output token x dilation), "compared" (responses with both
-        sides), "ttft_dev" / "tpot_dev" (median TTFT and time per output token as a
-        client measures them, at the front, over rack's recorded ones x dilation, minus
-        1; None without any)}; the window then starts again."""
+        "max_s" (the chunks' pacing lateness, wall s), and `rack.serve.runs.client_agreement`'s
+        "compared", "ttft_dev", "tpot_dev", "tpot_wall_s"}; the window then starts again."""
         late = np.concatenate(self._late) if self._late else np.zeros(0)
-        obs = self._observed
-        out = {"chunks": int(late.size), "responses": len(self._late), "compared": len(obs),
+        out = {"chunks": int(late.size), "responses": len(self._late),
                **({f"p{q}_s": float(np.percentile(late, q)) for q in (50, 99)} if late.size else
                   {"p50_s": None, "p99_s": None}),
                "max_s": float(late.max()) if late.size else None,
-               "ttft_dev": _deviation([o[0] for o in obs], [o[1] for o in obs]),
-               "tpot_dev": _deviation([o[2] for o in obs if o[2] is not None], [o[3] for o in obs if o[3] is not None]),
-               "itl_wall_s": float(np.median(tp)) if (tp := [o[3] for o in obs if o[3] is not None]) else None}
-        self._late, self._observed = [], []
+               **client_agreement(self.records[self._window_row:], self.config.dilation)}
+        self._late, self._window_row = [], len(self.records)
         return out
 
     # ------------------------------------------------------------------ runs
@@ -459,14 +448,6 @@ def _sent_wall(resp: _Response) -> dict | None:
     walls = np.asarray(resp.chunk_wall)
     return {"ttft": float(walls[0] - resp.received_wall), "e2e": float(walls[-1] - resp.received_wall),
             "itl": np.diff(walls), "tokens": int(resp.chunk_end[-1])}
-
-
-def _deviation(observed: list[float], recorded: list[float]) -> float | None:
-    """median(observed) / median(recorded) - 1, or None without samples."""
-    if not observed or not recorded:
-        return None
-    ref = float(np.median(recorded))
-    return float(np.median(observed)) / ref - 1.0 if ref > 0 else None
 
 
 def _finite(x: float | None) -> float | None:

@@ -46,29 +46,37 @@ def next_chunk(times: np.ndarray, sent: int, now: float, quantum: float) -> tupl
 AGREEMENT_WARN_SHARE = 0.05
 
 
-def lateness_line(window: dict, period_s: float, share: float = AGREEMENT_WARN_SHARE) -> str | None:
-    """The line `rack serve` prints for a `LiveFront.pacing_window()` (None when no
-    streamed response was recorded in it). It is judged on what a client can observe:
-    the median TTFT (HTTP receipt to the first chunk) and time per output token (first
-    to last chunk over the tokens after the first), measured at the front as the
-    chunks leave, against rack's recorded ones x dilation. It starts with "WARNING"
-    when either is more than `share` off: a client's report then measures the host's
-    delays, not the emulated rack's. The chunks' lateness (each chunk's send time after
-    its tokens' emulated time) is shown beside: a constant lateness shifts every
-    token alike and leaves the gaps a client measures unchanged."""
-    if not window.get("chunks"):
-        return None
-    ms = lambda x: f"{x * 1e3:.2f} ms"  # noqa: E731
+def agreement_line(agreement: dict, over: str, share: float = AGREEMENT_WARN_SHARE) -> str:
+    """How far what clients measured is from rack's records x dilation
+    (`rack.serve.runs.client_agreement`), over `over` ("the last 10 s"); it starts with
+    "WARNING" when the median TTFT or time per output token is more than `share` off:
+    a client's report then measures the host's delays, not the emulated rack's."""
     pct = lambda x: "n/a" if x is None else f"{x:+.1%}"  # noqa: E731
-    line = (f"pacing over the last {period_s:g} s: {window['responses']} streamed response(s); a client measures "
-            f"TTFT {pct(window.get('ttft_dev'))}, time per output token {pct(window.get('tpot_dev'))} off rack's "
-            f"records x dilation (medians); chunks left late by p50 {ms(window['p50_s'])}, p99 {ms(window['p99_s'])}, "
-            f"max {ms(window['max_s'])}")
-    worst = max((abs(d) for d in (window.get("ttft_dev"), window.get("tpot_dev")) if d is not None), default=0.0)
+    line = (f"clients over {over}: {agreement['compared']} streamed response(s) measured TTFT "
+            f"{pct(agreement.get('ttft_dev'))}, time per output token {pct(agreement.get('tpot_dev'))} off rack's "
+            "records x dilation (medians)")
+    worst = max((abs(d) for d in (agreement.get("ttft_dev"), agreement.get("tpot_dev")) if d is not None),
+                default=0.0)
     if worst > share:
         return (f"WARNING: {line}; more than {share:.0%} off: clients measure the host's delays, "
                 "raise --dilation (docs/serve.md: choosing a dilation)")
     return line
 
 
-__all__ = ["AGREEMENT_WARN_SHARE", "lateness_line", "next_chunk"]
+def lateness_line(window: dict, period_s: float, share: float = AGREEMENT_WARN_SHARE) -> str | None:
+    """The line `rack serve` prints for a `LiveFront.pacing_window()` (None when no
+    streamed response was recorded in it): `agreement_line` over the window, judged
+    on what a client can observe (the median TTFT, HTTP receipt to the first chunk, and
+    time per output token, first to last chunk over the tokens after the first,
+    measured at the front as the chunks leave, against rack's recorded ones x
+    dilation), then the chunks' lateness (each chunk's send time after its tokens'
+    emulated time) for information: a steady lateness shifts every token alike and
+    leaves the gaps a client measures unchanged."""
+    if not window.get("chunks"):
+        return None
+    ms = lambda x: f"{x * 1e3:.2f} ms"  # noqa: E731
+    return (agreement_line(window, f"the last {period_s:g} s", share)
+            + f"; chunks left late by p50 {ms(window['p50_s'])}, p99 {ms(window['p99_s'])}, max {ms(window['max_s'])}")
+
+
+__all__ = ["AGREEMENT_WARN_SHARE", "agreement_line", "lateness_line", "next_chunk"]

@@ -94,6 +94,39 @@ def run_figures(rows: Sequence[dict], dilation: float, slo_ttft_s: float, slo_tp
     }
 
 
+def _deviation(observed: list[float], recorded: list[float]) -> float | None:
+    """median(observed) / median(recorded) - 1, or None without samples."""
+    if not observed or not recorded:
+        return None
+    ref = float(np.median(recorded))
+    return float(np.median(observed)) / ref - 1.0 if ref > 0 else None
+
+
+def client_agreement(rows: Sequence[dict], dilation: float) -> dict:
+    """What the clients of the completed streamed responses among `rows` measured,
+    against rack's records: {"compared" (responses), "ttft_dev", "tpot_dev" (median
+    TTFT and time per output token as a client measures them, over rack's recorded
+    ones x dilation, minus 1; None without samples), "tpot_wall_s" (rack's median time
+    per output token x dilation)}. A client's side is measured at the front as the
+    chunks leave: TTFT from the HTTP receipt to the first chunk, time per output token
+    from the first chunk to the last over the tokens after the first (as GuideLLM,
+    AIPerf and inference-perf compute them; the network adds the same on both ends)."""
+    obs_ttft, rec_ttft, obs_tpot, rec_tpot = [], [], [], []
+    for r in rows:
+        first, last = r.get("first_chunk_wall_s"), r.get("last_chunk_wall_s")
+        a, f, c = r.get("t_arrival_s"), r.get("t_first_token_s"), r.get("t_completion_s")
+        if r.get("outcome") != "completed" or first is None or a is None or f is None:
+            continue
+        obs_ttft.append(first - r["received_wall_s"])
+        rec_ttft.append((f - a) * dilation)
+        n = int(r.get("output_tokens") or 0)
+        if n > 1 and c is not None:
+            obs_tpot.append((last - first) / (n - 1))
+            rec_tpot.append((c - f) * dilation / (n - 1))
+    return {"compared": len(obs_ttft), "ttft_dev": _deviation(obs_ttft, rec_ttft),
+            "tpot_dev": _deviation(obs_tpot, rec_tpot), "tpot_wall_s": _median(rec_tpot)}
+
+
 def run_line(label: str, f: dict) -> str:
     """One line of `rack serve`'s summary for a run's figures (`run_figures`)."""
     t, te, g = f["throughput"], f["throughput_emulated"], f["goodput"]
@@ -104,4 +137,4 @@ def run_line(label: str, f: dict) -> str:
             f"SLO attainment {g['slo_attainment']:.0%}")
 
 
-__all__ = ["IDLE_GAP_S", "run_figures", "run_line", "split_runs"]
+__all__ = ["IDLE_GAP_S", "client_agreement", "run_figures", "run_line", "split_runs"]

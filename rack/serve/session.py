@@ -26,6 +26,7 @@ import numpy as np
 from rack.measure.metrics import summarize
 from rack.serve.frontend import FrontConfig
 from rack.serve.limits import HttpLimits
+from rack.serve.runs import client_agreement
 from rack.serve.tokenizer import client_model_id, load_tokenizer
 from rack.serve.topology import FRONT, live_topology
 from rack.run.runner import RunOutput, assemble
@@ -180,6 +181,8 @@ def serve_section(rows: Sequence[dict], config: FrontConfig, url: str, counts: d
         "http_answered": dict(sorted((http or {}).items())), "handler_errors": int(handler_errors),
         "client_disconnects": sum(1 for r in rows if r["client_disconnected"]),
         "pacing_lateness_s": summarize(late) if late.size else None,
+        # what the clients measured against rack's records x dilation (medians)
+        "client_agreement": client_agreement(rows, config.dilation),
         "pacing_early_max_s": float(early.max()) if early.size else 0.0,
         "gateway": dict(counts),
     }
