@@ -2,7 +2,8 @@
 
 - `POST /v1/completions`, `POST /v1/chat/completions`: OpenAI's API
   (`rack.serve.openai_api`), streamed as server-sent events when `stream` is true;
-- `GET /v1/models`: the served model name(s) with `max_model_len`;
+- `GET /v1/models`: the served model id (the first served name; the others, aliases,
+  are accepted in requests) with `max_model_len`;
 - `GET /health`: 200 {"status": "ok", ...} while serving, 503 while shutting down;
 - `GET /metrics`: Prometheus text (`rack.serve.metrics`);
 - `GET /rack/requests/{id}`: the front's record of a request with the rack's own
@@ -122,9 +123,11 @@ def build_app(front: LiveFront, host: Any, info: dict, limits: HttpLimits | None
     async def models(request: Request):
         if not authorised(request):
             return _unauthorised()
+        # the first name only: clients that pick the served model from this list
+        # (GuideLLM, inference-perf) take it without a warning; aliases are accepted
         return {"object": "list", "data": [
-            {"id": name, "object": "model", "created": created, "owned_by": "rack", "root": info["model"],
-             "max_model_len": cfg.max_model_len} for name in cfg.served_model_names]}
+            {"id": cfg.served_model_names[0], "object": "model", "created": created, "owned_by": "rack",
+             "root": info["model"], "max_model_len": cfg.max_model_len}]}
 
     @app.get("/health")
     async def health():
