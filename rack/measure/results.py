@@ -1,7 +1,7 @@
 """Write a run's results folder: `results.json`, `requests.csv` and `summary.txt`
 (and `error.log` for a run that failed).
 
-`results.json` schema (stable; documented in the README): `status` ("complete";
+`results.json` schema (stable; documented in docs/run.md): `status` ("complete";
 "aborted": a component raised or the rack stalled, and the results are what was
 measured until then; "interrupted": SIGINT/SIGTERM stopped the replay, and the results
 are what finished until then), `error` (aborted runs only: component, t_s, request_id,
