@@ -41,7 +41,7 @@ def test_validate_table_and_tolerance_exit_code():
     assert r.exit_code == 1 and "tolerance 0%" in r.output
 
 
-#: Rows the model misses by more than the worst-case limit, and why (README, "rack
+#: Rows the model misses by more than the worst-case limit, and why (docs/hardware.md, "rack
 #: validate"): none since the serving harness (scheduler receive interval, SGLang's
 #: two drafted tokens) and B300 SGLang's measured compute efficiency explain C35.
 KNOWN_MISSES: set[str] = set()

@@ -1,7 +1,9 @@
 """`rack serve` driven by two benchmark clients nobody here wrote, GuideLLM and AIPerf
-(PyPI, the `bench-clients` extra), offline, each for a bounded run (6 requests) at
-dilation 20, with the tokenizer folder rack ships and again with another
-tokenizer.json given to both sides (`rack serve --tokenizer`): every prompt counts the
+(PyPI, the `bench-clients` extra), offline and with no tokenizer flag (each loads the
+tokenizer named by the served model id, the absolute path of the tokenizer folder rack
+counts with: `rack.serve.tokenizer.client_model_id`), each for a bounded run (6
+requests) at dilation 20, with the tokenizer folder rack ships and again with another
+tokenizer.json given to rack (`rack serve --tokenizer`): every prompt counts the
 same on both sides (the client's own count and rack's), the client's median TTFT and
 ITL are within 5 % of rack's records, and /metrics (parsed with prometheus_client)
 gives a `vllm:time_to_first_token_seconds` median within 5 % of the client's, its ITL
@@ -12,10 +14,10 @@ saying what it measured (on this shared host at load average 24 the clients' TTF
 1.06-1.7x rack's).
 
 Marked `clients` and `slow` (about 5 minutes): `pytest -m clients tests/test_serve_clients.py`
-after `pip install -e '.[bench-clients]'`; skipped when the clients are not installed
-(CI installs `.[dev]` only). No network: the clients load the tokenizer from a local
-folder (GuideLLM under HF_HUB_OFFLINE=1; AIPerf 0.13 refuses local paths in offline
-mode, and reads a local folder without the hub when it is not set)."""
+after `pip install -e '.[bench-clients]'` (or with the clients' own environment's
+`bin` first on PATH); skipped when the clients are not installed (CI installs `.[dev]`
+only). No hub: HF_ENDPOINT points at a closed local port, so any download would fail;
+the commands are the clients' documented ones with the run's size and rate only."""
 
 from __future__ import annotations
 
@@ -32,13 +34,21 @@ import pytest
 
 pytestmark = [pytest.mark.ray, pytest.mark.clients, pytest.mark.slow, pytest.mark.timeout(1200)]
 
-BIN = Path(sys.executable).parent
-if not (BIN / "guidellm").exists() or not (BIN / "aiperf").exists():
-    pytest.skip("the benchmark clients are not installed (pip install -e '.[bench-clients]')",
-                allow_module_level=True)
+
+def _client_bin(name: str) -> str | None:
+    """The client's command: beside this interpreter, else on PATH."""
+    here = Path(sys.executable).parent / name
+    return str(here) if here.exists() else shutil.which(name)
+
+
+GUIDELLM, AIPERF = _client_bin("guidellm"), _client_bin("aiperf")
+if GUIDELLM is None or AIPERF is None:
+    pytest.skip("the benchmark clients guidellm and aiperf are not installed (pip install -e '.[bench-clients]', "
+                "or put their environment's bin on PATH)", allow_module_level=True)
 tokenizers = pytest.importorskip("tokenizers")
 
 from _prom import _buckets, _families, histogram_quantile  # noqa: E402
+from rack.serve.tokens import CHAT_REPLY_TOKENS, CHAT_TOKENS_PER_MESSAGE  # noqa: E402
 
 D = 20.0
 N = 6
@@ -77,7 +87,8 @@ def served(request, ray_session, tmp_path_factory):
     sc = load_scenario("helios-cs3-kimi-k2").with_overrides(dilation=D)
     srv = LiveServer(sc, host="127.0.0.1", port=0, tokenizer=None if request.param == "shipped" else str(folder))
     srv.start()
-    yield {"url": srv.url, "tokenizer": folder, "kind": request.param, "next": 0}
+    yield {"url": srv.url, "tokenizer": folder, "kind": request.param, "next": 0,
+           "model": srv.config.served_model_names[0]}
     srv.stop(1.0)
 
 
@@ -106,8 +117,9 @@ def _check(served, client: list[dict], recs: list[dict], before, lost: int = 0) 
         pairs = list(zip(client, recs))
     for c, r in pairs:
         assert c["prompt_tokens"] == r["prompt_tokens"], (c, r)
-        if served["kind"] == "shipped":
-            assert r["prompt_tokens"] == ISL         # asked N tokens, the rack prefilled N
+        if served["kind"] == "shipped":              # asked N tokens, the rack prefilled N (+ chat's)
+            chat = r["endpoint"] == "chat"
+            assert r["prompt_tokens"] == ISL + chat * (CHAT_TOKENS_PER_MESSAGE + CHAT_REPLY_TOKENS), r
     rack_ttft = [(r["t_first_token_s"] - r["t_arrival_s"]) * D for _, r in pairs]
     rack_itl = [float(np.mean(r["itl_s"])) * D for _, r in pairs]
     # What the client measures is rack's time plus the host's delays: compare only when
@@ -129,11 +141,11 @@ def _check(served, client: list[dict], recs: list[dict], before, lost: int = 0) 
     assert len(spread) >= 5, spread
 
 
-def _env(offline: bool) -> dict:
+def _env() -> dict:
+    """The user's environment without offline switches, and a hub that cannot answer:
+    a client that tried to download its tokenizer would fail."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))}
-    env.update(TOKENIZERS_PARALLELISM="false", NO_COLOR="1")
-    if offline:
-        env["HF_HUB_OFFLINE"] = "1"
+    env.update(TOKENIZERS_PARALLELISM="false", NO_COLOR="1", HF_ENDPOINT="http://127.0.0.1:9")
     return env
 
 
@@ -141,13 +153,12 @@ def test_guidellm(served, tmp_path):
     before = _families(served["url"])
     _rack_records(served)
     out = tmp_path / "guidellm.json"
-    cmd = [str(BIN / "guidellm"), "run",
-           "--backend", f"kind=openai_http,target={served['url']},model=kimi-k2,request_format=/v1/completions",
-           "--tokenizer", f"kind=huggingface_auto,model={served['tokenizer']}",
+    # GuideLLM's README command: the model and its tokenizer come from /v1/models
+    cmd = [GUIDELLM, "run", "--backend", f"kind=openai_http,target={served['url']}",
            "--data", f"kind=synthetic_text,prompt_tokens={ISL},output_tokens={OSL}",
            "--profile", "kind=constant,rate=0.5", "--constraint", f"kind=max_requests,count={N}",
            "--output", f"kind=json,path={out}", "--disable-console-interactive"]
-    p = subprocess.run(cmd, env=_env(True), capture_output=True, text=True, timeout=TIMEOUT_S, cwd=tmp_path)
+    p = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=TIMEOUT_S, cwd=tmp_path)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     doc = json.loads(out.read_text())["benchmarks"][0]["requests"]
     reqs = doc["successful"]
@@ -161,11 +172,11 @@ def test_aiperf(served, tmp_path):
     before = _families(served["url"])
     _rack_records(served)
     art = tmp_path / "aiperf"
-    cmd = [str(BIN / "aiperf"), "profile", "--model", "kimi-k2", "--url", served["url"],
-           "--endpoint-type", "completions", "--streaming", "--tokenizer", str(served["tokenizer"]),
-           "--isl", str(ISL), "--osl", str(OSL), "--extra-inputs", "ignore_eos:true", "--request-count", str(N),
+    # AIPerf's README command with the served model id (its tokenizer defaults to it)
+    cmd = [AIPERF, "profile", "--model", served["model"], "--url", served["url"],
+           "--endpoint-type", "completions", "--streaming", "--isl", str(ISL), "--osl", str(OSL), "--extra-inputs", "ignore_eos:true", "--request-count", str(N),
            "--concurrency", "1", "--random-seed", "0", "--artifact-dir", str(art), "--ui-type", "none"]
-    p = subprocess.run(cmd, env=_env(False), capture_output=True, text=True, timeout=TIMEOUT_S, cwd=tmp_path)
+    p = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=TIMEOUT_S, cwd=tmp_path)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     rows = [json.loads(x) for x in (art / "profile_export.jsonl").read_text().splitlines() if x.strip()]
     lost = sum(1 for r in rows if "time_to_first_token" not in r["metrics"])

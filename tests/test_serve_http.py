@@ -100,8 +100,15 @@ def test_completions_usage_token_ids_and_finish_reasons(server):
     r = c.completions.create(model="kimi-k2", prompt="hello " * 20, max_tokens=3, seed=1)
     assert 1 <= r.usage.completion_tokens <= 3
     assert r.choices[0].finish_reason == ("length" if r.usage.completion_tokens == 3 else "stop")
+    # served first as the shipped tokenizer folder's path (clients load it offline), as vLLM
+    # serves a local model path; the scenario's model is an alias
+    from rack.serve.tokenizer import SHIPPED
+
     models = c.models.list()
-    assert [m.id for m in models.data] == ["kimi-k2"]
+    assert [m.id for m in models.data] == [str(SHIPPED.resolve())]
+    r = c.completions.create(model=models.data[0].id, prompt=list(range(1, 21)), max_tokens=2,
+                             extra_body={"ignore_eos": True})
+    assert r.model == str(SHIPPED.resolve()) and r.usage.prompt_tokens == 20
 
 
 def test_a_non_streamed_response_is_due_at_its_last_token(server):

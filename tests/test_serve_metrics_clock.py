@@ -12,7 +12,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from rack.serve.metrics import REQUEST_BUCKETS, TOKEN_BUCKETS, ServeMetrics
-from rack.serve.pacing import LATENESS_WARN_SHARE, lateness_line
+from rack.serve.pacing import AGREEMENT_WARN_SHARE, lateness_line
 from rack.serving.collector import EVENTS
 
 D = 20.0
@@ -58,10 +58,14 @@ def test_bucket_edges_are_40_per_decade():
         assert len(edges) == round(math.log10(hi / lo) * 40) + 1
 
 
-def test_the_pacing_line_warns_above_its_share_of_the_itl():
-    base = {"chunks": 96, "responses": 3, "p50_s": 0.0005, "max_s": 0.004, "itl_wall_s": 0.01525}
-    ok = lateness_line({**base, "p99_s": 0.9 * LATENESS_WARN_SHARE * 0.01525}, 10)
-    late = lateness_line({**base, "p99_s": 1.1 * LATENESS_WARN_SHARE * 0.01525}, 10)
-    assert ok.startswith("pacing over the last 10 s: 96 chunks of 3 streamed response(s)")
+def test_the_pacing_line_warns_on_what_a_client_measures():
+    # judged on the medians a client measures against rack's records, not on the
+    # chunks' lateness: a late but steady host (every token late alike) is no warning
+    base = {"chunks": 96, "responses": 3, "compared": 3, "p50_s": 0.030, "p99_s": 0.045, "max_s": 0.05}
+    ok = lateness_line({**base, "ttft_dev": 0.9 * AGREEMENT_WARN_SHARE, "tpot_dev": -0.004}, 10)
+    late = lateness_line({**base, "ttft_dev": 0.004, "tpot_dev": -1.1 * AGREEMENT_WARN_SHARE}, 10)
+    assert ok.startswith("clients over the last 10 s: 3 streamed response(s) measured TTFT +4.5%, "
+                         "time per output token -0.4% off rack's records x dilation (medians); chunks left late")
     assert late.startswith("WARNING: ") and "raise --dilation" in late
+    assert not lateness_line({**base, "ttft_dev": None, "tpot_dev": None}, 10).startswith("WARNING")
     assert lateness_line({"chunks": 0}, 10) is None

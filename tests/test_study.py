@@ -16,7 +16,6 @@ from rack.experiments.study import analysis as A
 from rack.experiments.study import text as T
 from rack.experiments.study.config import SPLIT72, WAFER, ladder
 from rack.experiments.study.output import load_results, write_study
-from workloads import TraceError, resolve_trace
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -24,11 +23,6 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module")
 def quick(tmp_path_factory):
     """One --quick run of the script (in a subprocess, as a user runs it)."""
-    for name in ("mooncake_conv", "azure_conv"):   # the full traces live beside the checkout
-        try:
-            resolve_trace(name)
-        except TraceError as e:
-            pytest.skip(f"full trace not available: {e}")
     out = tmp_path_factory.mktemp("study") / "findings.md"
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "study.py"), "--quick", "--out", str(out)],
                           capture_output=True, text=True, timeout=240, cwd=ROOT)

@@ -8,7 +8,8 @@ import pytest
 
 import workloads
 from workloads import Request, TraceError, load_requests, open_trace, resolve_trace
-from workloads.names import DATA_DIR, EXCERPTS
+from workloads.names import DATA_DIR, EXCERPTS, FULL_TRACES, SHIPPED_DIR, unpack_shipped
+from workloads.textfile import content_sha256, open_binary
 from workloads.timeparse import make_datetime_parser
 
 
@@ -19,10 +20,14 @@ def write(tmp_path: Path, name: str, text: str) -> Path:
 
 
 def full_trace(name: str) -> Path:
-    try:
-        return resolve_trace(name)
-    except TraceError as e:
-        pytest.skip(f"full trace not available: {e}")
+    """A whole trace: shipped with the package, so it is always found."""
+    return resolve_trace(name)
+
+
+def full_bytes(name: str) -> bytes:
+    """A whole trace's content (the shipped file is gzip)."""
+    with open_binary(full_trace(name)) as f:
+        return f.read()
 
 
 # -- formats ------------------------------------------------------------------------
@@ -170,10 +175,10 @@ def test_excerpts_resolve_and_are_unmodified_first_lines():
     rows = [json.loads(line) for line in excerpt.splitlines()]
     assert len(rows) == 339 and rows[-1]["timestamp"] == 117_000
     assert (DATA_DIR / "README.md").is_file()
-    full = full_trace("mooncake_conv").read_bytes()
+    full = full_bytes("mooncake_conv")
     assert full.startswith(excerpt) and json.loads(full[len(excerpt):].split(b"\n")[0])["timestamp"] == 120_000
     az = (DATA_DIR / EXCERPTS["azure-conv-excerpt"]).read_bytes()
-    assert full_trace("azure_conv").read_bytes().startswith(az) and az.count(b"\n") == 457
+    assert full_bytes("azure_conv").startswith(az) and az.count(b"\n") == 457
 
 
 def test_resolve_trace_env_var_and_errors(tmp_path, monkeypatch):
@@ -192,8 +197,27 @@ def test_resolve_trace_env_var_and_errors(tmp_path, monkeypatch):
         resolve_trace("mooncake_toolagent")
     msg = str(e.value)
     assert msg.startswith("mooncake_toolagent: trace file toolagent_trace.jsonl not found; looked in: "
-                          f"{tmp_path}/mooncake/toolagent_trace.jsonl; {tmp_path}/toolagent_trace.jsonl;")
+                          f"{tmp_path}/mooncake/toolagent_trace.jsonl; {tmp_path}/mooncake/toolagent_trace.jsonl.gz; "
+                          f"{tmp_path}/toolagent_trace.jsonl; {tmp_path}/toolagent_trace.jsonl.gz;")
     assert msg.endswith("set RACK_TRACE_DIR to its directory")
+
+
+def test_whole_traces_ship_compressed_and_unmodified(tmp_path):
+    # found by name with no folder beside the checkout; the content's checksum is the
+    # upstream file's (the traces' READMEs), as provenance reports it
+    upstream = {"mooncake_conv": "b8cbb061a85206d729d91cdc2981f43c9e0d99209dce588d3af5f7934408b9df",
+                "azure_conv": "2f1e5b666d4e3055fdbba98598ce2ec307767b9064e03e2fa46676dbcc7d0bf8",
+                "azure_code": "54e9a6d2a4bd06ba1e060304b900abbc74cbea53de96506e60fe5bb4f2277fb6",
+                "arxiv_lengths": "9d3580538d915ca75e4aaaa54590b42dbb17abc6d74c8913310cf07c232adcdc"}
+    for name, sha in upstream.items():
+        path = resolve_trace(name)
+        assert path == (SHIPPED_DIR / (FULL_TRACES[name][0] + ".gz")).resolve()
+        assert (path.parent / "README.md").is_file() and content_sha256(path) == sha
+        assert open_trace(name).sha256() == sha
+    # unpacked plain for an older checkout: the same content, found through RACK_TRACE_DIR
+    unpack_shipped(tmp_path)
+    plain = tmp_path / FULL_TRACES["azure_code"][0]
+    assert content_sha256(plain) == upstream["azure_code"] and plain.read_bytes()[:9] == b"TIMESTAMP"
 
 
 def test_whole_mooncake_trace_reads_in_order():

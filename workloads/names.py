@@ -1,15 +1,18 @@
 """Trace names: `resolve_trace("azure_conv")` -> the file's Path.
 
 The CLI and the rest of the project refer to a trace by a path or by one of these
-names. Excerpts ship inside the package (``workloads/data``) so a fresh checkout can
-run; the full files are looked up, in order, in
+names. The public traces the project uses ship whole inside the package, gzip-compressed
+(``workloads/data/traces``, licences and attribution in its READMEs), so a fresh
+checkout or a wheel replays them with no other folder; 120 s excerpts ship too
+(``workloads/data``). A full trace's file is looked up, in order, in
 
-1. the directories in the environment variable ``RACK_TRACE_DIR`` (``os.pathsep``-separated),
-2. ``../shared/traces`` relative to the current directory,
-3. ``../shared/traces`` relative to the repository root (the folder above ``workloads``),
+1. the directories in the environment variable ``RACK_TRACE_DIR`` (``os.pathsep``-separated):
+   a user's own copies, or the traces that do not ship (``rack trace list``);
+2. the shipped traces (``workloads/data/traces``),
 
 each either in the source's sub-folder (``mooncake/conversation_trace.jsonl``) or
-flat (``conversation_trace.jsonl``).
+flat (``conversation_trace.jsonl``), plain or gzip-compressed (the same name with
+``.gz``; the readers decompress as they read).
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ from pathlib import Path
 from .errors import TraceError
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
+#: The whole public traces shipped with the package (gzip; see its README.md).
+SHIPPED_DIR = DATA_DIR / "traces"
 ENV_VAR = "RACK_TRACE_DIR"
 
 #: Shipped excerpts: name -> file in workloads/data (see workloads/data/README.md).
@@ -68,8 +73,7 @@ def trace_dirs() -> list[Path]:
     env = os.environ.get(ENV_VAR)
     if env:
         dirs.extend(Path(p).expanduser() for p in env.split(os.pathsep) if p)
-    dirs.append(Path.cwd() / ".." / "shared" / "traces")
-    dirs.append(Path(__file__).resolve().parent.parent / ".." / "shared" / "traces")
+    dirs.append(SHIPPED_DIR)
     unique: dict[str, Path] = {}
     for d in dirs:
         unique.setdefault(os.path.normpath(os.path.abspath(d)), Path(os.path.normpath(os.path.abspath(d))))
@@ -111,12 +115,35 @@ def resolve_trace(name_or_path: str | os.PathLike) -> Path:
     rel = FULL_TRACES[key][0]
     tried: list[str] = []
     for d in trace_dirs():
-        for candidate in (d / rel, d / Path(rel).name):
-            tried.append(str(candidate))
-            if candidate.is_file():
-                return candidate.resolve()
+        for plain in (d / rel, d / Path(rel).name):
+            for candidate in (plain, plain.with_name(plain.name + ".gz")):
+                tried.append(str(candidate))
+                if candidate.is_file():
+                    return candidate.resolve()
     raise TraceError(
         key, None, None,
         f"trace file {Path(rel).name} not found; looked in: {'; '.join(tried)}. "
         f"Put it in one of those places or set {ENV_VAR} to its directory",
     )
+
+
+def unpack_shipped(dest: str | os.PathLike) -> Path:
+    """Write every shipped whole trace, decompressed, under `dest` in its source's
+    sub-folder (``dest/mooncake/conversation_trace.jsonl``, ...), and return `dest`.
+
+    For code that cannot read the shipped copies itself: a checkout of an older
+    revision (`rack bench --baseline REF`) finds them through ``RACK_TRACE_DIR=dest``
+    whether or not it ships traces or reads gzip. Raises OSError if `dest` cannot be
+    written."""
+    from .textfile import open_binary
+
+    out = Path(dest)
+    for rel, _ in FULL_TRACES.values():
+        src = SHIPPED_DIR / (rel + ".gz")
+        if src.is_file():
+            target = out / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with open_binary(src) as f, open(target, "wb") as g:
+                for chunk in iter(lambda: f.read(1 << 20), b""):
+                    g.write(chunk)
+    return out

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import csv
 import gzip
-import hashlib
 import json
 import math
 import os
@@ -32,7 +31,7 @@ from .formats import TIME_UNIT_WORDS, TIME_UNITS, Schema, detect_schema
 from .jsontext import MAX_ROW_DEPTH, brackets, json_depth
 from .names import resolve_trace
 from .request import MAX_TOKENS, Request
-from .textfile import check_text, open_text, text_error
+from .textfile import check_text, content_sha256, open_text, text_error
 from .timeparse import make_datetime_parser
 
 _MISSING = object()
@@ -161,12 +160,9 @@ class TraceReader:
         }
 
     def sha256(self) -> str:
-        """Hex SHA-256 of the file's bytes (for provenance), streamed in 1 MiB chunks."""
-        h = hashlib.sha256()
-        with open(self.path, "rb") as f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                h.update(chunk)
-        return h.hexdigest()
+        """Hex SHA-256 of the file's content, decompressed if gzip (for provenance;
+        `workloads.textfile.content_sha256`)."""
+        return content_sha256(self.path)
 
     def __repr__(self) -> str:
         return f"TraceReader({str(self.path)!r}, format={self.format!r}, skip_bad_rows={self.skip_bad_rows})"

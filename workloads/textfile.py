@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import codecs
 import gzip
+import hashlib
 from pathlib import Path
 from typing import IO
 
@@ -34,6 +35,17 @@ def is_gzip(path: str | Path) -> bool:
 def open_binary(path: str | Path) -> IO[bytes]:
     """The file's bytes, decompressed if it is gzip."""
     return gzip.open(path, "rb") if is_gzip(path) else open(path, "rb")
+
+
+def content_sha256(path: str | Path) -> str:
+    """Hex SHA-256 of the file's content: its bytes, decompressed first if it is gzip,
+    streamed in 1 MiB chunks. A trace keeps its upstream checksum (the one its source
+    publishes) whether it is stored plain or compressed."""
+    h = hashlib.sha256()
+    with open_binary(path) as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 def open_text(path: str | Path, newline: str | None = None) -> IO[str]:

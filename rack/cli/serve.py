@@ -28,7 +28,7 @@ def serve(
     dilation: Optional[float] = typer.Option(None, "--dilation", help="wall seconds per emulated second [default: the scenario's; 100 for helios-cs3-kimi-k2]"),
     api_key: Optional[str] = typer.Option(None, "--api-key", envvar="RACK_API_KEY", help="require Authorization: Bearer KEY on /v1 and /rack routes (an empty key is refused)"),
     address: Optional[str] = typer.Option(None, "--address", help="Ray cluster address (default: start Ray locally)"),
-    served_model_name: Optional[str] = typer.Option(None, "--served-model-name", help="model name clients send [default: the scenario's model]"),
+    served_model_name: Optional[str] = typer.Option(None, "--served-model-name", help="model name clients send [default: the tokenizer folder's absolute path, which clients load offline, and the scenario's model]"),
     max_outstanding_tokens: Optional[int] = typer.Option(None, "--max-outstanding-tokens", min=1, help="router queue bound per prefill instance (prompt tokens); above it on every instance: 429 [default: the scenario's]"),
     pacing_quantum_ms: float = typer.Option(1.0, "--pacing-quantum-ms", help="tokens due within this many wall ms go in one chunk"),
     eos_mean_tokens: float = typer.Option(256.0, "--eos-mean-tokens", help="mean output length of requests without ignore_eos (geometric)"),
@@ -44,6 +44,7 @@ def serve(
     """Serve the emulated rack over HTTP (OpenAI API: /v1/completions, /v1/chat/completions,
     /v1/models; /health, /metrics) until Ctrl-C, then write a results folder."""
     from rack.measure.results import summary_text, write_results
+    from rack.serve.pacing import agreement_line
     from rack.serve.session import LiveServer
 
     from rack.serve.limits import HttpLimits
@@ -79,8 +80,9 @@ def serve(
         fail(f"--host {host} --port {port}: cannot bind ({exc.strerror or exc})", code=1)
     except Exception as exc:  # noqa: BLE001 - one line, the traceback in the log
         report_failure(folder, exc, what="serve", keep_partial=False)
-    typer.echo(f"serving {server.config.served_model_names[0]} at {url}/v1 (OpenAI API); metrics at {url}/metrics; "
-               "Ctrl-C to stop", err=True)
+    names = server.config.served_model_names
+    typer.echo(f"serving model {names[0]}" + (f" (also as {', '.join(names[1:])})" if names[1:] else "")
+               + f" at {url}/v1 (OpenAI API); metrics at {url}/metrics; Ctrl-C to stop", err=True)
     typer.echo(_tokenizer_line(server.tokenizer, tokenizer), err=True)
     pending = _serve_until_interrupted(server, drain, pacing_report)
     try:
@@ -102,17 +104,31 @@ def serve(
                + "; pacing lateness (wall) "
                + (f"p50 {late['p50'] * 1e3:.2f} ms, p99 {late['p99'] * 1e3:.2f} ms, max {late['max'] * 1e3:.2f} ms"
                   if late else "n/a"))
+    typer.echo(agreement_line(s["client_agreement"], "the whole session"))
+    typer.echo(_runs_text(s.get("runs")))
     typer.echo(f"results: {folder}/results.json, {folder}/requests.csv, {folder}/front.csv")
 
 
-def _tokenizer_line(tok, given: Optional[str]) -> str:
-    from rack.serve.tokenizer import SHIPPED
+def _runs_text(report) -> str:
+    """The per-run lines of the shutdown summary (`rack.serve.runs`): each client run
+    between idle periods and each `/rack/runs` window, in wall seconds as a client's
+    report gives them, emulated beside."""
+    from rack.serve.runs import run_line
 
-    if given is None:
-        return (f"tokens: rack's default counter; clients that count tokens get the same counts from the tokenizer "
-                f"folder {SHIPPED} (guidellm --tokenizer kind=huggingface_auto,model=PATH, aiperf --tokenizer PATH, "
-                "inference-perf tokenizer.pretrained_model_name_or_path: docs/serve.md)")
-    return f"tokens: counted with {tok.path} (give clients the same tokenizer)"
+    if not report or not (report["runs"] or report["windows"]):
+        return "per client run: no request reached the rack"
+    lines = [f"per client run (runs split by {report['idle_gap_s']:g} wall s idle; the figures above are the whole "
+             "session's in emulated seconds):"]
+    lines += ["  " + run_line(f"run {r['run'] + 1}", r) for r in report["runs"]]
+    lines += ["  " + run_line(f"window {w['id']}" + (f" ({w['name']})" if w.get("name") else ""), w)
+              for w in report["windows"]]
+    return "\n".join(lines)
+
+
+def _tokenizer_line(tok, given: Optional[str]) -> str:
+    what = "rack's default counter" if given is None else f"counted with {tok.path}"
+    return (f"tokens: {what}; a client that counts tokens loads the tokenizer named by the served model id, "
+            "the folder above, offline: GuideLLM, AIPerf and inference-perf need no tokenizer flag (docs/serve.md)")
 
 
 def _serve_until_interrupted(server, drain_s: float, report_s: float = 0.0):

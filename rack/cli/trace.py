@@ -121,6 +121,6 @@ def list_traces() -> None:
         try:
             where = str(resolve_trace(name))
         except TraceError:
-            where = "[red]not found[/red]"
+            where = "[red]not found[/red] (not shipped: put it in a directory named by RACK_TRACE_DIR)"
         table.add_row(name, what, where)
     Console().print(table)

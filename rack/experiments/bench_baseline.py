@@ -17,19 +17,21 @@ has had (`rack.run_scenario` since the engine-core change, `rack.runner` before)
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import functools
 import json
 import math
 import os
 import statistics
 import subprocess
+import shutil
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
-from workloads.errors import TraceError
-from workloads.names import resolve_trace
+from workloads.names import ENV_VAR as TRACE_DIR_VAR, unpack_shipped
 
 #: Longest a single replay subprocess may take (s): a whole trace takes ~5-30 s here.
 REPLAY_TIMEOUT_S = 1800.0
@@ -134,6 +136,26 @@ def checkout(ref: str) -> Iterator[Path]:
             tmp.rmdir()
 
 
+@functools.cache
+def _unpacked_traces() -> Path:
+    """This checkout's shipped traces, decompressed once per process into a temporary
+    directory removed at exit (`workloads.names.unpack_shipped`)."""
+    tmp = Path(tempfile.mkdtemp(prefix="rack-traces-"))
+    atexit.register(shutil.rmtree, tmp, True)
+    return unpack_shipped(tmp)
+
+
+def checkout_env(root: Path) -> dict:
+    """The environment of a subprocess running the code at `root`: it imports that
+    code (PYTHONPATH), sends no Ray usage statistics, and finds the traces by name
+    through RACK_TRACE_DIR: the user's directories first, then this checkout's shipped
+    traces decompressed, which a checkout of an older revision may not ship or may not
+    read compressed."""
+    dirs = [os.environ.get(TRACE_DIR_VAR), str(_unpacked_traces())]
+    return dict(os.environ, PYTHONPATH=str(root), RAY_USAGE_STATS_ENABLED="0",
+                **{TRACE_DIR_VAR: os.pathsep.join(d for d in dirs if d)})
+
+
 def replay_in(root: Path, trace: str, scenario: str | None, *, output_scale: float = 1.0,
               window: tuple[float | None, float | None] | None = None, mode: str = "sweep",
               columns_to: Path | None = None, count_calls: int = 0) -> dict:
@@ -148,11 +170,9 @@ def replay_in(root: Path, trace: str, scenario: str | None, *, output_scale: flo
     (None without count_calls)}. Raises RuntimeError with the subprocess's last lines
     if it fails or times out."""
     w0, w1 = ("", "") if window is None else (str(window[0] or 0.0), str(window[1]))
-    env = dict(os.environ, PYTHONPATH=str(root), RAY_USAGE_STATS_ENABLED="0")
-    # a trace name is resolved here: a checkout in a temporary worktree does not see
-    # the shared traces folder beside this one
-    with contextlib.suppress(TraceError):
-        trace = str(resolve_trace(trace))
+    env = checkout_env(root)
+    if Path(trace).is_file():                 # a path: absolute, as the subprocess runs in `root`
+        trace = str(Path(trace).resolve())
     cmd = [sys.executable, "-c", _SCRIPT, trace, scenario or "", repr(float(output_scale)), w0, w1, mode,
            str(columns_to or ""), str(int(count_calls))]
     try:
@@ -245,4 +265,4 @@ def baseline_section(ref: str, traces: Sequence[str], scenario: str | None, *, r
     return out
 
 
-__all__ = ["CALLS_REQUESTS", "REPLAY_TIMEOUT_S", "baseline_section", "columns_diff", "check_ref", "checkout", "project_root", "replay_in"]
+__all__ = ["CALLS_REQUESTS", "REPLAY_TIMEOUT_S", "baseline_section", "columns_diff", "check_ref", "checkout", "checkout_env", "project_root", "replay_in"]

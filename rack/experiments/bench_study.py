@@ -18,7 +18,6 @@ experiments it covers).
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -83,13 +82,9 @@ def study_in(root: Path, experiments: Sequence[str], workers: int = 2, quick: bo
     a smoke test). Returns {key: {"wall_s", "capacities":
     {sweep path: {deployment: {"max_rate_scale", "held", "tokens_per_joule",
     "usd_per_mtok", "runs"}}}}}. Raises RuntimeError with the last lines of a failure."""
-    env = dict(os.environ, PYTHONPATH=str(root), RAY_USAGE_STATS_ENABLED="0")
-    # a checkout in a temporary worktree does not see the shared traces beside this one
-    from rack.experiments.bench_baseline import project_root
+    from rack.experiments.bench_baseline import checkout_env
 
-    shared = project_root().parent / "shared" / "traces"
-    if shared.is_dir():
-        env["RACK_TRACE_DIR"] = os.pathsep.join(filter(None, (os.environ.get("RACK_TRACE_DIR"), str(shared))))
+    env = checkout_env(root)
     cmd = [sys.executable, "-c", _SCRIPT, str(int(workers)), ",".join(experiments), "quick" if quick else "full"]
     try:
         r = subprocess.run(cmd, cwd=str(root), env=env, capture_output=True, text=True, timeout=STUDY_TIMEOUT_S)

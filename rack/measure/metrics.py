@@ -1,6 +1,6 @@
 """Metrics of a run, from the collector's records and the components' stats.
 
-Definitions (pinned by tests, stated in the README):
+Definitions (pinned by tests, stated in docs/run.md):
 - TTFT = first_token - arrival: the moment the client receives the first output token,
   queueing included. Colocated: the end of the prompt's last prefill chunk. Split
   (first_token = "decode", the default): the end of the decode engine's first step

@@ -11,7 +11,6 @@ This is the public Python API of the main job:
 
 from __future__ import annotations
 
-import hashlib
 import math
 import platform
 import sys
@@ -31,6 +30,7 @@ from rack.serving.records import DiskRecordSet, assemble as assemble_records
 from rack.wiring.scenario import Scenario
 from rack.wiring.topology import ComponentSpec, build_topology
 from workloads.clock import check_time_span
+from workloads.textfile import content_sha256
 
 
 #: Payload accounting's sampled verification (`run_scenario(kv_payload="account")`):
@@ -387,10 +387,7 @@ def assemble(scenario: Scenario, specs: Sequence[ComponentSpec], requests: Seque
 
 
 def trace_info(path, reader_summary: dict | None = None, **controls) -> dict:
-    """Provenance of a trace file: path, sha256, replay controls and reader counters."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return {"path": str(path), "sha256": h.hexdigest(), "controls": controls,
+    """Provenance of a trace file: path, sha256 (of the content, decompressed if gzip:
+    the checksum the trace's source publishes), replay controls and reader counters."""
+    return {"path": str(path), "sha256": content_sha256(path), "controls": controls,
             "reader": reader_summary or {}}

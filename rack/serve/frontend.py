@@ -44,6 +44,7 @@ import numpy as np
 from rack.serve import openai_api as oa
 from rack.serve.metrics import ServeMetrics
 from rack.serve.pacing import next_chunk
+from rack.serve.runs import IDLE_GAP_S, client_agreement, run_figures, split_runs
 from rack.serve.tokenizer import load_tokenizer
 from rack.serving.collector import EVENTS
 from workloads.request import Request
@@ -71,6 +72,8 @@ class FrontConfig:
     api_key: str | None = None
     vocab_size: int | None = None        # token ids must be below it (None: unchecked)
     tokenizer: str | None = None         # a tokenizer.json (or folder); None: rack's default counter
+    slo_ttft_s: float = math.inf         # the scenario's SLO (emulated s), for per-run goodput
+    slo_tpot_s: float = math.inf
 
 
 @dataclass
@@ -84,6 +87,7 @@ class _Response:
     chunk_end: list[int] = field(default_factory=list)      # tokens sent after each chunk
     chunk_wall: list[float] = field(default_factory=list)   # when each chunk left
     disconnected: bool = False
+    ended_wall: float | None = None                         # when the HTTP response ended
     done: asyncio.Event = field(default_factory=asyncio.Event)
 
 
@@ -96,7 +100,8 @@ class LiveFront:
         self.tokenizer = load_tokenizer(config.tokenizer)
         self.metrics = ServeMetrics(config.served_model_names[0], config.dilation)
         self._late: list[np.ndarray] = []        # per-chunk lateness (wall s) since `pacing_window`
-        self._itl_emulated: list[float] = []      # median emulated ITL of each response since then
+        self._window_row = 0                      # first row of `records` since `pacing_window`
+        self.windows: list[dict] = []             # `/rack/runs` windows (`open_window`)
         self.records: list[dict] = []
         self.requests: list[Request] = []
         self.state = "serving"
@@ -289,6 +294,7 @@ class LiveFront:
 
     def _end_response(self, resp: _Response, status: int) -> None:
         resp.status = status
+        resp.ended_wall = time.time()
         resp.done.set()
 
     async def _record_when_ended(self, resp: _Response) -> None:
@@ -309,11 +315,10 @@ class LiveFront:
             lateness, early = float(diff.max()), float(max(0.0, -diff.min()))
             if resp.plan.stream:
                 self._late.append(diff)
-                if lr.itl_s is not None and len(lr.itl_s):
-                    self._itl_emulated.append(float(np.median(lr.itl_s)))
         times = {}
         if lr.record_times is not None:
             times = {name: float(t) for name, t in zip(EVENTS, lr.record_times)}
+        sent = _sent_wall(resp) if lr.outcome == "completed" else None
         if lr.outcome == "completed" and times:
             ttft = times["first_token"] - times["arrival"]
             self._ttft_ewma = ttft if self._ttft_ewma is None else 0.8 * self._ttft_ewma + 0.2 * ttft
@@ -321,12 +326,16 @@ class LiveFront:
             outcome=lr.outcome or "failed", reason=lr.reason, finish_reason=resp.plan.finish_reason,
             prompt_tokens=resp.plan.prompt_tokens, output_tokens=lr.n_out, times=times or
             {k: math.nan for k in EVENTS}, itl_s=lr.itl_s, lateness_wall_s=lateness,
-            sent_wall=_sent_wall(resp) if lr.outcome == "completed" else None)
+            sent_wall=sent)
         self.records.append({
             "id": rid, "endpoint": resp.plan.kind, "stream": resp.plan.stream, "http_status": resp.status,
             "outcome": lr.outcome, "reason": lr.reason, "output_tokens": lr.n_out,
             "tokens_sent": int(resp.chunk_end[-1]) if resp.chunk_end else 0, "chunks": len(resp.chunk_end),
             "client_disconnected": resp.disconnected, "received_wall_s": resp.received_wall,
+            "ended_wall_s": resp.ended_wall,
+            # what the client saw of a stream: its first and last chunk's send time (wall s)
+            "first_chunk_wall_s": resp.chunk_wall[0] if resp.plan.stream and resp.chunk_wall else None,
+            "last_chunk_wall_s": resp.chunk_wall[-1] if resp.plan.stream and resp.chunk_wall else None,
             "response_id": oa.response_id(resp.plan, rid), "prompt_tokens": resp.plan.prompt_tokens,
             "cached_tokens": int(lr.extra.get("cached_tokens", 0)),
             "lateness_s": lateness, "early_s": early,
@@ -342,18 +351,58 @@ class LiveFront:
         self.host.call_core("forget", rid)
 
     def pacing_window(self) -> dict:
-        """The pacing lateness (wall s) of the chunks of the streamed responses recorded
-        since the last call: {"chunks", "responses", "p50_s", "p99_s", "max_s",
-        "itl_wall_s" (the median of their emulated ITLs x dilation, None without
-        any)}; the window then starts again."""
+        """What the clients of the streamed responses recorded since the last call
+        could observe, against rack's records: {"chunks", "responses", "p50_s", "p99_s",
+        "max_s" (the chunks' pacing lateness, wall s), and `rack.serve.runs.client_agreement`'s
+        "compared", "ttft_dev", "tpot_dev", "tpot_wall_s"}; the window then starts again."""
         late = np.concatenate(self._late) if self._late else np.zeros(0)
-        itl = float(np.median(self._itl_emulated)) * self.config.dilation if self._itl_emulated else None
-        out = {"chunks": int(late.size), "responses": len(self._late), "itl_wall_s": itl,
+        out = {"chunks": int(late.size), "responses": len(self._late),
                **({f"p{q}_s": float(np.percentile(late, q)) for q in (50, 99)} if late.size else
                   {"p50_s": None, "p99_s": None}),
-               "max_s": float(late.max()) if late.size else None}
-        self._late, self._itl_emulated = [], []
+               "max_s": float(late.max()) if late.size else None,
+               **client_agreement(self.records[self._window_row:], self.config.dilation)}
+        self._late, self._window_row = [], len(self.records)
         return out
+
+    # ------------------------------------------------------------------ runs
+    def open_window(self, name: str | None = None) -> dict:
+        """Open a `/rack/runs` window: the requests received from now until it is
+        closed form one run (`rack.serve.runs`). Returns its description."""
+        w = {"id": len(self.windows), "name": name, "opened_wall_s": time.time(), "closed_wall_s": None}
+        self.windows.append(w)
+        return dict(w)
+
+    def close_window(self, wid: int) -> dict | None:
+        """Close window `wid` (closing twice keeps the first close); its figures, or
+        None for an unknown id."""
+        if not 0 <= wid < len(self.windows):
+            return None
+        w = self.windows[wid]
+        if w["closed_wall_s"] is None:
+            w["closed_wall_s"] = time.time()
+        return self.window_figures(wid)
+
+    def window_figures(self, wid: int) -> dict | None:
+        """Window `wid` with the figures of the requests recorded in it so far
+        (`rack.serve.runs.run_figures`); None for an unknown id."""
+        if not 0 <= wid < len(self.windows):
+            return None
+        w = self.windows[wid]
+        end = math.inf if w["closed_wall_s"] is None else w["closed_wall_s"]
+        rows = [r for r in self.records if w["opened_wall_s"] <= r["received_wall_s"] <= end]
+        return {**w, "open": w["closed_wall_s"] is None, **self._figures(rows)}
+
+    def runs_report(self) -> dict:
+        """{"idle_gap_s", "runs": the idle-separated runs' figures, "windows": every
+        window's} (`rack.serve.runs`)."""
+        return {"idle_gap_s": IDLE_GAP_S,
+                "runs": [{"run": i, "first_received_wall_s": rows[0]["received_wall_s"], **self._figures(rows)}
+                         for i, rows in enumerate(split_runs(self.records))],
+                "windows": [self.window_figures(i) for i in range(len(self.windows))]}
+
+    def _figures(self, rows) -> dict:
+        c = self.config
+        return run_figures(rows, c.dilation, c.slo_ttft_s, c.slo_tpot_s)
 
     def request_number(self, key: int | str) -> int | None:
         """The front's id of `key`: an int, its decimal string, or a response id

@@ -24,7 +24,8 @@
   failed), and counts it (`on_error`). A streamed response that breaks after its 200
   ends with an error event and `[DONE]`, still on a live connection.
 
-Each refusal is counted by the `on_answer(endpoint, status)` callback the app passes.
+Every answer, of every route, is counted by the `on_answer(endpoint, status)` callback
+the app passes (`rack:http_requests_total`), the refusals above included.
 """
 
 from __future__ import annotations
@@ -104,11 +105,13 @@ def _error_body(status: int, message: str, param: str | None = None) -> bytes:
 
 class Guard:
     """ASGI middleware of the front (module docstring): the body size limit and the
-    handler-error path. `endpoint(path)` names a request's endpoint for the counts
-    (None: not counted); `on_answer(endpoint, status)` counts a 413 or 500 it answers;
-    `on_error(endpoint)` counts a handler error (also one after a stream started)."""
+    handler-error path, and the count of every answer. `endpoint(scope)` names a
+    request's endpoint for the counts (a route's template, so ids do not multiply the
+    label's values); `on_answer(endpoint, status)` counts each answer as its status
+    leaves (the handler's, or the 413 or 500 this answers); `on_error(endpoint)` counts
+    a handler error (also one after a stream started)."""
 
-    def __init__(self, app: Any, *, max_body_bytes: int, endpoint: Callable[[str], str | None],
+    def __init__(self, app: Any, *, max_body_bytes: int, endpoint: Callable[[dict], str],
                  on_answer: Callable[[str, int], None], on_error: Callable[[str], None]) -> None:
         self.app, self.max_body_bytes = app, int(max_body_bytes)
         self.endpoint, self.on_answer, self.on_error = endpoint, on_answer, on_error
@@ -118,7 +121,7 @@ class Guard:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        where = self.endpoint(scope.get("path", ""))
+        where = self.endpoint(scope)
         limit = self.max_body_bytes
         declared = _content_length(scope)
         if declared is not None and declared > limit:
@@ -138,6 +141,8 @@ class Guard:
         async def tracked_send(message: dict) -> None:
             if message["type"] == "http.response.start":
                 state["started"] = True
+                # the route is known once the router matched it
+                self.on_answer(self.endpoint(scope), int(message["status"]))
                 state["sse"] = any(k.lower() == b"content-type" and v.startswith(b"text/event-stream")
                                    for k, v in message.get("headers", ()))
             elif message["type"] == "http.response.body" and not message.get("more_body", False):
@@ -148,33 +153,31 @@ class Guard:
             await self.app(scope, counted_receive, tracked_send)
         except _BodyTooLarge:
             if not state["started"]:
-                await self._answer(send, where, 413, f"the request body is over {limit:,} bytes (at most "
+                await self._answer(send, self.endpoint(scope), 413, f"the request body is over {limit:,} bytes (at most "
                                    f"{limit:,} are accepted)", close=True)
         except Exception as exc:  # noqa: BLE001 - the one place a handler's failure is answered
             if type(exc).__name__ == "ClientDisconnect":     # starlette's: nobody to answer
                 return
             log.error("rack serve: %s %s raised %s: %s", scope.get("method"), scope.get("path"),
                       type(exc).__name__, exc, exc_info=exc)
-            if where is not None:
-                self.on_error(where)
+            self.on_error(self.endpoint(scope))
             message = f"internal error handling the request ({type(exc).__name__}); it is logged"
             if not state["started"]:
-                await self._answer(send, where, 500, message)
+                await self._answer(send, self.endpoint(scope), 500, message)
             elif not state["ended"]:
                 tail = b""
                 if state["sse"]:
                     tail = b"data: " + _error_body(500, message) + b"\n\ndata: [DONE]\n\n"
                 await send({"type": "http.response.body", "body": tail, "more_body": False})
 
-    async def _answer(self, send, where: str | None, status: int, message: str, close: bool = False) -> None:
+    async def _answer(self, send, where: str, status: int, message: str, close: bool = False) -> None:
         body = _error_body(status, message)
         headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
         if close:       # the rest of an oversized body is not worth reading
             headers.append((b"connection", b"close"))
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body, "more_body": False})
-        if where is not None:
-            self.on_answer(where, status)
+        self.on_answer(where, status)
 
 
 def _content_length(scope: dict) -> int | None:

@@ -46,7 +46,8 @@ prometheus_client collector builds every family at scrape time from
   carried / (bandwidth x time) since start), `rack:kv_transfers_total{link}`;
 - the front: `rack:stream_lateness_seconds` (per response: the latest any of its
   tokens left the front after its emulated time, wall seconds), `rack:dilation`,
-  `rack:emulated_time_seconds`, `rack:http_requests_total{endpoint, status}`,
+  `rack:emulated_time_seconds`, `rack:http_requests_total{endpoint, status}` (every answer of
+  every route, `endpoint` the route's template: `rack.serve.app`),
   `rack:http_handler_errors_total{endpoint}` (handlers that raised: `rack.serve.limits`).
 
 Every family carries `model_name` (the served model name), as vLLM's do.

@@ -145,16 +145,24 @@ class FrontHost(CoreHost):
 
     async def front_records(self) -> dict:
         """{"records": the front's row per request, "requests": the Requests opened,
-        "counts": the gateway's counters, "http": every HTTP answer by status (also
-        those refused before reaching the rack: bad input, unknown model, no key),
+        "counts": the gateway's counters, "http": every answer of the API's endpoints by
+        status (also those refused before reaching the rack: bad input, unknown model,
+        no key), "http_routes": every route's answers {endpoint: {status: n}}, "runs":
+        the per-run figures (`LiveFront.runs_report`),
         "handler_errors": handlers that raised (`rack.serve.limits`)}."""
+        from rack.serve.app import API_ENDPOINTS
+
         f = self.front
         http: dict[str, int] = {}
-        for (_, status), n in (f.metrics.http.items() if f else ()):
-            http[status] = http.get(status, 0) + n
+        routes: dict[str, dict[str, int]] = {}
+        for (endpoint, status), n in (f.metrics.http.items() if f else ()):
+            routes.setdefault(endpoint, {})[status] = int(n)
+            if endpoint in API_ENDPOINTS:
+                http[status] = http.get(status, 0) + int(n)
         return {"records": list(f.records) if f else [], "requests": list(f.requests) if f else [],
-                "counts": dict(self.core.counts), "http": http, "wall_s": time.time(),
-                "handler_errors": sum(f.metrics.handler_errors.values()) if f else 0}
+                "counts": dict(self.core.counts), "http": http, "http_routes": routes, "wall_s": time.time(),
+                "handler_errors": sum(f.metrics.handler_errors.values()) if f else 0,
+                "runs": f.runs_report() if f else None}
 
 
 __all__ = ["FrontHost"]

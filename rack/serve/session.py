@@ -26,7 +26,8 @@ import numpy as np
 from rack.measure.metrics import summarize
 from rack.serve.frontend import FrontConfig
 from rack.serve.limits import HttpLimits
-from rack.serve.tokenizer import load_tokenizer
+from rack.serve.runs import client_agreement
+from rack.serve.tokenizer import client_model_id, load_tokenizer
 from rack.serve.topology import FRONT, live_topology
 from rack.run.runner import RunOutput, assemble
 from rack.wiring.scenario import Scenario
@@ -37,8 +38,9 @@ class LiveServer:
     """`scenario` served over HTTP (module docstring).
 
     Keyword args: host, port (0: any free port), api_key (None: open), address (a Ray
-    cluster; None: Ray started locally), served_model_name (default: the scenario's
-    model), pacing_quantum_ms (wall ms; `rack.serve.pacing`), eos_mean_tokens (mean
+    cluster; None: Ray started locally), served_model_name (default: two names, the
+    absolute path of the tokenizer's folder, which clients load a tokenizer from
+    offline (`rack.serve.tokenizer.client_model_id`), then the scenario's model), pacing_quantum_ms (wall ms; `rack.serve.pacing`), eos_mean_tokens (mean
     output length without `ignore_eos`, `rack.serve.openai_api`), tokenizer (a
     tokenizer.json or its folder, `rack.serve.tokenizer`; None: rack's default counter,
     which the shipped folder `rack.serve.tokenizer.SHIPPED` reproduces), startup_timeout_s,
@@ -60,12 +62,16 @@ class LiveServer:
             raise ValueError(f"eos_mean_tokens: expected >= 1, got {eos_mean_tokens!r}")
         self.scenario = scenario
         self.host, self.port, self.address = host, int(port), address
+        tokenizer = None if tokenizer is None else str(Path(tokenizer).expanduser().resolve())
+        self.tokenizer = load_tokenizer(tokenizer)     # TokenizerError before anything starts
+        # the tokenizer's folder first (what clients resolve locally), the scenario's
+        # model as an alias, as vLLM serving a local path
+        names = (served_model_name,) if served_model_name else (client_model_id(self.tokenizer), scenario.model)
         self.config = FrontConfig(
-            served_model_names=(served_model_name or scenario.model,), max_model_len=context_limit(scenario),
+            served_model_names=names, max_model_len=context_limit(scenario),
             dilation=float(scenario.dilation), pacing_quantum_s=pacing_quantum_ms / 1e3,
             eos_mean_tokens=float(eos_mean_tokens), api_key=api_key, vocab_size=_vocab_size(scenario),
-            tokenizer=None if tokenizer is None else str(Path(tokenizer).expanduser().resolve()))
-        self.tokenizer = load_tokenizer(self.config.tokenizer)     # TokenizerError before anything starts
+            tokenizer=tokenizer, slo_ttft_s=scenario.slo.ttft_ms / 1e3, slo_tpot_s=scenario.slo.tpot_ms / 1e3)
         self.limits = limits or HttpLimits()
         self.startup_timeout_s = startup_timeout_s
         self.specs = live_topology(scenario)          # ScenarioError before anything starts
@@ -145,6 +151,8 @@ class LiveServer:
                            {"source": "live", "url": self.url}, load)
             out.results["serve"] = serve_section(front["records"], self.config, self.url, front["counts"],
                                                  front["http"], front.get("handler_errors", 0))
+            out.results["serve"]["http_routes"] = front.get("http_routes", {})
+            out.results["serve"]["runs"] = front.get("runs")
             self.front_rows = front["records"]
             return out
         finally:
@@ -173,6 +181,8 @@ def serve_section(rows: Sequence[dict], config: FrontConfig, url: str, counts: d
         "http_answered": dict(sorted((http or {}).items())), "handler_errors": int(handler_errors),
         "client_disconnects": sum(1 for r in rows if r["client_disconnected"]),
         "pacing_lateness_s": summarize(late) if late.size else None,
+        # what the clients measured against rack's records x dilation (medians)
+        "client_agreement": client_agreement(rows, config.dilation),
         "pacing_early_max_s": float(early.max()) if early.size else 0.0,
         "gateway": dict(counts),
     }

@@ -156,6 +156,19 @@ def load_tokenizer(path: str | None) -> Any:
     return DefaultTokenizer() if path is None else HFTokenizer(path)
 
 
+def client_model_id(tokenizer: Any) -> str:
+    """The model id `rack serve` serves first (`/v1/models`): the absolute path of the
+    folder holding the tokenizer it counts with (`SHIPPED` for rack's default counter).
+
+    A benchmark client loads a tokenizer named after the served model (GuideLLM's
+    processor, AIPerf's `--tokenizer`, inference-perf's `tokenizer`, all default to the
+    model id) through `transformers`, which reads a local folder without a hub, as when
+    vLLM serves a local model path as the model id. So each client's plain documented
+    command counts the tokens rack counts, offline, with no tokenizer flag."""
+    p = Path(tokenizer.path).resolve()          # the folder itself, or its tokenizer.json
+    return str(p.parent if p.is_file() else p)
+
+
 def content_count(tokenizer: Any, text: str) -> int:
     """Tokens of a chat message's content (no special tokens; module docstring)."""
     f = getattr(tokenizer, "content_count", None)
@@ -177,5 +190,5 @@ def chat_ids(tokenizer: Any, messages: Sequence[dict]) -> list[int]:
     return out + [sid(_START), sid("<|assistant|>"), sid(_MESSAGE)]
 
 
-__all__ = ["DefaultTokenizer", "HFTokenizer", "SHIPPED", "TokenizerError", "chat_ids", "content_count",
+__all__ = ["DefaultTokenizer", "HFTokenizer", "SHIPPED", "TokenizerError", "chat_ids", "client_model_id", "content_count",
            "load_tokenizer"]

@@ -77,9 +77,7 @@ def add_vllm_routes(app: FastAPI, front: Any, max_json_depth: int = MAX_JSON_DEP
             try:
                 out = await fn(request)
             except oa.ApiError as err:
-                front.metrics.count_http(request.url.path, err.status)
                 return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
-            front.metrics.count_http(request.url.path, 200)
             return out
         return route
 
