@@ -472,9 +472,8 @@ def checks(result: dict) -> dict:
         from rack.experiments.bench_peer import peer_checks
 
         out.update(peer_checks(result["peer"], TARGETS["baseline_metrics_s"]))
-    for trace, row in result.get("replay", {}).items():
-        if "scenarios" not in row:
-            continue
+    replay = result.get("replay", {})
+    for trace, row in ({} if "skipped" in replay else replay).items():
         # the target is for the whole trace: a windowed replay (--window, --quick) is not judged
         whole = not any(r.get("window") for r in row.get("scenarios", {}).values())
         out[f"replay.{trace}.wall_s"] = {"value": row["wall_s"],

@@ -205,6 +205,21 @@ class Collector(Core):
         re-dispatched); returned under "recoveries" by `snapshot`."""
         self.recoveries.append(dict(record))
 
+    def take_inbox(self, now: float) -> None:
+        """Records sent straight to the inbox (`workloads.core`: the virtual driver's
+        open-loop replays), in the order sent: as the handlers of the same messages."""
+        items = self.inbox[:]
+        self.inbox.clear()
+        record = self._record
+        for method, args in items:
+            if method == "events":
+                for request_id, name, t in args[0]:
+                    record(request_id, name, t)
+            elif method == "event":
+                record(*args)
+            else:
+                getattr(self, method)(now, *args)
+
     # ----------------------------------------------------------------- driver reads
     def all_ended(self) -> bool:
         """True once every request has ended."""
