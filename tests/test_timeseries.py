@@ -154,3 +154,32 @@ def test_rack_run_writes_the_series(tmp_path):
     assert res["provenance"]["config"]["router"] == {**res["provenance"]["config"]["router"],
                                                      "policy": "prefix_aware", "prefix_weight": 2.0}
     assert "hit ratio" in r.output and "timeseries.csv" in r.output
+
+
+def test_bounded_series_staged_rows_equal_row_by_row_adds():
+    """Rows staged in a list and copied in blocks (`BoundedSeries.add`) give the series
+    that adding them to the array one by one gives, coarsening included."""
+    import numpy as np
+
+    from workloads.series import BoundedSeries
+
+    class RowByRow(BoundedSeries):
+        __slots__ = ()
+
+        def add(self, t, *values):
+            self._last = t
+            self._add_row(t, values)
+
+    rng = np.random.default_rng(7)
+    for max_rows in (5, 64, 1500):
+        a, b = BoundedSeries(2, max_rows), RowByRow(2, max_rows)
+        t = 0.0
+        for _ in range(6000):
+            if rng.random() < 0.7:
+                t += float(rng.exponential(rng.choice([1e-3, 1.0, 50.0])))
+            v = [float(x) for x in rng.integers(0, 100, 2)]
+            a.add(t, *v)
+            b.add(t, *v)
+            assert a.last() == b.last() and len(a) == len(b)
+        assert all(np.array_equal(x, y) for x, y in zip(a.columns(), b.columns()))
+        assert a.resolution_s == b.resolution_s > 0
