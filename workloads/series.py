@@ -67,7 +67,7 @@ class BoundedSeries:
     def last(self) -> tuple[float, ...] | None:
         """The last row (t, v_1 .. v_k), or None if empty."""
         if self._pend:
-            return tuple(float(x) for x in self._pend[-1])
+            return tuple(map(float, self._pend[-1]))
         return tuple(self._buf[self._n - 1].tolist()) if self._n else None
 
     def add(self, t: float, *values: float) -> None:

@@ -764,7 +764,7 @@ class DecodeEngine(Core):
         sc = self.cost.decode_steps(self._contexts(batch), k)
         # While busy, the next step starts where the last one ended.
         t0 = t if self._t_free is None else self._t_free
-        ends = t0 + np.cumsum(sc.time_s)
+        ends = t0 + sc.time_s.cumsum()      # (the method: np.cumsum's result, without its dispatch)
         self._begin_run(t0, ends, sc, batch, "run")
 
     def _begin_run(self, t0: float, ends: np.ndarray, sc: Any, batch: list, phase: str) -> None:
@@ -868,7 +868,7 @@ class DecodeEngine(Core):
                     self._pending_events.append((s.req.id, "first_token", float(times[0])))
                 else:
                     times = np.concatenate([[s.first_token_s], *s.times])
-                itl = np.diff(times)
+                itl = times[1:] - times[:-1]     # np.diff's result, without its dispatch
                 if itl.shape[0] != s.n_out - 1:  # pragma: no cover - internal invariant
                     raise AssertionError(f"{self.name}: request {s.req.id} has {itl.shape[0]} "
                                          f"ITL samples for {s.n_out} tokens")
