@@ -81,6 +81,7 @@ class ColocatedEngine(DecodeEngine):
         prefix_cache: enable the prefix cache (requests with `block_hashes`).
         recv_interval: decode steps between the scheduler's receives of new requests
             (SGLang --scheduler-recv-interval, >= 1; see the module docstring).
+        timeseries: see `DecodeEngine`.
     `max_batch` bounds the requests being prefilled or decoded at once.
     """
 
@@ -91,7 +92,7 @@ class ColocatedEngine(DecodeEngine):
                  memory_reserve_fraction: float | None = None, memory_plan: Any = None,
                  max_steps_per_wake: int = 4096, max_reserve_queue: int | None = None,
                  first_token: str = "prefill", loading_until_s: float | None = None,
-                 recv_interval: int = 1, stream_to: str | None = None) -> None:
+                 recv_interval: int = 1, stream_to: str | None = None, timeseries: bool = True) -> None:
         if int(chunk_tokens) < 1:
             raise ValueError(f"ColocatedEngine {name!r}: chunk_tokens must be >= 1, got {chunk_tokens}")
         if int(max_queue) < 0:
@@ -104,7 +105,7 @@ class ColocatedEngine(DecodeEngine):
                          memory_reserve_fraction=memory_reserve_fraction,
                          memory_plan=memory_plan, max_steps_per_wake=max_steps_per_wake,
                          max_reserve_queue=max_reserve_queue, first_token=first_token,
-                         loading_until_s=loading_until_s, stream_to=stream_to)
+                         loading_until_s=loading_until_s, stream_to=stream_to, timeseries=timeseries)
         self.chunk_tokens = int(chunk_tokens)
         self.max_queue = int(max_queue)
         self.prefix = PrefixCache(self.ledger, self.pool.kv_bytes_per_token) if prefix_cache else None

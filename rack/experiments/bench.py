@@ -54,7 +54,8 @@ CODEC_SIZES_MB = (1, 16, 128)
 TARGETS = {"replay_wall_s": 5.0, "doubled_output_ratio": 1.10, "codec_16MB_ratio": 0.5,
            "lateness_p99_over_tpot": 0.01, "baseline_speedup": 1.5, "baseline_metrics_s": 1e-9}
 #: How `rack bench` replays: sweep mode (payload accounted); `rack run` builds payloads.
-REPLAY_MODE = "sweep (KV payload accounted, one payload in rack.run.runner.KV_VERIFY_EVERY built and checked)"
+REPLAY_MODE = ("sweep (KV payload accounted, one payload in rack.run.runner.KV_VERIFY_EVERY built and checked; "
+               "no gauges over time: run_scenario(timeseries=False))")
 
 Progress = Callable[[str], None]
 
@@ -94,12 +95,12 @@ def replay_speed(trace: str, scenario: str | None, *, repeat: int = 3,
         raise ValueError(f"trace {trace!r} with window {window!r} has no requests")
     # One untimed run of the first requests: imports, the catalog, the codec's payload
     # block and numpy's first calls are paid once per process, not by the first figure.
-    run_scenario(sc, reqs[:20], runtime="virtual", kv_payload="account")
+    run_scenario(sc, reqs[:20], runtime="virtual", kv_payload="account", timeseries=False)
     walls, cpus = [], []
     out = None
     for _ in range(max(1, int(repeat))):
         w0, c0 = time.perf_counter(), time.process_time()
-        out = run_scenario(sc, reqs, runtime="virtual", kv_payload="account")
+        out = run_scenario(sc, reqs, runtime="virtual", kv_payload="account", timeseries=False)
         walls.append(time.perf_counter() - w0)
         cpus.append(time.process_time() - c0)
     loop = last_run_counters()
