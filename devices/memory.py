@@ -95,8 +95,9 @@ class MemoryLedger:
         return self._peak
 
     def held(self, category: str) -> int:
-        """Bytes held in `category`."""
-        return self._held[self._check_cat(category)]
+        """Bytes held in `category` (ValueError for an unknown one)."""
+        n = self._held.get(category)       # the dict's keys are the categories: the check
+        return self._held[self._check_cat(category)] if n is None else n
 
     def category_peak(self, category: str) -> int:
         """High-water mark of `held(category)` (bytes)."""

@@ -878,34 +878,11 @@ def _kv_layout(request_id: int, n_tokens: int, kv_bytes_per_token: int, n_layers
     return tuple(groups), size
 
 
-def make_kv_frames(
-    request_id: int,
-    n_tokens: int,
-    kv_bytes_per_token: int,
-    n_layers: int,
-    layer_group: int,
-    payload_scale: float,
-    kv_dtype: str = "fp8",
-    seed: int = 0,
-) -> list[np.ndarray]:
-    """Frames carrying a request's KV cache, one per group of `layer_group` layers.
-
-    request_id: id written into each header.
-    n_tokens: tokens of KV (the prompt length after prefill), >= 1.
-    kv_bytes_per_token: KV bytes per token over all layers at `kv_dtype` (e.g. 131,072
-        for Llama-3.1-8B at 16-bit, reference/hardware.md), >= 1.
-    n_layers: layers of the model, >= 1; layer_group: layers per frame, >= 1 (the last
-        group may be smaller).
-    payload_scale: fraction of the logical bytes actually shipped, in (0, 1].
-    kv_dtype: a key of `KV_DTYPE_BITS`; seed: varies the (deterministic) body bytes.
-
-    Group g covering layers [a, b) has logical bytes `group_logical_bytes(n_tokens *
-    kv_bytes_per_token, n_layers, a, b)` (they sum exactly to n_tokens * kv_bytes_per_token)
-    and a body of `payload_size(logical, payload_scale)` bytes cut from a cached
-    pseudo-random stream at an offset derived from (seed, request_id, a): real,
-    deterministic bytes without running an RNG per frame.
-    Returns a list of 1-D uint8 frames. Raises ValueError on bad arguments.
-    """
+def _checked_layout(request_id, n_tokens, kv_bytes_per_token, n_layers, layer_group, payload_scale,
+                    kv_dtype, seed) -> tuple[int, int, tuple]:
+    """`make_kv_frames`' argument checks and its cached layout: (request_id, seed,
+    layout) with the ints checked. Raises ValueError on bad arguments, FrameError for a
+    body too large for a msgpack bin32."""
     if not (type(request_id) is int and type(n_tokens) is int and type(kv_bytes_per_token) is int
             and type(n_layers) is int and type(layer_group) is int and type(seed) is int
             and request_id >= 0 and n_tokens >= 1 and kv_bytes_per_token >= 1 and n_layers >= 1
@@ -935,6 +912,39 @@ def make_kv_frames(
         if len(_LAYOUTS) >= _LAYOUTS_MAX:
             _LAYOUTS.popitem(last=False)
         _LAYOUTS[layout_key] = layout
+    return request_id, seed, layout
+
+
+def make_kv_frames(
+    request_id: int,
+    n_tokens: int,
+    kv_bytes_per_token: int,
+    n_layers: int,
+    layer_group: int,
+    payload_scale: float,
+    kv_dtype: str = "fp8",
+    seed: int = 0,
+) -> list[np.ndarray]:
+    """Frames carrying a request's KV cache, one per group of `layer_group` layers.
+
+    request_id: id written into each header.
+    n_tokens: tokens of KV (the prompt length after prefill), >= 1.
+    kv_bytes_per_token: KV bytes per token over all layers at `kv_dtype` (e.g. 131,072
+        for Llama-3.1-8B at 16-bit, reference/hardware.md), >= 1.
+    n_layers: layers of the model, >= 1; layer_group: layers per frame, >= 1 (the last
+        group may be smaller).
+    payload_scale: fraction of the logical bytes actually shipped, in (0, 1].
+    kv_dtype: a key of `KV_DTYPE_BITS`; seed: varies the (deterministic) body bytes.
+
+    Group g covering layers [a, b) has logical bytes `group_logical_bytes(n_tokens *
+    kv_bytes_per_token, n_layers, a, b)` (they sum exactly to n_tokens * kv_bytes_per_token)
+    and a body of `payload_size(logical, payload_scale)` bytes cut from a cached
+    pseudo-random stream at an offset derived from (seed, request_id, a): real,
+    deterministic bytes without running an RNG per frame.
+    Returns a list of 1-D uint8 frames. Raises ValueError on bad arguments.
+    """
+    request_id, seed, layout = _checked_layout(request_id, n_tokens, kv_bytes_per_token, n_layers, layer_group,
+                                               payload_scale, kv_dtype, seed)
     groups, size = layout
     rid = _pack_uint(request_id)
     head = _KEY_HEAD + rid
@@ -1021,14 +1031,14 @@ def describe_kv_frames(
     """The frames `make_kv_frames` would return for these arguments, described: the
     same header tuples and frame sizes, no bytes built, hashed or copied (the layout
     is `make_kv_frames`' own, cached per prompt length). Same arguments and errors as
-    `make_kv_frames` (it checks them by building the first request of a layout)."""
+    `make_kv_frames` (the same checks, on the first request of a layout)."""
     layout_key = (n_tokens, kv_bytes_per_token, n_layers, layer_group, payload_scale, kv_dtype)
     layout = _LAYOUTS.get(layout_key) if type(request_id) is int and 0 <= request_id <= _U64_MAX else None
     if layout is None:
-        # checks every argument and caches the layout (only valid ones are cached)
-        make_kv_frames(request_id, n_tokens, kv_bytes_per_token, n_layers, layer_group, payload_scale,
-                       kv_dtype, seed)
-        layout = _LAYOUTS[layout_key]
+        # checks every argument and caches the layout (only valid ones are cached),
+        # without building the frames
+        layout = _checked_layout(request_id, n_tokens, kv_bytes_per_token, n_layers, layer_group, payload_scale,
+                                 kv_dtype, seed)[2]
     n_rid = len(_pack_uint(request_id))
     groups, _ = layout
     entries = tuple((request_id, *g[3]) for g in groups)

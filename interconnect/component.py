@@ -11,11 +11,19 @@ A transfer of F frames carrying B logical bytes from `src` to `dst`:
 4. hands the frames to the receiver (`receive_kv`), which verifies every frame and
    replies the number of bad ones; the sender then gets `transfer_done`.
 
-The formula and the sources of link figures are in `interconnect.link`. The core's
-wake time is the earliest of its transfers' phase ends and the network's next event (a
-flow start or drain, a capacity change): the work is O(events), never O(bytes); an
-uncontended transfer is one flow whose drain time the network computes in closed
-form. The network model runs on model time (the exact event times), so host lateness
+The formula and the sources of link figures are in `interconnect.link`. The work is
+O(events), never O(bytes); an uncontended transfer is one flow whose drain time the
+network computes in closed form. Only step 4 sends a message, so the core wakes only
+when a delivery may be due: at the earliest lower bound of its transfers' deliveries
+(a pending delivery's time; a flow's by the next network event plus the smallest
+latency of the flows on the wire, as no flow drains before that event; a transfer
+still in its per-message phase's by that phase's end plus its bytes at the path's
+nominal bottleneck rate plus its latency, as sharing and degradation only slow a flow
+down). That bound is the exact delivery time of a transfer alone on its path, so an
+uncontended transfer costs one wake-up. Whatever is due in between (phase ends, flow
+starts and drains) is done, in time order, at that wake-up or when the next message
+arrives, exactly as if the core had woken for each. Once a link has been degraded or
+flapped the core wakes at every phase end and network event instead. The network model runs on model time (the exact event times), so host lateness
 on the wall-clock driver delays wake-ups but does not change the modelled transfer
 times; on the virtual driver the run is deterministic.
 """
@@ -182,6 +190,8 @@ class Interconnect(Core):
         self._frames_corrupted = 0
         self._described = 0         # transfers whose payload was described, not built
         self._lost_transfers = 0
+        # wake only when a delivery may be due (module docstring) until a link is degraded
+        self._lazy = True
 
     # ------------------------------------------------------------------ handlers
 
@@ -220,6 +230,7 @@ class Interconnect(Core):
             raise TransferError(f"request {req.id}: logical_bytes must be an integer >= 0, got {logical_bytes!r}")
         logical_bytes = int(logical_bytes)
         shipped = self._check_frames(req, frames, logical_bytes)
+        self._settle(now, before=True)
         cost = self._costs[key]
         tid = self._next_tid
         self._next_tid += 1
@@ -268,6 +279,8 @@ class Interconnect(Core):
         """Scale `link`'s bandwidth by `factor` in (0, 1] during [start, end) (emulated
         seconds; the part before now is ignored). Flows crossing it slow down, then
         resume. Raises ValueError / KeyError (unknown link) from the network model."""
+        self._settle(now, before=True)
+        self._lazy = False
         self._advance(max(now, self._net.now))
         self._net.degrade(link, factor, start, end)
         self._settle(now)
@@ -275,6 +288,8 @@ class Interconnect(Core):
     def flap(self, now: float, link: str, start: float, end: float) -> None:
         """Take `link` down during [start, end): flows crossing it stop and resume at
         `end` (flows still in their per-message or latency phase are not affected)."""
+        self._settle(now, before=True)
+        self._lazy = False
         self._advance(max(now, self._net.now))
         self._net.flap(link, start, end)
         self._settle(now)
@@ -334,25 +349,41 @@ class Interconnect(Core):
     def _advance(self, t: float) -> None:
         self._drained(self._net.advance(t))
 
-    def _settle(self, now: float) -> None:
-        """Do everything due by `now` (timers and network events, in time order), then
-        set `wake_at` to the next one."""
+    def _settle(self, now: float, before: bool = False) -> None:
+        """Do everything due by `now` (timers and network events, in time order; with
+        `before`, only what is due strictly before `now`: a handler catching up), then
+        set `wake_at` (module docstring)."""
         net, timers = self._net, self._timers
         while True:
             t_net = net.next_event_time() if net.n_flows else math.inf
             t_timer = timers[0][0] if timers else math.inf
-            if t_net <= now and t_net <= t_timer:
+            if (t_net < now or (t_net == now and not before)) and t_net <= t_timer:
                 self._advance(max(t_net, net.now))
                 continue
-            if t_timer > now:
+            if t_timer > now or (before and t_timer == now):
                 break
             t, _, tid, phase = heapq.heappop(timers)
             if phase == "wire":
                 self._enter_wire(tid, t)
             else:
                 self._deliver(tid, t)
-        self.wake_at = min(net.next_event_time() if net.n_flows else math.inf,
-                           timers[0][0] if timers else math.inf)
+        if not self._lazy:
+            self.wake_at = min(net.next_event_time() if net.n_flows else math.inf,
+                               timers[0][0] if timers else math.inf)
+            return
+        wake = math.inf
+        for t, _, tid, phase in timers:
+            if phase == "deliver":
+                wake = min(wake, t)
+            else:   # still in its per-message phase: alone at the nominal bottleneck, at best
+                tr = self._transfers[tid]
+                wake = min(wake, t + tr.logical / tr.cost.bandwidth_Bps + tr.cost.latency_s)
+        if net.n_flows:
+            t_net = net.next_event_time()
+            if t_net < wake:
+                lat = min(self._transfers[fid].cost.latency_s for fid in net.flow_ids())
+                wake = min(wake, t_net + lat)
+        self.wake_at = wake
 
     def _deliver(self, tid: int, t: float) -> None:
         tr = self._transfers[tid]

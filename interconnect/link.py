@@ -254,6 +254,10 @@ class FairShareNetwork:
         """Aggregate rate (bytes/s) carried by each link now."""
         return {name: sum(f.rate for f in ln.flows.values()) for name, ln in self._links.items()}
 
+    def flow_ids(self):
+        """Ids of the active flows (a live view)."""
+        return self._flows.keys()
+
     def flow_rates(self) -> dict[Hashable, float]:
         """Current rate (bytes/s) of each active flow."""
         return {fid: f.rate for fid, f in self._flows.items()}

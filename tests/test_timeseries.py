@@ -154,3 +154,54 @@ def test_rack_run_writes_the_series(tmp_path):
     assert res["provenance"]["config"]["router"] == {**res["provenance"]["config"]["router"],
                                                      "policy": "prefix_aware", "prefix_weight": 2.0}
     assert "hit ratio" in r.output and "timeseries.csv" in r.output
+
+
+def test_bounded_series_staged_rows_equal_row_by_row_adds():
+    """Rows staged in a list and copied in blocks (`BoundedSeries.add`) give the series
+    that adding them to the array one by one gives, coarsening included."""
+    import numpy as np
+
+    from workloads.series import BoundedSeries
+
+    class RowByRow(BoundedSeries):
+        __slots__ = ()
+
+        def add(self, t, *values):
+            self._last = t
+            self._add_row(t, values)
+
+    rng = np.random.default_rng(7)
+    for max_rows in (5, 64, 1500):
+        a, b = BoundedSeries(2, max_rows), RowByRow(2, max_rows)
+        t = 0.0
+        for _ in range(6000):
+            if rng.random() < 0.7:
+                t += float(rng.exponential(rng.choice([1e-3, 1.0, 50.0])))
+            v = [float(x) for x in rng.integers(0, 100, 2)]
+            a.add(t, *v)
+            b.add(t, *v)
+            assert a.last() == b.last() and len(a) == len(b)
+        assert all(np.array_equal(x, y) for x, y in zip(a.columns(), b.columns()))
+        assert a.resolution_s == b.resolution_s > 0
+
+
+def test_run_without_timeseries_gives_the_same_figures():
+    """`run_scenario(timeseries=False)` (sweeps, the study, `rack bench`) records no gauges
+    over time and changes no other figure."""
+    import numpy as np
+
+    from rack.run.runner import run_scenario
+    from rack.wiring.load import load_scenario
+    from workloads import load_requests
+
+    sc = load_scenario(None)
+    reqs = load_requests("mooncake-excerpt", window=(0.0, 8.0))
+    on = run_scenario(sc, reqs, runtime="virtual", kv_payload="account")
+    off = run_scenario(sc, reqs, runtime="virtual", kv_payload="account", timeseries=False)
+    for k in ("ttft_s", "tpot_s", "e2e_s"):
+        assert np.array_equal(np.asarray(on.columns[k]), np.asarray(off.columns[k]), equal_nan=True)
+    for section in ("requests", "latency", "throughput", "energy"):
+        assert on.results[section] == off.results[section]
+    eng = [s for s in off.stats.values() if "timeseries" in s]
+    assert eng and all(len(s["timeseries"]["t_s"]) == 0 for s in eng)
+    assert all(len(s["timeseries"]["t_s"]) > 0 for s in on.stats.values() if "timeseries" in s)

@@ -20,6 +20,14 @@ What the core wants done it leaves in two places, read by the driver after every
   A core sets it to the minimum over everything it waits for; a driver may wake it
   late (the Ray driver on a loaded host) or early never.
 
+Inboxes (a driver's choice, never a core's): the virtual driver may let every core
+hand its messages for some peer straight to that peer's `inbox` (`Core.feed_inbox`)
+instead of its outbox, when the peer's handlers for them only book state it reads at
+its next call (a collector's records, a router's load reports). The peer takes its
+inbox, in the order the messages were sent, before any later call into it
+(`take_inbox`), so it sees the same messages in the same order as through the queue;
+the driver saves a delivery per message and the peer works through them in a batch.
+
 A core never reads a clock, sleeps, imports asyncio or Ray, or calls a peer. A
 request/response exchange is two messages (the request names who to reply to). So the
 same cores run on the virtual driver (one process, a heap of wake times, a message
@@ -46,16 +54,42 @@ class Core:
     `waiting_for()` (what it waits on, for a deadlock message).
     """
 
+    #: peers whose messages go straight to their inbox: name -> that inbox (module
+    #: docstring; set per instance by `feed_inbox`, empty: everything via the outbox)
+    _sinks: dict[str, list] = {}
+
     def __init__(self, name: str) -> None:
         self.name = name
         self.outbox: list[tuple[str, str, tuple]] = []
         self.wake_at: float = INF
+        self.inbox: list[tuple[str, tuple]] = []     # (method, args) sent straight here
 
     def send(self, dst: str, method: str, *args: Any) -> None:
         """Queue `method(*args)` for core `dst` (after this call returns); `BROADCAST`:
         for every other core (the destination then carries the sender's name, so that a
-        driver can leave the sender out)."""
+        driver can leave the sender out). A peer fed by inbox (`feed_inbox`) gets it in
+        its inbox at once."""
+        sink = self._sinks.get(dst)
+        if sink is not None:
+            sink.append((method, args))
+            return
         self.outbox.append((BROADCAST + self.name if dst == BROADCAST else dst, method, args))
+
+    def feed_inbox(self, peers: dict[str, list]) -> None:
+        """Send messages for the peers named in `peers` (name -> that peer's `inbox`)
+        straight to those inboxes (a driver's call: module docstring)."""
+        self._sinks = {n: box for n, box in peers.items() if n != self.name}
+
+    def take_inbox(self, now: float) -> None:
+        """Handle the messages in `inbox`, in the order they were sent, at emulated time
+        `now` (the instant they were sent in: a driver takes a core's inbox before any
+        later call into it and before time moves on)."""
+        box = self.inbox
+        while box:
+            items = box[:]
+            box.clear()
+            for method, args in items:
+                getattr(self, method)(now, *args)
 
     def on_wake(self, now: float) -> None:
         """Emulated time reached `wake_at` (or later): do what is due."""

@@ -32,7 +32,10 @@ class BoundedSeries:
     k: values per row (>= 1); max_rows: >= 4. Raises ValueError otherwise.
     """
 
-    __slots__ = ("_buf", "_n", "_dt", "_t0", "max_rows")
+    __slots__ = ("_buf", "_n", "_dt", "_t0", "max_rows", "_pend", "_last")
+
+    #: rows staged in a list before they are copied into the array in one go
+    _STAGE = 512
 
     def __init__(self, k: int, max_rows: int = MAX_ROWS, capacity: int = 256) -> None:
         if k < 1 or max_rows < 4:
@@ -42,9 +45,14 @@ class BoundedSeries:
         self._n = 0
         self._dt = 0.0
         self._t0 = 0.0
+        # Rows are added at every event of an engine: the common case (no coarsening
+        # near) appends a tuple to `_pend`, copied into `_buf` in blocks; `_last` is the
+        # last row's time (None: empty). Rows the array would get one by one, the same.
+        self._pend: list[tuple] = []
+        self._last: float | None = None
 
     def __len__(self) -> int:
-        return self._n
+        return self._n + len(self._pend)
 
     @property
     def resolution_s(self) -> float:
@@ -58,10 +66,48 @@ class BoundedSeries:
 
     def last(self) -> tuple[float, ...] | None:
         """The last row (t, v_1 .. v_k), or None if empty."""
+        if self._pend:
+            return tuple(map(float, self._pend[-1]))
         return tuple(self._buf[self._n - 1].tolist()) if self._n else None
 
     def add(self, t: float, *values: float) -> None:
         """Append the row (t, *values) (t not before the last row's)."""
+        last = self._last
+        if last is not None:
+            dt = self._dt
+            if t == last or dt and (t - self._t0) // dt == (last - self._t0) // dt:
+                # the same instant or window: its last state
+                if self._pend:
+                    self._pend[-1] = (t, *values)
+                else:
+                    self._buf[self._n - 1] = (t, *values)
+                self._last = t
+                return
+        pend = self._pend
+        self._last = t
+        if self._n + len(pend) + 1 < self.max_rows:      # no coarsening before this row is in
+            pend.append((t, *values))
+            if len(pend) >= self._STAGE:
+                self._flush()
+            return
+        self._flush()
+        self._add_row(t, values)
+
+    def _flush(self) -> None:
+        """Copy the staged rows into the array (none of them coarsens it)."""
+        pend = self._pend
+        if not pend:
+            return
+        n, k = self._n, len(pend)
+        if n + k > self._buf.shape[0]:
+            grow = max(n + k, min(2 * self._buf.shape[0], self.max_rows)) - self._buf.shape[0]
+            self._buf = np.concatenate((self._buf, np.empty((grow, self._buf.shape[1]))))
+        self._buf[n:n + k] = pend
+        self._n = n + k
+        pend.clear()
+
+    def _add_row(self, t: float, values: tuple) -> None:
+        """`add` on the array, one row (where it may coarsen)."""
         while True:
             n = self._n
             if n and self._joins_last(t):
@@ -105,6 +151,7 @@ class BoundedSeries:
 
     def columns(self) -> tuple[np.ndarray, ...]:
         """(t, v_1 .. v_k) as arrays of shape (n,) (copies)."""
+        self._flush()
         rows = self._buf[: self._n]
         return tuple(rows[:, i].copy() for i in range(rows.shape[1]))
 

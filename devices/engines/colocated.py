@@ -96,6 +96,7 @@ class ColocatedEngine(DecodeEngine):
         host_kv_bytes: host memory for prefixes the prefix cache evicts (0: none;
             `devices.memory.HostKVTier`); host_kv_Bps: its link (None: the devices'
             `weight_load_Bps`).
+        timeseries: see `DecodeEngine`.
     `max_batch` bounds the requests being prefilled or decoded at once.
     """
 
@@ -108,7 +109,7 @@ class ColocatedEngine(DecodeEngine):
                  first_token: str = "prefill", loading_until_s: float | None = None,
                  recv_interval: int = 1, stream_to: str | None = None,
                  prompt_chunk_tokens: int | None = None, host_kv_bytes: int = 0,
-                 host_kv_Bps: float | None = None) -> None:
+                 host_kv_Bps: float | None = None, timeseries: bool = True) -> None:
         if int(chunk_tokens) < 1:
             raise ValueError(f"ColocatedEngine {name!r}: chunk_tokens must be >= 1, got {chunk_tokens}")
         if int(max_queue) < 0:
@@ -124,7 +125,7 @@ class ColocatedEngine(DecodeEngine):
                          memory_reserve_fraction=memory_reserve_fraction,
                          memory_plan=memory_plan, max_steps_per_wake=max_steps_per_wake,
                          max_reserve_queue=max_reserve_queue, first_token=first_token,
-                         loading_until_s=loading_until_s, stream_to=stream_to)
+                         loading_until_s=loading_until_s, stream_to=stream_to, timeseries=timeseries)
         self.chunk_tokens = int(chunk_tokens)
         self.prompt_chunk_tokens = None if prompt_chunk_tokens is None else int(prompt_chunk_tokens)
         self.max_queue = int(max_queue)

@@ -200,18 +200,21 @@ class Lateness:
 
 class TimeSeries:
     """(t, value) samples, appended at events (memory occupancy, batch size); bounded
-    (`workloads.series.BoundedSeries`: a long run keeps the last sample of each window)."""
+    (`workloads.series.BoundedSeries`: a long run keeps the last sample of each window).
+    enabled=False: nothing is recorded (a run that reads no time series); `as_arrays`
+    is then empty."""
 
     __slots__ = ("_s",)
 
-    def __init__(self) -> None:
-        self._s = BoundedSeries(1)
+    def __init__(self, enabled: bool = True) -> None:
+        self._s = BoundedSeries(1) if enabled else None
 
     def add(self, t: float, value: float) -> None:
-        self._s.add(t, float(value))
+        if self._s is not None:
+            self._s.add(t, float(value))
 
     def as_arrays(self) -> tuple[np.ndarray, np.ndarray]:
-        return self._s.columns()
+        return self._s.columns() if self._s is not None else (np.zeros(0), np.zeros(0))
 
 
 class EventSeries:
@@ -222,36 +225,45 @@ class EventSeries:
     the last one replaces it, so an instant's several events leave its final state.
     Bounded (`workloads.series.BoundedSeries`): past `MAX_ROWS` rows a long run keeps
     the last row of each window of `resolution_s`. `as_dict()` returns {"t_s": (n,),
-    column: (n,)} arrays.
+    column: (n,)} arrays. enabled=False: nothing is recorded (`record_series` skips
+    its work too); `as_dict()` has empty arrays.
     """
 
     __slots__ = ("_s",)
 
-    def __init__(self) -> None:
-        self._s = BoundedSeries(len(SERIES_COLUMNS))
+    def __init__(self, enabled: bool = True) -> None:
+        self._s = BoundedSeries(len(SERIES_COLUMNS)) if enabled else None
 
     def __len__(self) -> int:
-        return len(self._s)
+        return len(self._s) if self._s is not None else 0
+
+    @property
+    def enabled(self) -> bool:
+        return self._s is not None
 
     @property
     def resolution_s(self) -> float:
-        return self._s.resolution_s
+        return self._s.resolution_s if self._s is not None else 0.0
 
     def add(self, t: float, queue_depth: int, running: int, kv_bytes: int, prefix_cache_bytes: int,
             prefix_hit_blocks: int, prefix_lookup_blocks: int) -> None:
-        self._s.add(t, queue_depth, running, kv_bytes, prefix_cache_bytes, prefix_hit_blocks,
-                    prefix_lookup_blocks)
+        if self._s is not None:
+            self._s.add(t, queue_depth, running, kv_bytes, prefix_cache_bytes, prefix_hit_blocks,
+                        prefix_lookup_blocks)
 
     def as_dict(self) -> dict[str, np.ndarray]:
-        t, *cols = self._s.columns()
-        out = {"t_s": t}
-        out.update(dict(zip(SERIES_COLUMNS, cols)))
+        cols = self._s.columns() if self._s is not None else (np.zeros(0),) * (1 + len(SERIES_COLUMNS))
+        out = {"t_s": cols[0]}
+        out.update(dict(zip(SERIES_COLUMNS, cols[1:])))
         return out
 
 
 def record_series(engine: Any, t: float, queue_depth: int, running: int) -> None:
     """Append a row to `engine.series` (an `EventSeries`) from its ledger and prefix
-    cache (`engine.prefix`, None or absent when it has none)."""
+    cache (`engine.prefix`, None or absent when it has none); nothing when the series
+    is disabled."""
+    if not engine.series.enabled:
+        return
     led = engine.ledger
     st = getattr(getattr(engine, "prefix", None), "stats", None)
     engine.series.add(t, queue_depth, running, led.held("kv") + led.held("reserved"), led.held("prefix_cache"),

@@ -175,6 +175,9 @@ class DecodeEngine(Core):
             every run of steps (`tokens_planned`) and where a run was cut
             (`run_cut`), so that it streams tokens at their emulated times without a
             message per token; None (replays): nothing is sent.
+        timeseries: record the gauges over time (memory, batch size, `series`) at every
+            batch boundary; False: none (a run nothing reads them from, e.g. a sweep's:
+            `run_scenario(timeseries=False)`); every other figure is the same.
     Raises ValueError on out-of-range arguments; `planner.ModelDoesNotFit` if the
     weights do not fit.
     """
@@ -184,7 +187,7 @@ class DecodeEngine(Core):
                  memory_reserve_fraction: float | None = None, memory_plan: Any = None,
                  max_steps_per_wake: int = 4096, max_reserve_queue: int | None = None,
                  first_token: FirstToken = "prefill", loading_until_s: float | None = None,
-                 stream_to: str | None = None) -> None:
+                 stream_to: str | None = None, timeseries: bool = True) -> None:
         super().__init__(name)
         self.stream_to = stream_to
         if first_token not in ("decode", "prefill"):
@@ -255,9 +258,9 @@ class DecodeEngine(Core):
         self._t_end = GrowingArray(4096)
         self.util = Utilisation()
         self.lateness = Lateness()
-        self.memory = TimeSeries()
-        self.batch_series = TimeSeries()
-        self.series = EventSeries()            # gauges at batch boundaries (rack.measure.timeseries)
+        self.memory = TimeSeries(timeseries)
+        self.batch_series = TimeSeries(timeseries)
+        self.series = EventSeries(timeseries)  # gauges at batch boundaries (rack.measure.timeseries)
         self.wakeups = 0
         self.batch_peak = 0
         self._batch_seconds = 0.0              # integral of batch size over step time
@@ -764,7 +767,7 @@ class DecodeEngine(Core):
         sc = self.cost.decode_steps(self._contexts(batch), k)
         # While busy, the next step starts where the last one ended.
         t0 = t if self._t_free is None else self._t_free
-        ends = t0 + np.cumsum(sc.time_s)
+        ends = t0 + sc.time_s.cumsum()      # (the method: np.cumsum's result, without its dispatch)
         self._begin_run(t0, ends, sc, batch, "run")
 
     def _begin_run(self, t0: float, ends: np.ndarray, sc: Any, batch: list, phase: str) -> None:
@@ -868,7 +871,7 @@ class DecodeEngine(Core):
                     self._pending_events.append((s.req.id, "first_token", float(times[0])))
                 else:
                     times = np.concatenate([[s.first_token_s], *s.times])
-                itl = np.diff(times)
+                itl = times[1:] - times[:-1]     # np.diff's result, without its dispatch
                 if itl.shape[0] != s.n_out - 1:  # pragma: no cover - internal invariant
                     raise AssertionError(f"{self.name}: request {s.req.id} has {itl.shape[0]} "
                                          f"ITL samples for {s.n_out} tokens")

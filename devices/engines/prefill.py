@@ -151,6 +151,8 @@ class PrefillEngine(Core):
             it, the description compared with them.
         host_kv_bytes, host_kv_Bps: a host-memory tier for the prefixes the prefix cache
             evicts (`devices.engines.common.attach_host_tier`; 0 bytes: none).
+        timeseries: record the gauges over time (memory, `series`) at every event;
+            False: none (`run_scenario(timeseries=False)`, a sweep's run).
     Raises ValueError on out-of-range arguments; `planner.ModelDoesNotFit` if the
     weights do not fit the instance.
     """
@@ -164,7 +166,7 @@ class PrefillEngine(Core):
                  first_token: str = "prefill", loading_until_s: float | None = None,
                  kv_events: bool = False, stream_to: str | None = None,
                  kv_verify_every: int | None = None, host_kv_bytes: int = 0,
-                 host_kv_Bps: float | None = None) -> None:
+                 host_kv_Bps: float | None = None, timeseries: bool = True) -> None:
         super().__init__(name)
         if kv_verify_every is not None and int(kv_verify_every) < 1:
             raise ValueError(f"PrefillEngine {name!r}: kv_verify_every must be >= 1 (or None: every "
@@ -228,8 +230,8 @@ class PrefillEngine(Core):
 
         self.util = Utilisation()
         self.lateness = Lateness()
-        self.memory = TimeSeries()
-        self.series = EventSeries()           # gauges at events (rack.measure.timeseries)
+        self.memory = TimeSeries(timeseries)
+        self.series = EventSeries(timeseries)  # gauges at events (rack.measure.timeseries); not recorded if False
         self.counts = {"submitted": 0, "rejected": 0, "failed": 0, "prefilled": 0,
                        "completed_at_first_token": 0, "handoffs_done": 0,
                        "handoffs_refused": 0, "transfer_failed": 0, "resends": 0,

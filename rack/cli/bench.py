@@ -29,12 +29,15 @@ def bench(
     address: Optional[str] = typer.Option(None, "--address", help="Ray cluster address (default: start Ray locally)"),
     baseline: Optional[str] = typer.Option(None, "--baseline", help="also replay with another version of the code (a git revision of this checkout, or a checkout's path), alternately, and report the speed-up"),
     study_cost: Optional[str] = typer.Option(None, "--study-cost", help="with --baseline: also run these study experiments (comma-separated keys of rack.experiments.study.run.EXPERIMENTS, or 'all') with both versions, alternately: wall time per experiment, runs per capacity search, verdicts compared"),
+    peer: bool = typer.Option(False, "--peer", help="also replay the whole traces through NVIDIA Dynamo's mocker (ai-dynamo-runtime, an optional install; docs/bench.md) beside rack (and --baseline's code), alternately, in fresh processes: CPU and wall time per request and their ratios"),
+    peer_python: Optional[str] = typer.Option(None, "--peer-python", help="interpreter that has the mocker installed [default: $RACK_PEER_PYTHON, else this one]"),
+    skip_replay: bool = typer.Option(False, "--skip-replay", help="skip the in-process replay and event-cost sections (e.g. with --peer, which replays the whole traces itself)"),
     out: Optional[Path] = typer.Option(None, "--out", help="also write the JSON to this file"),
 ) -> None:
     """Measure how fast the emulator runs: virtual replay of whole traces, cost of doubled
     outputs, Ray pacing lateness, KV codec and KV link throughput, peak RSS of long
     replays (per 100k requests); with --baseline, the speed-up over another version of
-    the code measured in the same run."""
+    the code measured in the same run; with --peer, rack beside NVIDIA Dynamo's mocker."""
     import sys
 
     from rack.experiments import bench as B
@@ -70,7 +73,7 @@ def bench(
                          rate_scales=tuple(rate_scale) if rate_scale else None, address=address,
                          baseline=baseline, progress=progress, skip_memory=skip_memory,
                          memory_sizes=tuple(memory_requests) if memory_requests else None,
-                         study_cost=experiments)
+                         study_cost=experiments, peer=peer, peer_python=peer_python, skip_replay=skip_replay)
     result["settings"]["argv"] = list(sys.argv)
     text = B.to_json(result)
     if out is not None:

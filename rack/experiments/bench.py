@@ -54,7 +54,8 @@ CODEC_SIZES_MB = (1, 16, 128)
 TARGETS = {"replay_wall_s": 5.0, "doubled_output_ratio": 1.10, "codec_16MB_ratio": 0.5,
            "lateness_p99_over_tpot": 0.01, "baseline_speedup": 1.5, "baseline_metrics_s": 1e-9}
 #: How `rack bench` replays: sweep mode (payload accounted); `rack run` builds payloads.
-REPLAY_MODE = "sweep (KV payload accounted, one payload in rack.run.runner.KV_VERIFY_EVERY built and checked)"
+REPLAY_MODE = ("sweep (KV payload accounted, one payload in rack.run.runner.KV_VERIFY_EVERY built and checked; "
+               "no gauges over time: run_scenario(timeseries=False))")
 
 Progress = Callable[[str], None]
 
@@ -94,12 +95,12 @@ def replay_speed(trace: str, scenario: str | None, *, repeat: int = 3,
         raise ValueError(f"trace {trace!r} with window {window!r} has no requests")
     # One untimed run of the first requests: imports, the catalog, the codec's payload
     # block and numpy's first calls are paid once per process, not by the first figure.
-    run_scenario(sc, reqs[:20], runtime="virtual", kv_payload="account")
+    run_scenario(sc, reqs[:20], runtime="virtual", kv_payload="account", timeseries=False)
     walls, cpus = [], []
     out = None
     for _ in range(max(1, int(repeat))):
         w0, c0 = time.perf_counter(), time.process_time()
-        out = run_scenario(sc, reqs, runtime="virtual", kv_payload="account")
+        out = run_scenario(sc, reqs, runtime="virtual", kv_payload="account", timeseries=False)
         walls.append(time.perf_counter() - w0)
         cpus.append(time.process_time() - c0)
     loop = last_run_counters()
@@ -378,7 +379,8 @@ def run_bench(*, repeat: int = 3, quick: bool = False, skip_ray: bool = False,
               address: str | None = None, baseline: str | None = None,
               progress: Progress = _quiet, skip_memory: bool = False,
               memory_sizes: Sequence[int] | None = None,
-              study_cost: Sequence[str] | None = None) -> dict:
+              study_cost: Sequence[str] | None = None, peer: bool = False,
+              peer_python: str | None = None, skip_replay: bool = False) -> dict:
     """Every measurement of the module docstring, as one JSON-able dict.
 
     quick: a 600 s window of each trace, 1 run per figure, a 2-rung rate ladder, two
@@ -391,8 +393,11 @@ def run_bench(*, repeat: int = 3, quick: bool = False, skip_ray: bool = False,
     (`rack.experiments.bench_baseline.baseline_section`, when `baseline` names another
     version: its replays beside this code's, alternately, same run), "study_cost"
     (`rack.experiments.bench_study.study_cost_section` of the experiments `study_cost`
-    names, beside `baseline`'s, when both are given) and "checks": each done-when
-    target with its value and verdict.
+    names, beside `baseline`'s, when both are given), "peer"
+    (`rack.experiments.bench_peer.peer_section` when `peer`: the whole traces beside
+    NVIDIA Dynamo's mocker run by `peer_python`, and `baseline`'s replays when given)
+    and "checks": each done-when target with its value and verdict. skip_replay: leave
+    out "replay" and "event_cost" (the peer section replays the whole traces itself).
     """
     if quick:
         repeat = 1
@@ -400,9 +405,17 @@ def run_bench(*, repeat: int = 3, quick: bool = False, skip_ray: bool = False,
     settings = {"repeat": repeat, "quick": quick, "window": list(window) if window else None,
                 "traces": list(traces), "scenarios": [s or "default" for s in scenarios]}
     out: dict[str, Any] = {"machine": machine_info(), "settings": settings}
-    out["replay"] = replay_section(traces, scenarios, repeat=repeat, window=window, progress=progress)
-    out["event_cost"] = event_cost(traces[0], scenarios[0], repeat=repeat, window=window, progress=progress)
-    if baseline:
+    if skip_replay:
+        out["replay"] = out["event_cost"] = {"skipped": "--skip-replay"}
+    else:
+        out["replay"] = replay_section(traces, scenarios, repeat=repeat, window=window, progress=progress)
+        out["event_cost"] = event_cost(traces[0], scenarios[0], repeat=repeat, window=window, progress=progress)
+    if peer:
+        from rack.experiments.bench_peer import peer_section
+
+        out["peer"] = peer_section(traces, repeat=repeat, baseline=baseline, python=peer_python,
+                                   progress=progress)
+    if baseline and not peer:
         from rack.experiments.bench_baseline import baseline_section
 
         out["baseline"] = baseline_section(baseline, traces, scenarios[0], repeat=repeat, window=window,
@@ -456,7 +469,12 @@ def checks(result: dict) -> dict:
     of a window, not the whole trace; "fewer than 3 runs" for a ratio of two single runs,
     which this host's run-to-run noise (~20%) can push past a 10% tolerance)."""
     out = {}
-    for trace, row in result.get("replay", {}).items():
+    if result.get("peer"):
+        from rack.experiments.bench_peer import peer_checks
+
+        out.update(peer_checks(result["peer"], TARGETS["baseline_metrics_s"]))
+    replay = result.get("replay", {})
+    for trace, row in ({} if "skipped" in replay else replay).items():
         # the target is for the whole trace: a windowed replay (--window, --quick) is not judged
         whole = not any(r.get("window") for r in row.get("scenarios", {}).values())
         out[f"replay.{trace}.wall_s"] = {"value": row["wall_s"],
@@ -559,15 +577,20 @@ def render(result: dict, console: Any = None) -> None:
             t.add_column(col, justify="left" if col in left else "right")
         return t
 
-    t = table(f"Virtual-runtime replay in {REPLAY_MODE} (median wall time of the runs)",
-              ("trace", "scenario", "requests", "wall s", "CPU s", "req / wall s", "emulated s / wall s",
-               "events / req"), left=("trace", "scenario"))
-    for trace, row in result.get("replay", {}).items():
-        for name, r in row["scenarios"].items():
-            t.add_row(trace, name, _fmt(r["requests"]), _fmt(r["wall_s"]), _fmt(r["cpu_s"]),
-                      _fmt(r["requests_per_wall_s"], 0), _fmt(r["emulated_s_per_wall_s"], 0),
-                      _fmt(r["events_per_request"], 1))
-    con.print(t)
+    if "skipped" not in result.get("replay", {}):
+        t = table(f"Virtual-runtime replay in {REPLAY_MODE} (median wall time of the runs)",
+                  ("trace", "scenario", "requests", "wall s", "CPU s", "req / wall s", "emulated s / wall s",
+                   "events / req"), left=("trace", "scenario"))
+        for trace, row in result.get("replay", {}).items():
+            for name, r in row["scenarios"].items():
+                t.add_row(trace, name, _fmt(r["requests"]), _fmt(r["wall_s"]), _fmt(r["cpu_s"]),
+                          _fmt(r["requests_per_wall_s"], 0), _fmt(r["emulated_s_per_wall_s"], 0),
+                          _fmt(r["events_per_request"], 1))
+        con.print(t)
+    if result.get("peer"):
+        from rack.experiments.bench_peer import render_peer
+
+        render_peer(result["peer"], con, table)
     ec = result.get("event_cost")
     if ec and "doubled_output_ratio" in ec:
         con.print(f"event cost ({ec['trace']}, {ec['scenario']}): outputs x2 -> output tokens x"

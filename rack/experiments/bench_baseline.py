@@ -54,6 +54,8 @@ kw = {}
 # sweep mode: the KV payload accounted where the code can (rack.run.runner's kv_payload)
 if mode == "sweep" and "kv_payload" in inspect.signature(run_scenario).parameters:
     kw["kv_payload"] = "account"
+if mode == "sweep" and "timeseries" in inspect.signature(run_scenario).parameters:
+    kw["timeseries"] = False                              # as sweeps run (no gauges over time)
 run_scenario(sc, reqs[:20], runtime="virtual", **kw)
 t0, c0 = time.perf_counter(), time.process_time()
 out = run_scenario(sc, reqs, runtime="virtual", **kw)

@@ -198,7 +198,7 @@ def run_task(task: Task) -> dict:
             watch = SloWatch.for_scenario(sc, reqs, task.early_stop)
         try:
             # the KV payload accounted, not built: the same numbers (run_scenario's kv_payload)
-            res = run_scenario(sc, reqs, runtime="virtual", stop=watch, kv_payload="account",
+            res = run_scenario(sc, reqs, runtime="virtual", stop=watch, kv_payload="account", timeseries=False,
                                **task.workload.run_kwargs())
             results = res.results
         except RunInterrupted as exc:

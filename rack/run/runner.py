@@ -234,7 +234,8 @@ def run_scenario(scenario: Scenario, requests: Sequence[Any], *, runtime: str = 
                  progress: bool = False, timeout_s: float | None = None,
                  max_concurrency: int | None = None, think_time_s: float = 0.0,
                  records_dir: str | None = None, stop: StopRequest | None = None,
-                 kv_payload: str = "bytes", kv_verify_every: int = KV_VERIFY_EVERY) -> RunOutput:
+                 kv_payload: str = "bytes", kv_verify_every: int = KV_VERIFY_EVERY,
+                 timeseries: bool = True) -> RunOutput:
     """Replay `requests` (sorted by arrival) through `scenario` and measure it.
 
     runtime: "virtual" (in-process virtual time, deterministic) or "ray" (one actor per
@@ -256,6 +257,11 @@ def run_scenario(scenario: Scenario, requests: Sequence[Any], *, runtime: str = 
         are built and checked against their description. On the virtual runtime the
         bytes change no figure (the link is charged the logical size), so both give
         the same results; `kv_transfer.payload` says which was used.
+    timeseries: record every engine's gauges over time at each of its events (stats'
+        "timeseries", "memory_t_s", "batch_t_s": `rack run`'s timeseries.csv and plots,
+        `rack compare`'s); False: not recorded (their arrays are empty), for runs that
+        read none of them (sweeps, capacity searches, the study, `rack bench`'s
+        replays): ~10% less work per event, every other figure the same.
     Returns a RunOutput whose `results["status"]` is "complete".
     Raises ValueError for a bad argument, ScenarioError for a bad scenario and
     TimeSpanError for arrivals beyond `workloads.clock.MAX_EMULATED_S` (all before
@@ -295,6 +301,8 @@ def run_scenario(scenario: Scenario, requests: Sequence[Any], *, runtime: str = 
             spec.kwargs["records_dir"] = str(records_dir)
         if spec.kind == "prefill" and kv_payload == "account":
             spec.kwargs["kv_verify_every"] = int(kv_verify_every)
+        if not timeseries and spec.kind in ("prefill", "decode", "both"):
+            spec.kwargs["timeseries"] = False
     wall0 = time.perf_counter()
     load = {"max_concurrency": max_concurrency, "think_time_s": think_time_s, "kv_payload": kv_payload,
             "kv_verify_every": int(kv_verify_every) if kv_payload == "account" else None}

@@ -12,6 +12,11 @@ Order (deterministic, documented so runs repeat bit for bit):
    place) and time jumps to it; the core's `on_wake(now)` runs, and its
    messages are delivered (step 1) before the next wake-up.
 
+Inboxes (`feed_inboxes`, `workloads.core`): messages for a core fed by inbox skip the
+queue; the core takes its inbox before any call into it, and whenever the queue runs
+empty (before the done check and before time moves on), so it handles them in the
+order they were sent and at the instant they were sent in.
+
 A core asks for a wake-up by setting `wake_at`; the driver reads it after every call
 into the core (a later value replaces the earlier request). A handler that must see
 every message of the current instant before acting (an engine forming its next batch)
@@ -77,12 +82,35 @@ class VirtualDriver:
         self._load_s = dict(weight_load_s or {})
         self.incarnation = {n: 0 for n in self.cores}
         self._handlers: dict[tuple[str, str], Callable] = {}   # bound handlers by (core, method)
+        self._fed: list[str] = []             # cores fed by inbox (`feed_inboxes`)
         self.messages = 0
         self.wakeups = 0
         for name, core in self.cores.items():
             self._after(name, core)
 
     # ------------------------------------------------------------------ loop
+    def feed_inboxes(self, names: Sequence[str]) -> None:
+        """Every core sends its messages for the cores `names` straight to their inboxes
+        (`workloads.core.Core.feed_inbox`; module docstring). The caller vouches that
+        those cores' handlers for what they receive only book state they read at their
+        next call (e.g. a collector's records in an open-loop replay: nothing reads
+        them before the run ends or the done check)."""
+        self._fed = [n for n in names if n in self.cores]
+        boxes = {n: self.cores[n].inbox for n in self._fed}
+        for core in self.cores.values():
+            core.feed_inbox(boxes)
+
+    def take_inboxes(self) -> None:
+        """Let the cores fed by inbox handle what is in it (at the current time)."""
+        for name in self._fed:
+            core = self.cores[name]
+            if core.inbox:
+                try:
+                    core.take_inbox(self.now)
+                except Exception as exc:
+                    raise self._error(name, exc) from exc
+                self._after(name, core)
+
     def post(self, dst: str, method: str, *args: Any) -> None:
         """Queue a message from outside (the runner starts the router this way)."""
         self._queue.append((dst, method, args))
@@ -97,6 +125,7 @@ class VirtualDriver:
         popleft, push, pop = queue.popleft, heapq.heappush, heapq.heappop
         handlers = self._handlers
         inf = math.inf
+        fed = self._fed
         messages = wakeups = 0
         try:
             while True:
@@ -114,11 +143,13 @@ class VirtualDriver:
                             continue
                         fn = handlers[(dst, method)] = getattr(cores[dst], method)
                     messages += 1
+                    core = cores[dst]
                     try:
+                        if core.inbox:          # what was sent to it before this message
+                            core.take_inbox(self.now)
                         fn(self.now, *args)
                     except Exception as exc:
                         raise self._error(dst, exc) from exc
-                    core = cores[dst]
                     if core.outbox:
                         queue.extend(core.outbox)
                         core.outbox.clear()
@@ -128,6 +159,9 @@ class VirtualDriver:
                         if t < inf:
                             push(heap, (t, self._seq, dst))
                         self._seq += 1
+                if fed and any(cores[n].inbox for n in fed):
+                    self.take_inboxes()
+                    continue                    # what they sent is due now
                 if done():
                     return self.now
                 while heap:
@@ -186,6 +220,8 @@ class VirtualDriver:
             del self._handlers[key]             # bound to the dead core (the loop holds this dict)
         self.incarnation[dst] += 1
         self._asked[dst] = (math.inf, -1)     # the old core's wake-up is void
+        if self._fed:                         # the new core sends (and, if fed, receives) by inbox too
+            self.feed_inboxes(self._fed)
         self._after(dst, new)
 
     # ------------------------------------------------------------------ reading

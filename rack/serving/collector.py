@@ -33,6 +33,8 @@ OUTCOMES = ("completed", "rejected", "failed")
 _COL = {name: i for i, name in enumerate(EVENTS)}
 _E = len(EVENTS)
 _ARRIVAL, _FIRST, _COMPLETION = _COL["arrival"], _COL["first_token"], _COL["completion"]
+#: Stages that can be redone (a re-sent transfer, a re-admission): their latest time counts.
+_REDONE = ("transfer_end", "decode_admit")
 
 
 class Collector(Core):
@@ -114,12 +116,11 @@ class Collector(Core):
     # ----------------------------------------------------------------- handlers
     def event(self, now: float, request_id: int, name: str, t: float) -> None:
         """Record lifecycle event `name` (one of EVENTS, or "preempted") at emulated t (s)."""
-        self._record(request_id, name, t)
+        self._record(((request_id, name, t),))
 
     def events(self, now: float, batch: Iterable[tuple[int, str, float]]) -> None:
         """Record many `(request_id, name, t)` events in one message."""
-        for request_id, name, t in batch:
-            self._record(request_id, name, t)
+        self._record(batch)
 
     def finish(self, now: float, request_id: int, outcome: str, reason: str | None = None,
                itl_s: np.ndarray | None = None, t: float | None = None) -> None:
@@ -204,6 +205,20 @@ class Collector(Core):
         """Keep the router's record of one recovery ({"instance", "t", "ids"}: requests
         re-dispatched); returned under "recoveries" by `snapshot`."""
         self.recoveries.append(dict(record))
+
+    def take_inbox(self, now: float) -> None:
+        """Records sent straight to the inbox (`workloads.core`: the virtual driver's
+        open-loop replays), in the order sent: as the handlers of the same messages."""
+        items = self.inbox[:]
+        self.inbox.clear()
+        record = self._record
+        for method, args in items:
+            if method == "events":
+                record(args[0])
+            elif method == "event":
+                record((args,))
+            else:
+                getattr(self, method)(now, *args)
 
     # ----------------------------------------------------------------- driver reads
     def all_ended(self) -> bool:
@@ -352,32 +367,37 @@ class Collector(Core):
         self._ended = []
         self._ended_samples = 0
 
-    def _record(self, request_id: int, name: str, t: float) -> None:
-        rid = int(request_id)
-        slot = self._slot.get(rid)
-        if slot is None:
-            pos = self._position(rid)
-            if pos is None:
-                self.violations.append(f"event {name!r} for unknown request {request_id}")
-                return
-            if self.outcome[pos]:                # its row has left with an earlier chunk
-                self.late_events[name] += 1
-                return
-            slot = self._take_slot(rid)
-        if name == "preempted":
-            self._pre[slot] += 1
-            return
-        col = _COL.get(name)
-        if col is None:
-            self.unknown_events[name] += 1
-            return
-        # Keep the first occurrence: a re-sent transfer or a recomputed request keeps
-        # the time its stage first happened, as a client would observe it...
-        old = self._times[slot, col]
-        if old != old:                     # NaN: not recorded yet (no ufunc call per event)
-            self._times[slot, col] = t
-            if col == _FIRST and self.watch is not None:
-                self.watch.first_token(rid, t, float(self._times[slot, _ARRIVAL]))
-        elif name in ("transfer_end", "decode_admit"):
-            # ...except the end of a stage that was redone, whose latest time counts.
-            self._times[slot, col] = t
+    def _record(self, batch: Iterable[tuple[int, str, float]]) -> None:
+        """Record `(request_id, name, t)` lifecycle events in order."""
+        slots, col_of = self._slot, _COL
+        times = self._times
+        for request_id, name, t in batch:
+            rid = int(request_id)
+            slot = slots.get(rid)
+            if slot is None:
+                pos = self._position(rid)
+                if pos is None:
+                    self.violations.append(f"event {name!r} for unknown request {request_id}")
+                    continue
+                if self.outcome[pos]:                # its row has left with an earlier chunk
+                    self.late_events[name] += 1
+                    continue
+                slot = self._take_slot(rid)
+                times = self._times                  # grown, perhaps
+            if name == "preempted":
+                self._pre[slot] += 1
+                continue
+            col = col_of.get(name)
+            if col is None:
+                self.unknown_events[name] += 1
+                continue
+            # Keep the first occurrence: a re-sent transfer or a recomputed request keeps
+            # the time its stage first happened, as a client would observe it...
+            old = times[slot, col]
+            if old != old:                     # NaN: not recorded yet (no ufunc call per event)
+                times[slot, col] = t
+                if col == _FIRST and self.watch is not None:
+                    self.watch.first_token(rid, t, float(times[slot, _ARRIVAL]))
+            elif name in _REDONE:
+                # ...except the end of a stage that was redone, whose latest time counts.
+                times[slot, col] = t

@@ -260,7 +260,9 @@ class Router(Core):
                   0 if reason is not None else self._requests[pos].output_tokens)
 
     def ended(self, now: float, request_id: int, t_end: float) -> None:
-        """The collector: request `request_id` ended at emulated time `t_end`."""
+        """The collector: request `request_id` ended at emulated time `t_end`. Used by
+        closed-loop replays and sessions only (an open-loop replay's virtual driver
+        does not send it: `rack.runtime.virtual_run`)."""
         if self._chain is not None:
             p = self._pos.get(request_id, self._n_replay)
             if p < self._n_replay:                # not a live request

@@ -1,0 +1,262 @@
+"""`rack bench --peer`: rack's whole-trace replays beside NVIDIA Dynamo's mocker (the
+Rust engine core behind AISimulate), measured in the same run.
+
+For each trace and each matched pair (rack scenario, mocker deployment) it runs, in
+fresh processes and alternately: the previous code's replay (with `--baseline REF`),
+this code's replay (both in sweep mode, `rack.experiments.bench_baseline.replay_in`:
+`run_scenario` alone is timed, after the trace is read and a 20-request warm-up), and
+the mocker's `run_trace_replay` (`rack/experiments/peer_mocker.py`, run by its file path
+with the peer's interpreter, so that rack never imports or depends on it). Figures are
+medians over `repeat` rounds; CPU time is the child's `time.process_time` (every
+thread), the figure to compare on a shared host; ratios are rack / mocker (< 1: rack
+is cheaper).
+
+Matched deployments (`PAIRS`): 4 aggregated workers against `gpu-only-kimi-k2` (4
+colocated instances); 2 prefill + 2 decode workers against `helios-cs3-kimi-k2` and
+`gpu-pd-kimi-k2` (2 prefill instances + wafer or GPU decode). The mocker keeps its own
+defaults otherwise (KV blocks of 64 tokens, 16,384 blocks per worker, at most 256
+sequences and 8,192 batched tokens per step, its built-in polynomial timing model); its
+times include reading the JSONL file. The traces go to it as Mooncake JSONL written
+from the same requests rack replays (`write_mooncake_jsonl`: a Mooncake trace keeps its
+hash ids, an Azure trace gets a fresh id per 512-token block, i.e. no shared prefixes,
+as the Azure trace has none).
+
+The peer's interpreter: the `python` argument, else the environment variable
+`RACK_PEER_PYTHON`, else this interpreter. When it cannot import `dynamo.replay` the
+section says so (`installed: False` with the reason) and measures nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from rack.experiments.bench_baseline import REPLAY_TIMEOUT_S, checkout, columns_diff, project_root, replay_in
+
+#: (rack scenario, mocker mode, aggregated workers or (prefill, decode) workers).
+PAIRS: tuple[tuple[str, str, tuple[int, ...]], ...] = (
+    ("gpu-only-kimi-k2", "agg", (4,)),
+    ("helios-cs3-kimi-k2", "pd", (2, 2)),
+    ("gpu-pd-kimi-k2", "pd", (2, 2)),
+)
+PEER_TRACES = ("mooncake_conv", "azure_conv")
+#: Environment variable naming the peer's interpreter.
+ENV_VAR = "RACK_PEER_PYTHON"
+#: Tokens per generated hash id for a trace without them (Mooncake's block).
+HASH_BLOCK_TOKENS = 512
+RUNNER = Path(__file__).resolve().parent / "peer_mocker.py"
+
+
+def peer_python(python: str | None = None) -> str:
+    """The interpreter that runs the mocker: `python`, $RACK_PEER_PYTHON, or this one."""
+    return python or os.environ.get(ENV_VAR) or sys.executable
+
+
+def peer_status(python: str) -> dict:
+    """{"python", "installed": bool, "version" (ai-dynamo-runtime's, or None), "why"
+    (when not installed)}: whether `python` can import the mocker's replay API."""
+    code = ("import importlib.metadata as m, dynamo.replay; "
+            "print(m.version('ai-dynamo-runtime'))")
+    try:
+        r = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return {"python": python, "installed": False, "version": None, "why": f"cannot run {python}: {exc}"}
+    if r.returncode != 0:
+        last = (r.stderr.strip().splitlines() or ["?"])[-1]
+        return {"python": python, "installed": False, "version": None,
+                "why": f"{python} cannot import dynamo.replay ({last}); install it as docs/bench.md says"}
+    return {"python": python, "installed": True, "version": r.stdout.strip()}
+
+
+def write_mooncake_jsonl(requests: Sequence[Any], path: Path, block_tokens: int = HASH_BLOCK_TOKENS) -> int:
+    """Write `requests` (`workloads.Request`s, arrival order) as Mooncake JSONL: one
+    {"timestamp" (ms from the trace start), "input_length", "output_length", "hash_ids"}
+    per line. A request's own `block_hashes` are kept (Mooncake); one without them gets
+    ceil(prompt / block_tokens) ids never used before (no shared prefix). Returns the
+    number of lines written."""
+    next_id = 1 + max((max(r.block_hashes) for r in requests if r.block_hashes), default=-1)
+    with open(path, "w") as f:
+        for r in requests:
+            if r.block_hashes:
+                ids = list(r.block_hashes)
+            else:
+                k = -(-int(r.prompt_tokens) // block_tokens)
+                ids = list(range(next_id, next_id + k))
+                next_id += k
+            f.write(json.dumps({"timestamp": round(float(r.arrival_s) * 1000.0, 3),
+                                "input_length": int(r.prompt_tokens), "output_length": int(r.output_tokens),
+                                "hash_ids": ids}) + "\n")
+    return len(requests)
+
+
+def peer_replay(python: str, jsonl: Path, mode: str, workers: Sequence[int]) -> dict:
+    """One mocker replay of `jsonl` in a fresh `python` process (`peer_mocker.py`).
+    Returns its JSON line ({"wall_s", "cpu_s", "requests", "completed", ...}); raises
+    RuntimeError with its last lines if it fails."""
+    cmd = [python, str(RUNNER), str(jsonl), "--mode", mode]
+    cmd += ["--workers", str(workers[0])] if mode == "agg" else ["--prefill", str(workers[0]),
+                                                                 "--decode", str(workers[1])]
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=REPLAY_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f"mocker replay of {jsonl} took over {REPLAY_TIMEOUT_S:g} s") from None
+    if r.returncode != 0:
+        tail = "\n".join((r.stderr.strip() or r.stdout.strip()).splitlines()[-8:])
+        raise RuntimeError(f"mocker replay of {jsonl} failed (exit {r.returncode}):\n{tail}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def _med(rows: list[dict], key: str) -> float:
+    vals = [r[key] for r in rows if r.get(key) is not None]
+    return float(statistics.median(vals)) if vals else math.nan
+
+
+def peer_section(traces: Sequence[str] = PEER_TRACES, pairs: Sequence[tuple] = PAIRS, *, repeat: int = 3,
+                 baseline: str | None = None, python: str | None = None,
+                 output_scales: Sequence[float] = (1.0, 2.0),
+                 window: tuple[float | None, float | None] | None = None,
+                 progress: Callable[[str], None] = lambda _m: None) -> dict:
+    """rack (this code and, with `baseline`, the previous code) beside the mocker on the
+    whole `traces`, each pair of `pairs`, each output scale, alternating (module
+    docstring). window: (start, end) s of each trace instead of the whole (tests).
+
+    Returns {"peer": `peer_status`, "baseline_ref", "pairs", "traces": {trace: {
+    "x{scale}": {scenario: {"mocker": {"mode", "workers"}, "requests", "cpu_s"
+    {side: median s}, "wall_s" {side: median s}, "cpu_us_per_request" {side},
+    "wall_us_per_request" {side}, "cpu_ratio_to_peer" {rack side: rack / mocker},
+    "wall_ratio_to_peer", "cpu_speedup" (baseline / current, with a baseline),
+    "events_per_request" {rack side}, "metrics" (`columns_diff` of baseline and current,
+    first round), "runs" {side: [...]}}}}}}; sides are "current", "baseline" and "peer".
+    Without the peer installed, the rack sides still run and "peer" says why.
+    Raises RuntimeError if a replay fails.
+    """
+    from workloads import load_requests
+
+    status = peer_status(peer_python(python))
+    out: dict[str, Any] = {"peer": status, "baseline_ref": baseline, "pairs": [list(p[:2]) + [list(p[2])] for p in pairs],
+                           "traces": {}}
+    if not status["installed"]:
+        progress(f"peer: NOT INSTALLED ({status['why']}); rack replays only")
+    current = project_root()
+    import contextlib
+
+    with (checkout(baseline) if baseline else contextlib.nullcontext(None)) as base, \
+            tempfile.TemporaryDirectory(prefix="rack-bench-peer-") as tmp:
+        sides = [("baseline", base)] if base is not None else []
+        sides.append(("current", current))
+        for trace in traces:
+            rows: dict[str, Any] = {}
+            for scale in output_scales:
+                jsonl = Path(tmp) / f"{Path(str(trace)).stem}-x{scale:g}.jsonl"
+                if status["installed"]:
+                    write_mooncake_jsonl(load_requests(trace, output_scale=scale, window=window), jsonl)
+                per: dict[str, Any] = {}
+                for scenario, mode, workers in pairs:
+                    runs: dict[str, list[dict]] = {s: [] for s, _ in sides}
+                    runs["peer"] = []
+                    cols = {s: Path(tmp) / f"{s}.npz" for s, _ in sides}
+                    for i in range(max(1, int(repeat))):
+                        for side, root in sides:
+                            progress(f"peer comparison: {trace} x{scale:g} {scenario}, rack {side}, "
+                                     f"round {i + 1}/{repeat}")
+                            runs[side].append(replay_in(root, trace, scenario, output_scale=scale, mode="sweep", window=window,
+                                                        columns_to=cols[side] if i == 0 else None))
+                        if status["installed"]:
+                            progress(f"peer comparison: {trace} x{scale:g}, mocker {mode} {workers}, "
+                                     f"round {i + 1}/{repeat}")
+                            runs["peer"].append(peer_replay(status["python"], jsonl, mode, workers))
+                    n = runs["current"][0]["requests"]
+                    cpu = {s: _med(v, "cpu_s") for s, v in runs.items() if v}
+                    wall = {s: _med(v, "wall_s") for s, v in runs.items() if v}
+                    row: dict[str, Any] = {
+                        "mocker": {"mode": mode, "workers": list(workers)}, "requests": n,
+                        "cpu_s": cpu, "wall_s": wall,
+                        "cpu_us_per_request": {s: v / n * 1e6 for s, v in cpu.items()},
+                        "wall_us_per_request": {s: v / n * 1e6 for s, v in wall.items()},
+                        "events_per_request": {s: runs[s][0].get("events_per_request") for s, _ in sides},
+                        "completed": {s: v[0].get("completed") for s, v in runs.items() if v},
+                        "runs": {s: [{"cpu_s": r.get("cpu_s"), "wall_s": r.get("wall_s")} for r in v]
+                                 for s, v in runs.items() if v},
+                    }
+                    if "peer" in cpu:
+                        row["cpu_ratio_to_peer"] = {s: cpu[s] / cpu["peer"] for s, _ in sides}
+                        row["wall_ratio_to_peer"] = {s: wall[s] / wall["peer"] for s, _ in sides}
+                    if base is not None:
+                        row["cpu_speedup"] = cpu["baseline"] / cpu["current"]
+                        row["metrics"] = columns_diff(cols["baseline"], cols["current"])
+                    per[scenario] = row
+                rows[f"x{scale:g}"] = per
+            out["traces"][trace] = rows
+    return out
+
+
+def peer_checks(sec: dict, targets_s: float = 1e-9) -> dict:
+    """The done-when figures of the peer section: per trace and pair, rack's CPU time
+    over the mocker's (<= 1), per-request metrics equal to the baseline's (<= 1e-9 s),
+    events per request at most half the baseline's; and rack's CPU time with every
+    output doubled over the original's (< 1.1)."""
+    out: dict[str, dict] = {}
+    for trace, rows in sec.get("traces", {}).items():
+        for scenario, row in rows.get("x1", {}).items():
+            key = f"peer.{trace}.{scenario}"
+            r = row.get("cpu_ratio_to_peer")
+            out[f"{key}.cpu_ratio_to_mocker"] = (
+                {"value": r["current"], "target": "<= 1 (rack CPU / mocker CPU)", "ok": r["current"] <= 1.0}
+                if r else {"value": None, "target": "<= 1", "ok": None, "na": "mocker not installed"})
+            m = row.get("metrics")
+            if m:
+                out[f"{key}.per_request_max_diff_s"] = {"value": m["max_abs_diff_s"], "target": f"<= {targets_s:g} s",
+                                                        "ok": m["max_abs_diff_s"] <= targets_s}
+            ev = row.get("events_per_request", {})
+            if ev.get("baseline") and ev.get("current") is not None:
+                out[f"{key}.events_per_request"] = {"value": ev["current"],
+                                                    "target": f"<= {ev['baseline'] / 2:.1f} (half the baseline's)",
+                                                    "ok": ev["current"] <= ev["baseline"] / 2}
+            dbl = rows.get("x2", {}).get(scenario)
+            if dbl:     # judged on CPU time: wall time on a shared host drifts by more than 10%
+                v = dbl["cpu_s"]["current"] / row["cpu_s"]["current"]
+                out[f"{key}.doubled_output_cpu_ratio"] = {"value": v, "target": "< 1.10", "ok": v < 1.10}
+    return out
+
+
+
+
+def render_peer(sec: dict, con: Any, table: Callable[..., Any]) -> None:
+    """Print `peer_section`'s result as a table (`table(title, cols, left)` makes one)."""
+    st = sec["peer"]
+    if not st["installed"]:
+        con.print(f"[bold]Dynamo mocker NOT INSTALLED[/bold]: {st['why']}; rack's replays only.")
+    base = sec.get("baseline_ref")
+    t = table(f"rack beside NVIDIA Dynamo's mocker {st.get('version') or ''} (whole traces, same run, alternating; "
+              "CPU = the child's process_time, us per request; ratio = rack / mocker)",
+              ("trace", "outputs", "scenario", "mocker", "rack CPU us/req", "mocker CPU us/req", "CPU ratio",
+               "wall ratio", *(("previous CPU us/req", "speed-up", "max diff s", "events/req prev / now")
+                               if base else ("events/req",))),
+              left=("trace", "outputs", "scenario", "mocker"))
+    for trace, rows in sec["traces"].items():
+        for scale, per in rows.items():
+            for scenario, r in per.items():
+                cpu = r["cpu_us_per_request"]
+                ratio = r.get("cpu_ratio_to_peer", {})
+                wr = r.get("wall_ratio_to_peer", {})
+                ev = r["events_per_request"]
+                mk = f"{r['mocker']['mode']} {'+'.join(map(str, r['mocker']['workers']))}"
+                extra = ((f"{cpu['baseline']:,.0f}", f"{r['cpu_speedup']:.2f}",
+                          f"{r['metrics']['max_abs_diff_s']:.1e}",
+                          f"{ev.get('baseline') or 0:.1f} / {ev.get('current') or 0:.1f}") if base
+                         else (f"{ev.get('current') or 0:.1f}",))
+                t.add_row(trace, scale, scenario, mk, f"{cpu['current']:,.0f}",
+                          f"{cpu['peer']:,.0f}" if "peer" in cpu else "not installed",
+                          f"{ratio['current']:.2f}" if ratio else "-", f"{wr['current']:.2f}" if wr else "-", *extra)
+    con.print(t)
+
+
+__all__ = ["ENV_VAR", "PAIRS", "PEER_TRACES", "peer_checks", "peer_python", "peer_replay", "peer_section",
+           "peer_status", "render_peer", "write_mooncake_jsonl"]
