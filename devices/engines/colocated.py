@@ -198,6 +198,11 @@ class ColocatedEngine(DecodeEngine):
         dst, method, (tag_, name, held) = self.outbox.pop()
         self.send(dst, method, tag_, name, held + mine)
 
+    def held_requests(self) -> list[int]:
+        """As `DecodeEngine.held_requests`, plus the prompts queued or being prefilled here."""
+        mine = {j.req.id for j in (*self._inbox, *self._queue, *self._prefilling)}
+        return sorted(mine.union(super().held_requests()))
+
     def is_idle(self) -> bool:
         return super().is_idle() and not (self._queue or self._prefilling or self._inbox)
 

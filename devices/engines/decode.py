@@ -404,6 +404,26 @@ class DecodeEngine(Core):
             held += [w.req.id for w in self._waiters if w.seq is None and w.req.id in want]
         self.send(reply_to, "held", tag, self.name, held)
 
+    def held_requests(self) -> list[int]:
+        """Ids of the requests this engine holds work for: reservations (waiting or
+        granted), KV received and not yet ended (driver read)."""
+        held = set(self._decoding_ids()) | set(self._reservations)
+        held.update(w.req.id for w in self._waiters if w.seq is None)
+        return sorted(held)
+
+    def release(self, now: float, ids) -> None:
+        """Drop the reservations of requests `ids`, which have ended (the driver's
+        quiescence check, `rack.runtime.quiescence`): memory freed, nobody told (the
+        request has its outcome). Requests decoding here run to their end."""
+        want = set(int(i) for i in ids)
+        for rid in [r for r in self._reservations if r in want]:
+            w = self._reservations.pop(rid)
+            self.ledger.free("reserved", w.blocks * self.pool.block_bytes)
+        for w in [w for w in self._waiters if w.seq is None and w.req.id in want]:
+            self._waiters.remove(w)
+            self._waiting_ids.discard(w.req.id)
+        self._grant(now)
+
     # ------------------------------------------------------------------ driver reads
     def is_idle(self) -> bool:
         return not (self._waiters or self._reservations or self._ready or self._batch

@@ -46,6 +46,7 @@ from .errors import ActorLost, ComponentError, RayRunError, RunFailed
 from .interrupt import RunStopped, StopRequest, reclaim_signals, signals_claimed
 from rack.wiring.pace import LIVENESS_FLOOR_S, dilation_error, replay_error, replay_timeout_s
 from .placement import load_factory
+from .quiescence import ended_holds
 from .ray_host import CoreHost, ray_api
 from .ray_watch import ActorWatch
 
@@ -310,8 +311,8 @@ def run_topology_ray(specs: Sequence[ComponentSpec], requests: Sequence[Any], *,
             try:
                 _wait_with_progress(ray, watch, len(requests), deadline, progress, stop)
                 replay_wall = time.time() - topo.epoch
-                _wait_idle(ray, watch, specs, deadline, stop)
-                return collect_records(topo, replay_wall)
+                released = _wait_idle(ray, watch, specs, deadline, stop)
+                return {**collect_records(topo, replay_wall), "held_after_end": released}
             except ActorLost as err:
                 # the others stop where they are (one instant's records); the lost one is not asked
                 _halt(ray, {n: a for n, a in actors.items() if n != err.component})
@@ -490,10 +491,13 @@ def _halt(ray, actors: dict[str, Any]) -> float | None:
 
 
 def _wait_idle(ray, watch: ActorWatch, specs: Sequence[ComponentSpec], deadline: float,
-               stop: StopRequest | None = None) -> None:
+               stop: StopRequest | None = None) -> dict[str, list[int]]:
     """Wait until every core says it is idle (every request has ended: the engines
-    finish their bookkeeping, e.g. a last prefix-cache insert)."""
+    finish their bookkeeping, e.g. a last prefix-cache insert). Work a busy core holds
+    for a request that has ended is a phantom (`rack.runtime.quiescence`): it is
+    released at once instead of being waited for. Returns {core: request ids released}."""
     actors = watch.actors
+    released: dict[str, list[int]] = {}
     while True:
         _check_stop(stop)
         refs = [actors[s.name].query.remote("is_idle") for s in specs]
@@ -503,12 +507,33 @@ def _wait_idle(ray, watch: ActorWatch, specs: Sequence[ComponentSpec], deadline:
             watch.poll()            # names the actor that died or hangs (ActorLost)
             continue
         if all(idle):
-            return
+            return released
+        busy = [s.name for s, i in zip(specs, idle) if not i]
+        found = _ended_holds(ray, watch, busy)
+        for name, ids in found.items():
+            watch.call(name, actors[name].deliver.remote("release", (ids,)), 30)
+            released.setdefault(name, []).extend(i for i in ids if i not in released[name])
         watch.poll()
         if time.time() > deadline:
             busy = [s.name for s, i in zip(specs, idle) if not i]
             raise RayRunError(f"Ray run: every request ended, but {busy} did not become idle in time")
         time.sleep(0.05)
+
+
+def _ended_holds(ray, watch: ActorWatch, names: Sequence[str]) -> dict[str, list[int]]:
+    """`rack.runtime.quiescence.ended_holds` over the actors `names` (those without
+    per-request work, e.g. the router, are asked nothing)."""
+    actors = watch.actors
+    held = {}
+    for name in names:
+        try:
+            held[name] = ray.get(actors[name].query.remote("held_requests"), timeout=30)
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+            continue
+        except Exception:  # noqa: BLE001 - a core without the read (router, collector)
+            continue
+    collector = actors["collector"]
+    return ended_holds(held, lambda ids: watch.call("collector", collector.query.remote("ended_among", ids), 30))
 
 
 def _ray_section(specs, infos, nodes, reports, replay_wall, epoch, hosts, pools) -> dict:

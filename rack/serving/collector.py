@@ -233,6 +233,16 @@ class Collector(Core):
                 out.append(int(rid))
         return out
 
+    def ended_among(self, ids: Iterable[int]) -> list[int]:
+        """Those of `ids` that have ended (unknown ids are left out: a live front's
+        request may reach an engine before its first event reaches the collector)."""
+        out = []
+        for rid in ids:
+            pos = self._position(int(rid))
+            if pos is not None and self.outcome[pos]:
+                out.append(int(rid))
+        return out
+
     def is_idle(self) -> bool:
         return True
 
