@@ -64,3 +64,20 @@ def test_a_recovery_question_that_cannot_be_delivered_counts_as_holding_nothing(
     (dst, m, _), = take(router)
     assert (dst, m) == ("prefill-0", "holding")          # the other holders are asked next
     assert router.waiting_for() == "1 recovery(ies) waiting for replies"
+
+
+def test_a_crash_aimed_at_an_instance_still_down_applies_once_it_is_back():
+    # Ray fault storm (issue 37): the "before" ping of a second crash failed while the
+    # instance restarted from the first, and its retry went out as an "after" ping, whose
+    # answer found no record of the crash (KeyError 'incarnations', the run aborted).
+    f = {"kind": "decode_crash", "target": "decode-0", "at_s": 1.0, "duration_s": None, "factor": None,
+         "count": 1, "seed": 0, "weight_load_s": 0.5, "index": 0, "instance": "decode-0"}
+    inj = FaultInjector(faults=[f], collector="collector", router="router")
+    take(inj)
+    inj.on_wake(1.0)
+    (ping,) = take(inj)
+    inj.send_failed(1.0, "decode-0", "ping", ping[2])        # the actor is down
+    inj.on_wake(inj.wake_at)
+    assert take(inj) == [("decode-0", "ping", ("faults", (0, "before")))]
+    inj.pong(inj.wake_at if inj.wake_at < 9 else 1.2, (0, "before"), {"incarnation": 222, "work": {}})
+    assert inj.records[0]["incarnations"] == [222] and inj.records[0]["applied"]

@@ -14,7 +14,8 @@ Definitions (pinned by tests, stated in the README):
 - Goodput = completed requests meeting both SLO targets (TTFT <= ttft_ms and TPOT <=
   tpot_ms; a one-token request has no TPOT and meets that target) per second, measured
   at steady state: over the requests that arrived in the steady-state window (the
-  arrival span less its first and last `STEADY_TRIM`, the warm-up and the drain),
+  arrival span less its first and last `STEADY_TRIM`, the warm-up and the drain; a
+  half-open interval [start, end), so a steady rate r gives r, not r + 1 / length),
   divided by the window's length; the offered rate is measured the same way, so a
   rack that meets the SLO for every request has goodput = offered rate. (Dividing by
   first arrival to last completion instead lets the drain of a time-compressed trace
@@ -159,7 +160,7 @@ def steady_window(arrivals: np.ndarray) -> tuple[float, float] | None:
         return None
     lo, hi = float(a.min()), float(a.max())
     start, end = lo + STEADY_TRIM * (hi - lo), hi - STEADY_TRIM * (hi - lo)
-    inside = int(np.count_nonzero((a >= start) & (a <= end)))
+    inside = int(np.count_nonzero((a >= start) & (a < end)))
     if end <= start or inside < STEADY_MIN_REQUESTS:
         return None
     return start, end
@@ -184,7 +185,9 @@ def goodput_section(arrivals: np.ndarray, meets: np.ndarray, duration_s: float,
     win = steady_window(arrivals)
     why = None if win is not None else "too_few_arrivals"
     if win is not None:
-        inside = (arrivals >= win[0]) & (arrivals <= win[1])
+        # half-open [start, end): n arrivals at a steady rate r span n / r seconds, so a
+        # closed interval would count one arrival too many (17 in a 16 s window at 1/s)
+        inside = (arrivals >= win[0]) & (arrivals < win[1])
         length, basis = win[1] - win[0], "steady_state"
         if ends is not None:
             ended = inside & ~np.isnan(ends)
