@@ -53,7 +53,9 @@ Token timing. The engine keeps one growing log of step start/end times; a reques
 keeps the index range of the steps it took part in. At completion its token times are
 rebuilt: one token per step at the step's end, or with speculative decoding the q
 tokens of a step spread evenly over it (start + i/q * duration, i = 1..q, the last at
-the step's end). ITL samples are the gaps between consecutive output tokens, starting
+the step's end), except the tokens of the step that makes the client's first token
+(first_token = "decode"): they all come at its end, since no token of a verification
+step exists before the step has ended (so speculative decoding never lowers TTFT). ITL samples are the gaps between consecutive output tokens, starting
 with the gap from the first token (made by prefill, `first_token_s`) to the first
 decode token, which therefore includes the KV transfer and admission wait. So a
 request with n output tokens has n - 1 samples and their mean is exactly
@@ -885,6 +887,14 @@ class DecodeEngine(Core):
                 self._end_stint(s)
                 if s.first_token_s is None:      # the client's first token was this engine's
                     times = np.concatenate(s.times)
+                    if self.tps != 1.0:
+                        # A verification step's tokens exist only once it has ended: the
+                        # first token cannot reach the client before its step's end (a
+                        # speculative step is never shorter than a plain one, so TTFT
+                        # never drops below the same request's without it; issue 37).
+                        # The later steps' tokens stay spread over their steps (ITL).
+                        q0 = min(times.shape[0], int(emitted_after(1, s.total, self.tps)))
+                        times[:q0] = times[q0 - 1]
                     self._pending_events.append((s.req.id, "first_token", float(times[0])))
                 else:
                     times = np.concatenate([[s.first_token_s], *s.times])
