@@ -70,3 +70,36 @@ def test_speculative_decoding_never_lowers_a_requests_ttft():
                     continue                # a Llama draft does not fit Kimi-K2's vocabulary
                 ttft = run_scenario(_spec_scenario(spec, layout, first), req).columns["ttft_s"][0]
                 assert ttft >= base, (layout, first, prompt, spec, base, ttft)
+
+
+def _colocated_passes(device: str, stack: str, batch: int, prompt: int, chunk: int) -> tuple[int, dict]:
+    """Mixed iterations a colocated instance ran for one long prompt arriving while
+    `batch` one-token-prompt requests decode (their own prefills: one pass)."""
+    from rack.run.runner import run_scenario
+    from rack.wiring.scenario import parse_scenario
+    from workloads import Request
+
+    sc = parse_scenario({"name": "budget", "model": "llama-3.1-8b", "slo": {"ttft_ms": 2000, "tpot_ms": 100},
+                         "pools": [{"name": "gpu", "device": device, "stack": stack, "role": "both",
+                                    "chunk_tokens": chunk, "prefix_cache": False}]}, "<test>")
+    reqs = [Request(id=i, arrival_s=0.0, prompt_tokens=16, output_tokens=2000) for i in range(batch)]
+    base = run_scenario(sc, reqs).stats["gpu-0"]["mixed_iterations"]
+    reqs.append(Request(id=batch, arrival_s=0.5, prompt_tokens=prompt, output_tokens=2))
+    out = run_scenario(sc, reqs)
+    assert out.results["requests"]["completed"] == batch + 1
+    return out.stats["gpu-0"]["mixed_iterations"] - base, out.stats["gpu-0"]
+
+
+def test_sglang_chunked_prefill_budget_is_not_cut_by_running_decodes():
+    # SGLang's scheduler budgets a prefill batch by chunked_prefill_size alone: in
+    # Scheduler.get_new_batch_prefill (python/sglang/srt/managers/scheduler.py) the
+    # PrefillAdder gets rem_chunk_tokens=chunked_prefill_size and
+    # mixed_with_decode_tokens=running_bs only with --enable-mixed-chunk (off by
+    # default); PrefillAdder.__init__ (schedule_policy.py) subtracts only that. So a
+    # 4,096-token prompt with a 512-token budget takes 4096 / 512 = 8 passes however
+    # many requests decode. vLLM's max_num_batched_tokens counts the decodes' tokens
+    # too: with 64 decoding, 448 prompt tokens a pass, ceil(4096 / 448) = 10 passes.
+    passes, st = _colocated_passes("h100", "sglang", 64, 4096, 512)
+    assert passes == 8, passes
+    passes, _ = _colocated_passes("a100", "vllm", 64, 4096, 512)
+    assert passes == -(-4096 // (512 - 64)), passes

@@ -6,7 +6,9 @@ a KV transfer. The scheduler is vLLM's with chunked prefill: while prompts are b
 prefilled, every iteration is one *mixed* iteration, a decode step of the running
 batch fused with a prefill chunk, priced by `cost.mixed(new, cached, context_lens)`;
 the chunk's token budget is `chunk_tokens` minus the batch's decode tokens (vLLM's
-max_num_batched_tokens counts both), continuing prompts first, then FCFS admissions.
+max_num_batched_tokens counts both; on SGLang stacks `chunk_tokens` whole, as SGLang's
+chunked_prefill_size budgets the prefill alone: `decode_in_budget`), continuing prompts
+first, then FCFS admissions.
 When no prompt is in progress (or the batch alone fills the budget) the engine runs
 decode-only with event skipping, exactly as `DecodeEngine`, and a new submission cuts
 the run at the next step boundary. Mixed iterations skip events the same way: while one
@@ -81,6 +83,14 @@ class ColocatedEngine(DecodeEngine):
         prefix_cache: enable the prefix cache (requests with `block_hashes`).
         recv_interval: decode steps between the scheduler's receives of new requests
             (SGLang --scheduler-recv-interval, >= 1; see the module docstring).
+        decode_in_budget: whether the running batch's decode tokens count against
+            `chunk_tokens` (True: vLLM, whose max_num_batched_tokens counts both). False
+            on SGLang stacks: SGLang's chunked_prefill_size budgets the prefill alone
+            (`PrefillAdder(..., rem_chunk_tokens=chunked_prefill_size,
+            mixed_with_decode_tokens=running_bs if is_mixed_chunk else 0)` in
+            python/sglang/srt/managers/scheduler.py, `get_new_batch_prefill`; only the
+            non-default --enable-mixed-chunk subtracts the running batch), so a long
+            prompt takes no extra chunk pass because decodes are running.
     `max_batch` bounds the requests being prefilled or decoded at once.
     """
 
@@ -91,7 +101,8 @@ class ColocatedEngine(DecodeEngine):
                  memory_reserve_fraction: float | None = None, memory_plan: Any = None,
                  max_steps_per_wake: int = 4096, max_reserve_queue: int | None = None,
                  first_token: str = "prefill", loading_until_s: float | None = None,
-                 recv_interval: int = 1, stream_to: str | None = None) -> None:
+                 recv_interval: int = 1, stream_to: str | None = None,
+                 decode_in_budget: bool = True) -> None:
         if int(chunk_tokens) < 1:
             raise ValueError(f"ColocatedEngine {name!r}: chunk_tokens must be >= 1, got {chunk_tokens}")
         if int(max_queue) < 0:
@@ -106,6 +117,7 @@ class ColocatedEngine(DecodeEngine):
                          max_reserve_queue=max_reserve_queue, first_token=first_token,
                          loading_until_s=loading_until_s, stream_to=stream_to)
         self.chunk_tokens = int(chunk_tokens)
+        self.decode_in_budget = bool(decode_in_budget)
         self.max_queue = int(max_queue)
         self.prefix = PrefixCache(self.ledger, self.pool.kv_bytes_per_token) if prefix_cache else None
         self._queue: deque[_Job] = deque()
@@ -273,7 +285,7 @@ class ColocatedEngine(DecodeEngine):
         (see `_fusable`). Started at `t`; True if one was."""
         if not (self._prefilling or self._queue):
             return False
-        budget = self.chunk_tokens - len(self._batch)
+        budget = self.chunk_tokens - (len(self._batch) if self.decode_in_budget else 0)
         if budget <= 0:
             return False
         t0 = t
