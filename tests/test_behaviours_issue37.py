@@ -103,3 +103,51 @@ def test_sglang_chunked_prefill_budget_is_not_cut_by_running_decodes():
     assert passes == 8, passes
     passes, _ = _colocated_passes("a100", "vllm", 64, 4096, 512)
     assert passes == -(-4096 // (512 - 64)), passes
+
+
+def _router(policy: str, n: int = 4):
+    from rack.serving.router import Router
+
+    r = Router(collector="collector", prefill=[f"prefill-{i}" for i in range(n)], decode_targets=["decode-0"],
+               policy=policy)
+    return r
+
+
+def _placed(router) -> list[str]:
+    out = [dst for dst, method, args in router.outbox if method == "submit_many" for _ in args[0]]
+    router.outbox.clear()
+    return out
+
+
+def test_requests_that_tie_on_every_routing_cost_spread_round_robin_over_the_tied():
+    # Definition: a routing policy picks the instance of least cost; when several tie
+    # on every cost, nothing prefers the first by name, so they must share the work:
+    # round robin among the tied (deterministic). On an idle rack each request finds
+    # every instance at zero outstanding work (the previous one's prefill is over).
+    from workloads import Request
+
+    for policy in ("least_outstanding_work", "prefix_aware"):
+        router = _router(policy)
+        placed = []
+        for i in range(8):
+            router.submit_live(float(i), Request(id=i, arrival_s=float(i), prompt_tokens=1000, output_tokens=10),
+                               "front")
+            placed += _placed(router)
+            for name in router.prefill:          # idle again: each reports no outstanding work
+                router.load(float(i) + 0.5, name, 0)
+        assert placed == [f"prefill-{i % 4}" for i in range(8)], (policy, placed)
+        # simultaneous requests (one tick): the load each adds spreads them too
+        router = _router(policy)
+        router.start(0.0, [Request(id=i, arrival_s=0.0, prompt_tokens=1000, output_tokens=10) for i in range(8)])
+        router.on_wake(0.0)
+        assert sorted(_placed(router)) == sorted(f"prefill-{i % 4}" for i in range(8))
+    # a tie among some: the least loaded win, in turn
+    router = _router("least_outstanding_work")
+    router.load(0.0, "prefill-1", 500)
+    placed = []
+    for i in range(3):
+        router.submit_live(0.0, Request(id=i, arrival_s=0.0, prompt_tokens=10, output_tokens=10), "front")
+        placed += _placed(router)
+        for name in ("prefill-0", "prefill-2", "prefill-3"):
+            router.load(0.0, name, 0)
+    assert placed == ["prefill-0", "prefill-2", "prefill-3"]

@@ -10,7 +10,8 @@ that finishes first; a fused pass streams weights at the lower of the two phases
 efficiencies; a pass's bytes count the KV replicas; issue 22: a wafer streams prompts
 through its layers, `prompt_token_layer_s`, with the CS-3 entries that carry it; issue
 37: on SGLang stacks a colocated instance's chunked-prefill budget is not cut by the
-running decodes), so it still pins the rewrite;
+running decodes, and requests that tie on the router's cost go round robin among the
+tied instances), so it still pins the rewrite;
 `scripts/record_core_reference.py` says how."""
 
 from __future__ import annotations
