@@ -151,3 +151,41 @@ def test_requests_that_tie_on_every_routing_cost_spread_round_robin_over_the_tie
         for name in ("prefill-0", "prefill-2", "prefill-3"):
             router.load(0.0, name, 0)
     assert placed == ["prefill-0", "prefill-2", "prefill-3"]
+
+
+def test_a_preempted_requests_recomputed_tokens_and_readmission_are_in_its_results(tmp_path):
+    # Definition (vLLM's recompute preemption): a preempted request's KV is freed; to
+    # re-admit it, its prompt and the tokens it had generated are prefilled again. So
+    # each request's recomputed tokens lie between its prompt and prompt + output - 1
+    # per preemption, their sum is the engine's count, and its re-admission comes after
+    # its first admission, which `t_decode_admit` keeps (it is what the client's first
+    # token followed: TTFT's path is transfer_end -> decode_admit -> first_token).
+    import csv
+
+    from rack.measure.results import write_results
+    from rack.run.runner import run_scenario
+    from rack.wiring.scenario import parse_scenario
+    from workloads import Request
+
+    sc = parse_scenario({"name": "pre", "model": "llama-3.1-8b", "slo": {"ttft_ms": 2000, "tpot_ms": 100},
+                         "pools": [{"name": "prefill", "device": "h100", "role": "prefill"},
+                                   {"name": "decode", "device": "h100", "role": "decode",
+                                    "admission_policy": "preempt", "memory_reserve_fraction": 0.85}],
+                         "links": [{"name": "kv", "src": "prefill", "dst": "decode", "bandwidth_GBps": 50.0}]},
+                        "<test>")
+    reqs = [Request(id=i, arrival_s=i * 0.01, prompt_tokens=4000, output_tokens=2000) for i in range(40)]
+    out = run_scenario(sc, reqs)
+    c, r = out.columns, out.results["requests"]
+    assert r["completed"] == 40 and r["preemptions"] > 0
+    assert r["recomputed_tokens"] == out.stats["decode-0"]["recompute_tokens"] == int(c["recomputed_tokens"].sum())
+    pre = c["preemptions"] > 0
+    assert np.array_equal(c["recomputed_tokens"] > 0, pre)
+    assert np.all(c["recomputed_tokens"][pre] >= 4000 * c["preemptions"][pre])
+    assert np.all(c["recomputed_tokens"][pre] <= (4000 + 2000 - 1) * c["preemptions"][pre])
+    assert np.all(np.isnan(c["t_decode_readmit"][~pre]))
+    assert np.all(c["t_decode_readmit"][pre] > c["t_first_token"][pre])
+    assert np.all(c["t_decode_admit"] <= c["t_first_token"])       # the first admission
+    write_results(tmp_path, out.results, out.columns)
+    rows = list(csv.DictReader(open(tmp_path / "requests.csv")))
+    assert sum(int(x["recomputed_tokens"]) for x in rows) == r["recomputed_tokens"]
+    assert all((x["t_decode_readmit"] != "") == (int(x["preemptions"]) > 0) for x in rows)

@@ -22,8 +22,9 @@ the request to the batch at the next step boundary. Two admission policies:
   the batch after a recompute prefill of those tokens on this device
   (`cost.prefill([prompt + generated], [0])`), during which the whole batch stalls (one
   iteration, as an unchunked prefill in the same scheduler would); it then generates
-  its remaining tokens normally, re-sending `decode_admit` (the collector keeps the
-  latest time of a redone stage). Its ITL samples include the gap around the
+  its remaining tokens normally; it sends `decode_readmit` (its first `decode_admit`
+  stays the first admission) and tells the collector the tokens it recomputed
+  (`note_recomputed`). Its ITL samples include the gap around the
   preemption. Memory for a run of k steps is booked when the run starts (the growth up
   to its last step), so a reservation made mid-run cannot take it; blocks not yet used
   are returned if the run is cut short.
@@ -729,11 +730,12 @@ class DecodeEngine(Core):
             self._batch.append(s)
             if s.recompute:
                 recompute.append(s)
+                # a re-admission after preemption is its own event: `decode_admit`
+                # keeps the first admission (issue 37)
+                self._pending_events.append((s.req.id, "decode_readmit", t))
             else:
                 self.counts["admitted"] += 1
-            # a re-admission after preemption re-sends decode_admit (the collector keeps
-            # the latest time of a redone stage)
-            self._pending_events.append((s.req.id, "decode_admit", t))
+                self._pending_events.append((s.req.id, "decode_admit", t))
         if len(self._batch) > first:
             new = self._batch[first:]
             n = len(new)
@@ -758,8 +760,10 @@ class DecodeEngine(Core):
         self.lateness.note(t1, now)
         self._t_free = t1
         self.util.add(c.time_s, c.flops, c.bytes, device_busy_s=c.device_busy_s)
-        new = sum(self._kv_now(s) for s in recompute)
-        self.counts["recompute_tokens"] += int(new)
+        per = [(s.req.id, int(self._kv_now(s))) for s in recompute]
+        self.counts["recompute_tokens"] += sum(n for _, n in per)
+        # per request too: results.json and requests.csv carry each one's recomputed tokens
+        self.send(self.collector, "note_recomputed", per)
         for s in recompute:
             s.recompute = False
 

@@ -99,12 +99,25 @@ def per_request(snapshot: dict, requests: Sequence[Any]) -> dict[str, np.ndarray
     e2e = np.where(completed, times[:, col["completion"]] - arrival, np.nan)
     with np.errstate(invalid="ignore", divide="ignore"):
         tpot = np.where(completed & (output >= 2), (e2e - ttft) / (output - 1), np.nan)
+    # after a preemption: the KV tokens recomputed (prompt + tokens generated before it)
+    # and the last re-admission (t_decode_admit stays the first admission)
+    recomputed = np.zeros(len(ids), np.int64)
+    readmit = np.full(len(ids), np.nan)
+    extra = (snapshot.get("recomputed_tokens") or {}, snapshot.get("readmitted_s") or {})
+    if extra[0] or extra[1]:
+        at = {int(i): k for k, i in enumerate(ids.tolist())}
+        for rid, n in extra[0].items():
+            recomputed[at[int(rid)]] = n
+        for rid, t in extra[1].items():
+            readmit[at[int(rid)]] = t
     cols = {"id": ids, "prompt_tokens": prompt, "output_tokens": output,
             "requested_output_tokens": requested, "outcome": outcome,
             "reason": _reasons(ids, snapshot["reason"]),
-            "preemptions": snapshot["preemptions"], "ttft_s": ttft, "tpot_s": tpot, "e2e_s": e2e}
+            "preemptions": snapshot["preemptions"], "recomputed_tokens": recomputed,
+            "ttft_s": ttft, "tpot_s": tpot, "e2e_s": e2e}
     for name, i in col.items():
         cols[f"t_{name}"] = times[:, i]
+    cols["t_decode_readmit"] = readmit
     # when each request ended in the rack, whatever its outcome (s)
     cols["t_end"] = np.asarray(snapshot.get("end_s", np.full(len(ids), np.nan)), dtype=np.float64)
     return cols
@@ -254,6 +267,8 @@ def compute(snapshot: dict, requests: Sequence[Any], slo_ttft_s: float, slo_tpot
             "rejected_by_reason": dict(reasons["rejected"]),
             "failed_by_reason": dict(reasons["failed"]),
             "preemptions": int(np.sum(cols["preemptions"])),
+            # KV tokens decode engines recomputed after preemptions (per request in requests.csv)
+            "recomputed_tokens": int(np.sum(cols["recomputed_tokens"])),
             # output capped at the context limit (context_overflow = "truncate")
             "truncated": int(np.sum(cols["output_tokens"] != cols["requested_output_tokens"])),
         },
