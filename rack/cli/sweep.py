@@ -91,11 +91,13 @@ def _stoppable(out: Path) -> Iterator:
     (the points in flight are terminated, none more starts) and the points that
     finished are written and summarised as for a whole sweep, with the rest marked
     "interrupted"; then one line and exit code 128 + the signal's number. A second
-    signal during the runs does the same at once; one while writing stops there."""
+    signal does not cut that write short (the first already stopped every run); a
+    third exits on the spot."""
     from rack.runtime.interrupt import exit_code
     from rack.runtime.parallel import RunsStopped
 
     with interruptible() as stop, stop.replaying():
+        stop.absorb_second = True       # the first already stops at once: let the write finish
         try:
             yield stop
         except RunsStopped as exc:      # a map that cannot keep a partial result (interactivity)

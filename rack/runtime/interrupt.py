@@ -94,6 +94,10 @@ class StopRequest:
         self.signal_name: str | None = None
         self.count = 0
         self._replaying = 0
+        #: A second signal only counts (no KeyboardInterrupt) while True: for commands
+        #: whose first signal already stops at once and only writes what it holds (a
+        #: sweep), so the second cannot cut that write short; a third still exits.
+        self.absorb_second = False
         self._lock = threading.Lock()
         #: A KeyboardInterrupt of ours was swallowed by a finaliser: raise it again.
         self.redeliver = False
@@ -165,7 +169,7 @@ def handle_signals(stop: StopRequest | None = None,
             # straight to fd 2: the main thread may be inside a write to sys.stderr
             os.write(2, f"interrupted again ({name}): exited at once, no results written\n".encode())
             exit_now(exit_code(stop.signal_name))
-        if stop.count >= 2 or not stop.in_replay:
+        if (stop.count >= 2 and not stop.absorb_second) or not stop.in_replay:
             raise KeyboardInterrupt(name)
 
     previous_hook = sys.unraisablehook
