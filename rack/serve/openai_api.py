@@ -402,6 +402,17 @@ def rejection_error(reason: str, retry_after_s: float) -> ApiError:
     return ApiError(503, f"the request was not served ({reason})", None, "server_error", reason)
 
 
-__all__ = ["ApiError", "ChatRequest", "CompletionRequest", "Plan", "REJECTION_STATUS", "chunk",
+def ended_error(outcome: str, reason: str | None) -> ApiError:
+    """The HTTP error of a request that ended in the rack without completing: 503 (the
+    service is unavailable, retry elsewhere or later) when the server's shutdown ended
+    it ("server_shutdown": it was fine, the server went away), else 500."""
+    if reason == "server_shutdown":
+        return ApiError(503, "the server shut down before the request ended (server_shutdown); retry",
+                        None, "server_error", reason)
+    return ApiError(500, f"the request ended in the emulated rack: {outcome} ({reason})", None,
+                    "server_error", reason)
+
+
+__all__ = ["ApiError", "ChatRequest", "CompletionRequest", "Plan", "REJECTION_STATUS", "chunk", "ended_error",
            "full_response", "parse_request", "rejection_error", "response_id", "stop_length",
            "usage", "usage_chunk"]
