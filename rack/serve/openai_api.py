@@ -113,9 +113,16 @@ class _Common(BaseModel):
     seed: Optional[int] = Field(default=None, ge=0, le=MAX_SEED)
     rack_block_hashes: Optional[list[Annotated[int, Field(ge=HASH_MIN, le=HASH_MAX)]]] = None
     rack_block_size: int = Field(default=512, ge=1, le=MAX_COUNT)
+    # Fields that change no timing, typed as OpenAI's API types them (any JSON value
+    # used to pass): an end-user id; token id (as a string key) -> bias in [-100, 100];
+    # the output's format, an object such as {"type": "json_object"}.
+    user: Optional[str] = None
+    logit_bias: Optional[dict[str, Annotated[float, Field(ge=-100.0, le=100.0)]]] = None
+    response_format: Optional[dict[str, Any]] = None
 
 
 class CompletionRequest(_Common):
+    suffix: Optional[str] = None      # text after the completion (OpenAI's legacy completions)
     prompt: Union[str, TokenIds, list[str], list[TokenIds], None] = None
     prompt_token_ids: Optional[TokenIds] = None
     echo: bool = False
@@ -124,6 +131,7 @@ class CompletionRequest(_Common):
 
 class ChatRequest(_Common):
     messages: list[dict[str, Any]] = Field(min_length=1)
+    tools: Optional[list[dict[str, Any]]] = None      # function definitions (objects)
     max_completion_tokens: Optional[int] = Field(default=None, ge=1, le=MAX_COUNT)
     logprobs: Optional[bool] = None
 
