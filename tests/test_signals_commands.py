@@ -99,3 +99,31 @@ def test_sigterm_twice_to_a_sweep_with_workers_keeps_what_finished_and_leaves_no
     points = json.loads((out / "sweep.json").read_text())["points"]
     assert len(points) == 6 and any(p.get("interrupted") for p in points)
     assert _gone(kids) == []
+
+
+def _stops_at_once(args: list[str], sig: int, tmp_path) -> None:
+    """`rack ARGS` stopped by `sig` once its work is under way: the standard line, exit
+    128 + the signal's number, no traceback, none of its processes left."""
+    proc = subprocess.Popen([*RACK, *args], env=ENV, cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        kids = _wait_cpu(proc.pid, 3.0)
+        kids.update(k.pid for k in psutil.Process(proc.pid).children(recursive=True))
+        proc.send_signal(sig)
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    name = signal.Signals(sig).name
+    assert proc.returncode == 128 + sig, (stdout, stderr)
+    assert f"interrupted ({name})" in stderr and "Traceback" not in stderr, stderr
+    assert _gone(kids) == []
+
+
+def test_sigterm_stops_rack_compare_at_once_and_leaves_no_process(tmp_path):
+    _stops_at_once(["compare", "--dataset", "random", "--num-prompts", "3000", "--request-rate", "20",
+                    "--out", str(tmp_path / "cmp"), "--no-plots"], signal.SIGTERM, tmp_path)
+
+
+
+# `rack study` and `rack bench` stop through the same decorator (rack.cli._checks.stops_on_signal);
+# their quick modes need the public traces, which a bare clone does not have.

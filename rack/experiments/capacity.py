@@ -127,6 +127,7 @@ def capacity_sweep(scenarios: Sequence[Scenario], workload: Workload, rate_scale
     from rich.progress import MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from rack.runtime import run_pool
+    from rack.runtime.interrupt import current_stop
     from rack.runtime.parallel import RunsStopped
 
     if search not in SEARCHES:
@@ -159,10 +160,12 @@ def capacity_sweep(scenarios: Sequence[Scenario], workload: Workload, rate_scale
             while inflight:
                 try:
                     ticket, res = pool.next_done()
-                except (RunsStopped, KeyboardInterrupt):
+                except (RunsStopped, KeyboardInterrupt) as exc:
                     # a signal (rack.runtime.interrupt): keep the rungs that finished, mark
                     # the ones in flight, start no more
                     pool.cancel()
+                    if isinstance(exc, KeyboardInterrupt) and current_stop() is None:
+                        raise
                     for s, i in inflight.values():
                         s.points[i] = not_run({"scenario": s.scenario.name, "rate_scale": s.rungs[i],
                                                "rate_per_s": s.rungs[i] * base_rate if base_rate else None})

@@ -17,7 +17,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wai
 from typing import Callable, Sequence, TypeVar
 
 from .errors import RunFailed
-from .interrupt import ignore_sigint, stop_requested
+from .interrupt import current_stop, ignore_sigint, stop_requested
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -27,10 +27,12 @@ class MapTimeout(RuntimeError):
     """The runs did not all finish within the map's `timeout_s`."""
 
 
-class RunsStopped(Exception):
+class RunsStopped(KeyboardInterrupt):
     """A signal stopped a map of runs (`rack.runtime.interrupt.current_stop`): the runs
     in flight were terminated, none more was started. `results`: the list in input
-    order, None where a run did not finish; `done`: which finished."""
+    order, None where a run did not finish; `done`: which finished. A KeyboardInterrupt,
+    so a caller that does not keep partial results stops as on Ctrl-C (and no `except
+    Exception` takes it for a failed run)."""
 
     def __init__(self, results: list, done: list[bool]) -> None:
         super().__init__(f"stopped after {sum(done)} of {len(done)} run(s)")
@@ -142,6 +144,8 @@ def _map_processes(fn, items, workers, on_done, timeout_s, return_exceptions) ->
                 done, pending = wait(pending, timeout=STOP_POLL_S if left is None else min(left, STOP_POLL_S),
                                      return_when=FIRST_COMPLETED)
             except KeyboardInterrupt:       # a second signal: stop at once, keep what finished
+                if current_stop() is None:  # no command's handlers: Python's own Ctrl-C
+                    raise
                 raise RunsStopped(results, got) from None
             for fut in done:
                 i = futures[fut]

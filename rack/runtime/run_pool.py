@@ -25,7 +25,7 @@ import time
 from collections import deque
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from typing import Any, Callable, Iterator, Optional, Sequence
-from .interrupt import ignore_sigint, stop_requested
+from .interrupt import current_stop, ignore_sigint, stop_requested
 from .parallel import RunsStopped
 
 #: Longest a single wait for a finished run may block before it is retried (s); a Ray
@@ -135,8 +135,10 @@ class RunPool:
         for done in range(1, len(tickets) + 1):
             try:
                 ticket, res = self.next_done()
-            except (RunsStopped, KeyboardInterrupt):
+            except (RunsStopped, KeyboardInterrupt) as exc:
                 self.cancel()
+                if isinstance(exc, KeyboardInterrupt) and current_stop() is None:
+                    raise                   # no command's handlers: Python's own Ctrl-C
                 raise RunsStopped(out, got) from None
             out[tickets[ticket]] = res
             got[tickets[ticket]] = True
