@@ -85,3 +85,25 @@ def test_a_fault_storm_on_ray_ends_when_its_requests_end(ray_session):
     assert out.results["emulation"]["held_after_end"] == {}
     assert out.results["emulation"]["violations"] == []
     assert out.results["faults"]["injected"] == len(STORM) and not out.results["faults"]["errors"]
+
+
+def test_a_ray_run_past_its_deadline_writes_what_finished(ray_session):
+    # Issue 37: a run that reached its deadline failed with only error.log; now what
+    # finished is kept as for any aborted run (status aborted, the cause in `error`).
+    from rack.run.runner import RunAborted
+
+    sc = parse_scenario({
+        "name": "ray-deadline", "model": "llama-3.1-8b", "slo": {"ttft_ms": 2000, "tpot_ms": 100},
+        "dilation": 5.0,
+        "pools": [{"name": "prefill", "device": "h100", "role": "prefill"},
+                  {"name": "decode", "device": "h100", "role": "decode"}],
+        "links": [{"name": "kv", "src": "prefill", "dst": "decode", "bandwidth_GBps": 50.0}]}, "<test>")
+    # the first requests end within a second of emulated time, the last arrives at 8 s
+    reqs = [Request(id=i, arrival_s=i * 0.2, prompt_tokens=1000, output_tokens=20) for i in range(41)]
+    with pytest.raises(RunAborted) as err:
+        run_scenario(sc, reqs, runtime="ray", timeout_s=12)
+    res = err.value.output.results
+    assert res["status"] == "aborted" and "did not finish in time" in res["error"]["message"]
+    q = res["requests"]
+    assert q["completed"] > 0 and q["unfinished"] > 0
+    assert q["completed"] + q["rejected"] + q["failed"] + q["unfinished"] == q["submitted"] == 41

@@ -20,23 +20,29 @@ import pytest
 pytestmark = pytest.mark.ray
 
 
-def test_sigint_ends_and_records_every_in_flight_request(ray_session, tmp_path):
+def _serve(ray_session, out, drain_s: float) -> tuple[subprocess.Popen, str | None]:
+    """`rack serve` on the shared cluster, and its URL once it serves (None if it did not start)."""
     address = ray_session.get_runtime_context().gcs_address
-    out = tmp_path / "serve"
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
     proc = subprocess.Popen(
         [sys.executable, "-m", "rack", "serve", "--address", address, "--host", "127.0.0.1", "--port", "0",
-         "--dilation", "20", "--drain", "1", "--out", str(out)],
+         "--dilation", "20", "--drain", str(drain_s), "--out", str(out)],
         stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+    url = None
+    deadline = time.time() + 180
+    while time.time() < deadline and url is None:
+        line = proc.stderr.readline()
+        if not line and proc.poll() is not None:
+            break
+        m = re.search(r"at (http://127\.0\.0\.1:\d+)/v1", line)
+        url = m.group(1) if m else None
+    return proc, url
+
+
+def test_sigint_ends_and_records_every_in_flight_request(ray_session, tmp_path):
+    out = tmp_path / "serve"
+    proc, url = _serve(ray_session, out, 1)
     try:
-        url = None
-        deadline = time.time() + 180
-        while time.time() < deadline and url is None:
-            line = proc.stderr.readline()
-            if not line and proc.poll() is not None:
-                break
-            m = re.search(r"at (http://127\.0\.0\.1:\d+)/v1", line)
-            url = m.group(1) if m else None
         assert url, f"server did not start: {proc.stderr.read() if proc.poll() is not None else ''}"
         ends: list = [None, None]
         started = threading.Barrier(3, timeout=60)
@@ -81,22 +87,9 @@ def test_sigterm_twice_ends_the_drain_at_once_and_still_writes_everything(ray_se
     # a second SIGTERM exited 1 at once, wrote nothing and cut the streams. Now the
     # second ends the requests in flight at once: a stream with an error event and
     # `[DONE]`, a non-streamed request 503 (the server went away, not a failure).
-    address = ray_session.get_runtime_context().gcs_address
     out = tmp_path / "serve"
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "rack", "serve", "--address", address, "--host", "127.0.0.1", "--port", "0",
-         "--dilation", "20", "--drain", "600", "--out", str(out)],
-        stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+    proc, url = _serve(ray_session, out, 600)
     try:
-        url = None
-        deadline = time.time() + 180
-        while time.time() < deadline and url is None:
-            line = proc.stderr.readline()
-            if not line and proc.poll() is not None:
-                break
-            m = re.search(r"at (http://127\.0\.0\.1:\d+)/v1", line)
-            url = m.group(1) if m else None
         assert url, f"server did not start: {proc.stderr.read() if proc.poll() is not None else ''}"
         got: dict = {}
         started = threading.Barrier(2, timeout=60)

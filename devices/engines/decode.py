@@ -619,7 +619,10 @@ class DecodeEngine(Core):
         ends = self._t_end.slice(s.start, s.start + d)
         if self.tps == 1.0:
             return ends
-        return step_token_times(self._t_start.slice(s.start, s.start + d), ends, 0, s.rem, self.tps)
+        # the first stint of a request whose client's first token is this engine's: its
+        # first step's tokens come at the step's end (`step_token_times`, issue 37)
+        return step_token_times(self._t_start.slice(s.start, s.start + d), ends, 0, s.rem, self.tps,
+                                first_whole=s.first_token_s is None and s.emitted == 0)
 
     def _end_stint(self, s: _Seq) -> None:
         s.times.append(self._stint_times(s))
@@ -891,14 +894,6 @@ class DecodeEngine(Core):
                 self._end_stint(s)
                 if s.first_token_s is None:      # the client's first token was this engine's
                     times = np.concatenate(s.times)
-                    if self.tps != 1.0:
-                        # A verification step's tokens exist only once it has ended: the
-                        # first token cannot reach the client before its step's end (a
-                        # speculative step is never shorter than a plain one, so TTFT
-                        # never drops below the same request's without it; issue 37).
-                        # The later steps' tokens stay spread over their steps (ITL).
-                        q0 = min(times.shape[0], int(emitted_after(1, s.total, self.tps)))
-                        times[:q0] = times[q0 - 1]
                     self._pending_events.append((s.req.id, "first_token", float(times[0])))
                 else:
                     times = np.concatenate([[s.first_token_s], *s.times])

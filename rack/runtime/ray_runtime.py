@@ -385,6 +385,13 @@ def run_topology_ray(specs: Sequence[ComponentSpec], requests: Sequence[Any], *,
             except ComponentError as err:
                 err.partial = _partial(ray, actors, topo.engine_names, topo.epoch, dilation)
                 raise
+            except RayRunError as err:
+                # the deadline passed: what finished is kept as for any aborted run
+                t_halt = _halt(ray, actors)
+                err.partial = _partial(ray, actors, topo.engine_names, topo.epoch, dilation) or watch.checkpoint
+                if err.partial is not None and t_halt is not None:
+                    err.partial["now"] = t_halt
+                raise
             except _Stopped:
                 t_halt = _halt(ray, actors)
                 partial = _partial(ray, actors, topo.engine_names, topo.epoch, dilation)
