@@ -380,7 +380,9 @@ def run_topology_ray(specs: Sequence[ComponentSpec], requests: Sequence[Any], *,
             except ActorLost as err:
                 # the others stop where they are (one instant's records); the lost one is not asked
                 _halt(ray, {n: a for n, a in actors.items() if n != err.component})
-                err.partial = _partial(ray, actors, topo.engine_names, topo.epoch, dilation, lost=err.component)
+                # the collector's death takes its records with it: its last checkpoint then
+                err.partial = _partial(ray, actors, topo.engine_names, topo.epoch, dilation,
+                                       lost=err.component) or watch.checkpoint
                 raise
             except ComponentError as err:
                 err.partial = _partial(ray, actors, topo.engine_names, topo.epoch, dilation)
