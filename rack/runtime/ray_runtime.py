@@ -395,11 +395,18 @@ def run_topology_ray(specs: Sequence[ComponentSpec], requests: Sequence[Any], *,
                     err.partial["now"] = t_halt
                 raise
             except _Stopped:
-                t_halt = _halt(ray, actors)
-                partial = _partial(ray, actors, topo.engine_names, topo.epoch, dilation)
+                t_halt = None
+                try:
+                    t_halt = _halt(ray, actors)
+                    partial = _partial(ray, actors, topo.engine_names, topo.epoch, dilation)
+                except KeyboardInterrupt:
+                    # a second signal: stop gathering at once, but write what is held
+                    # (the collector's last checkpoint) rather than nothing
+                    partial = watch.checkpoint
                 if partial is not None and t_halt is not None:
                     partial["now"] = t_halt
-                raise RunStopped(stop.signal_name, t_halt, partial) from None
+                raise RunStopped(stop.signal_name, t_halt if t_halt is not None else
+                                 (partial or {}).get("now"), partial) from None
     except ray.exceptions.GetTimeoutError as exc:
         raise RayRunError(f"Ray run timed out: {exc}") from None
     finally:
