@@ -97,13 +97,14 @@ class _Transfer:
     """One transfer in flight (see `Interconnect.transfer`)."""
 
     __slots__ = ("req", "frames", "logical", "shipped", "src", "dst", "path", "cost", "t0",
-                 "wire_start", "wire_end", "t_end", "first_token_s", "tag")
+                 "wire_start", "wire_end", "t_end", "first_token_s", "tag", "delivered")
 
     def __init__(self, req, frames, logical, shipped, src, dst, path, cost, t0, first_token_s, tag) -> None:
         self.req, self.frames, self.logical, self.shipped = req, frames, logical, shipped
         self.src, self.dst, self.path, self.cost = src, dst, path, cost
         self.t0, self.first_token_s, self.tag = t0, first_token_s, tag
         self.wire_start = self.wire_end = self.t_end = t0
+        self.delivered = False      # receive_kv sent; the receiver's reply is awaited
 
 
 class Interconnect(Core):
@@ -190,6 +191,8 @@ class Interconnect(Core):
         self._frames_corrupted = 0
         self._described = 0         # transfers whose payload was described, not built
         self._lost_transfers = 0
+        self._late_replies = 0      # receivers' replies to transfers already counted lost
+        self._released = 0          # transfers dropped because their request had ended
         # wake only when a delivery may be due (module docstring) until a link is degraded
         self._lazy = True
 
@@ -246,14 +249,15 @@ class Interconnect(Core):
 
     def kv_received(self, now: float, tid: int, bad: int) -> None:
         """The receiver's reply to `receive_kv`: bad frames, or -1 when it held no
-        reservation for the request (it restarted)."""
-        tr = self._transfers.pop(tid)
+        reservation for the request (it restarted). A reply to a transfer already
+        counted lost (its receiver died before answering: `peer_lost`, `send_failed`)
+        or released (`release`) is ignored: the sender has been told once."""
+        tr = self._transfers.pop(tid, None)
+        if tr is None:
+            self._late_replies += 1
+            return
         if bad < 0:
-            # the receiver restarted: the bytes crossed for nothing; the sender re-sends
-            self._lost_transfers += 1
-            for name in tr.path:
-                self._link_lost[name] += tr.logical
-            self.send(tr.src, "transfer_done", tr.tag, None)
+            self._lose(tr)
             return
         bad = int(bad)
         if bad == 0 and self._corrupted_rids:
@@ -274,6 +278,49 @@ class Interconnect(Core):
             request_id=tr.req.id, src=tr.src, dst=tr.dst, path=tr.path, start_s=tr.t0,
             wire_start_s=tr.wire_start, wire_end_s=tr.wire_end, end_s=tr.t_end,
             n_frames=len(tr.frames), logical_bytes=tr.logical, payload_bytes=tr.shipped, bad_frames=bad))
+
+    def _lose(self, tr: _Transfer) -> None:
+        """The receiver lost the transfer (it restarted, or died before answering): the
+        bytes crossed for nothing; the sender is told (`transfer_done` with None) and
+        re-sends if its request is still open."""
+        self._lost_transfers += 1
+        for name in tr.path:
+            self._link_lost[name] += tr.logical
+        self.send(tr.src, "transfer_done", tr.tag, None)
+
+    def peer_lost(self, now: float, name: str) -> None:
+        """Core `name` died (an injected crash or a real death). Transfers it had been
+        handed (`receive_kv` sent, no reply yet) are lost: the dead process may never
+        answer (on Ray its reply can die with it), and a transfer nobody answers would
+        keep the interconnect busy after its request ended. A reply its new incarnation
+        gives later is ignored (`kv_received`)."""
+        for tid in [t for t, tr in self._transfers.items() if tr.dst == name and tr.delivered]:
+            self._lose(self._transfers.pop(tid))
+
+    def send_failed(self, now: float, dst: str, method: str, args: tuple) -> None:
+        """A message could not be delivered (its destination was down: Ray driver). A
+        `receive_kv` that did not arrive is a lost transfer."""
+        if method == "receive_kv":
+            tr = self._transfers.pop(args[-1], None)
+            if tr is not None:
+                self._lose(tr)
+
+    def release(self, now: float, ids) -> None:
+        """Drop the transfers of requests `ids`, which have ended (the driver's
+        quiescence check, `rack.runtime.quiescence`): their bytes leave the links and
+        nobody is told (the request has its outcome)."""
+        want = set(int(i) for i in ids)
+        self._advance(max(now, self._net.now))
+        for tid in [t for t, tr in self._transfers.items() if tr.req.id in want]:
+            del self._transfers[tid]
+            self._released += 1
+            if self._net.has_flow(tid):
+                self._net.remove_flow(tid, self._net.now)
+        self._settle(now)
+
+    def held_requests(self) -> list[int]:
+        """Ids of the requests whose transfers are in flight (driver read)."""
+        return sorted({tr.req.id for tr in self._transfers.values()})
 
     def degrade(self, now: float, link: str, factor: float, start: float, end: float) -> None:
         """Scale `link`'s bandwidth by `factor` in (0, 1] during [start, end) (emulated
@@ -341,7 +388,10 @@ class Interconnect(Core):
 
     def _drained(self, drained: list[tuple[Any, float]]) -> None:
         for tid, t in drained:
-            tr = self._transfers[tid]
+            tr = self._transfers.get(tid)
+            if tr is None:
+                continue            # lost while its bytes crossed
+
             tr.wire_end = t
             tr.t_end = t + tr.cost.latency_s
             self._at(tr.t_end, tid, "deliver")
@@ -363,6 +413,8 @@ class Interconnect(Core):
             if t_timer > now or (before and t_timer == now):
                 break
             t, _, tid, phase = heapq.heappop(timers)
+            if tid not in self._transfers:
+                continue            # lost or released meanwhile
             if phase == "wire":
                 self._enter_wire(tid, t)
             else:
@@ -387,6 +439,7 @@ class Interconnect(Core):
 
     def _deliver(self, tid: int, t: float) -> None:
         tr = self._transfers[tid]
+        tr.delivered = True
         frames = tr.frames
         if self._corruption:
             frames = self._inject_corruption(tr.req.id, frames, tr.path, t)
@@ -463,6 +516,8 @@ class Interconnect(Core):
             "checksum_failures": self._checksum_failures,
             "failed_transfers": self._failed_transfers,
             "lost_transfers": self._lost_transfers,
+            "late_replies": self._late_replies,
+            "released_after_end": self._released,
             "frames_corrupted": self._frames_corrupted,
             "corruption": [{k: r[k] for k in ("tag", "corrupted", "recovered", "left")}
                            for r in self._corruption],

@@ -335,6 +335,10 @@ class FairShareNetwork:
         else:
             self._recompute()
 
+    def has_flow(self, flow_id: Hashable) -> bool:
+        """True while `flow_id` is active (added, not yet drained or removed)."""
+        return flow_id in self._flows
+
     def remove_flow(self, flow_id: Hashable, t: float) -> float:
         """Cancel an active flow at time `t`; returns the bytes it had not moved.
         Raises KeyError if the flow is not active (never added, drained or removed)."""

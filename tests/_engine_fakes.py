@@ -32,6 +32,7 @@ class FakeCollector(Core):
         super().__init__(name)
         self.events_log: list[tuple[int, str, float]] = []
         self.outcomes: dict[int, dict] = {}
+        self.recomputed: dict[int, int] = {}      # tokens recomputed after preemptions
 
     def event(self, now, request_id, name, t):
         self.events_log.append((request_id, name, t))
@@ -47,6 +48,10 @@ class FakeCollector(Core):
 
     def open_among(self, now, ids, reply_to, tag):
         self.send(reply_to, "open_ids", tag, [i for i in ids if i not in self.outcomes])
+
+    def note_recomputed(self, now, items):
+        for rid, n in items:
+            self.recomputed[rid] = self.recomputed.get(rid, 0) + n
 
     def times(self, name: str) -> dict[int, float]:
         out: dict[int, float] = {}

@@ -11,8 +11,10 @@ efficiencies; a pass's bytes count the KV replicas; issue 22: a wafer streams pr
 through its layers, `prompt_token_layer_s`, with the CS-3 entries that carry it; issue 33:
 the prompts of several requests stream through the wafer's regions at once, a wafer's
 mixed step runs its decode micro-batches beside the streams, a per-prompt chunk cap and
-chunk sizes from the TPOT target, which wafer-only-kimi-k2 uses), so it still pins the
-rewrite;
+chunk sizes from the TPOT target, which wafer-only-kimi-k2 uses; issue 37: on SGLang
+stacks a colocated instance's chunked-prefill budget is not cut by the running decodes,
+and requests that tie on the router's cost go round robin among the tied instances), so
+it still pins the rewrite;
 `scripts/record_core_reference.py` says how."""
 
 from __future__ import annotations

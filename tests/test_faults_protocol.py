@@ -16,11 +16,17 @@ def take(core):
     return out
 
 
-def crash_injector():
+def decode_crash_at_1s():
+    """A FaultInjector with one decode crash at t = 1 s, its set-up messages taken."""
     f = {"kind": "decode_crash", "target": "decode-0", "at_s": 1.0, "duration_s": None, "factor": None,
          "count": 1, "seed": 0, "weight_load_s": 0.5, "index": 0, "instance": "decode-0"}
     inj = FaultInjector(faults=[f], collector="collector", router="router")
     take(inj)
+    return inj
+
+
+def crash_injector():
+    inj = decode_crash_at_1s()
     inj.on_wake(1.0)
     assert take(inj) == [("decode-0", "ping", ("faults", (0, "before")))]
     inj.pong(1.0, (0, "before"), {"incarnation": 111, "work": {}})
@@ -64,3 +70,17 @@ def test_a_recovery_question_that_cannot_be_delivered_counts_as_holding_nothing(
     (dst, m, _), = take(router)
     assert (dst, m) == ("prefill-0", "holding")          # the other holders are asked next
     assert router.waiting_for() == "1 recovery(ies) waiting for replies"
+
+
+def test_a_crash_aimed_at_an_instance_still_down_applies_once_it_is_back():
+    # Ray fault storm (issue 37): the "before" ping of a second crash failed while the
+    # instance restarted from the first, and its retry went out as an "after" ping, whose
+    # answer found no record of the crash (KeyError 'incarnations', the run aborted).
+    inj = decode_crash_at_1s()
+    inj.on_wake(1.0)
+    (ping,) = take(inj)
+    inj.send_failed(1.0, "decode-0", "ping", ping[2])        # the actor is down
+    inj.on_wake(inj.wake_at)
+    assert take(inj) == [("decode-0", "ping", ("faults", (0, "before")))]
+    inj.pong(1.2, (0, "before"), {"incarnation": 222, "work": {}})
+    assert inj.records[0]["incarnations"] == [222] and inj.records[0]["applied"]

@@ -341,3 +341,60 @@ def test_late_wakeups_give_model_times_despite_lateness():
         assert r.end_s == pytest.approx(r.wire_end_s + 100e-6, abs=1e-12)
     assert t_done >= max(r1.end_s, r2.end_s)
     assert t_done > max(r1.end_s, r2.end_s) + 1e-6       # the driver was late, the model was not
+
+
+# --- issue 37: a transfer is released when its receiver dies, or when its request ended
+
+
+def _handed_over(ic):
+    """Run a transfer of request 7 until the interconnect has sent `receive_kv`
+    (the receiver's reply not yet given); returns its tid."""
+    ic.transfer(0.0, _req(7), _frames(7), 1000 * KVPT, "p", "d", tag="t7")
+    t = ic.wake_at
+    while True:
+        ic.on_wake(t)
+        sent = [m for m in ic.outbox if m[1] == "receive_kv"]
+        if sent:
+            ic.outbox.clear()
+            return sent[0][2][-1]
+        t = ic.wake_at
+        assert t < math.inf
+
+
+def test_a_receiver_that_dies_before_answering_loses_the_transfer_once():
+    # On Ray the receiver's reply can die with its process: without this the transfer
+    # stayed "in flight" after its request ended and the run waited on it to its deadline.
+    ic = _ic()
+    tid = _handed_over(ic)
+    assert ic.held_requests() == [7] and not ic.is_idle()
+    ic.peer_lost(1.0, "d")
+    assert ic.is_idle() and ic.held_requests() == []
+    assert ic.outbox == [("p", "transfer_done", ("t7", None))]     # the sender re-sends
+    ic.outbox.clear()
+    ic.kv_received(1.1, tid, -1)          # the new incarnation's late answer: told once only
+    assert ic.outbox == [] and ic.stats()["late_replies"] == 1 and ic.stats()["lost_transfers"] == 1
+
+
+def test_a_receive_kv_that_could_not_be_delivered_is_a_lost_transfer():
+    ic = _ic()
+    tid = _handed_over(ic)
+    ic.send_failed(1.0, "d", "receive_kv", (_req(7), [], 0.0, "interconnect", tid))
+    assert ic.is_idle() and ic.outbox == [("p", "transfer_done", ("t7", None))]
+
+
+def test_a_peer_lost_of_another_core_or_before_delivery_keeps_the_transfer():
+    ic = _ic()
+    ic.transfer(0.0, _req(7), _frames(7), 1000 * KVPT, "p", "d", tag="t7")
+    ic.peer_lost(0.0, "d")               # not handed over yet: it reaches the new incarnation
+    ic.peer_lost(0.0, "p")
+    assert ic.held_requests() == [7] and ic.outbox == []
+
+
+def test_release_drops_an_ended_requests_transfer_mid_wire_and_frees_the_link():
+    ic = _ic()
+    ic.transfer(0.0, _req(7), _frames(7, tokens=100000), 100000 * KVPT, "p", "d", tag="t7")
+    ic.on_wake(ic.wake_at)                # on the wire now
+    assert ic._net.n_flows == 1
+    ic.release(ic.wake_at / 2 if ic.wake_at < math.inf else 0.0, [7])
+    assert ic.is_idle() and ic._net.n_flows == 0 and ic.wake_at == math.inf and ic.outbox == []
+    assert ic.stats()["released_after_end"] == 1

@@ -50,7 +50,12 @@ CASES = [
     ("text.csv", AZ_HEADER + AZ_GOOD + "2023-11-16 18:15:47.0,abc,44\n",
      "3: field 'ContextTokens': expected an integer token count, got 'abc'", "not_a_number"),
     ("text.jsonl", GOOD + moon(1, "12x", 10),
-     "2: field 'input_length': expected an integer token count, got '12x'", "not_a_number"),
+     "2: field 'input_length': expected a JSON number (a token count), got the string '12x'", "not_a_number"),
+    # a count written as a JSON string is refused even when its text is a number (issue 37)
+    ("string.jsonl", GOOD + moon(1, "1000", 10),
+     "2: field 'input_length': expected a JSON number (a token count), got the string '1000'", "not_a_number"),
+    ("string_out.jsonl", GOOD + moon(1, 1000, "10"),
+     "2: field 'output_length': expected a JSON number (a token count), got the string '10'", "not_a_number"),
     ("fraction.jsonl", GOOD + moon(1, 12.5, 10),
      "2: field 'input_length': expected an integer token count, got 12.5", "not_a_number"),
     ("bad_time.jsonl", GOOD + moon("soon", 100, 10),

@@ -107,3 +107,16 @@ def test_load_requests_nothing_left_is_an_error():
         load_requests("mooncake-excerpt", window=(1000, 2000))
     with pytest.raises(TraceError, match="no requests to replay: none passed the replay controls"):
         load_requests("mooncake-excerpt", sample=1e-9)
+
+
+def test_an_output_scale_beyond_any_context_names_the_option():
+    # --output-scale 1e300 used to fail on "Request 0" with a 300-digit token count
+    import pytest
+
+    from workloads import Request
+    from workloads.replay import scale_output
+
+    reqs = [Request(id=3, arrival_s=0.0, prompt_tokens=10, output_tokens=500)]
+    with pytest.raises(ValueError, match=r"output_scale \(--output-scale\) 1e\+300: request 3's 500 output tokens"):
+        list(scale_output(reqs, 1e300))
+    assert list(scale_output(reqs, 2.0))[0].output_tokens == 1000

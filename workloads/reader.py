@@ -75,6 +75,14 @@ def _count_slow(value: Any, field: str) -> int:
     raise _BadRow(field, f"expected an integer token count, got {value!r}", "not_a_number")
 
 
+def _typed(value: Any, field: str) -> Any:
+    """A JSON row's token count as it is, unless it is a string: raises _BadRow."""
+    if type(value) is str:
+        raise _BadRow(field, f"expected a JSON number (a token count), got the string {value[:40]!r}",
+                      "not_a_number")
+    return value
+
+
 def _length_error(field: str, n: int) -> _BadRow:
     if n > MAX_TOKENS:
         return _BadRow(field, f"{n:.3g} tokens is beyond any model's context (expected at most "
@@ -251,6 +259,9 @@ class TraceReader:
         f_ts, f_in, f_out, f_h = s.timestamp, s.prompt_tokens, s.output_tokens, s.block_hashes
         bs = s.block_size
         fail_on_zero = s.zero_output_is_failure
+        # a JSON row types its values: a token count written as a string ("1000") is a
+        # mistake in the file, not CSV text to read
+        typed = s.container == "jsonl"
         labels: dict[str, str] = {}
         state: list[Any] = [None, -math.inf, None, 0]  # t0, previous t, its raw text, its line
 
@@ -276,13 +287,13 @@ class TraceReader:
             if type(p) is not int:
                 if p is _MISSING:
                     raise _BadRow(f_in, "missing", "missing_field")
-                p = _count_slow(p, f_in)
+                p = _count_slow(_typed(p, f_in) if typed else p, f_in)
             if not 1 <= p <= MAX_TOKENS:
                 raise _length_error(f_in, p)
             if type(o) is not int:
                 if o is _MISSING:
                     raise _BadRow(f_out, "missing", "missing_field")
-                o = _count_slow(o, f_out)
+                o = _count_slow(_typed(o, f_out) if typed else o, f_out)
             failed = False
             if o > MAX_TOKENS:
                 raise _length_error(f_out, o)

@@ -15,7 +15,7 @@ from typing import Any, Iterable, Iterator, Mapping
 
 from .errors import TraceError
 from .reader import TraceReader, open_trace
-from .request import Request
+from .request import MAX_TOKENS, Request
 from .meta import RequestMeta
 
 def parse_window(text: str) -> tuple[float | None, float | None]:
@@ -126,7 +126,14 @@ def scale_output(requests: Iterable[Request], factor: float) -> Iterator[Request
         yield from requests
         return
     for r in requests:
-        out = max(1, round(r.output_tokens * factor))
+        scaled = r.output_tokens * factor
+        if scaled > MAX_TOKENS:
+            # the scale is the mistake, not the request: name it (a 300-digit count
+            # on "Request 0" said neither)
+            raise ValueError(f"output_scale (--output-scale) {factor:g}: request {r.id}'s {r.output_tokens:,} "
+                             f"output tokens would become {scaled:.3g}, beyond any model's context (at most "
+                             f"{MAX_TOKENS:,} tokens, workloads.request.MAX_TOKENS)")
+        out = max(1, round(scaled))
         yield Request(r.id, r.arrival_s, r.prompt_tokens, out, r.block_hashes, r.block_size,
                       r.tenant, r.slo_class, min(out, round(r.reasoning_tokens * factor)), r.turn)
 

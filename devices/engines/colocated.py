@@ -6,12 +6,13 @@ a KV transfer. The scheduler is vLLM's with chunked prefill: while prompts are b
 prefilled, every iteration is one *mixed* iteration, a decode step of the running
 batch fused with a prefill chunk, priced by `cost.mixed(new, cached, context_lens)`;
 the chunk's token budget is `chunk_tokens` minus the batch's decode tokens (vLLM's
-max_num_batched_tokens counts both), continuing prompts first, then FCFS admissions,
-each prompt taking at most `prompt_chunk_tokens` of it (vLLM's
-long_prefill_token_threshold), so the budget spreads over several prompts. On a wafer
-the chunks of the several prompts stream through the layer regions at once, beside the
-decode micro-batches (`CostModel.mixed`); `devices.chunking` sizes both from a TPOT
-target.
+max_num_batched_tokens counts both; on SGLang stacks `chunk_tokens` whole, as SGLang's
+chunked_prefill_size budgets the prefill alone: `decode_in_budget`), continuing prompts
+first, then FCFS admissions, each prompt taking at most `prompt_chunk_tokens` of it
+(vLLM's long_prefill_token_threshold), so the budget spreads over several prompts. On a
+wafer the chunks of the several prompts stream through the layer regions at once,
+beside the decode micro-batches (`CostModel.mixed`); `devices.chunking` sizes both from
+a TPOT target.
 When no prompt is in progress (or the batch alone fills the budget) the engine runs
 decode-only with event skipping, exactly as `DecodeEngine`, and a new submission cuts
 the run at the next step boundary. Mixed iterations skip events the same way: while one
@@ -97,6 +98,14 @@ class ColocatedEngine(DecodeEngine):
             `devices.memory.HostKVTier`); host_kv_Bps: its link (None: the devices'
             `weight_load_Bps`).
         timeseries: see `DecodeEngine`.
+        decode_in_budget: whether the running batch's decode tokens count against
+            `chunk_tokens` (True: vLLM, whose max_num_batched_tokens counts both). False
+            on SGLang stacks: SGLang's chunked_prefill_size budgets the prefill alone
+            (`PrefillAdder(..., rem_chunk_tokens=chunked_prefill_size,
+            mixed_with_decode_tokens=running_bs if is_mixed_chunk else 0)` in
+            python/sglang/srt/managers/scheduler.py, `get_new_batch_prefill`; only the
+            non-default --enable-mixed-chunk subtracts the running batch), so a long
+            prompt takes no extra chunk pass because decodes are running.
     `max_batch` bounds the requests being prefilled or decoded at once.
     """
 
@@ -109,7 +118,8 @@ class ColocatedEngine(DecodeEngine):
                  first_token: str = "prefill", loading_until_s: float | None = None,
                  recv_interval: int = 1, stream_to: str | None = None,
                  prompt_chunk_tokens: int | None = None, host_kv_bytes: int = 0,
-                 host_kv_Bps: float | None = None, timeseries: bool = True) -> None:
+                 host_kv_Bps: float | None = None, timeseries: bool = True,
+                 decode_in_budget: bool = True) -> None:
         if int(chunk_tokens) < 1:
             raise ValueError(f"ColocatedEngine {name!r}: chunk_tokens must be >= 1, got {chunk_tokens}")
         if int(max_queue) < 0:
@@ -128,6 +138,7 @@ class ColocatedEngine(DecodeEngine):
                          loading_until_s=loading_until_s, stream_to=stream_to, timeseries=timeseries)
         self.chunk_tokens = int(chunk_tokens)
         self.prompt_chunk_tokens = None if prompt_chunk_tokens is None else int(prompt_chunk_tokens)
+        self.decode_in_budget = bool(decode_in_budget)
         self.max_queue = int(max_queue)
         self.prefix = PrefixCache(self.ledger, self.pool.kv_bytes_per_token) if prefix_cache else None
         attach_host_tier(self, host_kv_bytes, host_kv_Bps)
@@ -221,6 +232,11 @@ class ColocatedEngine(DecodeEngine):
         dst, method, (tag_, name, held) = self.outbox.pop()
         self.send(dst, method, tag_, name, held + mine)
 
+    def held_requests(self) -> list[int]:
+        """As `DecodeEngine.held_requests`, plus the prompts queued or being prefilled here."""
+        mine = {j.req.id for j in (*self._inbox, *self._queue, *self._prefilling)}
+        return sorted(mine.union(super().held_requests()))
+
     def is_idle(self) -> bool:
         return super().is_idle() and not (self._queue or self._prefilling or self._inbox)
 
@@ -292,7 +308,7 @@ class ColocatedEngine(DecodeEngine):
         (see `_fusable`). Started at `t`; True if one was."""
         if not (self._prefilling or self._queue):
             return False
-        budget = self.chunk_tokens - len(self._batch)
+        budget = self.chunk_tokens - (len(self._batch) if self.decode_in_budget else 0)
         if budget <= 0:
             return False
         t0 = t

@@ -93,12 +93,15 @@ def emitted_after(steps, remaining, tokens_per_step: float):
 
 
 def step_token_times(starts: np.ndarray, ends: np.ndarray, done: int, remaining: int,
-                     tokens_per_step: float) -> np.ndarray:
+                     tokens_per_step: float, first_whole: bool = False) -> np.ndarray:
     """Times (emulated s) of the tokens a request emits in a run of steps: step j of the
     run starts at starts[j] and ends at ends[j] (shape (k,)) and is step done + j of a
     stint of `remaining` tokens (`emitted_after`). One token per step at the step's end,
     or with speculative decoding the q tokens of a step spread evenly over it (start +
-    i/q * duration, i = 1..q, the last at the end). Shape (tokens emitted in the k
+    i/q * duration, i = 1..q, the last at the end). `first_whole`: the stint's first step
+    makes the client's first token, so its tokens all come at its end (no token of a
+    verification step exists before it has ended: speculative decoding never brings the
+    first token earlier than a plain step would). Shape (tokens emitted in the k
     steps,); the decode engine's token log and a live front's pacing both use it."""
     k = ends.shape[0]
     if tokens_per_step == 1.0:
@@ -107,7 +110,10 @@ def step_token_times(starts: np.ndarray, ends: np.ndarray, done: int, remaining:
     q = np.diff(e)
     step_of = np.repeat(np.arange(k), q)
     i = np.arange(int(e[0]), int(e[-1])) - np.repeat(e[:-1], q) + 1
-    return starts[step_of] + (i / q[step_of]) * (ends[step_of] - starts[step_of])
+    out = starts[step_of] + (i / q[step_of]) * (ends[step_of] - starts[step_of])
+    if first_whole and done == 0 and k:
+        out[: int(q[0])] = ends[0]
+    return out
 
 
 def steps_for(tokens, tokens_per_step: float):

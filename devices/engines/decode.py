@@ -22,8 +22,9 @@ the request to the batch at the next step boundary. Two admission policies:
   the batch after a recompute prefill of those tokens on this device
   (`cost.prefill([prompt + generated], [0])`), during which the whole batch stalls (one
   iteration, as an unchunked prefill in the same scheduler would); it then generates
-  its remaining tokens normally, re-sending `decode_admit` (the collector keeps the
-  latest time of a redone stage). Its ITL samples include the gap around the
+  its remaining tokens normally; it sends `decode_readmit` (its first `decode_admit`
+  stays the first admission) and tells the collector the tokens it recomputed
+  (`note_recomputed`). Its ITL samples include the gap around the
   preemption. Memory for a run of k steps is booked when the run starts (the growth up
   to its last step), so a reservation made mid-run cannot take it; blocks not yet used
   are returned if the run is cut short.
@@ -53,7 +54,9 @@ Token timing. The engine keeps one growing log of step start/end times; a reques
 keeps the index range of the steps it took part in. At completion its token times are
 rebuilt: one token per step at the step's end, or with speculative decoding the q
 tokens of a step spread evenly over it (start + i/q * duration, i = 1..q, the last at
-the step's end). ITL samples are the gaps between consecutive output tokens, starting
+the step's end), except the tokens of the step that makes the client's first token
+(first_token = "decode"): they all come at its end, since no token of a verification
+step exists before the step has ended (so speculative decoding never lowers TTFT). ITL samples are the gaps between consecutive output tokens, starting
 with the gap from the first token (made by prefill, `first_token_s`) to the first
 decode token, which therefore includes the KV transfer and admission wait. So a
 request with n output tokens has n - 1 samples and their mean is exactly
@@ -407,6 +410,26 @@ class DecodeEngine(Core):
             held += [w.req.id for w in self._waiters if w.seq is None and w.req.id in want]
         self.send(reply_to, "held", tag, self.name, held)
 
+    def held_requests(self) -> list[int]:
+        """Ids of the requests this engine holds work for: reservations (waiting or
+        granted), KV received and not yet ended (driver read)."""
+        held = set(self._decoding_ids()) | set(self._reservations)
+        held.update(w.req.id for w in self._waiters if w.seq is None)
+        return sorted(held)
+
+    def release(self, now: float, ids) -> None:
+        """Drop the reservations of requests `ids`, which have ended (the driver's
+        quiescence check, `rack.runtime.quiescence`): memory freed, nobody told (the
+        request has its outcome). Requests decoding here run to their end."""
+        want = set(int(i) for i in ids)
+        for rid in [r for r in self._reservations if r in want]:
+            w = self._reservations.pop(rid)
+            self.ledger.free("reserved", w.blocks * self.pool.block_bytes)
+        for w in [w for w in self._waiters if w.seq is None and w.req.id in want]:
+            self._waiters.remove(w)
+            self._waiting_ids.discard(w.req.id)
+        self._grant(now)
+
     # ------------------------------------------------------------------ driver reads
     def is_idle(self) -> bool:
         return not (self._waiters or self._reservations or self._ready or self._batch
@@ -599,7 +622,10 @@ class DecodeEngine(Core):
         ends = self._t_end.slice(s.start, s.start + d)
         if self.tps == 1.0:
             return ends
-        return step_token_times(self._t_start.slice(s.start, s.start + d), ends, 0, s.rem, self.tps)
+        # the first stint of a request whose client's first token is this engine's: its
+        # first step's tokens come at the step's end (`step_token_times`, issue 37)
+        return step_token_times(self._t_start.slice(s.start, s.start + d), ends, 0, s.rem, self.tps,
+                                first_whole=s.first_token_s is None and s.emitted == 0)
 
     def _end_stint(self, s: _Seq) -> None:
         s.times.append(self._stint_times(s))
@@ -710,11 +736,12 @@ class DecodeEngine(Core):
             self._batch.append(s)
             if s.recompute:
                 recompute.append(s)
+                # a re-admission after preemption is its own event: `decode_admit`
+                # keeps the first admission (issue 37)
+                self._pending_events.append((s.req.id, "decode_readmit", t))
             else:
                 self.counts["admitted"] += 1
-            # a re-admission after preemption re-sends decode_admit (the collector keeps
-            # the latest time of a redone stage)
-            self._pending_events.append((s.req.id, "decode_admit", t))
+                self._pending_events.append((s.req.id, "decode_admit", t))
         if len(self._batch) > first:
             new = self._batch[first:]
             n = len(new)
@@ -739,8 +766,10 @@ class DecodeEngine(Core):
         self.lateness.note(t1, now)
         self._t_free = t1
         self.util.add(c.time_s, c.flops, c.bytes, device_busy_s=c.device_busy_s)
-        new = sum(self._kv_now(s) for s in recompute)
-        self.counts["recompute_tokens"] += int(new)
+        per = [(s.req.id, int(self._kv_now(s))) for s in recompute]
+        self.counts["recompute_tokens"] += sum(n for _, n in per)
+        # per request too: results.json and requests.csv carry each one's recomputed tokens
+        self.send(self.collector, "note_recomputed", per)
         for s in recompute:
             s.recompute = False
 

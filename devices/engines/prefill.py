@@ -363,6 +363,25 @@ class PrefillEngine(Core):
         held += [i for i in self._handoff if i in want]
         self.send(reply_to, "held", tag, self.name, held)
 
+    def held_requests(self) -> list[int]:
+        """Ids of the requests this instance holds work for: queued, prefilling, or
+        holding their KV until it is handed off (driver read)."""
+        return sorted({j.req.id for j in (*self._queue, *self._running)} | set(self._handoff))
+
+    def release(self, now: float, ids) -> None:
+        """Drop the work of requests `ids`, which have ended (the driver's quiescence
+        check, `rack.runtime.quiescence`): their handed-off KV is freed, queued prompts
+        leave the queue. A prompt being prefilled finishes its iteration; its handoff
+        then finds the request ended (`open_among`)."""
+        want = set(int(i) for i in ids)
+        for job in [j for j in self._handoff.values() if j.req.id in want]:
+            self._end_handoff(now, job)
+        kept = [j for j in self._queue if j.req.id not in want]
+        if len(kept) != len(self._queue):
+            self._queue.clear()
+            self._queue.extend(kept)
+            self._report_load()
+
     def on_wake(self, now: float) -> None:
         if self._iter is not None and now >= self._iter[1]:
             self._end_iteration(now)

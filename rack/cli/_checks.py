@@ -8,11 +8,12 @@ and exits with code 2, without a traceback.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import os
 import tempfile
 from pathlib import Path
-from typing import Iterator, NoReturn, Optional
+from typing import Callable, Iterator, NoReturn, Optional
 
 import typer
 
@@ -88,6 +89,20 @@ def report_failure(folder: Path, exc: BaseException, what: str = "run", keep_par
                  f"the traceback in {log}", code=1)
         fail(f"{what} aborted: {exc} (traceback in {log})", code=1)
     fail(f"{what} failed: {type(exc).__name__}: {' '.join(str(exc).split())} (traceback in {log})", code=1)
+
+
+def stops_on_signal(command: Callable) -> Callable:
+    """Decorator of a long command whose work has no partial result to keep (`rack
+    compare`, `rack study`, `rack bench`): SIGINT/SIGTERM stop it at once through
+    `interruptible` (one line, exit code 128 + the signal's number, no traceback), the
+    worker processes of its maps terminated (`rack.runtime.parallel`), none left."""
+
+    @functools.wraps(command)
+    def wrapper(*args, **kwargs):
+        with interruptible():
+            return command(*args, **kwargs)
+
+    return wrapper
 
 
 @contextlib.contextmanager

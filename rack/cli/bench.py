@@ -9,10 +9,12 @@ from typing import List, Optional
 
 import typer
 
+from rack.cli._checks import stops_on_signal
 from rack.cli.app import app
 
 
 @app.command()
+@stops_on_signal
 def bench(
     as_json: bool = typer.Option(False, "--json", help="print the results as JSON instead of tables"),
     repeat: int = typer.Option(3, "--repeat", "-r", min=1, help="runs per figure (the median is reported)"),

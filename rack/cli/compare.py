@@ -9,7 +9,7 @@ from typing import List, Optional
 import typer
 
 from rack.cli.app import app
-from rack.cli._checks import check_positive, out_path, prepare_out_dir, report_failure
+from rack.cli._checks import check_positive, out_path, prepare_out_dir, report_failure, stops_on_signal
 from rack.cli._terms import TERM_OPTION, parse_terms, with_terms
 from rack.cli._routing import POLICY_OPTION, WEIGHT_OPTION, with_routing
 from rack.cli.load import LoadOptions, load_options, rate_line
@@ -17,6 +17,7 @@ from rack.cli.run import DEFAULT_TRACE, fail
 
 
 @app.command()
+@stops_on_signal
 @load_options
 def compare(
     scenarios: Optional[List[str]] = typer.Argument(None, help="scenario names or TOML files [default: gpu-only, wafer-only, split, conditional split (Kimi-K2)]"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import List, Optional
@@ -216,6 +217,13 @@ def execute(folder: Path, sc, reqs, *, runtime: str, address: Optional[str], **k
         if runtime == "ray" and address is None and callable(getattr(ray, "is_initialized", None)):
             try:
                 if ray.is_initialized():
-                    ray.shutdown()
+                    from rack.runtime.ray_runtime import end_local_ray
+
+                    if end_local_ray():
+                        # a Ray daemon died: its processes are killed; Ray's atexit
+                        # shutdown would wait on the dead one, so leave now
+                        sys.stdout.flush()
+                        sys.stderr.flush()
+                        os._exit(1)
             except (ImportError, AttributeError):     # that half-made module
                 pass

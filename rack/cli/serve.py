@@ -84,15 +84,19 @@ def serve(
     typer.echo(f"serving model {names[0]}" + (f" (also as {', '.join(names[1:])})" if names[1:] else "")
                + f" at {url}/v1 (OpenAI API); metrics at {url}/metrics; Ctrl-C to stop", err=True)
     typer.echo(_tokenizer_line(server.tokenizer, tokenizer), err=True)
-    pending = _serve_until_interrupted(server, drain, pacing_report)
+    signals = _Signals()
     try:
-        output = server.stop(drain, pending=pending)
-    except Exception as exc:  # noqa: BLE001
-        report_failure(folder, exc, what="serve", keep_partial=False)
+        pending = _serve_until_interrupted(server, drain, pacing_report, signals)
+        try:
+            output = server.stop(drain, pending=pending, hurry=signals.hurry)
+        except Exception as exc:  # noqa: BLE001
+            report_failure(folder, exc, what="serve", keep_partial=False)
+        finally:
+            _shutdown_ray(address)
+        write_results(folder, output.results, output.columns)
+        _write_front_rows(folder / "front.csv", server.front_rows)
     finally:
-        _shutdown_ray(address)
-    write_results(folder, output.results, output.columns)
-    _write_front_rows(folder / "front.csv", server.front_rows)
+        signals.restore()
     typer.echo(summary_text(output.results))
     s = output.results["serve"]
     late = s["pacing_lateness_s"]
@@ -131,23 +135,38 @@ def _tokenizer_line(tok, given: Optional[str]) -> str:
             "the folder above, offline: GuideLLM, AIPerf and inference-perf need no tokenizer flag (docs/serve.md)")
 
 
-def _serve_until_interrupted(server, drain_s: float, report_s: float = 0.0):
-    """Wait for Ctrl-C (SIGINT) or SIGTERM, watching for a failed component and printing
-    the pacing lateness every `report_s` wall seconds (0: never); then ask the front to
-    drain. Returns the stop request's reference."""
+class _Signals:
+    """SIGINT and SIGTERM while `rack serve` runs and stops (installed over Ray's SIGTERM
+    handler, which exited at once with nothing written, and over a SIGINT ignored by a
+    background job's shell): the first raises KeyboardInterrupt (stop serving, drain);
+    later ones are counted, and the drain looks (`hurry`): the requests in flight end
+    at once, and the results are still gathered and written. `restore()` puts the
+    previous handlers back once everything is written."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._old = {s: signal.signal(s, self._on) for s in (signal.SIGINT, signal.SIGTERM)}
+
+    def _on(self, signum, frame) -> None:  # noqa: ARG002 - the signal module's signature
+        self.count += 1
+        if self.count == 1:
+            raise KeyboardInterrupt
+
+    def hurry(self) -> bool:
+        return self.count >= 2
+
+    def restore(self) -> None:
+        for s, h in self._old.items():
+            signal.signal(s, h)
+
+
+def _serve_until_interrupted(server, drain_s: float, report_s: float = 0.0, signals: "_Signals | None" = None):
+    """Wait for Ctrl-C (SIGINT) or SIGTERM (`signals`), watching for a failed component
+    and printing the pacing lateness every `report_s` wall seconds (0: never); then ask
+    the front to drain. Returns the stop request's reference."""
     from rack.serve.pacing import lateness_line
 
-    stop = {"signal": None}
-
-    def on_term(signum, frame):
-        stop["signal"] = signum
-        raise KeyboardInterrupt
-
-    old = signal.signal(signal.SIGTERM, on_term)
-    # Ctrl-C raises KeyboardInterrupt also when the shell started us with SIGINT
-    # ignored (a background job of a non-interactive shell); it stays so for `stop`,
-    # where a second one ends the requests in flight at once.
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signals = signals or _Signals()
     next_check = time.time() + 2.0
     next_report = time.time() + report_s if report_s > 0 else math.inf
     try:
@@ -166,8 +185,6 @@ def _serve_until_interrupted(server, drain_s: float, report_s: float = 0.0):
                 next_check = time.time() + 2.0
     except KeyboardInterrupt:
         pass
-    finally:
-        signal.signal(signal.SIGTERM, old)
     typer.echo(f"stopping: {drain_s:g} s for the requests in flight, then they end as failed "
                "(Ctrl-C again: now)", err=True)
     return server.request_stop(drain_s)

@@ -8,10 +8,12 @@ from typing import Optional
 
 import typer
 
+from rack.cli._checks import stops_on_signal
 from rack.cli.app import app
 
 
 @app.command()
+@stops_on_signal
 def study(
     quick: bool = typer.Option(False, "--quick", help="smoke test: every experiment on tiny inputs (seconds, not the study)"),
     out: Path = typer.Option(Path("docs/findings.md"), "--out", help="the findings page to write"),

@@ -5,15 +5,16 @@ concurrency ladders (rack.experiments.interactivity)."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import replace as dc_replace
 from pathlib import Path
-from typing import List, Optional
+from typing import Iterator, List, Optional
 
 import typer
 
 from rack.cli.app import app, command_group
-from rack.cli._checks import check_positive, out_path, prepare_out_dir
+from rack.cli._checks import check_positive, interruptible, out_path, prepare_out_dir
 from rack.cli.load import LoadOptions, load_options
 from rack.cli._routing import POLICY_OPTION, WEIGHT_OPTION, with_routing
 from rack.cli.run import DEFAULT_TRACE, fail
@@ -82,6 +83,31 @@ def _print_table(title: str, heads: list[str], rows: list[list[str]], min_width:
     for r in rows:
         t.add_row(*r)
     Console(width=max(min_width, Console().width)).print(t)
+
+
+@contextlib.contextmanager
+def _stoppable(out: Path) -> Iterator:
+    """SIGINT/SIGTERM during a sweep (`rack.runtime.interrupt`): the first stops it
+    (the points in flight are terminated, none more starts) and the points that
+    finished are written and summarised as for a whole sweep, with the rest marked
+    "interrupted"; then one line and exit code 128 + the signal's number. A second
+    signal does not cut that write short (the first already stopped every run); a
+    third exits on the spot."""
+    from rack.runtime.interrupt import exit_code
+    from rack.runtime.parallel import RunsStopped
+
+    with interruptible() as stop, stop.replaying():
+        stop.absorb_second = True       # the first already stops at once: let the write finish
+        try:
+            yield stop
+        except RunsStopped as exc:      # a map that cannot keep a partial result (interactivity)
+            typer.echo(f"interrupted ({stop.signal_name}): stopped after {sum(exc.done)} of {len(exc.done)} "
+                       "points; this sweep writes nothing partial", err=True)
+            raise typer.Exit(exit_code(stop.signal_name)) from None
+    if stop.requested:
+        typer.echo(f"interrupted ({stop.signal_name}): the sweep stopped; the points that finished are in "
+                   f"{out}", err=True)
+        raise typer.Exit(exit_code(stop.signal_name))
 
 
 def _finish(result, out: Path, as_json: bool, no_plots: bool) -> None:
@@ -153,10 +179,12 @@ def sweep_rate(
             fail(f"{'--rates' if asked else '--rate-scales'}: {wl.describe()} arrives all at one instant, so it "
                  "has no arrival rate to " + ("set" if asked else "scale") + "; give --request-rate R")
     prepare_out_dir("--out", out)
-    result = capacity_sweep(scs, wl, [r / base for r in asked] if asked else scales, target=target, base_rate=base,
-                            workers=workers, address=address, progress=not as_json, absolute=asked is not None,
-                            search=search, early_stop=(search == "bisect") if early_stop is None else early_stop)
-    _finish(result, out, as_json, no_plots)
+    with _stoppable(out):
+        result = capacity_sweep(scs, wl, [r / base for r in asked] if asked else scales, target=target,
+                                base_rate=base, workers=workers, address=address, progress=not as_json,
+                                absolute=asked is not None, search=search,
+                                early_stop=(search == "bisect") if early_stop is None else early_stop)
+        _finish(result, out, as_json, no_plots)
 
 
 @sweep_app.command("bandwidth")
@@ -195,9 +223,10 @@ def sweep_bandwidth(
     check_positive("--rate", rate)
     wl = _workload(trace, window, max_requests, prompt_tokens, output_tokens, rate, n, seed, load)
     prepare_out_dir("--out", out)
-    result = bandwidth_sweep(sp, cos, wl, _floats(bandwidths, "--bandwidths"), link=link, metric=metric,
-                             workers=workers, address=address, progress=not as_json)
-    _finish(result, out, as_json, no_plots)
+    with _stoppable(out):
+        result = bandwidth_sweep(sp, cos, wl, _floats(bandwidths, "--bandwidths"), link=link, metric=metric,
+                                 workers=workers, address=address, progress=not as_json)
+        _finish(result, out, as_json, no_plots)
 
 
 @sweep_app.command("prompt")
@@ -220,9 +249,10 @@ def sweep_prompt(
     Ls = [int(x) for x in _floats(lengths, "--lengths")]
     check_positive("--rate", rate)
     prepare_out_dir("--out", out)
-    result = prompt_sweep(scs, Ls, rate_per_s=rate, output_tokens=output_tokens, n=n, seed=seed,
-                          workers=workers, address=address, progress=not as_json)
-    _finish(result, out, as_json, no_plots)
+    with _stoppable(out):
+        result = prompt_sweep(scs, Ls, rate_per_s=rate, output_tokens=output_tokens, n=n, seed=seed,
+                              workers=workers, address=address, progress=not as_json)
+        _finish(result, out, as_json, no_plots)
 
 
 #: `rack sweep interactivity`'s deployments: the wafer alone, the 16- and 72-GPU splits,
@@ -286,9 +316,10 @@ def sweep_interactivity(
     except (TraceError, ValueError) as exc:
         fail(str(exc))
     prepare_out_dir("--out", out)
-    curves = interactivity_sweep(scs, plan, [int(c) for c in ladder], per_slot=per_slot,
-                                 think_time_s=load.think_time, workers=workers,
-                                 address=address, progress=not as_json)
+    with _stoppable(out):
+        curves = interactivity_sweep(scs, plan, [int(c) for c in ladder], per_slot=per_slot,
+                                     think_time_s=load.think_time, workers=workers,
+                                     address=address, progress=not as_json)
     paths = write_interactivity(curves, out, pairs=pairs, plots=not no_plots, metric=metric, tolerance=tolerance)
     if as_json:
         typer.echo(paths["json"].read_text())

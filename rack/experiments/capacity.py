@@ -33,7 +33,7 @@ import math
 from typing import Optional, Sequence
 
 from rack.experiments.sweep import (DEFAULT_ATTAINMENT_TARGET, SweepResult, Task, Workload, rate_summary,
-                                 run_task)
+                                 not_run, run_task)
 from rack.wiring.scenario import Scenario
 
 #: Largest rise of SLO attainment with rate still taken as noise (a share of the
@@ -127,6 +127,8 @@ def capacity_sweep(scenarios: Sequence[Scenario], workload: Workload, rate_scale
     from rich.progress import MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from rack.runtime import run_pool
+    from rack.runtime.interrupt import current_stop
+    from rack.runtime.parallel import RunsStopped
 
     if search not in SEARCHES:
         raise ValueError(f"search: expected one of {', '.join(SEARCHES)}, got {search!r}")
@@ -156,7 +158,19 @@ def capacity_sweep(scenarios: Sequence[Scenario], workload: Workload, rate_scale
                     launch(s, i)
             done = 0
             while inflight:
-                ticket, res = pool.next_done()
+                try:
+                    ticket, res = pool.next_done()
+                except (RunsStopped, KeyboardInterrupt) as exc:
+                    # a signal (rack.runtime.interrupt): keep the rungs that finished, mark
+                    # the ones in flight, start no more
+                    pool.cancel()
+                    if isinstance(exc, KeyboardInterrupt) and current_stop() is None:
+                        raise
+                    for s, i in inflight.values():
+                        s.points[i] = not_run({"scenario": s.scenario.name, "rate_scale": s.rungs[i],
+                                               "rate_per_s": s.rungs[i] * base_rate if base_rate else None})
+                    inflight.clear()
+                    break
                 s, i = inflight.pop(ticket)
                 if isinstance(res, BaseException):
                     res = {"scenario": s.scenario.name, "rate_scale": s.rungs[i],

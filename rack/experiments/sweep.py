@@ -36,6 +36,8 @@ from dataclasses import asdict, dataclass, field
 from dataclasses import replace as dc_replace
 from typing import Any, Optional, Sequence
 
+from rack.runtime.interrupt import current_stop, stop_requested
+from rack.runtime.parallel import RunsStopped
 from rack.wiring.scenario import Scenario
 
 #: DistServe evaluates goodput at 90 % SLO attainment.
@@ -234,14 +236,40 @@ def run_tasks(tasks: Sequence[Task], *, workers: int = 2, address: Optional[str]
     from rack.runtime.parallel import map_virtual_runs
 
     pool = run_pool.current() if address is None else None
+    if stop_requested():            # a signal came: nothing more is started
+        return [not_run(t.labels) for t in tasks]
     bar = Progress(TextColumn(description), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                    console=Console(stderr=True), transient=True, disable=not progress)
-    with bar:
-        tid = bar.add_task(description, total=len(tasks))
-        if pool is not None:        # a study's pool, open across its sweeps (local or Ray)
-            return pool.map(run_task, list(tasks), on_done=lambda done, total: bar.update(tid, completed=done))
-        return map_virtual_runs(run_task, list(tasks), address=address, max_workers=max(1, workers),
-                                progress=lambda done, total: bar.update(tid, completed=done))
+    try:
+        with bar:
+            tid = bar.add_task(description, total=len(tasks))
+            if pool is not None:        # a study's pool, open across its sweeps (local or Ray)
+                return pool.map(run_task, list(tasks), on_done=lambda done, total: bar.update(tid, completed=done))
+            return map_virtual_runs(run_task, list(tasks), address=address, max_workers=max(1, workers),
+                                    progress=lambda done, total: bar.update(tid, completed=done))
+    except RunsStopped as exc:      # keep the points that finished
+        return [r if ok else not_run(t.labels) for t, r, ok in zip(tasks, exc.results, exc.done)]
+
+
+def not_run(labels: dict) -> dict:
+    """A point a signal kept from finishing (`rack.runtime.interrupt`): its `labels`,
+    "error" saying so, and "interrupted": True (the summary counts them apart)."""
+    stop = current_stop()
+    name = stop.signal_name if stop is not None and stop.signal_name else "a stop request"
+    return {**labels, "error": f"not run: interrupted ({name})", "interrupted": True}
+
+
+def interrupted_line(result: "SweepResult") -> str | None:
+    """"interrupted (SIGINT): 7 of 12 points finished; ..." when a signal cut the
+    sweep short, else None."""
+    cut = [p for p in result.points if p.get("interrupted")]
+    if not cut:
+        return None
+    stop = current_stop()
+    name = stop.signal_name if stop is not None and stop.signal_name else "stop request"
+    n = len(result.points)
+    return (f"interrupted ({name}): {n - len(cut)} of {n} points finished; the {len(cut)} others were not run "
+            "(marked \"interrupted\" in sweep.json)")
 
 
 @dataclass
@@ -533,9 +561,12 @@ def summary_lines(result: SweepResult) -> list[str]:
                     key=lambda p: (p["scenario"], p.get(result.param) or 0)):
         out.append(f"point {p['scenario']} {result.param}={p.get(result.param):g} stopped early: "
                    f"{p['stopped_early']['reason']} (its other figures cover only the run until then)")
-    errors = [p for p in result.points if "error" in p]
+    errors = [p for p in result.points if "error" in p and not p.get("interrupted")]
     for p in errors:
         out.append(f"point {p.get('scenario')} {result.param}={p.get(result.param)} failed: {p['error']}")
+    cut = interrupted_line(result)
+    if cut:
+        out.append(cut)
     return out
 
 

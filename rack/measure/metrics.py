@@ -14,7 +14,8 @@ Definitions (pinned by tests, stated in docs/run.md):
 - Goodput = completed requests meeting both SLO targets (TTFT <= ttft_ms and TPOT <=
   tpot_ms; a one-token request has no TPOT and meets that target) per second, measured
   at steady state: over the requests that arrived in the steady-state window (the
-  arrival span less its first and last `STEADY_TRIM`, the warm-up and the drain),
+  arrival span less its first and last `STEADY_TRIM`, the warm-up and the drain; a
+  half-open interval [start, end), so a steady rate r gives r, not r + 1 / length),
   divided by the window's length; the offered rate is measured the same way, so a
   rack that meets the SLO for every request has goodput = offered rate. (Dividing by
   first arrival to last completion instead lets the drain of a time-compressed trace
@@ -98,12 +99,25 @@ def per_request(snapshot: dict, requests: Sequence[Any]) -> dict[str, np.ndarray
     e2e = np.where(completed, times[:, col["completion"]] - arrival, np.nan)
     with np.errstate(invalid="ignore", divide="ignore"):
         tpot = np.where(completed & (output >= 2), (e2e - ttft) / (output - 1), np.nan)
+    # after a preemption: the KV tokens recomputed (prompt + tokens generated before it)
+    # and the last re-admission (t_decode_admit stays the first admission)
+    recomputed = np.zeros(len(ids), np.int64)
+    readmit = np.full(len(ids), np.nan)
+    extra = (snapshot.get("recomputed_tokens") or {}, snapshot.get("readmitted_s") or {})
+    if extra[0] or extra[1]:
+        at = {int(i): k for k, i in enumerate(ids.tolist())}
+        for rid, n in extra[0].items():
+            recomputed[at[int(rid)]] = n
+        for rid, t in extra[1].items():
+            readmit[at[int(rid)]] = t
     cols = {"id": ids, "prompt_tokens": prompt, "output_tokens": output,
             "requested_output_tokens": requested, "outcome": outcome,
             "reason": _reasons(ids, snapshot["reason"]),
-            "preemptions": snapshot["preemptions"], "ttft_s": ttft, "tpot_s": tpot, "e2e_s": e2e}
+            "preemptions": snapshot["preemptions"], "recomputed_tokens": recomputed,
+            "ttft_s": ttft, "tpot_s": tpot, "e2e_s": e2e}
     for name, i in col.items():
         cols[f"t_{name}"] = times[:, i]
+    cols["t_decode_readmit"] = readmit
     # when each request ended in the rack, whatever its outcome (s)
     cols["t_end"] = np.asarray(snapshot.get("end_s", np.full(len(ids), np.nan)), dtype=np.float64)
     return cols
@@ -159,7 +173,7 @@ def steady_window(arrivals: np.ndarray) -> tuple[float, float] | None:
         return None
     lo, hi = float(a.min()), float(a.max())
     start, end = lo + STEADY_TRIM * (hi - lo), hi - STEADY_TRIM * (hi - lo)
-    inside = int(np.count_nonzero((a >= start) & (a <= end)))
+    inside = int(np.count_nonzero((a >= start) & (a < end)))
     if end <= start or inside < STEADY_MIN_REQUESTS:
         return None
     return start, end
@@ -184,7 +198,9 @@ def goodput_section(arrivals: np.ndarray, meets: np.ndarray, duration_s: float,
     win = steady_window(arrivals)
     why = None if win is not None else "too_few_arrivals"
     if win is not None:
-        inside = (arrivals >= win[0]) & (arrivals <= win[1])
+        # half-open [start, end): n arrivals at a steady rate r span n / r seconds, so a
+        # closed interval would count one arrival too many (17 in a 16 s window at 1/s)
+        inside = (arrivals >= win[0]) & (arrivals < win[1])
         length, basis = win[1] - win[0], "steady_state"
         if ends is not None:
             ended = inside & ~np.isnan(ends)
@@ -251,6 +267,8 @@ def compute(snapshot: dict, requests: Sequence[Any], slo_ttft_s: float, slo_tpot
             "rejected_by_reason": dict(reasons["rejected"]),
             "failed_by_reason": dict(reasons["failed"]),
             "preemptions": int(np.sum(cols["preemptions"])),
+            # KV tokens decode engines recomputed after preemptions (per request in requests.csv)
+            "recomputed_tokens": int(np.sum(cols["recomputed_tokens"])),
             # output capped at the context limit (context_overflow = "truncate")
             "truncated": int(np.sum(cols["output_tokens"] != cols["requested_output_tokens"])),
         },

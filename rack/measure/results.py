@@ -10,8 +10,10 @@ type, message, components_without_stats; docs/robustness.md), `interrupted`
 `throughput`, `goodput`, `kv_transfer`, `memory`, `utilization`, `emulation`,
 `provenance`, `energy`, `cost`, `breakdown` (see rack.measure.energy and rack.measure.breakdown).
 `requests.csv` has one row per request: id, prompt/output tokens,
-outcome, reason, preemptions, ttft_s, tpot_s, e2e_s, meets_slo and every lifecycle
-time (t_arrival ... t_completion, emulated seconds; empty when it did not happen).
+outcome, reason, preemptions, recomputed_tokens (KV tokens recomputed after
+preemptions), ttft_s, tpot_s, e2e_s, meets_slo and every lifecycle time (t_arrival ...
+t_completion, emulated seconds; empty when it did not happen; t_decode_admit is the first
+admission to a decode batch, t_decode_readmit the last re-admission after a preemption).
 """
 
 from __future__ import annotations

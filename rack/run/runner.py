@@ -26,6 +26,7 @@ from rack.measure.breakdown import apply_fixed_stages, stage_breakdown
 from rack.measure.energy import cost_section, energy_section
 from rack.measure.faults import faults_section, with_work_before_crashes
 from rack.runtime.interrupt import RunStopped, StopRequest
+from rack.runtime.quiescence import hold_violations
 from rack.serving.records import DiskRecordSet, assemble as assemble_records
 from rack.wiring.scenario import Scenario
 from rack.wiring.topology import ComponentSpec, build_topology
@@ -375,7 +376,10 @@ def assemble(scenario: Scenario, specs: Sequence[ComponentSpec], requests: Seque
             "time_resolution_s": math.ulp(end),
             "lateness_s": late,
             "lateness_by_actor": {k: metrics.summarize(np.asarray(v)) for k, v in raw["lateness"].items()},
-            "violations": raw["snapshot"]["violations"],
+            # work a component held for a request that had ended (released at once so
+            # the run could end; rack.runtime.quiescence): each core is a violation
+            "violations": list(raw["snapshot"]["violations"]) + hold_violations(raw.get("held_after_end") or {}),
+            "held_after_end": raw.get("held_after_end") or {},
             # events for requests whose records had already been written out (ended a
             # chunk earlier; rack.serving.collector): counted, not recorded
             "late_events": raw["snapshot"].get("late_events", {}),

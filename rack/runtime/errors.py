@@ -137,6 +137,27 @@ class RayRunError(RuntimeError):
     did not finish in time."""
 
 
+class RayDaemonLost(RayRunError):
+    """A daemon of the local Ray this process started (its GCS server or its raylet)
+    died during a run: Ray cannot go on (actors lose their node or their directory, and
+    Ray itself ends the driver about a minute later). Raised by the Ray driver's watch
+    within a poll of the death (`rack.runtime.ray_watch`), naming the daemon and its
+    process; `partial` holds what could be saved (the actors' records if they still
+    answer, else the collector's last checkpoint), `details()` results.json's `error`."""
+
+    def __init__(self, daemon: str, pid: int, t_s: float | None, log_dir: str | None = None) -> None:
+        what = {"gcs_server": "GCS server", "raylet": "raylet"}.get(daemon, daemon)
+        super().__init__(f"the Ray {what} of this run (pid {pid}) died"
+                         + (f" at about t={t_s:.3f} s of emulated time" if t_s is not None else "")
+                         + ": Ray cannot go on without it" + (f" (Ray's logs: {log_dir})" if log_dir else ""))
+        self.daemon, self.pid, self.t_s, self.log_dir = daemon, pid, t_s, log_dir
+        self.partial: dict | None = None
+
+    def details(self) -> dict:
+        return {"component": f"ray:{self.daemon}", "t_s": self.t_s, "request_id": None,
+                "type": "RayDaemonLost", "message": str(self), "pid": self.pid, "ray_logs": self.log_dir}
+
+
 class RunFailed(RuntimeError):
     """One run of a map failed (`rack.runtime.parallel`): `index` of its item in the
     input, `cause` the exception it raised (for a Ray task, an instance of the original

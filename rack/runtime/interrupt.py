@@ -79,6 +79,8 @@ def exit_now(code: int) -> None:
 
 #: Handlers installed by the `handle_signals` blocks now open, innermost last.
 _ACTIVE: list[dict] = []
+#: Their StopRequests, in the same order (`current_stop`).
+_STOPS: list["StopRequest"] = []
 
 
 class StopRequest:
@@ -92,6 +94,10 @@ class StopRequest:
         self.signal_name: str | None = None
         self.count = 0
         self._replaying = 0
+        #: A second signal only counts (no KeyboardInterrupt) while True: for commands
+        #: whose first signal already stops at once and only writes what it holds (a
+        #: sweep), so the second cannot cut that write short; a third still exits.
+        self.absorb_second = False
         self._lock = threading.Lock()
         #: A KeyboardInterrupt of ours was swallowed by a finaliser: raise it again.
         self.redeliver = False
@@ -163,7 +169,7 @@ def handle_signals(stop: StopRequest | None = None,
             # straight to fd 2: the main thread may be inside a write to sys.stderr
             os.write(2, f"interrupted again ({name}): exited at once, no results written\n".encode())
             exit_now(exit_code(stop.signal_name))
-        if stop.count >= 2 or not stop.in_replay:
+        if (stop.count >= 2 and not stop.absorb_second) or not stop.in_replay:
             raise KeyboardInterrupt(name)
 
     previous_hook = sys.unraisablehook
@@ -183,13 +189,35 @@ def handle_signals(stop: StopRequest | None = None,
     sys.unraisablehook = unraisable
     installed = {s: handler for s in signals}
     _ACTIVE.append(installed)
+    _STOPS.append(stop)
     try:
         yield stop
     finally:
         _ACTIVE.remove(installed)
+        _STOPS.remove(stop)
         sys.unraisablehook = previous_hook
         for s, h in previous.items():
             signal.signal(s, h)
+
+
+def current_stop() -> StopRequest | None:
+    """The StopRequest of the innermost `handle_signals` block open in this process
+    (None outside one): what a map of many runs (`rack.runtime.parallel`, `run_pool`)
+    polls so that a sweep, a comparison or a study stops on a signal and keeps the runs
+    that finished."""
+    return _STOPS[-1] if _STOPS else None
+
+
+def stop_requested() -> bool:
+    """True once the `current_stop` was asked for."""
+    return bool(_STOPS) and _STOPS[-1].requested
+
+
+def ignore_sigint() -> None:
+    """Initializer of worker processes: a terminal's Ctrl-C reaches the whole process
+    group, but a worker's run is the parent's to stop (it terminates the workers and
+    keeps what finished), so the worker ignores SIGINT; SIGTERM still ends it."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def signals_claimed() -> bool:
@@ -220,5 +248,5 @@ def quiet_after_command(signals: tuple[int, ...] = (signal.SIGINT, signal.SIGTER
         signal.signal(s, lambda signum, frame: exit_now(128 + signum))
 
 
-__all__ = ["EXIT_INTERRUPTED", "EXIT_TERMINATED", "RunStopped", "StopRequest", "exit_code", "exit_now",
-           "handle_signals", "quiet_after_command", "reclaim_signals", "signals_claimed"]
+__all__ = ["EXIT_INTERRUPTED", "EXIT_TERMINATED", "RunStopped", "StopRequest", "current_stop", "exit_code",
+           "exit_now", "handle_signals", "ignore_sigint", "stop_requested", "quiet_after_command", "reclaim_signals", "signals_claimed"]

@@ -17,6 +17,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wai
 from typing import Callable, Sequence, TypeVar
 
 from .errors import RunFailed
+from .interrupt import current_stop, ignore_sigint, stop_requested
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -24,6 +25,22 @@ R = TypeVar("R")
 
 class MapTimeout(RuntimeError):
     """The runs did not all finish within the map's `timeout_s`."""
+
+
+class RunsStopped(KeyboardInterrupt):
+    """A signal stopped a map of runs (`rack.runtime.interrupt.current_stop`): the runs
+    in flight were terminated, none more was started. `results`: the list in input
+    order, None where a run did not finish; `done`: which finished. A KeyboardInterrupt,
+    so a caller that does not keep partial results stops as on Ctrl-C (and no `except
+    Exception` takes it for a failed run)."""
+
+    def __init__(self, results: list, done: list[bool]) -> None:
+        super().__init__(f"stopped after {sum(done)} of {len(done)} run(s)")
+        self.results, self.done = results, done
+
+
+#: Seconds between two looks at the stop request while runs are in flight.
+STOP_POLL_S = 0.2
 
 
 def _progress_callback(progress: bool | Callable[[int, int], None], total: int):
@@ -90,6 +107,8 @@ def _map_serial(fn, items, on_done, timeout_s, return_exceptions) -> list:
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     out = []
     for i, item in enumerate(items):
+        if stop_requested():
+            raise RunsStopped(out + [None] * (len(items) - i), [True] * i + [False] * (len(items) - i))
         if deadline is not None and time.monotonic() > deadline:
             raise MapTimeout(f"{len(items) - i} of {len(items)} run(s) not finished within {timeout_s:.0f} s")
         try:
@@ -107,17 +126,27 @@ def _map_processes(fn, items, workers, on_done, timeout_s, return_exceptions) ->
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     results: list = [None] * len(items)
     # spawn: a forked child would inherit this process's threads (Ray's, rich's) mid-state.
-    pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
+                               initializer=ignore_sigint)
     finished = False
+    got = [False] * len(items)
     try:
         futures: dict[Future, int] = {pool.submit(fn, item): i for i, item in enumerate(items)}
         pending = set(futures)
         done_n = 0
         while pending:
+            if stop_requested():
+                raise RunsStopped(results, got)
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 raise MapTimeout(f"{len(pending)} of {len(items)} run(s) not finished within {timeout_s:.0f} s")
-            done, pending = wait(pending, timeout=left, return_when=FIRST_COMPLETED)
+            try:
+                done, pending = wait(pending, timeout=STOP_POLL_S if left is None else min(left, STOP_POLL_S),
+                                     return_when=FIRST_COMPLETED)
+            except KeyboardInterrupt:       # a second signal: stop at once, keep what finished
+                if current_stop() is None:  # no command's handlers: Python's own Ctrl-C
+                    raise
+                raise RunsStopped(results, got) from None
             for fut in done:
                 i = futures[fut]
                 exc = fut.exception()
@@ -127,6 +156,7 @@ def _map_processes(fn, items, workers, on_done, timeout_s, return_exceptions) ->
                     results[i] = exc
                 else:
                     results[i] = fut.result()
+                got[i] = True
                 done_n += 1
             if done and on_done is not None:
                 on_done(done_n, len(items))

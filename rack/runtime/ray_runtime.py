@@ -42,10 +42,11 @@ from typing import Any, Callable, Sequence
 
 from rack.wiring.topology import ComponentSpec
 
-from .errors import ActorLost, ComponentError, RayRunError, RunFailed
+from .errors import ActorLost, ComponentError, RayDaemonLost, RayRunError, RunFailed
 from .interrupt import RunStopped, StopRequest, reclaim_signals, signals_claimed
 from rack.wiring.pace import LIVENESS_FLOOR_S, dilation_error, replay_error, replay_timeout_s
 from .placement import load_factory
+from .quiescence import ended_holds
 from .ray_host import CoreHost, ray_api
 from .ray_watch import ActorWatch
 
@@ -80,6 +81,62 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None) -> bool:
         init_ray(address="local", num_cpus=num_cpus or max(2, os.cpu_count() or 2), include_dashboard=False,
                  log_to_driver=False, logging_level="ERROR", object_store_memory=512 * 1024 * 1024,
                  _temp_dir=os.environ.get("RACK_RAY_TMP", "/tmp/rack-ray"))
+    _messages_to_file(ray)
+    return True
+
+
+#: Where the Ray driver's messages go (in the session's log folder), not the terminal.
+DRIVER_MESSAGES = "driver_messages.log"
+
+
+def _messages_to_file(ray) -> None:
+    """Send the messages Ray's driver prints from its daemons (e.g. "Raylet is
+    terminated" with the last 20 lines of the raylet's log, on stdout) to
+    `DRIVER_MESSAGES` in the session's log folder instead: a user's terminal gets
+    rack's one-line cause, which names that folder (`RayDaemonLost`). Ray prints them
+    through `ray._private.worker.print_to_stdstream` from its error-listener thread."""
+    worker = getattr(getattr(ray, "_private", None), "worker", None)
+    node = getattr(worker, "_global_node", None)
+    if worker is None or node is None or not callable(getattr(worker, "print_to_stdstream", None)):
+        return
+    try:
+        path = os.path.join(node.get_logs_dir_path(), DRIVER_MESSAGES)
+    except Exception:  # noqa: BLE001 - Ray's private API: keep Ray's own printing
+        return
+
+    def to_file(data, ignore_prefix: bool = False) -> None:  # noqa: ARG001 - Ray's signature
+        with contextlib.suppress(OSError), open(path, "a", encoding="utf-8") as f:
+            f.write(f"[{data.get('pid', '')}] " + "\n".join(str(x) for x in data.get("lines", ())) + "\n")
+
+    worker.print_to_stdstream = to_file
+
+
+def end_local_ray() -> bool:
+    """Shut down the Ray this process started (`ensure_ray`). When one of its daemons
+    died (`rack.runtime.ray_watch.lost_daemon`), Ray's own shutdown would wait on it, so
+    every process of its session is killed by PID instead: this process's children and
+    every process whose command line names the session's folder (the agents a killed
+    raylet leaves behind, orphaned). Returns True when it had to kill them (the caller
+    then ends the process with `os._exit`: Ray's atexit clean-up would hang too)."""
+    ray = ray_api()
+    from .ray_watch import lost_daemon
+
+    if lost_daemon() is None:
+        ray.shutdown()
+        return False
+    import psutil
+
+    node = ray._private.worker._global_node
+    session = node.get_session_dir_path()
+    me = os.getpid()
+    victims = {c.pid: c for c in psutil.Process(me).children(recursive=True)}
+    for p in psutil.process_iter(["pid", "cmdline"]):
+        if p.pid != me and any(session in arg for arg in (p.info["cmdline"] or ())):
+            victims.setdefault(p.pid, p)
+    for p in victims.values():
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    psutil.wait_procs(list(victims.values()), timeout=5)
     return True
 
 
@@ -299,6 +356,7 @@ def run_topology_ray(specs: Sequence[ComponentSpec], requests: Sequence[Any], *,
     topo = launch_topology(specs, dilation=dilation, address=address, startup_timeout_s=startup_timeout_s,
                            placement_timeout_s=placement_timeout_s)
     actors = topo.actors
+    daemon_lost = False
     try:
         limit = timeout_s if timeout_s is not None else replay_timeout_s(span, dilation)
         deadline = time.time() + limit
@@ -310,26 +368,50 @@ def run_topology_ray(specs: Sequence[ComponentSpec], requests: Sequence[Any], *,
             try:
                 _wait_with_progress(ray, watch, len(requests), deadline, progress, stop)
                 replay_wall = time.time() - topo.epoch
-                _wait_idle(ray, watch, specs, deadline, stop)
-                return collect_records(topo, replay_wall)
+                released = _wait_idle(ray, watch, specs, deadline, stop)
+                return {**collect_records(topo, replay_wall), "held_after_end": released}
+            except RayDaemonLost as err:
+                # Ray is going down: what the actors still say within seconds, else the
+                # collector's last checkpoint; nothing is removed (no daemon to ask)
+                daemon_lost = True
+                err.partial = _partial(ray, actors, topo.engine_names, topo.epoch, dilation, timeout_s=3.0) \
+                    or watch.checkpoint
+                raise
             except ActorLost as err:
                 # the others stop where they are (one instant's records); the lost one is not asked
                 _halt(ray, {n: a for n, a in actors.items() if n != err.component})
-                err.partial = _partial(ray, actors, topo.engine_names, topo.epoch, dilation, lost=err.component)
+                # the collector's death takes its records with it: its last checkpoint then
+                err.partial = _partial(ray, actors, topo.engine_names, topo.epoch, dilation,
+                                       lost=err.component) or watch.checkpoint
                 raise
             except ComponentError as err:
                 err.partial = _partial(ray, actors, topo.engine_names, topo.epoch, dilation)
                 raise
-            except _Stopped:
+            except RayRunError as err:
+                # the deadline passed: what finished is kept as for any aborted run
                 t_halt = _halt(ray, actors)
-                partial = _partial(ray, actors, topo.engine_names, topo.epoch, dilation)
+                err.partial = _partial(ray, actors, topo.engine_names, topo.epoch, dilation) or watch.checkpoint
+                if err.partial is not None and t_halt is not None:
+                    err.partial["now"] = t_halt
+                raise
+            except _Stopped:
+                t_halt = None
+                try:
+                    t_halt = _halt(ray, actors)
+                    partial = _partial(ray, actors, topo.engine_names, topo.epoch, dilation)
+                except KeyboardInterrupt:
+                    # a second signal: stop gathering at once, but write what is held
+                    # (the collector's last checkpoint) rather than nothing
+                    partial = watch.checkpoint
                 if partial is not None and t_halt is not None:
                     partial["now"] = t_halt
-                raise RunStopped(stop.signal_name, t_halt, partial) from None
+                raise RunStopped(stop.signal_name, t_halt if t_halt is not None else
+                                 (partial or {}).get("now"), partial) from None
     except ray.exceptions.GetTimeoutError as exc:
         raise RayRunError(f"Ray run timed out: {exc}") from None
     finally:
-        remove_topology(topo)
+        if not daemon_lost:
+            remove_topology(topo)
 
 
 @dataclass
@@ -490,10 +572,13 @@ def _halt(ray, actors: dict[str, Any]) -> float | None:
 
 
 def _wait_idle(ray, watch: ActorWatch, specs: Sequence[ComponentSpec], deadline: float,
-               stop: StopRequest | None = None) -> None:
+               stop: StopRequest | None = None) -> dict[str, list[int]]:
     """Wait until every core says it is idle (every request has ended: the engines
-    finish their bookkeeping, e.g. a last prefix-cache insert)."""
+    finish their bookkeeping, e.g. a last prefix-cache insert). Work a busy core holds
+    for a request that has ended is a phantom (`rack.runtime.quiescence`): it is
+    released at once instead of being waited for. Returns {core: request ids released}."""
     actors = watch.actors
+    released: dict[str, list[int]] = {}
     while True:
         _check_stop(stop)
         refs = [actors[s.name].query.remote("is_idle") for s in specs]
@@ -503,12 +588,33 @@ def _wait_idle(ray, watch: ActorWatch, specs: Sequence[ComponentSpec], deadline:
             watch.poll()            # names the actor that died or hangs (ActorLost)
             continue
         if all(idle):
-            return
+            return released
+        busy = [s.name for s, i in zip(specs, idle) if not i]
+        found = _ended_holds(ray, watch, busy)
+        for name, ids in found.items():
+            watch.call(name, actors[name].deliver.remote("release", (ids,)), 30)
+            released.setdefault(name, []).extend(i for i in ids if i not in released[name])
         watch.poll()
         if time.time() > deadline:
             busy = [s.name for s, i in zip(specs, idle) if not i]
             raise RayRunError(f"Ray run: every request ended, but {busy} did not become idle in time")
         time.sleep(0.05)
+
+
+def _ended_holds(ray, watch: ActorWatch, names: Sequence[str]) -> dict[str, list[int]]:
+    """`rack.runtime.quiescence.ended_holds` over the actors `names` (those without
+    per-request work, e.g. the router, are asked nothing)."""
+    actors = watch.actors
+    held = {}
+    for name in names:
+        try:
+            held[name] = ray.get(actors[name].query.remote("held_requests"), timeout=30)
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+            continue
+        except Exception:  # noqa: BLE001 - a core without the read (router, collector)
+            continue
+    collector = actors["collector"]
+    return ended_holds(held, lambda ids: watch.call("collector", collector.query.remote("ended_among", ids), 30))
 
 
 def _ray_section(specs, infos, nodes, reports, replay_wall, epoch, hosts, pools) -> dict:
@@ -548,14 +654,15 @@ def first_failure(ray, actors: dict[str, Any]) -> ComponentError | None:
 
 
 def _partial(ray, actors: dict[str, Any], engine_names: Sequence[str], epoch: float, dilation: float,
-             lost: str | None = None) -> dict | None:
-    """What the components measured until a failure (best effort, short timeouts): the
-    collector's records and every engine's stats that can still be read; `lost`: an
-    actor that is gone (not asked: a restarted one would answer as a fresh core)."""
+             lost: str | None = None, timeout_s: float = 30.0) -> dict | None:
+    """What the components measured until a failure (best effort, `timeout_s` per
+    call): the collector's records and every engine's stats that can still be read;
+    `lost`: an actor that is gone (not asked: a restarted one would answer as a fresh
+    core)."""
     if lost == "collector":
         return None
     try:
-        snapshot = ray.get(actors["collector"].query.remote("snapshot"), timeout=30)
+        snapshot = ray.get(actors["collector"].query.remote("snapshot"), timeout=timeout_s)
     except Exception:  # noqa: BLE001 - nothing to salvage
         return None
     stats, missing = {}, []
@@ -564,11 +671,17 @@ def _partial(ray, actors: dict[str, Any], engine_names: Sequence[str], epoch: fl
             missing.append(n)
             continue
         try:
-            stats[n] = ray.get(actors[n].query.remote("stats"), timeout=30)
+            stats[n] = ray.get(actors[n].query.remote("stats"), timeout=timeout_s)
         except Exception:  # noqa: BLE001 - e.g. the engine that failed
             missing.append(n)
     return {"snapshot": snapshot, "stats": stats, "stats_missing": missing, "router": {}, "lateness": {},
             "now": (time.time() - epoch) / dilation, "loop_type": "ray"}
+
+
+#: Wall seconds between two checkpoints of the collector's records while a Ray run
+#: waits (`_wait_with_progress`): what is written if Ray itself goes down (a lost GCS
+#: or raylet takes the actors with it), so at most this much of the run is lost.
+CHECKPOINT_S = 2.0
 
 
 def _wait_with_progress(ray, watch: ActorWatch, total: int, deadline: float, progress: bool,
@@ -586,11 +699,20 @@ def _wait_with_progress(ray, watch: ActorWatch, total: int, deadline: float, pro
                        TimeElapsedColumn(), transient=True)
         bar.start()
         task = bar.add_task("requests ended", total=total)
+    next_checkpoint = time.time() + CHECKPOINT_S
     try:
         while True:
             _check_stop(stop)
             if watch.call("collector", collector.query.remote("all_ended"), 60):
                 return
+            if time.time() >= next_checkpoint:
+                t0 = time.time()
+                watch.checkpoint = {"snapshot": watch.call("collector", collector.query.remote("snapshot"), 60),
+                                    "stats": {}, "stats_missing": list(watch.topo.engine_names), "router": {},
+                                    "lateness": {}, "loop_type": "ray",
+                                    "now": (t0 - watch.topo.epoch) / watch.topo.dilation}
+                # at most ~5% of the driver's time, however many rows the snapshot holds
+                next_checkpoint = time.time() + max(CHECKPOINT_S, 20 * (time.time() - t0))
             if time.time() > deadline:
                 watch.poll()
                 open_ids = watch.call("collector", collector.query.remote("open_requests"), 30)

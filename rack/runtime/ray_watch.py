@@ -35,7 +35,7 @@ import math
 import time
 from typing import Any
 
-from .errors import ActorLost, ComponentError
+from .errors import ActorLost, ComponentError, RayDaemonLost
 
 POLL_S = 1.0
 """Wall seconds between two polls of the actors while a run waits."""
@@ -44,6 +44,32 @@ PROBE_WAIT_S = 0.5
 RESTART_TIMEOUT_S = 120.0
 """Wall seconds a restarting actor may take to come back (a new process, its imports;
 seen at 2-3 s on a loaded 2-core host, docs/robustness.md)."""
+
+
+#: Ray daemons without which a run cannot go on (`lost_daemon`).
+DAEMONS = ("gcs_server", "raylet")
+
+
+def lost_daemon() -> tuple[str, int, str | None] | None:
+    """(kind, pid, Ray's log folder) of a daemon of the local Ray this process started
+    (`DAEMONS`) that has died, or None: none died, or Ray was not started here (a
+    cluster's daemons are not this process's to watch). Reads Ray's node object (the
+    processes it started, polled as children of this process)."""
+    import sys
+
+    worker = getattr(getattr(sys.modules.get("ray"), "_private", None), "worker", None)
+    node = getattr(worker, "_global_node", None)
+    if node is None:
+        return None
+    try:
+        dead = node.dead_processes()
+        logs = node.get_logs_dir_path()
+    except Exception:  # noqa: BLE001 - Ray's private API: no answer is no death seen
+        return None
+    for kind, proc in dead:
+        if kind in DAEMONS:
+            return kind, proc.pid, logs
+    return None
 
 
 class ActorWatch:
@@ -57,6 +83,9 @@ class ActorWatch:
     def __init__(self, ray: Any, topo: Any, liveness_s: float, injector: str | None = "faults") -> None:
         self.ray, self.topo, self.liveness_s = ray, topo, float(liveness_s)
         self.actors: dict[str, Any] = topo.actors
+        #: the collector's records at the last checkpoint (`ray_runtime._wait_with_progress`),
+        #: as a partial run's dict, or None
+        self.checkpoint: dict | None = None
         self.specs = {s.name: s for s in topo.specs}
         self.restartable = {n for n, s in self.specs.items() if s.weight_load_s is not None}
         self.injector = injector if injector in self.actors else None
@@ -77,7 +106,9 @@ class ActorWatch:
 
     def poll(self) -> None:
         """Probe every actor once and act on the answers (module docstring). Raises
-        `ActorLost` for a lost actor, else the earliest `ComponentError`."""
+        `RayDaemonLost` for a lost Ray daemon, `ActorLost` for a lost actor, else the
+        earliest `ComponentError`."""
+        self.daemon_check()
         now = time.time()
         for name, actor in self.actors.items():
             if name not in self.probes:
@@ -154,9 +185,20 @@ class ActorWatch:
             self.handed.append(dict(d))
             self.actors[self.injector].deliver.remote("instance_died", (name, d["pid_before"], d["t_s"]))
 
+    def daemon_check(self) -> None:
+        """Raise `RayDaemonLost` if a daemon of the local Ray this process started has
+        died (`lost_daemon`): checked at every poll and before any actor is reported
+        lost (a dead raylet takes its workers with it: the daemon is the cause)."""
+        lost = lost_daemon()
+        if lost is not None:
+            kind, pid, logs = lost
+            raise RayDaemonLost(kind, pid, (time.time() - self.topo.epoch) / self.topo.dilation, logs)
+
     def lost(self, name: str, cause: BaseException, how: str, detail: str, t_s: float | None = None) -> ActorLost:
         """The `ActorLost` error for actor `name` (with the open requests routed to it,
-        read from the router and the collector when they answer)."""
+        read from the router and the collector when they answer); `RayDaemonLost`
+        instead when a Ray daemon of this run died."""
+        self.daemon_check()
         info = self.topo.infos.get(name, {})
         now = (time.time() - self.topo.epoch) / self.topo.dilation
         spec = self.specs.get(name)

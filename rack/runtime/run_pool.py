@@ -25,6 +25,8 @@ import time
 from collections import deque
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from typing import Any, Callable, Iterator, Optional, Sequence
+from .interrupt import current_stop, ignore_sigint, stop_requested
+from .parallel import RunsStopped
 
 #: Longest a single wait for a finished run may block before it is retried (s); a Ray
 #: wait is bounded by it, so a stalled cluster never hangs the caller silently.
@@ -79,7 +81,8 @@ class RunPool:
             if self._executor is None:
                 # spawn: a forked child would inherit this process's threads (Ray's, rich's)
                 self._executor = ProcessPoolExecutor(max_workers=self.workers,
-                                                     mp_context=multiprocessing.get_context("spawn"))
+                                                     mp_context=multiprocessing.get_context("spawn"),
+                                                     initializer=ignore_sigint)
             self._futures[self._executor.submit(fn, item)] = ticket
         return ticket
 
@@ -100,6 +103,8 @@ class RunPool:
                 return ticket, exc
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
+            if stop_requested():
+                raise RunsStopped([], [])       # the caller knows what it had (`map`)
             left = WAIT_SLICE_S if deadline is None else min(WAIT_SLICE_S, deadline - time.monotonic())
             if left <= 0:
                 raise TimeoutError(f"RunPool: no run finished within {timeout_s:g} s ({self.pending} pending)")
@@ -126,19 +131,28 @@ class RunPool:
         its exception in its place)."""
         tickets = {self.submit(fn, item): i for i, item in enumerate(items)}
         out: list = [None] * len(tickets)
+        got = [False] * len(tickets)
         for done in range(1, len(tickets) + 1):
-            ticket, res = self.next_done()
+            try:
+                ticket, res = self.next_done()
+            except (RunsStopped, KeyboardInterrupt) as exc:
+                self.cancel()
+                if isinstance(exc, KeyboardInterrupt) and current_stop() is None:
+                    raise                   # no command's handlers: Python's own Ctrl-C
+                raise RunsStopped(out, got) from None
             out[tickets[ticket]] = res
+            got[tickets[ticket]] = True
             if on_done is not None:
                 on_done(done, len(tickets))
         return out
 
-    # ------------------------------------------------------------------ lifetime
-    def close(self) -> None:
-        """Stop the workers (runs still going are cancelled) and a Ray session this pool opened."""
+    def cancel(self) -> None:
+        """Stop the calls in flight (a signal: `rack.runtime.interrupt`): local workers
+        are terminated (the pool starts new ones on the next submit), Ray tasks
+        cancelled; calls not started are dropped."""
         self._serial.clear()
-        if self._executor is not None:
-            for proc in list((self._executor._processes or {}).values()) if self._futures else ():
+        if self._executor is not None and self._futures:
+            for proc in list((self._executor._processes or {}).values()):
                 proc.terminate()
             self._executor.shutdown(wait=True, cancel_futures=True)
             self._executor = None
@@ -148,6 +162,15 @@ class RunPool:
                 with contextlib.suppress(Exception):
                     self._ray.cancel(ref, force=True)
             self._refs.clear()
+
+    # ------------------------------------------------------------------ lifetime
+    def close(self) -> None:
+        """Stop the workers (runs still going are cancelled) and a Ray session this pool opened."""
+        self.cancel()
+        if self._executor is not None:
+            self._executor.shutdown(wait=True, cancel_futures=True)
+            self._executor = None
+        if self._ray is not None:
             if self._opened_ray:
                 self._ray.shutdown()
                 self._opened_ray = False

@@ -12,6 +12,7 @@ from rack.wiring.topology import ComponentSpec
 from .errors import ComponentError
 from .interrupt import RunStopped, StopRequest
 from .placement import construct
+from .quiescence import ended_holds
 from .virtual import VirtualDriver, VirtualTimeDeadlock
 
 #: Components whose stats a run reports.
@@ -87,7 +88,9 @@ def run_topology_virtual(specs: Sequence[ComponentSpec], requests: Sequence[Any]
                     continue
                 if spec.weight_load_s is not None:      # a crash target: how often it restarted
                     stats[spec.name]["restarts"] = driver.incarnation[spec.name]
+        held = {n: c.held_requests() for n, c in cores.items() if hasattr(c, "held_requests")}
         return {"snapshot": cores["collector"].snapshot(), "stats": stats, "stats_missing": missing,
+                "held_after_end": ended_holds(held, cores["collector"].ended_among),
                 "router": cores["router"].counts(), "lateness": {}, "now": driver.now,
                 "loop_type": f"{type(driver).__module__}.{type(driver).__name__} (no event loop)"}
 

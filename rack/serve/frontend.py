@@ -189,9 +189,7 @@ class LiveFront:
             lr = await self._until(rid, lambda lr: lr.ended)
             if lr.outcome != "completed":
                 err = oa.rejection_error(lr.reason or "failed", self.retry_after_s()) \
-                    if lr.reason in oa.REJECTION_STATUS else \
-                    oa.ApiError(500, f"the request failed in the emulated rack ({lr.reason})", None,
-                                "server_error", lr.reason)
+                    if lr.reason in oa.REJECTION_STATUS else oa.ended_error(lr.outcome, lr.reason)
                 resp.status = err.status
                 raise err
             n = lr.n_out
@@ -233,8 +231,7 @@ class LiveFront:
                     yield "data: [DONE]\n\n"
                     return
                 if lr.ended and lr.outcome != "completed":
-                    err = oa.ApiError(500, f"the request ended in the emulated rack: {lr.outcome} ({lr.reason})",
-                                      None, "server_error", lr.reason)
+                    err = oa.ended_error(lr.outcome, lr.reason)
                     resp.status = 200
                     yield _sse(err.body())
                     yield "data: [DONE]\n\n"

@@ -133,8 +133,9 @@ class Gateway(Core):
             lr = self.requests.get(rid)
             if lr is None or lr.record_times is not None:
                 continue
-            t = step_token_times(starts, ends, int(done[i]), int(rem[i]), tps)
             a = int(index0[i])
+            # a = 0: the run starts with the client's first token (`step_token_times`)
+            t = step_token_times(starts, ends, int(done[i]), int(rem[i]), tps, first_whole=a == 0)
             b = min(a + t.shape[0], lr.times.shape[0])
             if b > a:
                 lr.times[a:b] = t[: b - a]

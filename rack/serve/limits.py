@@ -86,8 +86,15 @@ def parse_json(body: bytes, max_depth: int = MAX_JSON_DEPTH) -> Any:
         raise RequestRefused(400, f"the request body nests {depth} levels deep (at most {max_depth} are "
                              "accepted)")
     try:
-        return json.loads(body)
-    except (ValueError, RecursionError) as exc:      # UnicodeDecodeError is a ValueError
+        # JSON exchanged between systems is UTF-8 (RFC 8259, 8.1); json.loads would
+        # take UTF-16 and UTF-32 bytes too, guessing the encoding
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise RequestRefused(400, f"the request body is not UTF-8 (byte 0x{body[exc.start]:02x} at offset "
+                             f"{exc.start}); JSON bodies must be UTF-8 (RFC 8259)") from None
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError) as exc:
         what = getattr(exc, "msg", None) or type(exc).__name__
         raise RequestRefused(400, f"the request body is not valid JSON ({what})") from None
 
@@ -242,7 +249,9 @@ def timed_h11(limits: HttpLimits) -> type:
             if what == "read" and self.flow.read_paused:      # the app is behind, not the client
                 self._rack_arm(self.read_timeout_s, what)
                 return
-            if self.conn.our_state is h11.IDLE and self.conn.their_state is h11.IDLE:
+            # no response begun (h11's SEND_RESPONSE: a request's head came, its body
+            # stalled, the handler still waits for it): the client hears why
+            if self.conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):
                 self.transport.write(b"HTTP/1.1 408 Request Timeout\r\ncontent-type: text/plain\r\n"
                                      b"content-length: 0\r\nconnection: close\r\n\r\n")
             log.info("rack serve: closed a connection from %s: no complete request %s within %g s",

@@ -113,9 +113,16 @@ class _Common(BaseModel):
     seed: Optional[int] = Field(default=None, ge=0, le=MAX_SEED)
     rack_block_hashes: Optional[list[Annotated[int, Field(ge=HASH_MIN, le=HASH_MAX)]]] = None
     rack_block_size: int = Field(default=512, ge=1, le=MAX_COUNT)
+    # Fields that change no timing, typed as OpenAI's API types them (any JSON value
+    # used to pass): an end-user id; token id (as a string key) -> bias in [-100, 100];
+    # the output's format, an object such as {"type": "json_object"}.
+    user: Optional[str] = None
+    logit_bias: Optional[dict[str, Annotated[float, Field(ge=-100.0, le=100.0)]]] = None
+    response_format: Optional[dict[str, Any]] = None
 
 
 class CompletionRequest(_Common):
+    suffix: Optional[str] = None      # text after the completion (OpenAI's legacy completions)
     prompt: Union[str, TokenIds, list[str], list[TokenIds], None] = None
     prompt_token_ids: Optional[TokenIds] = None
     echo: bool = False
@@ -124,6 +131,7 @@ class CompletionRequest(_Common):
 
 class ChatRequest(_Common):
     messages: list[dict[str, Any]] = Field(min_length=1)
+    tools: Optional[list[dict[str, Any]]] = None      # function definitions (objects)
     max_completion_tokens: Optional[int] = Field(default=None, ge=1, le=MAX_COUNT)
     logprobs: Optional[bool] = None
 
@@ -402,6 +410,17 @@ def rejection_error(reason: str, retry_after_s: float) -> ApiError:
     return ApiError(503, f"the request was not served ({reason})", None, "server_error", reason)
 
 
-__all__ = ["ApiError", "ChatRequest", "CompletionRequest", "Plan", "REJECTION_STATUS", "chunk",
+def ended_error(outcome: str, reason: str | None) -> ApiError:
+    """The HTTP error of a request that ended in the rack without completing: 503 (the
+    service is unavailable, retry elsewhere or later) when the server's shutdown ended
+    it ("server_shutdown": it was fine, the server went away), else 500."""
+    if reason == "server_shutdown":
+        return ApiError(503, "the server shut down before the request ended (server_shutdown); retry",
+                        None, "server_error", reason)
+    return ApiError(500, f"the request ended in the emulated rack: {outcome} ({reason})", None,
+                    "server_error", reason)
+
+
+__all__ = ["ApiError", "ChatRequest", "CompletionRequest", "Plan", "REJECTION_STATUS", "chunk", "ended_error",
            "full_response", "parse_request", "rejection_error", "response_id", "stop_length",
            "usage", "usage_chunk"]

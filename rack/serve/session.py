@@ -19,7 +19,7 @@ import math
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -129,18 +129,27 @@ class LiveServer:
         """Ask the front to drain and stop (returns the Ray reference; `stop` waits)."""
         return self.topo.actors[FRONT].stop_http.remote(float(drain_s))
 
-    def stop(self, drain_s: float = 30.0, pending: Any = None) -> RunOutput:
+    def stop(self, drain_s: float = 30.0, pending: Any = None,
+             hurry: Callable[[], bool] | None = None) -> RunOutput:
         """Drain (`drain_s` wall seconds for the requests in flight, then the rest end
         as failed "server_shutdown"), gather every record, remove the actors; the
         session's RunOutput (module docstring). `pending`: a `request_stop` reference
-        already made (e.g. by a signal handler)."""
+        already made (e.g. by a signal handler). `hurry`: polled while draining; once
+        True (a second signal), the requests in flight end at once (streams with an
+        error event and `[DONE]`, others 503), and the records are still gathered."""
         from rack.runtime.ray_runtime import collect_records, remove_topology
 
         ray = ray_api()
         try:
             ref = pending if pending is not None else self.request_stop(drain_s)
+            deadline = time.time() + drain_s + 120.0
             try:
-                ray.get(ref, timeout=drain_s + 120.0)
+                while not ray.wait([ref], timeout=0.2)[0]:
+                    if hurry is not None and hurry():
+                        raise KeyboardInterrupt
+                    if time.time() > deadline:
+                        raise ray.exceptions.GetTimeoutError(f"the front did not drain in {drain_s + 120:g} s")
+                ray.get(ref, timeout=60.0)
             except KeyboardInterrupt:            # asked again: end what is in flight now
                 ray.get(self.request_stop(0.0), timeout=120.0)
             front = ray.get(self.topo.actors[FRONT].front_records.remote(), timeout=60)

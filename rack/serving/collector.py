@@ -109,6 +109,10 @@ class Collector(Core):
         self.faults: dict[int, dict] = {}        # fault injector records, by fault index
         self.recoveries: list[dict] = []         # router: requests re-dispatched per recovery
         self.truncated: dict[int, int] = {}      # router: output tokens served, if truncated
+        # decode engines: per preempted request, the KV tokens recomputed at its
+        # re-admissions (summed) and the time of its last re-admission
+        self.recomputed: dict[int, int] = {}
+        self.readmitted: dict[int, float] = {}
         # told of every first token and end (`rack.experiments.slo_watch.SloWatch.attach`):
         # a run whose SLO verdict is decided can stop early
         self.watch: Any = None
@@ -201,6 +205,13 @@ class Collector(Core):
         for rid, n in items:
             self.truncated[int(rid)] = int(n)
 
+    def note_recomputed(self, now: float, items: Iterable[tuple[int, int]]) -> None:
+        """A decode engine re-admitted preempted requests after recomputing their KV:
+        (request id, tokens recomputed) pairs, summed per request; in the snapshot under
+        "recomputed_tokens" ({id: tokens})."""
+        for rid, n in items:
+            self.recomputed[int(rid)] = self.recomputed.get(int(rid), 0) + int(n)
+
     def note_recovery(self, now: float, record: dict) -> None:
         """Keep the router's record of one recovery ({"instance", "t", "ids"}: requests
         re-dispatched); returned under "recoveries" by `snapshot`."""
@@ -248,6 +259,16 @@ class Collector(Core):
                 out.append(int(rid))
         return out
 
+    def ended_among(self, ids: Iterable[int]) -> list[int]:
+        """Those of `ids` that have ended (unknown ids are left out: a live front's
+        request may reach an engine before its first event reaches the collector)."""
+        out = []
+        for rid in ids:
+            pos = self._position(int(rid))
+            if pos is not None and self.outcome[pos]:
+                out.append(int(rid))
+        return out
+
     def is_idle(self) -> bool:
         return True
 
@@ -275,6 +296,7 @@ class Collector(Core):
             "late_events": dict(self.late_events),
             "faults": [self.faults[i] for i in sorted(self.faults)],
             "output_tokens_served": dict(self.truncated), "recoveries": list(self.recoveries),
+            "recomputed_tokens": dict(self.recomputed), "readmitted_s": dict(self.readmitted),
         }
         if isinstance(self.sink, DiskRecords):
             out["records_dir"] = str(self.sink.folder)
@@ -386,6 +408,9 @@ class Collector(Core):
                 times = self._times                  # grown, perhaps
             if name == "preempted":
                 self._pre[slot] += 1
+                continue
+            if name == "decode_readmit":            # after a preemption: the latest (issue 37)
+                self.readmitted[rid] = float(t)
                 continue
             col = col_of.get(name)
             if col is None:

@@ -91,8 +91,8 @@ class FaultInjector(Core):
             _, _, i, step = heapq.heappop(self._due)
             f, rec = self.faults[i], self.records[i]
             kind, target = f["kind"], f["instance"]
-            if step == "ping":                          # a restarting instance: ask again
-                self.send(target, "ping", self.name, (i, "after"))
+            if step.startswith("ping:"):                # a restarting instance: ask again
+                self.send(target, "ping", self.name, (i, step[5:]))
             elif step == "restored":                    # a link fault's interval ended
                 rec.update(recovered=True, recovered_at_s=now)
                 self._note(i)
@@ -170,12 +170,16 @@ class FaultInjector(Core):
         """The Ray driver could not deliver a message (the actor is restarting): a ping
         is tried again after a back-off."""
         if method == "ping":
-            self._retry_ping(now, args[1][0])
+            self._retry_ping(now, *args[1])
 
-    def _retry_ping(self, now: float, i: int) -> None:
+    def _retry_ping(self, now: float, i: int, when: str = "after") -> None:
+        """Ping again after a back-off. `when` is kept: a crash aimed at an instance
+        still down from an earlier one ("before") applies once it is back (a "before"
+        ping retried as "after" found no record of the crash: KeyError 'incarnations'
+        in a Ray fault storm, issue 37)."""
         wait = min(PING_BACKOFF_S[1], self._backoff.get(i, PING_BACKOFF_S[0]))
         self._backoff[i] = wait * 2
-        self._at(now + wait, i, "ping")
+        self._at(now + wait, i, "ping:" + when)
 
     def recovered(self, now: float, index: int, report: dict) -> None:
         """The router's reply to `recover`."""

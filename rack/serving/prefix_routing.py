@@ -42,7 +42,7 @@ Nothing here reads a clock or sends a message: the router core calls it.
 
 from __future__ import annotations
 
-from typing import Iterable, Mapping, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 
 class CachedBlockIndex:
@@ -130,22 +130,26 @@ def cached_tokens(req, overlap_blocks: int) -> int:
 
 
 def prefix_aware_choice(req, candidates: Sequence[str], load: Mapping[str, float],
-                        index: CachedBlockIndex, weight: float = 1.0) -> tuple[str, int]:
+                        index: CachedBlockIndex, weight: float = 1.0,
+                        among_tied: Callable[[list[str]], str] | None = None) -> tuple[str, int]:
     """The candidate with the lowest cost W_i + weight x (P - C_i) (module docstring),
-    and the prompt tokens it is expected to serve from its cache. `load` holds W_i
-    (tokens); `candidates` is not empty."""
+    more cached tokens first, and the prompt tokens it is expected to serve from its
+    cache. `load` holds W_i (tokens); `candidates` is not empty. Candidates that tie on
+    both go to `among_tied` (the router's round robin among the tied), else the first
+    by name."""
     if req.block_hashes:
         full = req.block_hashes[: req.prompt_tokens // req.block_size]
         over = index.overlaps(full, req.block_size)
     else:
         over = {}
-    best = None
+    keys = {}
     for n in candidates:
         c = cached_tokens(req, over.get(n, 0))
-        key = (load[n] + weight * (req.prompt_tokens - c), -c, n)
-        if best is None or key < best[0]:
-            best = (key, n, c)
-    return best[1], best[2]
+        keys[n] = ((load[n] + weight * (req.prompt_tokens - c), -c), c)
+    best = min(k for k, _ in keys.values())
+    tied = sorted(n for n, (k, _) in keys.items() if k == best)
+    name = among_tied(tied) if among_tied is not None and len(tied) > 1 else tied[0]
+    return name, keys[name][1]
 
 
 __all__ = ["CachedBlockIndex", "cached_tokens", "prefix_aware_choice"]

@@ -109,6 +109,8 @@ class Router(Core):
         # outstanding prompt tokens per prefill instance, as last reported (`load`);
         # an instance that is down counts as full until it reports again
         self._load = {n: 0 for n in self.prefill}
+        self._pre_idx = {n: i for i, n in enumerate(self.prefill)}
+        self._tie_next = 0                        # round robin among tied instances (`_among_tied`)
         # prefix_aware: what each prefill instance caches, from its KV events
         self._index = CachedBlockIndex(self.prefill) if policy == "prefix_aware" else None
         self.expected_cached_tokens = 0           # prefix_aware: cache hits the router counted on
@@ -379,10 +381,12 @@ class Router(Core):
                 if not room:
                     refused.append((req.id, "router_queue_full"))
                     continue
-                name, hit = prefix_aware_choice(req, room, load, self._index, self.prefix_weight)
+                name, hit = prefix_aware_choice(req, room, load, self._index, self.prefix_weight,
+                                                self._among_tied)
                 self.expected_cached_tokens += hit
             elif self.policy == "least_outstanding_work":
-                name = min(cands, key=lambda nm: (load[nm], nm))
+                least = min(load[c] for c in cands)
+                name = self._among_tied([c for c in cands if load[c] == least])
             else:
                 name = self._next_fitting(self._rr, len(self.prefill), req, both=False)
             if load[name] > self.max_outstanding_tokens:
@@ -413,6 +417,18 @@ class Router(Core):
             if nm in self._load:
                 self._load[nm] = load[nm]
         return refused
+
+    def _among_tied(self, tied: list[str]) -> str:
+        """The prefill instance for a request whose routing costs tie on every one of
+        `tied` (names of `self.prefill`): round robin among the tied, in name order,
+        starting after the last instance a tie went to. Deterministic; without it an
+        idle rack sent every request to its first instance (issue 37)."""
+        if len(tied) == 1:
+            return tied[0]
+        idx = sorted(self._pre_idx[t] for t in tied)
+        pick = next((i for i in idx if i >= self._tie_next), idx[0])
+        self._tie_next = pick + 1
+        return self.prefill[pick]
 
     def _fits(self, name: str, req: Any, decode: bool) -> bool:
         fit = self.kv_fit.get(name)

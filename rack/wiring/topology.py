@@ -123,6 +123,8 @@ def build_topology(scenario: Scenario, request_ids: Sequence[int]) -> list[Compo
                 "memory_reserve_fraction": p.memory_reserve_fraction,
                 "max_reserve_queue": p.max_reserve_queue, "first_token": scenario.first_token,
                 "recv_interval": p.scheduler_recv_interval,
+                # SGLang's chunked-prefill budget leaves the running decodes out (ColocatedEngine)
+                "decode_in_budget": costs[p.name].device.stack.key != "sglang",
             }, "both", p.name, dict(p.resources)))
 
     if prefillers:
