@@ -11,6 +11,13 @@ the old tree first on the path:
     git -C /tmp/pre-core apply "$PWD/tests/data/pre_engine_core_fixes.patch"
     PYTHONPATH=/tmp/pre-core python scripts/record_core_reference.py tests/data/reference_core.json.gz
     git worktree remove --force /tmp/pre-core
+
+(`pre-engine-core` is commit 7bbe12a where the tag is not fetched.) When two branches
+both extended the patch, merge the code, not the patch text: on the old tree, commit the
+common ancestor's patch applied, then each branch's patch applied on top of that commit
+(`git read-tree -u --reset` of a tree with the branch's patch applied), merge those two
+commits with git, and write `git diff 7bbe12a <merged>` back as the patch before
+recording.
 """
 
 from __future__ import annotations
