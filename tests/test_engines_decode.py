@@ -241,3 +241,21 @@ def test_real_speculative_cost_model_on_pipelined_wafers():
     assert step >= cost.weight_bytes * 0.9 / cost.memory_bandwidth
     # tokens per second per user ~ tps / step time (the first gap includes no wait here)
     assert 300 / col.outcomes[0]["t"] == pytest.approx(tps / step, rel=0.01)
+
+
+def test_a_decode_engine_releases_an_ended_requests_reservation():
+    # The quiescence check's release (rack.runtime.quiescence): a reservation held for a
+    # request that has ended is dropped and its memory freed, nobody told.
+    from _engine_fakes import GB, Client, FakeCollector, FakeCost, plan, run_cores
+    from devices.engines.decode import DecodeEngine
+
+    cost = FakeCost()
+    col = FakeCollector()
+    eng = DecodeEngine(name="d", cost=cost, collector=col.name, max_batch=4,
+                       memory_plan=plan(40 * GB, cost.weight_bytes))
+    client = Client([(0.0, "d", "reserve_kv", Request(id=3, arrival_s=0.0, prompt_tokens=300, output_tokens=10), 300, None, "client")])
+    run_cores([col, eng, client], idle=False)          # granted, waiting for its KV
+    assert eng.held_requests() == [3] and eng.ledger.snapshot()["held_bytes"].get("reserved", 0) > 0
+    eng.release(1.0, [3])
+    assert eng.held_requests() == [] and eng.is_idle()
+    assert eng.ledger.snapshot()["held_bytes"].get("reserved", 0) == 0 and eng.outbox == []

@@ -61,7 +61,7 @@ def storm_scenario():
     from rack.wiring.load import load_scenario
 
     sc = load_scenario("helios-cs3-kimi-k2")
-    return sc.with_overrides(faults=[parse_fault_option(f) for f in STORM], dilation=5.0)
+    return sc.with_overrides(faults=[parse_fault_option(f) for f in STORM], dilation=2.0)
 
 
 def test_a_fault_storm_on_ray_ends_when_its_requests_end(ray_session):

@@ -398,3 +398,4 @@ def test_release_drops_an_ended_requests_transfer_mid_wire_and_frees_the_link():
     ic.release(ic.wake_at / 2 if ic.wake_at < math.inf else 0.0, [7])
     assert ic.is_idle() and ic._net.n_flows == 0 and ic.wake_at == math.inf and ic.outbox == []
     assert ic.stats()["released_after_end"] == 1
+

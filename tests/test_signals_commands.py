@@ -11,7 +11,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import psutil
 
@@ -119,9 +118,35 @@ def _stops_at_once(args: list[str], sig: int, tmp_path) -> None:
     assert _gone(kids) == []
 
 
+COMPARE = ["compare", "--dataset", "random", "--num-prompts", "3000", "--request-rate", "20", "--no-plots"]
+
+
 def test_sigterm_stops_rack_compare_at_once_and_leaves_no_process(tmp_path):
-    _stops_at_once(["compare", "--dataset", "random", "--num-prompts", "3000", "--request-rate", "20",
-                    "--out", str(tmp_path / "cmp"), "--no-plots"], signal.SIGTERM, tmp_path)
+    _stops_at_once([*COMPARE, "--out", str(tmp_path / "cmp")], signal.SIGTERM, tmp_path)
+
+
+def test_sigint_to_rack_compare_keeps_the_deployments_that_finished(tmp_path):
+    out = tmp_path / "cmp"
+    proc = subprocess.Popen([*RACK, *COMPARE, "--out", str(out)], env=ENV, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        seen = []
+        while time.monotonic() < deadline:         # the second deployment has started
+            line = proc.stderr.readline()
+            seen.append(line)
+            if line.startswith("[2/4]") or (not line and proc.poll() is not None):
+                break
+        assert seen[-1].startswith("[2/4]"), seen
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, (stdout, stderr)
+    assert "Traceback" not in stderr and "interrupted (SIGINT): 1 of 4 deployments finished" in stderr, stderr
+    doc = json.loads((out / "compare.json").read_text())
+    assert doc["interrupted"] == {"signal": "SIGINT", "finished": 1, "deployments": 4}
+    assert len(doc["scenarios"]) == 1 and doc["scenarios"][0]["requests"]["submitted"] == 3000
 
 
 

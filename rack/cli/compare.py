@@ -94,6 +94,13 @@ def compare(
             except ImportError:  # pragma: no cover
                 pass
     paths = write_compare(result, out, plots=not no_plots)
+    if result.interrupted is not None:          # a signal: the finished deployments are written
+        from rack.runtime.interrupt import exit_code
+
+        cut = result.interrupted
+        typer.echo(f"interrupted ({cut['signal']}): {cut['finished']} of {cut['deployments']} deployments "
+                   f"finished; their comparison is in {paths['json']}", err=True)
+        raise typer.Exit(exit_code(cut["signal"]))
     from rack.experiments.compare import model_warning
 
     warning = model_warning([e.scenario for e in result.entries])

@@ -60,6 +60,9 @@ class CompareResult:
     iso: str
     reference: str
     trace: dict = field(default_factory=dict)
+    #: a signal stopped the comparison: {"signal", "finished", "deployments"} (the
+    #: entries are the deployments that finished), else None
+    interrupted: Optional[dict] = None
 
 
 def provisioned(scenario: Scenario) -> dict:
@@ -252,10 +255,20 @@ def run_compare(scenarios: Sequence[Scenario | str], requests: Sequence[Any], *,
         return CompareResult([CompareEntry(sc.name, sc, out, note, provisioned(sc))
                               for (sc, note), out in zip(plan, outs)], iso, ref, trace_info or {})
     for i, (sc, note) in enumerate(plan):
-        if on_start is not None:
-            on_start(sc.name, i, len(plan))
-        out = run_scenario(sc, requests, runtime=runtime, address=address, trace_info=trace_info,
-                           **(run_kwargs or {}))
+        try:
+            if on_start is not None:
+                on_start(sc.name, i, len(plan))
+            out = run_scenario(sc, requests, runtime=runtime, address=address, trace_info=trace_info,
+                               **(run_kwargs or {}))
+        except KeyboardInterrupt:
+            # a signal (rack.runtime.interrupt): the deployments that finished are kept
+            from rack.runtime.interrupt import current_stop
+
+            stop = current_stop()
+            if not entries or stop is None:
+                raise
+            return CompareResult(entries, iso, ref, trace_info or {},
+                                 {"signal": stop.signal_name, "finished": len(entries), "deployments": len(plan)})
         entries.append(CompareEntry(sc.name, sc, out, note, provisioned(sc)))
     return CompareResult(entries, iso, ref, trace_info or {})
 
@@ -451,7 +464,7 @@ def model_warning(scenarios: Sequence[Scenario]) -> Optional[str]:
 def compare_document(result: CompareResult) -> dict:
     """The JSON document of a comparison: {"scenarios": [results.json of each run plus
     "name", "iso", "provisioned"], "iso", "reference", "trace", "vendor_claim",
-    "warnings"}."""
+    "warnings", "interrupted" (None, or what a signal left: `CompareResult.interrupted`)}."""
     docs = []
     for e in result.entries:
         d = dict(e.output.results)
@@ -460,7 +473,7 @@ def compare_document(result: CompareResult) -> dict:
     warning = model_warning([e.scenario for e in result.entries])
     return {"scenarios": docs, "iso": result.iso, "reference": result.reference,
             "trace": result.trace, "vendor_claim": vendor_claim(result),
-            "warnings": [warning] if warning else []}
+            "warnings": [warning] if warning else [], "interrupted": result.interrupted}
 
 
 def write_compare(result: CompareResult, out_dir: Any, *, plots: bool = True, trace_sample: int = 200) -> dict:
