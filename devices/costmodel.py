@@ -1068,7 +1068,8 @@ class CostModel:
         q = 1 if self.speculative is None else int(self.speculative.draft_tokens) + 1
         if tok_p + ctx.size <= 0:
             raise ValueError("mixed: no prefill tokens and no decode requests")
-        if self.device.prompt_token_layer_s > 0:
+        if self.device.prompt_token_layer_s > 0 and tok_p:
+            # (no prompt tokens: the decode step below, bit for bit `decode_step`'s)
             d = self._wafer_mixed(n, c, ctx, tok_p)       # the decode part carries its draft passes
             if self.speculative is not None and tok_p:
                 d = self._combine([d, self._draft_prefill(n, c, tok_p)])

@@ -210,7 +210,7 @@ def test_gzip_traces_are_read_as_they_are(tmp_path):
     assert "gzip data is corrupt or truncated" in _trace_error(truncated)
 
 
-@pytest.mark.parametrize("value", [10 ** 30, 1e30, "1e30", MAX_TOKENS + 1])
+@pytest.mark.parametrize("value", [10 ** 30, 1e30, MAX_TOKENS + 1])
 def test_lengths_beyond_any_model_are_bad_rows(tmp_path, value):
     rows = MOONCAKE.read_text().splitlines()
     d = json.loads(rows[3])

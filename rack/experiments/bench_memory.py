@@ -108,8 +108,10 @@ def repeat_mooncake(src: str | os.PathLike, dst: str | os.PathLike, rows: int) -
     Returns the rows written. Raises ValueError for a row that does not start with a
     Mooncake timestamp."""
     prefix = '{"timestamp": '
+    from workloads.textfile import open_text        # the shipped traces are gzip-compressed
+
     parsed = []
-    with open(src) as f:
+    with open_text(src) as f:
         for line in f:
             if not line.startswith(prefix):
                 raise ValueError(f"{src}: expected Mooncake rows starting with {prefix!r}, got {line[:40]!r}")
