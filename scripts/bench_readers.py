@@ -32,6 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from workloads import TraceError, open_trace, resolve_trace  # noqa: E402
+from workloads.textfile import open_text  # noqa: E402
 
 TRACES = ["mooncake_conv", "azure_conv", "azure_code", "arxiv_lengths"]
 FALLBACK = {"mooncake_conv": "mooncake-excerpt", "azure_conv": "azure-conv-excerpt"}
@@ -65,7 +66,8 @@ def speed(repeat: int) -> None:
 
 def make_big(src: Path, dst: Path, scale: int) -> int:
     """Write `scale` copies of a Mooncake JSONL file, each shifted past the previous one."""
-    lines = src.read_text().splitlines()
+    with open_text(src) as f:                 # plain or gzip (the shipped traces are gzip)
+        lines = f.read().splitlines()
     prefix = '{"timestamp": '
     parsed = []
     for line in lines:
@@ -95,10 +97,7 @@ def measure(path: Path) -> dict:
 
 
 def memory(scale: int, max_growth_mib: float, keep: bool) -> bool:
-    try:
-        src = resolve_trace("mooncake_conv")
-    except TraceError:
-        src = resolve_trace("mooncake-excerpt")
+    src = resolve_trace("mooncake_conv")          # shipped with the package
     with tempfile.TemporaryDirectory(prefix="bench_readers_") as tmp:
         big = Path(tmp) / f"mooncake_x{scale}.jsonl"
         t0 = time.perf_counter()
