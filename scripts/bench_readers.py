@@ -66,7 +66,7 @@ def speed(repeat: int) -> None:
 
 def make_big(src: Path, dst: Path, scale: int) -> int:
     """Write `scale` copies of a Mooncake JSONL file, each shifted past the previous one."""
-    with open_text(src) as f:                 # the shipped traces are gzip-compressed
+    with open_text(src) as f:                 # plain or gzip (the shipped traces are gzip)
         lines = f.read().splitlines()
     prefix = '{"timestamp": '
     parsed = []
@@ -97,10 +97,7 @@ def measure(path: Path) -> dict:
 
 
 def memory(scale: int, max_growth_mib: float, keep: bool) -> bool:
-    try:
-        src = resolve_trace("mooncake_conv")
-    except TraceError:
-        src = resolve_trace("mooncake-excerpt")
+    src = resolve_trace("mooncake_conv")          # shipped with the package
     with tempfile.TemporaryDirectory(prefix="bench_readers_") as tmp:
         big = Path(tmp) / f"mooncake_x{scale}.jsonl"
         t0 = time.perf_counter()

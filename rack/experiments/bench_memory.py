@@ -35,6 +35,8 @@ import tempfile
 import time
 from typing import Callable, Sequence
 
+from workloads.textfile import open_text
+
 #: Requests per run of the full bench: a day of production traffic, ~1.4 M requests
 #: (Azure LLM inference trace 2024, as issue 24 cites it); the 1.4 M runs take 30-40 min
 #: each on the project machine.
@@ -108,10 +110,8 @@ def repeat_mooncake(src: str | os.PathLike, dst: str | os.PathLike, rows: int) -
     Returns the rows written. Raises ValueError for a row that does not start with a
     Mooncake timestamp."""
     prefix = '{"timestamp": '
-    from workloads.textfile import open_text        # the shipped traces are gzip-compressed
-
     parsed = []
-    with open_text(src) as f:
+    with open_text(src) as f:             # plain or gzip (the shipped trace is gzip)
         for line in f:
             if not line.startswith(prefix):
                 raise ValueError(f"{src}: expected Mooncake rows starting with {prefix!r}, got {line[:40]!r}")
@@ -129,13 +129,10 @@ def repeat_mooncake(src: str | os.PathLike, dst: str | os.PathLike, rows: int) -
 
 
 def mooncake_source() -> str:
-    """Path of the Mooncake conversation trace, or of the shipped excerpt without it."""
-    from workloads import TraceError, resolve_trace
+    """Path of the Mooncake conversation trace (shipped with the package, gzip)."""
+    from workloads import resolve_trace
 
-    try:
-        return str(resolve_trace("mooncake_conv"))
-    except TraceError:
-        return str(resolve_trace("mooncake-excerpt"))
+    return str(resolve_trace("mooncake_conv"))
 
 
 def memory_section(sizes: Sequence[int] = SIZES, *, scenario: str | None = None,
