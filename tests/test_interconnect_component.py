@@ -298,6 +298,36 @@ def test_runs_are_deterministic_and_work_grows_with_events():
     assert s1["links"]["b"]["transfers"] == n
 
 
+def test_wakes_only_when_a_delivery_may_be_due():
+    """The interconnect wakes at a lower bound of its next delivery (module docstring):
+    once for a transfer alone on its path, and for contended ones the same transfer
+    results and link figures as waking at every phase end and flow event (the mode a
+    degraded link switches to)."""
+    wakes = []
+
+    class Counting(Interconnect):
+        def on_wake(self, now):
+            wakes.append(now)
+            super().on_wake(now)
+
+    spec = LinkSpec(name="l", bandwidth_GBps=10, latency_us=5, per_message_us=2)
+    ic = Counting(links=[spec], routes={("p", "d"): ["l"]}, receivers=["d"], payload_scale=SCALE)
+    res, rx, _ = _run(ic, Client([_send(1.0, 1)], name="p"))
+    assert wakes == [res[1].end_s] == [rx.got[0][4]]
+    assert res[1].end_s == pytest.approx(1.0 + transfer_time_alone([spec], 4, 1000 * KVPT), abs=1e-12)
+
+    def run(eager):
+        cores, ic = _scenario()
+        ic._lazy = not eager
+        drv = run_cores(cores)
+        res = {tag: r for c in cores[:2] for tag, r in c.of("transfer_done")}
+        return [res[i] for i in sorted(res)], ic.stats(drv.now), drv.wakeups
+
+    (r_lazy, s_lazy, w_lazy), (r_eager, s_eager, w_eager) = run(False), run(True)
+    assert r_lazy == r_eager and s_lazy == s_eager
+    assert w_lazy < w_eager
+
+
 def _run_late(cores, lateness_s, seed=0):
     """Drive `cores` as a wall-clock host does on a loaded machine: every wake-up fires
     late by up to `lateness_s` (drawn from `seed`); messages are delivered at once, at

@@ -170,3 +170,30 @@ def test_kv_payloads_are_not_held_per_request(monkeypatch):
     assert out.results["kv_transfer"]["transfers"] == len(reqs)
     assert 1 <= peak[0] <= 4
     assert not live
+
+
+def test_exact_fsum_is_math_fsum():
+    """`exact_fsum` (numpy, integer arithmetic) gives math.fsum's correctly rounded sum,
+    signed zeros, infinities and NaN included, over chunks of any size."""
+    import math
+
+    import numpy as np
+
+    from rack.measure.quantiles import BLOCK, exact_fsum
+
+    rng = np.random.default_rng(3)
+    cases = [rng.exponential(0.01, 3 * BLOCK + 17), rng.normal(0, 1, 500) * 10.0 ** rng.integers(-300, 300, 500),
+             np.concatenate([rng.normal(0, 1, 300), -rng.normal(0, 1, 300)]), rng.normal(0, 1e-310, 200),
+             np.array([-0.0, -0.0]), np.array([0.0, -0.0]), np.array([5e-324, -5e-324, 1.0]), np.zeros(0),
+             np.array([np.inf, 1.0]), np.array([np.nan, 2.0]), np.array([1, 2, 3])]
+    for x in cases:
+        want = math.fsum(x.tolist())
+        got = exact_fsum([x[: len(x) // 3], x[len(x) // 3:]])
+        assert (got == want or (math.isnan(got) and math.isnan(want))) and \
+            math.copysign(1.0, got) == math.copysign(1.0, want)
+    try:
+        exact_fsum([np.array([np.inf]), np.array([-np.inf])])
+    except ValueError:
+        pass
+    else:
+        raise AssertionError("inf + -inf must raise as math.fsum does")

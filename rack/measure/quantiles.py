@@ -22,7 +22,6 @@ default method) and a correctly rounded mean give on the whole array in memory.
 
 from __future__ import annotations
 
-import itertools
 import math
 from typing import Iterable, Sequence
 
@@ -57,8 +56,48 @@ def _blocks(chunks: Iterable[np.ndarray]) -> Iterable[np.ndarray]:
 
 
 def exact_fsum(chunks: Iterable[np.ndarray]) -> float:
-    """The correctly rounded sum of every sample of `chunks` (math.fsum)."""
-    return math.fsum(itertools.chain.from_iterable(b.tolist() for b in _blocks(chunks)))
+    """The correctly rounded sum of every sample of `chunks` (math.fsum's result: the
+    correctly rounded sum is unique, and math.fsum's errors). Samples are taken as
+    float64 (as math.fsum converts them); finite ones are summed exactly in integer
+    arithmetic with numpy (`_exact_block`), the per-block totals combined as Python ints
+    and rounded once (a Python int over a power of two divides correctly rounded); inf
+    and NaN decide the sum as math.fsum does. (Where math.fsum raises OverflowError for
+    an intermediate overflow of finite samples whose sum fits, this returns that sum.)"""
+    parts: list[tuple[int, int]] = []
+    special: list[float] = []
+    for b in _blocks(chunks):
+        b = np.asarray(b, dtype=np.float64)
+        if not b.size:
+            continue
+        finite = np.isfinite(b)
+        if not finite.all():
+            special.extend(b[~finite].tolist())
+            b = b[finite]
+        if b.size:
+            parts.append(_exact_block(b))
+    if special:
+        return math.fsum(special)               # inf or NaN: the finite samples do not matter
+    if not parts:
+        return 0.0
+    lo = min(e for _, e in parts)
+    total = sum(n << (e - lo) for n, e in parts)     # 0 gives 0.0, as math.fsum (even for -0.0s)
+    return float(total << lo) if lo >= 0 else total / (1 << -lo)
+
+
+def _exact_block(b: np.ndarray) -> tuple[int, int]:
+    """(n, e) with n * 2**e the exact sum of `b`, finite float64 of at most BLOCK samples."""
+    m, ex = np.frexp(b)                         # b = m * 2**ex, 0.5 <= |m| < 1 (or 0)
+    q = (m * 9007199254740992.0).astype(np.int64)   # m * 2**53: an exact 53-bit integer
+    lo = int(ex.min())
+    k = ex - lo
+    total = 0
+    # halves below 2**27 in magnitude: their float64 sums per exponent over at most
+    # BLOCK samples stay integers below 2**53, so exact
+    for half, shift in ((q >> 26, 26), (q & ((1 << 26) - 1), 0)):
+        for j, x in enumerate(np.bincount(k, weights=half.astype(np.float64)).tolist()):
+            if x:
+                total += int(x) << (j + shift)
+    return total, lo - 53
 
 
 def order_statistics(chunks: Iterable[np.ndarray], ranks: Sequence[int], n: int | None = None) -> dict[int, float]:

@@ -83,6 +83,7 @@ class VirtualDriver:
         self.incarnation = {n: 0 for n in self.cores}
         self._handlers: dict[tuple[str, str], Callable] = {}   # bound handlers by (core, method)
         self._fed: list[str] = []             # cores fed by inbox (`feed_inboxes`)
+        self._boxes: list[list] = []          # their inboxes
         self.messages = 0
         self.wakeups = 0
         for name, core in self.cores.items():
@@ -97,6 +98,7 @@ class VirtualDriver:
         them before the run ends or the done check)."""
         self._fed = [n for n in names if n in self.cores]
         boxes = {n: self.cores[n].inbox for n in self._fed}
+        self._boxes[:] = boxes.values()       # the loop's list of them (kept in place)
         for core in self.cores.values():
             core.feed_inbox(boxes)
 
@@ -125,7 +127,7 @@ class VirtualDriver:
         popleft, push, pop = queue.popleft, heapq.heappush, heapq.heappop
         handlers = self._handlers
         inf = math.inf
-        fed = self._fed
+        boxes = self._boxes
         messages = wakeups = 0
         try:
             while True:
@@ -159,7 +161,7 @@ class VirtualDriver:
                         if t < inf:
                             push(heap, (t, self._seq, dst))
                         self._seq += 1
-                if fed and any(cores[n].inbox for n in fed):
+                if any(boxes):                  # (a list of lists: no generator per instant)
                     self.take_inboxes()
                     continue                    # what they sent is due now
                 if done():
