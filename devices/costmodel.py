@@ -101,6 +101,19 @@ class Parallelism:
     def n_devices(self) -> int:
         return self.tp * self.pp
 
+    @classmethod
+    def deployed(cls, tp: int = 1, ep: int = 1, dp_attention: bool = False, pp: int = 1) -> "Parallelism":
+        """The parallelism a serving framework's flags deploy. With data-parallel
+        attention the attention block is replicated on every rank of the expert-parallel
+        group and the experts are sharded over it (SGLang --tp N --dp N
+        --enable-dp-attention --ep N; InferenceX reports such an instance as TP 1, EP N,
+        DP attention): a stage spans max(tp, ep) devices. Without it, ep must divide tp.
+        The all-to-all runs on the scale-up fabric when the group fits one scale-up
+        domain, else on the scale-out network (`HardwareSpec.collective_parts`)."""
+        if dp_attention and ep > tp:
+            tp = ep
+        return cls(tp=tp, pp=pp, ep=ep, dp_attention=bool(dp_attention) and tp > 1)
+
 
 def _check_split(model: ModelSpec, par: Parallelism) -> None:
     """The model must split as the parallelism says. Every pipeline stage holds at

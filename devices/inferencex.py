@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import csv
 import math
+
+import numpy as np
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -202,5 +204,95 @@ def is_inferencex_csv(path: str | Path) -> bool:
     return all(c in header for c in ("ttft_median_s", "tpot_median_s", "total_tok_s_per_gpu", "gpu_count"))
 
 
-__all__ = ["COLUMNS", "FRAMEWORKS", "MODEL_NAMES", "MeasuredRow", "PACKAGED_ROWS", "is_inferencex_csv",
+#: The issue's criteria on these rows: median |error| of TPOT and throughput per GPU
+#: over every DeepSeek-R1 row, of TTFT over its saturated rows (8k prompts, >= 64
+#: users), of tokens per joule over the rows with measured power.
+LIMITS = {"tpot_s": 0.15, "throughput_per_gpu": 0.15, "ttft_s": 0.25, "tokens_per_joule": 0.15}
+#: The model whose rows the criteria cover.
+CRITERIA_MODEL = "DeepSeek-R1-0528"
+METRICS = ("ttft_s", "tpot_s", "throughput_per_gpu", "power_w_per_gpu", "tokens_per_joule")
+
+
+def measured_figures(m: MeasuredRow) -> dict:
+    """The row's measured figures in `closed_loop_estimate`'s units (only those given)."""
+    from .serving_rows import measured
+
+    out = measured(m.row) if m.row is not None else {}
+    out.pop("input_per_prefill_gpu", None)
+    if m.power_w_per_gpu:
+        out["power_w_per_gpu"] = m.power_w_per_gpu
+    if m.tokens_per_joule:
+        out["tokens_per_joule"] = m.tokens_per_joule
+    return out
+
+
+def _why(m: MeasuredRow, errors: dict, lender: str) -> str:
+    """Why a row is off, from what is known of it (not a fitted excuse): the source's
+    own caveats, borrowed software terms, speculative decoding's assumed acceptance, and
+    what a queue-dominated TTFT is sensitive to."""
+    r, notes = m.row, []
+    if "implausibl" in (r.notes or "").lower():
+        notes.append("the source flags this row's figures as implausible")
+    if lender:
+        notes.append(f"borrows {lender}'s software terms (its leave-one-device-out error applies)")
+    if r.spec_decoding != "none":
+        notes.append("MTP: acceptance rate assumed, not measured for this stack and date")
+    if "ttft_s" in errors and abs(errors["ttft_s"]) > 0.5 and r.concurrency_requests >= 64:
+        notes.append("queue-dominated TTFT: N / X - (O - 1) TPOT magnifies throughput and TPOT errors")
+    if r.disaggregated and r.prefill_gpus and r.decode_gpus and (r.prefill_workers or 1) > 1:
+        notes.append("several prefill workers: the router's balance across them is assumed perfect")
+    if not r.image_tag:
+        notes.append("no image tag (history row): the stack version is unknown")
+    return "; ".join(notes) or "no known cause: the stack's fitted terms miss this deployment"
+
+
+def check_rows(rows: list[MeasuredRow], worst: int = 10) -> dict:
+    """Every row priced by the closed-loop estimate against what it measured.
+
+    Returns {"rows": [{"id", "model", "hardware", "framework", "curve", "concurrency",
+    "saturated", "borrowed_from", "predicted", "measured", "relative_error"} or {"id",
+    "model", ..., "unanswered": reason}], "summary": {"answered", "unanswered" (by
+    reason), "criteria_rows", "median_abs_error" {metric: e} over the criteria's rows,
+    "n" {metric: rows}, "limits", "met" {metric: bool}}, "worst": [{"id", "curve",
+    "metric", "error", "why"}] (the `worst` largest |log error| among criteria rows)}.
+    """
+    from .borrow import resolve_stack
+    from .serving_rows import closed_loop_estimate, deployment
+
+    out, errs, worst_rows = [], {k: [] for k in LIMITS}, []
+    unanswered: dict[str, int] = {}
+    for m in rows:
+        base = {"id": m.id, "model": m.model, "hardware": m.hardware, "framework": m.framework,
+                "concurrency": m.concurrency, "saturated": m.saturated}
+        if m.row is None:
+            out.append({**base, "unanswered": m.problem})
+            unanswered[m.problem] = unanswered.get(m.problem, 0) + 1
+            continue
+        dep = deployment(m.row)
+        lender = resolve_stack(dep.device, dep.stack).borrowed_from
+        est, meas = closed_loop_estimate(dep), measured_figures(m)
+        pred = {k: est[k] for k in METRICS}
+        rel = {k: pred[k] / meas[k] - 1.0 for k in METRICS if k in meas}
+        out.append({**base, "curve": m.row.curve, "borrowed_from": lender or None, "predicted": pred,
+                    "measured": meas, "relative_error": rel})
+        if m.model != CRITERIA_MODEL:
+            continue
+        for k in LIMITS:
+            if k in rel and (k != "ttft_s" or m.saturated):
+                errs[k].append(abs(rel[k]))
+        k_bad = max(rel, key=lambda k: abs(math.log1p(rel[k])))
+        worst_rows.append({"id": m.id, "curve": m.row.curve, "concurrency": m.concurrency, "metric": k_bad,
+                           "error": rel[k_bad], "why": _why(m, rel, lender)})
+    med = {k: float(np.median(v)) if v else None for k, v in errs.items()}
+    worst_rows.sort(key=lambda w: -abs(math.log1p(w["error"])))
+    crit = [m for m in rows if m.model == CRITERIA_MODEL]
+    return {"rows": out, "worst": worst_rows[:worst], "summary": {
+        "answered": sum(1 for o in out if "unanswered" not in o), "unanswered": unanswered,
+        "criteria_model": CRITERIA_MODEL, "criteria_rows": len(crit),
+        "criteria_unanswered": [m.id for m in crit if m.row is None],
+        "median_abs_error": med, "n": {k: len(v) for k, v in errs.items()}, "limits": LIMITS,
+        "met": {k: med[k] is not None and med[k] <= lim for k, lim in LIMITS.items()}}}
+
+
+__all__ = ["COLUMNS", "CRITERIA_MODEL", "LIMITS", "METRICS", "check_rows", "measured_figures", "FRAMEWORKS", "MODEL_NAMES", "MeasuredRow", "PACKAGED_ROWS", "is_inferencex_csv",
            "load_inferencex_rows"]

@@ -37,9 +37,11 @@ sys.path.insert(0, str(ROOT))
 from devices.borrow import FIT_SIBLINGS, resolve_stack  # noqa: E402
 from devices.catalog import CATALOG_DIR, _raw_entries, get_device  # noqa: E402
 from devices.serving_rows import closed_loop_estimate, deployment, load_serving_rows, measured  # noqa: E402
+from devices.inferencex import load_inferencex_rows  # noqa: E402
+from devices.lodo import leave_one_device_out, write_lodo  # noqa: E402
 from devices.validation import load_rows, predict  # noqa: E402
 
-ROWS = ROOT.parent / "shared" / "reference" / "gpu-calibration.csv"
+ROWS = CATALOG_DIR / "gpu-calibration.csv"
 #: Saturated-prefill rows (disaggregated, high concurrency; InferenceX, sources per row):
 #: they measure the prefill pool's pass time under load, which low-concurrency TTFTs,
 #: mostly fixed overhead, cannot separate from the front end's per-request latency.
@@ -56,6 +58,15 @@ PARAMS = (("moe_layer_latency_s", 5e-6, 300e-6), ("iteration_overhead_s", 1e-4, 
           ("decode_memory", 0.5, 0.92), ("prefill_compute", 0.01, 0.8))
 LATENCY_ONLY = ("moe_layer_latency_s", "prefill_layer_latency_s", "request_latency_s")
 MIN_ROWS = 5
+#: Models whose InferenceX rows the stacks are fitted on (the catalog has their
+#: architecture; the others are named by `rack validate --rows`).
+FIT_MODELS = ("DeepSeek-R1-0528",)
+#: Rows whose measured power the source itself flags as implausible (README, notes):
+#: MI355X ATOM FP8 1k/1k at 512 users reports 257 W per GPU, under the other rows' idle.
+POWER_EXCLUDED = ("ixapp-fix-0077",)
+#: A board's mean draw over a run stays within its power limit (TDP); the fit may reach
+#: it, not pass it by more than the sampling noise of nvidia-smi / amd-smi (~5 %).
+POWER_CEILING = 1.05
 #: Why a fitted term at a bound is not a result (printed beside it).
 BOUND_NOTES = {
     "prefill_layer_latency_s": "the stack's rows hold no saturated prefill, so its TTFTs (mostly fixed "
@@ -154,6 +165,62 @@ def write_values(key: str, values: dict) -> None:
     path.write_text(text)
 
 
+def fit_power(rows, only: str | None, write: bool) -> None:
+    """Idle and busy board power per (device, stack) entry from the rows that measured
+    mean GPU-board power: P = idle_w + (peak_w - idle_w) x u, u the closed loop's load
+    (`devices.serving_rows._power`), by least squares (linear in idle_w, peak_w).
+    Bounds: idle_w >= 0 and peak_w <= POWER_CEILING x the hardware's TDP (`peak_w` of
+    its hardware entry: a board does not draw more than its power limit for long)."""
+    groups: dict[str, list] = {}
+    fitted: dict[str, dict] = {}
+    for m in rows:
+        dep = deployment(m.row)
+        spec = resolve_stack(dep.device, dep.stack)
+        if not spec.borrowed_from:
+            groups.setdefault(spec.key, []).append((m, dep, spec))
+    for key, items in groups.items():
+        if only and key not in only.split(","):
+            continue
+        if len(items) < 3:
+            print(f"{key}: {len(items)} rows with power: too few to fit idle and busy power")
+            continue
+        u = np.array([closed_loop_estimate(dep)["load"] for _, dep, _ in items])
+        w = np.array([m.power_w_per_gpu for m, _, _ in items])
+        tdp = get_device(key.split("-")[0]).peak_w          # the hardware entry (catalog key "<hw>-<stack>")
+
+        def fit(sel):
+            a = np.vstack([1 - u[sel], u[sel]]).T           # P = idle (1 - u) + peak u
+            i, p = np.linalg.lstsq(a, w[sel], rcond=None)[0]
+            return max(0.0, float(i)), min(float(p), POWER_CEILING * tdp)
+
+        idle, peak = fit(np.ones(len(u), bool))
+        # the idle share's spread over the fits leaving out one row at a time
+        ratios = [i / p for i, p in (fit(np.arange(len(u)) != j) for j in range(len(u)))]
+        fitted[key] = {"idle_fraction_low": min(ratios), "idle_fraction_high": max(ratios), "rows": len(u)}
+        print(f"{key}: power fitted on {len(items)} rows: idle_w = {idle:.0f} W, peak_w = {peak:.0f} W "
+              f"(TDP {tdp:.0f} W; load u {u.min():.2f}-{u.max():.2f})")
+        for (m, _, _), ui in zip(items, u):
+            pred = idle + (peak - idle) * ui
+            print(f"   {m.id}  power {pred:.0f} / {m.power_w_per_gpu:.0f} W {pred / m.power_w_per_gpu - 1:+.0%}")
+        if write:
+            write_power(key, idle, peak, len(items))
+            reload_catalog()
+    return fitted
+
+
+def write_power(key: str, idle: float, peak: float, n: int) -> None:
+    """Write idle_w / peak_w into the stack entry (replacing or adding the lines)."""
+    path = CATALOG_DIR / "devices" / f"{key}.toml"
+    text = path.read_text()
+    note = f"# fitted on {n} rows with measured board power (scripts/fit_gpu_stacks.py)"
+    for name, v in (("idle_w", idle), ("peak_w", peak)):
+        line = f"{name} = {v:.0f}"
+        text, k = re.subn(rf"^{name}\s*=.*$", f"{line}   {note}", text, flags=re.M)
+        if k == 0:
+            text = re.sub(r"^(\[stack\])", f"{line}   {note}\n\n\\1", text, count=1, flags=re.M)
+    path.write_text(text)
+
+
 def fit_mlperf(key: str, rows) -> float:
     """The compute efficiency that centres the entry's MLPerf throughput rows (their
     error is linear in 1 / efficiency: compute-bound), by bisection on the log mean."""
@@ -170,10 +237,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--write", action="store_true", help="write the fitted values into the catalog files")
     ap.add_argument("--only", help="fit only these catalog entries (comma-separated, e.g. h200-sglang)")
+    ap.add_argument("--power-only", action="store_true", help="fit only the board power and the leave-one-device-"
+                    "out table (the stacks' terms as the catalog has them)")
+    ap.add_argument("--rows", help="InferenceX measured rows (measured_rows.csv layout; default: the packaged copy)")
     args = ap.parse_args()
     groups: dict[str, list] = {}
     held_out = []
-    for row in [*load_serving_rows(ROWS), *load_serving_rows(SATURATED)]:
+    measured_rows = [m for m in load_inferencex_rows(args.rows) if m.row is not None and m.model in FIT_MODELS]
+    power_rows = [m for m in measured_rows if m.power_w_per_gpu and m.id not in POWER_EXCLUDED]
+    for row in [*load_serving_rows(ROWS), *load_serving_rows(SATURATED), *(m.row for m in measured_rows)]:
         dep = deployment(row)
         spec = resolve_stack(dep.device, dep.stack)
         if spec.borrowed_from:          # a pair running another entry's terms: a check, not a fit
@@ -181,7 +253,7 @@ def main() -> None:
             continue
         groups.setdefault(spec.key, []).append((dep, row))
     order = sorted(groups, key=lambda k: k in SIBLINGS)          # siblings' sources first
-    for key in order:
+    for key in ([] if args.power_only else order):
         if args.only and key not in args.only.split(","):
             continue
         base = get_device(key)
@@ -211,6 +283,16 @@ def main() -> None:
         if args.write:
             write_values(key, {**copied, **vals})
             reload_catalog()
+    power = fit_power(power_rows, args.only, args.write)
+    lodo = leave_one_device_out([*load_serving_rows(ROWS), *(m.row for m in measured_rows)])
+    print(f"leave-one-device-out over {lodo['rows']} rows: median |error| "
+          + ", ".join(f"{m} {v:.1%}" for m, v in lodo["median_abs_error"].items()))
+    for d in lodo["devices"]:
+        print(f"  {d['device']} {d['stack']} borrows {d['borrowed_from']}: {len(d['rows'])} rows, "
+              + ", ".join(f"{m} {v:.1%}" for m, v in d["median_abs_error"].items()))
+    if args.write and not args.only:
+        write_lodo(lodo, "gpu-calibration.csv and the InferenceX DeepSeek-R1 rows (devices/catalog/inferencex)",
+                   power)
     mlperf: dict[str, list] = {}
     for r in load_rows():
         if r.kind in ("offline", "server"):

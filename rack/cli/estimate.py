@@ -63,9 +63,11 @@ def build_estimate(model: str, device: str, count: int, tp: Optional[int], pp: O
         if v < 1:
             raise ValueError(f"--{name} must be >= 1, got {v}")
     dev = apply_terms(resolve_stack(device, stack), terms or {})
+    if dp_attention and ep > (tp or count):
+        tp = ep          # attention replicated on each EP rank (Parallelism.deployed)
     par = default_parallelism(dev, count, tp, pp, ep)
     if dp_attention:
-        par = Parallelism(tp=par.tp, pp=par.pp, ep=par.ep, dp_attention=True)
+        par = Parallelism.deployed(tp=par.tp, pp=par.pp, ep=par.ep, dp_attention=True)
     spec = None
     if draft_tokens:
         spec = SpeculativeConfig(draft_tokens, acceptance_rate, spec_method, draft_model)

@@ -120,6 +120,15 @@ class PoolConfig(_Strict):
     def _resources(cls, v: dict[str, float]) -> dict[str, float]:
         return _positive_resources(v)
 
+    @model_validator(mode="after")
+    def _dp_attention_ranks(self):
+        # as deployed (devices.costmodel.Parallelism.deployed): with data-parallel
+        # attention over an EP group larger than tp ("tp 1, ep 8, DP attention"), the
+        # instance spans the ep devices, attention replicated on each
+        if self.dp_attention and self.ep > self.tp:
+            object.__setattr__(self, "tp", self.ep)
+        return self
+
     @property
     def devices_per_instance(self) -> int:
         return self.tp * self.pp
