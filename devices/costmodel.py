@@ -87,6 +87,11 @@ class Parallelism:
     pp: int = 1
     ep: int = 1
     dp_attention: bool = False
+    #: two-batch overlap (SGLang --enable-two-batch-overlap; DeepSeek's "dual
+    #: micro-batch overlap"): the batch is split in two and one half's expert-parallel
+    #: all-to-all runs while the other half computes, so a pass takes max(roofline,
+    #: collectives) instead of their sum
+    two_batch_overlap: bool = False
 
     def __post_init__(self) -> None:
         for name in ("tp", "pp", "ep"):
@@ -102,7 +107,8 @@ class Parallelism:
         return self.tp * self.pp
 
     @classmethod
-    def deployed(cls, tp: int = 1, ep: int = 1, dp_attention: bool = False, pp: int = 1) -> "Parallelism":
+    def deployed(cls, tp: int = 1, ep: int = 1, dp_attention: bool = False, pp: int = 1,
+                 two_batch_overlap: bool = False) -> "Parallelism":
         """The parallelism a serving framework's flags deploy. With data-parallel
         attention the attention block is replicated on every rank of the expert-parallel
         group and the experts are sharded over it (SGLang --tp N --dp N
@@ -112,7 +118,8 @@ class Parallelism:
         domain, else on the scale-out network (`HardwareSpec.collective_parts`)."""
         if dp_attention and ep > tp:
             tp = ep
-        return cls(tp=tp, pp=pp, ep=ep, dp_attention=bool(dp_attention) and tp > 1)
+        return cls(tp=tp, pp=pp, ep=ep, dp_attention=bool(dp_attention) and tp > 1,
+                   two_batch_overlap=two_batch_overlap)
 
 
 def _check_split(model: ModelSpec, par: Parallelism) -> None:
@@ -307,6 +314,7 @@ class _Terms:
     n_moe: int
     n_experts: int
     top_k: int
+    topk_group: int
     active_linear: float
     lm_head: float
     attn_coef: float
@@ -333,6 +341,7 @@ class _Terms:
             n_moe=model.n_moe_layers,
             n_experts=moe.n_routed_experts if moe else 0,
             top_k=moe.n_active_experts if moe else 0,
+            topk_group=(moe.topk_group or 0) if moe else 0,
             active_linear=float(model.active_linear_params),
             lm_head=float(model.lm_head_params),
             attn_coef=float(model.attention_flops_per_position),
@@ -596,7 +605,10 @@ class CostModel:
         comm_s = comm_bw + comm_lat
         lat_s = (t.n_layers * (dev.layer_latency_s + (dev.prefill_layer_latency_s if prefill_part else 0.0))
                  + t.n_moe * dev.moe_layer_latency_s) / pp
-        stage = _maximum(compute_s, memory_s) + comm_s + lat_s
+        if par.two_batch_overlap:
+            stage = _maximum(_maximum(compute_s, memory_s), comm_s) + lat_s
+        else:
+            stage = _maximum(compute_s, memory_s) + comm_s + lat_s
         hop = hop_xfer + hop_lat
         if steady:
             time = _maximum(pp * stage + (pp - 1) * hop, m * stage)
@@ -683,7 +695,17 @@ class CostModel:
         ar = dev.collective_parts("all_reduce", size, tp, e)
         if ep > 1 and t.n_moe:
             own = tok_mb / (tp if par.dp_attention else ep)
-            a2a = dev.collective_parts("all_to_all", own * t.top_k * t.hidden * ACTIVATION_BYTES, ep, e)
+            copies = t.top_k
+            if ep > dev.scale_up_domain and t.topk_group:
+                # node-limited routing over the scale-out network: a token's experts lie
+                # in at most topk_group nodes; one copy crosses to each remote node and
+                # is forwarded to its experts over the scale-up fabric (DeepEP's
+                # normal kernels); nbytes follow nccl-tests' all-to-all convention
+                # (x (n - 1) / n inside collective_parts), so the copies are scaled back
+                nodes = math.ceil(ep / dev.scale_up_domain)
+                reach = min(t.top_k, t.topk_group, nodes)
+                copies = reach * (nodes - 1) / nodes * ep / (ep - 1)
+            a2a = dev.collective_parts("all_to_all", own * copies * t.hidden * ACTIVATION_BYTES, ep, e)
             moe = (2 * a2a[0], 2 * a2a[1])
         else:
             moe = ar

@@ -359,6 +359,7 @@ def closed_loop_estimate(dep: Deployment, device=None, iterations: int = 60) -> 
     seqs_cap = min(seqs_cap, _kv_cap(dec_cost, ctx))
     B = min(n_users, seqs_cap)
     N = dep.recv_interval
+    k_max = _prompts_per_pass(dep, pf_cost.parallelism, P)
     cap = None                  # prefill capacity of a disaggregated pool (set below)
     X = 0.0
     out: dict = {}
@@ -368,25 +369,29 @@ def closed_loop_estimate(dep: Deployment, device=None, iterations: int = 60) -> 
         s = sc.time_s
         if "both" in by_role:
             if cost.device.mixed_prefill:
-                # a share q of the iterations carries one prompt (fused with the decode step)
-                mc = cost.mixed(np.array([P]), np.zeros(1), np.full(max(1, int(round(B))), ctx))
+                # a share q of the iterations carries k_max prompts (fused with the decode step)
+                mc = cost.mixed(np.full(int(k_max), P), np.zeros(int(k_max)), np.full(max(1, int(round(B))), ctx))
                 t_mix = mc.time_s
                 t = s
                 for _ in range(20):
-                    q = min(1.0, X * t)
+                    q = min(1.0, X * t / int(k_max))
                     t = (1 - q) * s + q * t_mix
                 tpot = t / tps
                 ttft = N * t / 2 + t_mix
                 shares = (q * t_mix / t, _roof(mc), _roof(sc))
+                cap = int(k_max) / t_mix        # every iteration fused with a full budget of prompts
             else:
                 pf = prefill(1.0)
                 for _ in range(8):      # the prompts that arrive while a batch of k is served
                     k = max(1.0, X * (N * s + pf))
-                    pf = prefill(k)
-                frac = min(0.95, X / k * pf)
+                    pf = prefill(min(k, k_max))
+                # more than a budget's worth waiting: they go in ceil(k / k_max) passes,
+                # the mean prompt waiting for half of them
+                passes = max(1.0, k / k_max)
+                frac = min(0.95, X * passes * pf / k)
                 tpot = s / tps / (1.0 - frac)
-                ttft = N * s / 2 + pf
-                shares = (frac, _roof(pf_cost.prefill(np.full(max(1, int(k)), P), 0)), _roof(sc))
+                ttft = N * s / 2 + (passes + 1) / 2 * pf
+                shares = (frac, _roof(pf_cost.prefill(np.full(max(1, int(min(k, k_max))), P), 0)), _roof(sc))
         else:
             pf = prefill(1.0)
             rho = min(0.95, X * pf / by_role["prefill"].instances)
@@ -395,7 +400,6 @@ def closed_loop_estimate(dep: Deployment, device=None, iterations: int = 60) -> 
             if cap is None:
                 # the prefill pool's capacity: each instance packs the chunk budget with
                 # waiting prompts, k of them per pass (requests/s per decode instance)
-                k_max = max(1.0, (dep.chunk_tokens or DEFAULT_CHUNK_TOKENS) / P)
                 cap = by_role["prefill"].instances * k_max / prefill(k_max) / pool.instances
                 pf_roof = _roof(pf_cost.prefill(np.full(max(1, int(k_max)), P), 0))
             busy = min(1.0, X * pool.instances / cap) if cap else 0.0
@@ -422,6 +426,16 @@ def closed_loop_estimate(dep: Deployment, device=None, iterations: int = 60) -> 
         out["input_per_prefill_gpu"] = out["requests_per_s"] * P / (pre.instances * pre.parallelism.n_devices)
     out.update(_power(dep, by_role, shares, pf_cost.device, dec_cost.device, out["throughput_per_gpu"]))
     return out
+
+
+def _prompts_per_pass(dep: Deployment, par: Parallelism, prompt: float) -> float:
+    """Prompts one prefill pass of an instance can carry: its chunked-prefill token
+    budget (the harness's, else DEFAULT_CHUNK_TOKENS) over the prompt length, at least
+    one. With data-parallel attention each attention rank schedules its own chunk
+    (SGLang's --chunked-prefill-size is per DP rank), so the instance's budget is the
+    chunk times its tp ranks."""
+    budget = (dep.chunk_tokens or DEFAULT_CHUNK_TOKENS) * (par.tp if par.dp_attention else 1)
+    return max(1.0, budget / prompt)
 
 
 def _roof(c) -> float:

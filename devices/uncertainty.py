@@ -323,7 +323,8 @@ def pool_cost_model(scenario, pool):
                                  method=s.method, draft_model=s.draft_model)
     device = apply_terms(resolve_stack(pool.device, pool.stack), getattr(scenario, "terms", {}) or {})
     return CostModel(resolve_model(scenario.model), device,
-                     Parallelism(tp=pool.tp, pp=pool.pp, ep=pool.ep, dp_attention=pool.dp_attention),
+                     Parallelism(tp=pool.tp, pp=pool.pp, ep=pool.ep, dp_attention=pool.dp_attention,
+                                 two_batch_overlap=getattr(pool, "two_batch_overlap", False)),
                      weight_dtype=scenario.weight_dtype, kv_dtype=scenario.kv_dtype, speculative=spec)
 
 

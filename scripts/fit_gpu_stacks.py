@@ -7,9 +7,11 @@ documents each; the decode-attention padding was fitted too and went to 0 on eve
 stack: these 1k-8k-token contexts show no attention cost beyond their KV bytes). The objective is the sum of
 robust (soft-L1) log errors of the closed-loop estimate (devices.serving_rows, each row
 deployed with how its benchmark launched it: devices.harness) against median
-TPOT, median TTFT (weight 1/2: it also holds client-side and scheduler queueing the
-formula does not model) and
-total tokens/s per GPU. Stacks with fewer than MIN_ROWS rows fit only the two
+TPOT, median TTFT (with the queue for prefill capacity and admission: Little's law) and
+total tokens/s per GPU, on gpu-calibration.csv, the saturated-prefill rows and the
+InferenceX DeepSeek-R1 rows (devices/catalog/inferencex/measured_rows.csv). Then the
+board power of each stack with rows that measured it (`fit_power`) and the
+leave-one-device-out table (devices/lodo.py, written to devices/catalog/lodo.toml). Stacks with fewer than MIN_ROWS rows fit only the two
 latency terms and take the rest from a sibling stack (`SIBLINGS`).
 
 The MLPerf entries (mi300x-vllm, b300-trtllm) fit one compute efficiency on their
@@ -77,7 +79,9 @@ BOUND_NOTES = {
 }
 #: stack entry -> the entry whose other parameters it takes when it has few rows
 SIBLINGS = FIT_SIBLINGS   # the same SGLang 0.5.x kernels (devices.borrow: LODO keeps them apart)
-WEIGHTS = {"tpot_s": 1.0, "ttft_s": 0.5, "throughput_per_gpu": 1.0, "input_per_prefill_gpu": 1.0}
+#: TTFT weighs as much as the rest now that the closed loop holds the queue for
+#: prefill capacity and admission (Little's law); it was 1/2 while it did not.
+WEIGHTS = {"tpot_s": 1.0, "ttft_s": 1.0, "throughput_per_gpu": 1.0, "input_per_prefill_gpu": 1.0}
 
 
 def with_params(dev, values: dict):
@@ -221,6 +225,27 @@ def write_power(key: str, idle: float, peak: float, n: int) -> None:
     path.write_text(text)
 
 
+def write_mi455x_power() -> None:
+    """The MI455X's idle and busy board power (mi455x.toml): SGLang on MI355X's fitted
+    fractions of its TDP times the middle of the MI455X's documented TDP range
+    (devices.uncertainty.MI455X_TDP_RANGE_W; the range itself is the study's term)."""
+    from devices.lodo import power_fractions
+    from devices.uncertainty import MI455X_TDP_RANGE_W
+
+    pf = power_fractions("mi355x-sglang")
+    mid = sum(MI455X_TDP_RANGE_W) / 2
+    path = CATALOG_DIR / "devices" / "mi455x.toml"
+    text = path.read_text()
+    for name, frac in (("idle_w", pf["idle"]), ("peak_w", pf["busy"])):
+        text, n = re.subn(rf"^{name}\s*=.*$", f"{name} = {frac * mid:.0f}   # [C] SGLang on MI355X's fitted "
+                          f"{frac:.1%} of TDP x {mid:.0f} W (middle of the documented {MI455X_TDP_RANGE_W[0]:.0f}-"
+                          f"{MI455X_TDP_RANGE_W[1]:.0f} W; scripts/fit_gpu_stacks.py)", text, flags=re.M)
+        if n != 1:
+            raise SystemExit(f"{path}: no single '{name} = ...' line to write")
+    path.write_text(text)
+    reload_catalog()
+
+
 def fit_mlperf(key: str, rows) -> float:
     """The compute efficiency that centres the entry's MLPerf throughput rows (their
     error is linear in 1 / efficiency: compute-bound), by bisection on the log mean."""
@@ -284,6 +309,8 @@ def main() -> None:
             write_values(key, {**copied, **vals})
             reload_catalog()
     power = fit_power(power_rows, args.only, args.write)
+    if args.write and "mi355x-sglang" in power:
+        write_mi455x_power()
     lodo = leave_one_device_out([*load_serving_rows(ROWS), *(m.row for m in measured_rows)])
     print(f"leave-one-device-out over {lodo['rows']} rows: median |error| "
           + ", ".join(f"{m} {v:.1%}" for m, v in lodo["median_abs_error"].items()))

@@ -82,7 +82,10 @@ class PoolConfig(_Strict):
     tp: int = Field(default=1, ge=1)
     pp: int = Field(default=1, ge=1)
     ep: int = Field(default=1, ge=1)
-    dp_attention: bool = Field(default=False, description="data-parallel attention over the tp devices")
+    dp_attention: bool = Field(default=False, description="data-parallel attention over the tp devices (with ep "
+                               "above tp: over the ep devices, attention replicated on each)")
+    two_batch_overlap: bool = Field(default=False, description="overlap the expert-parallel all-to-all with "
+                                    "compute (SGLang --enable-two-batch-overlap)")
     # prefill side (role prefill or both)
     chunk_tokens: int = Field(default=8192, ge=1, description="chunked-prefill token budget per iteration")
     prefix_cache: bool = True
@@ -132,6 +135,14 @@ class PoolConfig(_Strict):
     @property
     def devices_per_instance(self) -> int:
         return self.tp * self.pp
+
+    @property
+    def instance_chunk_tokens(self) -> int:
+        """Prompt tokens one iteration of an instance may carry: `chunk_tokens`, per
+        attention rank with data-parallel attention (SGLang's --chunked-prefill-size is
+        per DP rank: each rank schedules its own chunk), as the closed-loop estimate
+        packs it (devices.serving_rows)."""
+        return self.chunk_tokens * (self.tp if self.dp_attention and self.tp > 1 else 1)
 
 
 class LinkConfig(LinkSpec):

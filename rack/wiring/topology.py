@@ -109,7 +109,7 @@ def build_topology(scenario: Scenario, request_ids: Sequence[int]) -> list[Compo
                 decode_names.append(name)
             specs.append(ComponentSpec(name, "devices.engines.colocated:ColocatedEngine", {
                 "name": name, "cost": costs[p.name], "collector": Ref("collector"),
-                "chunk_tokens": p.chunk_tokens, "max_queue": p.max_queue,
+                "chunk_tokens": p.instance_chunk_tokens, "max_queue": p.max_queue,
                 "max_batch": max_num_seqs(p, costs[p.name]), "kv_block_tokens": p.kv_block_tokens,
                 "prefix_cache": p.prefix_cache, "admission_policy": p.admission_policy,
                 "memory_reserve_fraction": p.memory_reserve_fraction,
@@ -147,7 +147,7 @@ def build_topology(scenario: Scenario, request_ids: Sequence[int]) -> list[Compo
                 "name": name, "cost": costs[p.name], "collector": Ref("collector"),
                 "interconnect": Ref("interconnect"), "decode": [Ref(d) for d in decode_names],
                 "router": Ref("router"),
-                "chunk_tokens": p.chunk_tokens, "max_queue": p.max_queue,
+                "chunk_tokens": p.instance_chunk_tokens, "max_queue": p.max_queue,
                 "kv_block_tokens": p.kv_block_tokens, "prefix_cache": p.prefix_cache,
                 "payload_scale": scenario.payload_scale, "layer_group": scenario.layer_group,
                 "memory_reserve_fraction": p.memory_reserve_fraction, "kv_seed": scenario.seed,
