@@ -138,13 +138,23 @@ def borrowed_stack_uncertainty(device: str | None = None, stack: str = "sglang")
             "source": tab.get("source", "")}
 
 
+def hardware_tdp_w(entry: str) -> float:
+    """The board power limit (W) of a catalog entry's hardware: `peak_w` of its hardware
+    entry (the "roofline" stack), which a stack's fitted `peak_w` does not change."""
+    root = _root(_lookup_key("devices", entry))
+    try:
+        return get_device(root, "roofline").peak_w
+    except CatalogError:          # a hardware file without a roofline stack: its default
+        return get_device(root).peak_w
+
+
 def power_fractions(entry: str) -> dict:
     """A stack entry's board power as fractions of its hardware's TDP: {"idle",
     "busy", "tdp_w", "entry"} (idle_w / TDP, peak_w / TDP; TDP = the hardware entry's
     peak_w, catalog key "<hw>-<stack>"). The fitted values are the entry's own when
     scripts/fit_gpu_stacks.py fitted them on rows with measured power."""
     spec = get_device(entry)
-    tdp = get_device(entry.split("-")[0]).peak_w
+    tdp = hardware_tdp_w(entry)
     return {"idle": spec.idle_w / tdp, "busy": spec.peak_w / tdp, "tdp_w": tdp, "entry": entry}
 
 
@@ -160,4 +170,4 @@ def power_fraction_range(entry: str) -> tuple[float, float]:
     return float(p["idle_fraction_low"]), float(p["idle_fraction_high"])
 
 
-__all__ = ["LODO_FILE", "power_fraction_range", "borrowed_stack_uncertainty", "leave_one_device_out", "power_fractions", "write_lodo"]
+__all__ = ["LODO_FILE", "hardware_tdp_w", "power_fraction_range", "borrowed_stack_uncertainty", "leave_one_device_out", "power_fractions", "write_lodo"]

@@ -40,7 +40,7 @@ from devices.borrow import FIT_SIBLINGS, resolve_stack  # noqa: E402
 from devices.catalog import CATALOG_DIR, _raw_entries, get_device  # noqa: E402
 from devices.serving_rows import closed_loop_estimate, deployment, load_serving_rows, measured  # noqa: E402
 from devices.inferencex import load_inferencex_rows  # noqa: E402
-from devices.lodo import leave_one_device_out, write_lodo  # noqa: E402
+from devices.lodo import hardware_tdp_w, leave_one_device_out, write_lodo  # noqa: E402
 from devices.validation import load_rows, predict  # noqa: E402
 
 ROWS = CATALOG_DIR / "gpu-calibration.csv"
@@ -57,7 +57,7 @@ SATURATED = CATALOG_DIR / "saturated-prefill.csv"
 #: 0.5.10 as InferenceX launches it, JIT DeepGEMM off, measures ~1.6 %: see b300-sglang.toml).
 PARAMS = (("moe_layer_latency_s", 5e-6, 300e-6), ("iteration_overhead_s", 1e-4, 5e-3),
           ("prefill_layer_latency_s", 1e-5, 1e-3), ("request_latency_s", 1e-3, 0.3),
-          ("decode_memory", 0.5, 0.92), ("prefill_compute", 0.01, 0.8))
+          ("decode_memory", 0.5, 0.92), ("prefill_compute", 0.01, 0.8), ("decode_compute", 0.01, 0.8))
 LATENCY_ONLY = ("moe_layer_latency_s", "prefill_layer_latency_s", "request_latency_s")
 MIN_ROWS = 5
 #: Models whose InferenceX rows the stacks are fitted on (the catalog has their
@@ -84,11 +84,17 @@ SIBLINGS = FIT_SIBLINGS   # the same SGLang 0.5.x kernels (devices.borrow: LODO 
 WEIGHTS = {"tpot_s": 1.0, "ttft_s": 1.0, "throughput_per_gpu": 1.0, "input_per_prefill_gpu": 1.0}
 
 
+EFFICIENCIES = ("decode_memory", "prefill_compute", "decode_compute")
+
+
 def with_params(dev, values: dict):
-    eff = {k: v for k, v in values.items() if k in ("decode_memory", "prefill_compute")}
-    if "prefill_compute" in eff:
+    """`dev` with the fitted values (prefill and decode compute efficiencies apart: a
+    prompt pass's GEMMs are large, a decode step's are a batch of rows; MLPerf fits set
+    both from one value, `fit_mlperf`)."""
+    eff = {k: v for k, v in values.items() if k in EFFICIENCIES}
+    if "prefill_compute" in eff and "decode_compute" not in values:
         eff["decode_compute"] = eff["prefill_compute"]
-    top = {k: v for k, v in values.items() if k not in ("decode_memory", "prefill_compute")}
+    top = {k: v for k, v in values.items() if k not in EFFICIENCIES}
     return dev.model_copy(update={**top, "efficiency": dev.efficiency.model_copy(update=eff)})
 
 
@@ -162,7 +168,7 @@ def write_values(key: str, values: dict) -> None:
         name = "decode_memory" if p == "decode_memory" else p
         fmt = f"{v:.3g}" if "latency" in p or "overhead" in p else (f"{v:.0f}.0" if p.endswith("tokens") else f"{v:.3f}")
         text, n = re.subn(rf"^({name}\s*=\s*)\S+(\s*#)", rf"\g<1>{fmt}\2", text, flags=re.M)
-        if p == "prefill_compute":
+        if p == "prefill_compute" and "decode_compute" not in values:
             text = re.sub(r"^(decode_compute\s*=\s*)\S+(\s*#)", rf"\g<1>{fmt}\2", text, flags=re.M)
         if n != 1:
             raise SystemExit(f"{path}: no single '{name} = ... #' line to write")
@@ -190,7 +196,7 @@ def fit_power(rows, only: str | None, write: bool) -> None:
             continue
         u = np.array([closed_loop_estimate(dep)["load"] for _, dep, _ in items])
         w = np.array([m.power_w_per_gpu for m, _, _ in items])
-        tdp = get_device(key.split("-")[0]).peak_w          # the hardware entry (catalog key "<hw>-<stack>")
+        tdp = hardware_tdp_w(key)
 
         def fit(sel):
             a = np.vstack([1 - u[sel], u[sel]]).T           # P = idle (1 - u) + peak u
@@ -221,7 +227,7 @@ def write_power(key: str, idle: float, peak: float, n: int) -> None:
         line = f"{name} = {v:.0f}"
         text, k = re.subn(rf"^{name}\s*=.*$", f"{line}   {note}", text, flags=re.M)
         if k == 0:
-            text = re.sub(r"^(\[stack\])", f"{line}   {note}\n\n\\1", text, count=1, flags=re.M)
+            text = re.sub(r"\n*^(\[stack\])", f"\n{line}   {note}\n\n\\1", text, count=1, flags=re.M)
     path.write_text(text)
 
 
