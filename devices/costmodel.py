@@ -521,8 +521,11 @@ class CostModel:
         #: never on a wafer streaming prompts (its layer regions take prompt and decode
         #: tokens in turn: the prompt's stream, then the decode step).
         self._fused: bool = dev.mixed_prefill and dev.prompt_token_layer_s == 0
-        #: The stack's cap on requests an instance runs at once (None: not given).
-        self.max_num_seqs: int | None = dev.max_num_seqs
+        #: The stack's cap on requests an instance runs at once (None: not given): per
+        #: attention rank with data-parallel attention (each rank runs its own batch and
+        #: captures its own CUDA / HIP graphs up to the stack's size).
+        ranks = par.tp if par.dp_attention and par.tp > 1 else 1
+        self.max_num_seqs: int | None = None if dev.max_num_seqs is None else dev.max_num_seqs * ranks
         self.tokens_per_step: float = 1.0 if speculative is None else speculative.tokens_per_step
 
     def _instance_terms(self, model: ModelSpec) -> _Terms:
@@ -575,18 +578,18 @@ class CostModel:
         if not isinstance(tokens, float):
             tokens = np.asarray(tokens, dtype=float)
         tok_mb = tokens / m
+        decode_part = flops_d > 0 if isinstance(flops_d, float) else np.any(np.asarray(flops_d) > 0)
+        prefill_part = flops_p > 0 if isinstance(flops_p, float) else np.any(np.asarray(flops_p) > 0)
         if isinstance(tok_mb, float):
-            key = (id(t), tok_mb, m, pp)
+            key = (id(t), tok_mb, m, pp, bool(prefill_part))
             terms = self._token_terms.get(key)
             if terms is None:
                 if len(self._token_terms) >= self._TOKEN_TERMS_MAX:
                     self._token_terms.clear()
-                terms = self._token_terms[key] = self._terms_of_tokens(t, tok_mb, m, pp)
+                terms = self._token_terms[key] = self._terms_of_tokens(t, tok_mb, m, pp, bool(prefill_part))
         else:
-            terms = self._terms_of_tokens(t, tok_mb, m, pp)
+            terms = self._terms_of_tokens(t, tok_mb, m, pp, bool(prefill_part))
         w_mb, pad, comm_bw, comm_lat, hop_xfer, hop_lat = terms
-        decode_part = flops_d > 0 if isinstance(flops_d, float) else np.any(np.asarray(flops_d) > 0)
-        prefill_part = flops_p > 0 if isinstance(flops_p, float) else np.any(np.asarray(flops_p) > 0)
         # Weights are read once per micro-batch pass for both parts; a fused pass reads
         # them no faster than either phase alone would (taking the decode figure made a
         # memory-bound prompt chunk faster when a decode request joined it).
@@ -656,7 +659,7 @@ class CostModel:
     # iterations mostly carry the full chunk budget, so a few hundred keys cover most
     # of a trace); cleared when full.
 
-    def _terms_of_tokens(self, t: _Terms, tok_mb, m: int, pp: int) -> tuple:
+    def _terms_of_tokens(self, t: _Terms, tok_mb, m: int, pp: int, prompt: bool = False) -> tuple:
         """The terms of `_pass` that depend only on the micro-batch's token count (and
         the model, m and pp): (weight bytes read per micro-batch, MoE padding FLOPs of
         the m micro-batches, collective transfer s, collective latency s, pipeline hop
@@ -664,7 +667,7 @@ class CostModel:
         dev, eff = self.device, self.device.efficiency
         w_mb = t.weight_bytes_per_pass(tok_mb) + t.replicated_weight_bytes
         pad = m * self._moe_padding_flops(t, tok_mb)
-        comm_bw, comm_lat = self._stage_comm(t, tok_mb, pp)
+        comm_bw, comm_lat = self._stage_comm(t, tok_mb, pp, prompt)
         if pp > 1:
             link_bw, link_lat = dev.link(self.parallelism.n_devices)
             hop_xfer = tok_mb * t.hidden * ACTIVATION_BYTES / (link_bw * eff.communication)
@@ -673,7 +676,7 @@ class CostModel:
             hop_xfer = hop_lat = 0.0
         return w_mb, pad, comm_bw, comm_lat, hop_xfer, hop_lat
 
-    def _stage_comm(self, t: _Terms, tok_mb, pp: int) -> tuple:
+    def _stage_comm(self, t: _Terms, tok_mb, pp: int, prompt: bool = False) -> tuple:
         """(transfer time, latency time) of one stage's collectives for one micro-batch
         of tok_mb tokens (s), from the device's measured collective tables
         (`HardwareSpec.collective_parts`).
@@ -696,12 +699,14 @@ class CostModel:
         if ep > 1 and t.n_moe:
             own = tok_mb / (tp if par.dp_attention else ep)
             copies = t.top_k
-            if ep > dev.scale_up_domain and t.topk_group:
-                # node-limited routing over the scale-out network: a token's experts lie
-                # in at most topk_group nodes; one copy crosses to each remote node and
-                # is forwarded to its experts over the scale-up fabric (DeepEP's
-                # normal kernels); nbytes follow nccl-tests' all-to-all convention
-                # (x (n - 1) / n inside collective_parts), so the copies are scaled back
+            if prompt and ep > dev.scale_up_domain and t.topk_group:
+                # a pass with prompt tokens over the scale-out network (DeepEP's normal
+                # kernels): node-limited routing puts a token's experts in at most
+                # topk_group nodes, one copy crosses to each remote node and is
+                # forwarded to its experts over the scale-up fabric. Decode steps use the
+                # low-latency kernels, which send each top-k copy over RDMA directly
+                # (deepseek-ai/DeepEP README). nbytes follow nccl-tests' all-to-all
+                # convention (x (n - 1) / n inside collective_parts): copies scaled back
                 nodes = math.ceil(ep / dev.scale_up_domain)
                 reach = min(t.top_k, t.topk_group, nodes)
                 copies = reach * (nodes - 1) / nodes * ep / (ep - 1)
