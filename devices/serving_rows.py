@@ -311,7 +311,8 @@ def closed_loop_estimate(dep: Deployment, device=None, iterations: int = 60) -> 
       without `mixed_prefill`: k waiting prompts batched per pass, k = max(1, X (s +
       pf(k))) solved by iteration, the pass taking pf(k)); decode runs in the time prefill leaves: TPOT = s /
       tps / (1 - f), f = X / k x pf(k) the prefill share of time; TTFT = s / 2 + pf(k)
-      (the step in flight, then the prompt's pass). With `mixed_prefill` a share q =
+      (the step in flight, then the prompt's pass) + f pf / (2 (1 - f)) (the M/D/1 wait
+      for a pass in progress). With `mixed_prefill` a share q =
       X t of the iterations fuses one prompt with the decode step (t_mix), the mean
       iteration t = (1 - q) s + q t_mix: TPOT = t / tps, TTFT = t / 2 + t_mix.
       With a scheduler receive interval of N decode steps (`dep.recv_interval`, SGLang
@@ -390,7 +391,8 @@ def closed_loop_estimate(dep: Deployment, device=None, iterations: int = 60) -> 
                 passes = max(1.0, k / k_max)
                 frac = min(0.95, X * passes * pf / k)
                 tpot = s / tps / (1.0 - frac)
-                ttft = N * s / 2 + (passes + 1) / 2 * pf
+                # plus the wait for a prefill pass in progress (M/D/1 at the prefill share)
+                ttft = N * s / 2 + (passes + 1) / 2 * pf + frac * pf / (2 * (1 - frac))
                 shares = (frac, _roof(pf_cost.prefill(np.full(max(1, int(min(k, k_max))), P), 0)), _roof(sc))
         else:
             pf = prefill(1.0)

@@ -7,7 +7,7 @@ documents each; the decode-attention padding was fitted too and went to 0 on eve
 stack: these 1k-8k-token contexts show no attention cost beyond their KV bytes). The objective is the sum of
 robust (soft-L1) log errors of the closed-loop estimate (devices.serving_rows, each row
 deployed with how its benchmark launched it: devices.harness) against median
-TPOT, median TTFT (with the queue for prefill capacity and admission: Little's law) and
+TPOT, median TTFT (weight 1/2: `WEIGHTS`) and
 total tokens/s per GPU, on gpu-calibration.csv, the saturated-prefill rows and the
 InferenceX DeepSeek-R1 rows (devices/catalog/inferencex/measured_rows.csv). Then the
 board power of each stack with rows that measured it (`fit_power`) and the
@@ -75,18 +75,22 @@ POWER_EXCLUDED = ("ixapp-fix-0077",)
 #: it, not pass it by more than the sampling noise of nvidia-smi / amd-smi (~5 %).
 POWER_CEILING = 1.05
 #: Why a fitted term at a bound is not a result (printed beside it).
-BOUND_NOTES = {
-    "prefill_layer_latency_s": "the stack's rows hold no saturated prefill, so its TTFTs (mostly fixed "
-                               "overhead at 1-128 users) cannot tell a prompt pass's latency from the front "
-                               "end's per-request latency; saturated-prefill rows of the stack would",
-    "decode_memory": "HBM reached 92 % of peak in a microbenchmark (hardware.md): decode at the ceiling",
-    "request_latency_s": "the front end's share of TTFT is at the end of its plausible range",
+BOUND_NOTES = {   # (parameter, "low" | "high") -> why the fit sits there
+    ("prefill_layer_latency_s", "high"): "the rows' prompt passes take longer than their FLOPs at the fitted "
+                                         "efficiency and a 1 ms eager layer allow: a term the model lacks",
+    ("prefill_layer_latency_s", "low"): "no fixed latency per prompt layer is left beyond the roofline",
+    ("decode_memory", "high"): "HBM reached 92 % of peak in a microbenchmark (hardware.md): decode at the ceiling",
+    ("decode_memory", "low"): "the rows' decode steps take longer than half the HBM rate allows: costs the "
+                              "roofline does not hold (or rows of one stack that disagree)",
+    ("request_latency_s", "high"): "the front end's share of TTFT is at the end of its plausible range",
 }
 #: stack entry -> the entry whose other parameters it takes when it has few rows
 SIBLINGS = FIT_SIBLINGS   # the same SGLang 0.5.x kernels (devices.borrow: LODO keeps them apart)
-#: TTFT weighs as much as the rest now that the closed loop holds the queue for
-#: prefill capacity and admission (Little's law); it was 1/2 while it did not.
-WEIGHTS = {"tpot_s": 1.0, "ttft_s": 1.0, "throughput_per_gpu": 1.0, "input_per_prefill_gpu": 1.0}
+#: TTFT weighs 1/2: at saturation it holds queueing beyond what the closed loop models
+#: (admission and prefill capacity, Little's law), which would otherwise pull the front
+#: end's latency up and spoil the low-load rows (weight 1 did: gpu-calibration's TTFT
+#: median went from 14 % to 34 %).
+WEIGHTS = {"tpot_s": 1.0, "ttft_s": 0.5, "throughput_per_gpu": 1.0, "input_per_prefill_gpu": 1.0}
 
 
 EFFICIENCIES = ("decode_memory", "prefill_compute", "decode_compute")
@@ -316,7 +320,8 @@ def main() -> None:
             v = {**copied, **vals}.get(p)
             if p in vals and v is not None and not lo * 1.01 < v < hi / 1.01:
                 print(f"  note: {p} = {v:.4g} sits at its bound [{lo:g}, {hi:g}]: "
-                      + BOUND_NOTES.get(p, "the rows ask for more than the bound allows"))
+                      + BOUND_NOTES.get((p, "low" if v <= lo * 1.01 else "high"),
+                                        "the rows ask for more than the bound allows"))
         if args.write:
             write_values(key, {**copied, **vals})
             reload_catalog()
