@@ -355,9 +355,10 @@ def closed_loop_estimate(dep: Deployment, device=None, iterations: int = 60) -> 
         return pf_cost.prefill(np.array(chunks), 0).time_s
 
     # The running-request cap: the stack's (or the harness's) max_num_seqs and the
-    # requests whose KV fits in an instance's memory at the mean context (the engines
-    # admit by the blocks a request holds; devices.planner).
-    seqs_cap = min(seqs_cap, _kv_cap(dec_cost, ctx))
+    # requests whose KV fits in an instance's memory at their final footprint P + O (the
+    # engines' default admission books it, devices.engines.decode "reserve", as
+    # TensorRT-LLM's GUARANTEED_NO_EVICT capacity scheduler does; devices.planner).
+    seqs_cap = min(seqs_cap, _kv_cap(dec_cost, P + O))
     B = min(n_users, seqs_cap)
     N = dep.recv_interval
     k_max = _prompts_per_pass(dep, pf_cost.parallelism, P)
@@ -448,7 +449,7 @@ def _roof(c) -> float:
 
 
 def _kv_cap(cost: CostModel, ctx: float) -> float:
-    """Requests of `ctx` tokens of context whose KV fits in one instance (inf when the
+    """Requests whose KV of `ctx` tokens fits in one instance at once (inf when the
     weights leave no room: the planner's error is the engines' to raise)."""
     from .planner import ModelDoesNotFit, plan_memory
 
