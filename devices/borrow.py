@@ -42,7 +42,8 @@ FRAMEWORK_NAMES = {"sglang": "SGLang", "trtllm": "TensorRT-LLM", "vllm": "vLLM"}
 #: Entries fitted with few rows, taking their other terms from a sibling stack
 #: (scripts/fit_gpu_stacks.py): a left-out device's rows must not reach its prediction
 #: through them.
-FIT_SIBLINGS = {"b200-sglang": "h200-sglang", "gb200-sglang": "h200-sglang"}
+#: (None since the InferenceX rows: B200 and GB200 SGLang have 27 and 15 rows of their own.)
+FIT_SIBLINGS: dict[str, str] = {}
 
 
 def family(stack: str) -> str | None:

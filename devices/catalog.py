@@ -409,6 +409,7 @@ def load_hf_config(path: str | Path, name: str | None = None) -> ModelSpec:
             "n_shared_experts": g("n_shared_experts", "num_shared_experts", default=0),
             "expert_ffn_size": g("moe_intermediate_size", default=ffn),
             "n_dense_layers": dense,
+            "topk_group": g("topk_group", default=None) if (cfg.get("n_group") or 1) > 1 else None,
         }
     mla = None
     if cfg.get("kv_lora_rank"):

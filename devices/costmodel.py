@@ -87,6 +87,11 @@ class Parallelism:
     pp: int = 1
     ep: int = 1
     dp_attention: bool = False
+    #: two-batch overlap (SGLang --enable-two-batch-overlap; DeepSeek's "dual
+    #: micro-batch overlap"): the batch is split in two and one half's expert-parallel
+    #: all-to-all runs while the other half computes, so a pass takes max(roofline,
+    #: collectives) instead of their sum
+    two_batch_overlap: bool = False
 
     def __post_init__(self) -> None:
         for name in ("tp", "pp", "ep"):
@@ -100,6 +105,21 @@ class Parallelism:
     @property
     def n_devices(self) -> int:
         return self.tp * self.pp
+
+    @classmethod
+    def deployed(cls, tp: int = 1, ep: int = 1, dp_attention: bool = False, pp: int = 1,
+                 two_batch_overlap: bool = False) -> "Parallelism":
+        """The parallelism a serving framework's flags deploy. With data-parallel
+        attention the attention block is replicated on every rank of the expert-parallel
+        group and the experts are sharded over it (SGLang --tp N --dp N
+        --enable-dp-attention --ep N; InferenceX reports such an instance as TP 1, EP N,
+        DP attention): a stage spans max(tp, ep) devices. Without it, ep must divide tp.
+        The all-to-all runs on the scale-up fabric when the group fits one scale-up
+        domain, else on the scale-out network (`HardwareSpec.collective_parts`)."""
+        if dp_attention and ep > tp:
+            tp = ep
+        return cls(tp=tp, pp=pp, ep=ep, dp_attention=bool(dp_attention) and tp > 1,
+                   two_batch_overlap=two_batch_overlap)
 
 
 def _check_split(model: ModelSpec, par: Parallelism) -> None:
@@ -295,6 +315,7 @@ class _Terms:
     n_moe: int
     n_experts: int
     top_k: int
+    topk_group: int
     active_linear: float
     lm_head: float
     attn_coef: float
@@ -321,6 +342,7 @@ class _Terms:
             n_moe=model.n_moe_layers,
             n_experts=moe.n_routed_experts if moe else 0,
             top_k=moe.n_active_experts if moe else 0,
+            topk_group=(moe.topk_group or 0) if moe else 0,
             active_linear=float(model.active_linear_params),
             lm_head=float(model.lm_head_params),
             attn_coef=float(model.attention_flops_per_position),
@@ -500,8 +522,11 @@ class CostModel:
         #: never on a wafer streaming prompts (its layer regions take prompt and decode
         #: tokens in turn: the prompt's stream, then the decode step).
         self._fused: bool = dev.mixed_prefill and dev.prompt_token_layer_s == 0
-        #: The stack's cap on requests an instance runs at once (None: not given).
-        self.max_num_seqs: int | None = dev.max_num_seqs
+        #: The stack's cap on requests an instance runs at once (None: not given): per
+        #: attention rank with data-parallel attention (each rank runs its own batch and
+        #: captures its own CUDA / HIP graphs up to the stack's size).
+        ranks = par.tp if par.dp_attention and par.tp > 1 else 1
+        self.max_num_seqs: int | None = None if dev.max_num_seqs is None else dev.max_num_seqs * ranks
         self.tokens_per_step: float = 1.0 if speculative is None else speculative.tokens_per_step
 
     def _instance_terms(self, model: ModelSpec) -> _Terms:
@@ -554,18 +579,18 @@ class CostModel:
         if not isinstance(tokens, float):
             tokens = np.asarray(tokens, dtype=float)
         tok_mb = tokens / m
+        decode_part = flops_d > 0 if isinstance(flops_d, float) else np.any(np.asarray(flops_d) > 0)
+        prefill_part = flops_p > 0 if isinstance(flops_p, float) else np.any(np.asarray(flops_p) > 0)
         if isinstance(tok_mb, float):
-            key = (id(t), tok_mb, m, pp)
+            key = (id(t), tok_mb, m, pp, bool(prefill_part))
             terms = self._token_terms.get(key)
             if terms is None:
                 if len(self._token_terms) >= self._TOKEN_TERMS_MAX:
                     self._token_terms.clear()
-                terms = self._token_terms[key] = self._terms_of_tokens(t, tok_mb, m, pp)
+                terms = self._token_terms[key] = self._terms_of_tokens(t, tok_mb, m, pp, bool(prefill_part))
         else:
-            terms = self._terms_of_tokens(t, tok_mb, m, pp)
+            terms = self._terms_of_tokens(t, tok_mb, m, pp, bool(prefill_part))
         w_mb, pad, comm_bw, comm_lat, hop_xfer, hop_lat = terms
-        decode_part = flops_d > 0 if isinstance(flops_d, float) else np.any(np.asarray(flops_d) > 0)
-        prefill_part = flops_p > 0 if isinstance(flops_p, float) else np.any(np.asarray(flops_p) > 0)
         # Weights are read once per micro-batch pass for both parts; a fused pass reads
         # them no faster than either phase alone would (taking the decode figure made a
         # memory-bound prompt chunk faster when a decode request joined it).
@@ -584,7 +609,10 @@ class CostModel:
         comm_s = comm_bw + comm_lat
         lat_s = (t.n_layers * (dev.layer_latency_s + (dev.prefill_layer_latency_s if prefill_part else 0.0))
                  + t.n_moe * dev.moe_layer_latency_s) / pp
-        stage = _maximum(compute_s, memory_s) + comm_s + lat_s
+        if par.two_batch_overlap:
+            stage = _maximum(_maximum(compute_s, memory_s), comm_s) + lat_s
+        else:
+            stage = _maximum(compute_s, memory_s) + comm_s + lat_s
         hop = hop_xfer + hop_lat
         if steady:
             time = _maximum(pp * stage + (pp - 1) * hop, m * stage)
@@ -632,7 +660,7 @@ class CostModel:
     # iterations mostly carry the full chunk budget, so a few hundred keys cover most
     # of a trace); cleared when full.
 
-    def _terms_of_tokens(self, t: _Terms, tok_mb, m: int, pp: int) -> tuple:
+    def _terms_of_tokens(self, t: _Terms, tok_mb, m: int, pp: int, prompt: bool = False) -> tuple:
         """The terms of `_pass` that depend only on the micro-batch's token count (and
         the model, m and pp): (weight bytes read per micro-batch, MoE padding FLOPs of
         the m micro-batches, collective transfer s, collective latency s, pipeline hop
@@ -640,7 +668,7 @@ class CostModel:
         dev, eff = self.device, self.device.efficiency
         w_mb = t.weight_bytes_per_pass(tok_mb) + t.replicated_weight_bytes
         pad = m * self._moe_padding_flops(t, tok_mb)
-        comm_bw, comm_lat = self._stage_comm(t, tok_mb, pp)
+        comm_bw, comm_lat = self._stage_comm(t, tok_mb, pp, prompt)
         if pp > 1:
             link_bw, link_lat = dev.link(self.parallelism.n_devices)
             hop_xfer = tok_mb * t.hidden * ACTIVATION_BYTES / (link_bw * eff.communication)
@@ -649,7 +677,7 @@ class CostModel:
             hop_xfer = hop_lat = 0.0
         return w_mb, pad, comm_bw, comm_lat, hop_xfer, hop_lat
 
-    def _stage_comm(self, t: _Terms, tok_mb, pp: int) -> tuple:
+    def _stage_comm(self, t: _Terms, tok_mb, pp: int, prompt: bool = False) -> tuple:
         """(transfer time, latency time) of one stage's collectives for one micro-batch
         of tok_mb tokens (s), from the device's measured collective tables
         (`HardwareSpec.collective_parts`).
@@ -671,7 +699,19 @@ class CostModel:
         ar = dev.collective_parts("all_reduce", size, tp, e)
         if ep > 1 and t.n_moe:
             own = tok_mb / (tp if par.dp_attention else ep)
-            a2a = dev.collective_parts("all_to_all", own * t.top_k * t.hidden * ACTIVATION_BYTES, ep, e)
+            copies = t.top_k
+            if prompt and ep > dev.scale_up_domain and t.topk_group:
+                # a pass with prompt tokens over the scale-out network (DeepEP's normal
+                # kernels): node-limited routing puts a token's experts in at most
+                # topk_group nodes, one copy crosses to each remote node and is
+                # forwarded to its experts over the scale-up fabric. Decode steps use the
+                # low-latency kernels, which send each top-k copy over RDMA directly
+                # (deepseek-ai/DeepEP README). nbytes follow nccl-tests' all-to-all
+                # convention (x (n - 1) / n inside collective_parts): copies scaled back
+                nodes = math.ceil(ep / dev.scale_up_domain)
+                reach = min(t.top_k, t.topk_group, nodes)
+                copies = reach * (nodes - 1) / nodes * ep / (ep - 1)
+            a2a = dev.collective_parts("all_to_all", own * copies * t.hidden * ACTIVATION_BYTES, ep, e)
             moe = (2 * a2a[0], 2 * a2a[1])
         else:
             moe = ar

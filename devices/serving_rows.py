@@ -253,7 +253,7 @@ def _pool(row: ServingRow, role: str) -> PoolPlan:
             raise CatalogError(f"row {row.id}: {per} {role} GPUs per worker but {role}_tp = {tp} without "
                                "data-parallel attention")
         tp, ep = per, per      # attention DP over the worker's GPUs, experts EP over them
-    return PoolPlan(role, workers, Parallelism(tp=tp, ep=ep, dp_attention=bool(dp) and tp > 1))
+    return PoolPlan(role, workers, Parallelism.deployed(tp=tp, ep=ep, dp_attention=bool(dp)))
 
 
 def deployment(row: ServingRow) -> Deployment:
@@ -283,11 +283,11 @@ def deployment(row: ServingRow) -> Deployment:
     if row.disaggregated:
         pools = (_pool(row, "prefill"), _pool(row, "decode"))
     else:
-        tp = row.tp or row.gpus_total
-        if row.gpus_total % tp:
-            raise CatalogError(f"row {row.id}: gpus_total ({row.gpus_total}) is not a multiple of tp ({tp})")
-        pools = (PoolPlan("both", row.gpus_total // tp,
-                          Parallelism(tp=tp, ep=row.ep or 1, dp_attention=row.dp_attention and tp > 1)),)
+        par = Parallelism.deployed(tp=row.tp or row.gpus_total, ep=row.ep or 1, dp_attention=row.dp_attention)
+        if row.gpus_total % par.tp:
+            raise CatalogError(f"row {row.id}: gpus_total ({row.gpus_total}) is not a multiple of the instance's "
+                               f"{par.tp} GPUs (tp, or ep with data-parallel attention)")
+        pools = (PoolPlan("both", row.gpus_total // par.tp, par),)
     return Deployment(model=row.model, device=row.hardware, stack=stack, weight_dtype=row.precision,
                       kv_dtype="fp8" if row.precision == "fp4" else row.precision, pools=pools,
                       speculative=spec, concurrency=row.concurrency_requests, isl=row.isl_tokens,
@@ -311,7 +311,8 @@ def closed_loop_estimate(dep: Deployment, device=None, iterations: int = 60) -> 
       without `mixed_prefill`: k waiting prompts batched per pass, k = max(1, X (s +
       pf(k))) solved by iteration, the pass taking pf(k)); decode runs in the time prefill leaves: TPOT = s /
       tps / (1 - f), f = X / k x pf(k) the prefill share of time; TTFT = s / 2 + pf(k)
-      (the step in flight, then the prompt's pass). With `mixed_prefill` a share q =
+      (the step in flight, then the prompt's pass) + f pf / (2 (1 - f)) (the M/D/1 wait
+      for a pass in progress). With `mixed_prefill` a share q =
       X t of the iterations fuses one prompt with the decode step (t_mix), the mean
       iteration t = (1 - q) s + q t_mix: TPOT = t / tps, TTFT = t / 2 + t_mix.
       With a scheduler receive interval of N decode steps (`dep.recv_interval`, SGLang
@@ -347,41 +348,53 @@ def closed_loop_estimate(dep: Deployment, device=None, iterations: int = 60) -> 
     seqs_cap = dep.max_num_seqs or dec_cost.max_num_seqs or 10 ** 9
     ctx = P + O / 2
 
-    def step(b: float) -> float:
-        b = max(1, int(round(b)))
-        return dec_cost.decode_step(np.full(b, ctx)).time_s
-
     def prefill(k: float) -> float:
         k = max(1.0, k)
         whole = int(k)
         chunks = [P] * whole + ([P * (k - whole)] if k > whole else [])
         return pf_cost.prefill(np.array(chunks), 0).time_s
 
+    # The running-request cap: the stack's (or the harness's) max_num_seqs and the
+    # requests whose KV fits in an instance's memory at their final footprint P + O (the
+    # engines' default admission books it, devices.engines.decode "reserve", as
+    # TensorRT-LLM's GUARANTEED_NO_EVICT capacity scheduler does; devices.planner).
+    seqs_cap = min(seqs_cap, _kv_cap(dec_cost, P + O))
     B = min(n_users, seqs_cap)
     N = dep.recv_interval
+    k_max = _prompts_per_pass(dep, pf_cost.parallelism, P)
     cap = None                  # prefill capacity of a disaggregated pool (set below)
     X = 0.0
     out: dict = {}
+    shares = (0.0, 0.0, 0.0)    # (prefill busy share, its roofline share, decode roofline share)
     for _ in range(iterations):
-        s = step(B)
+        sc = dec_cost.decode_step(np.full(max(1, int(round(B))), ctx))
+        s = sc.time_s
         if "both" in by_role:
             if cost.device.mixed_prefill:
-                # a share q of the iterations carries one prompt (fused with the decode step)
-                t_mix = cost.mixed(np.array([P]), np.zeros(1), np.full(max(1, int(round(B))), ctx)).time_s
+                # a share q of the iterations carries k_max prompts (fused with the decode step)
+                mc = cost.mixed(np.full(int(k_max), P), np.zeros(int(k_max)), np.full(max(1, int(round(B))), ctx))
+                t_mix = mc.time_s
                 t = s
                 for _ in range(20):
-                    q = min(1.0, X * t)
+                    q = min(1.0, X * t / int(k_max))
                     t = (1 - q) * s + q * t_mix
                 tpot = t / tps
                 ttft = N * t / 2 + t_mix
+                shares = (q * t_mix / t, _roof(mc), _roof(sc))
+                cap = int(k_max) / t_mix        # every iteration fused with a full budget of prompts
             else:
                 pf = prefill(1.0)
                 for _ in range(8):      # the prompts that arrive while a batch of k is served
                     k = max(1.0, X * (N * s + pf))
-                    pf = prefill(k)
-                frac = min(0.95, X / k * pf)
+                    pf = prefill(min(k, k_max))
+                # more than a budget's worth waiting: they go in ceil(k / k_max) passes,
+                # the mean prompt waiting for half of them
+                passes = max(1.0, k / k_max)
+                frac = min(0.95, X * passes * pf / k)
                 tpot = s / tps / (1.0 - frac)
-                ttft = N * s / 2 + pf
+                # plus the wait for a prefill pass in progress (M/D/1 at the prefill share)
+                ttft = N * s / 2 + (passes + 1) / 2 * pf + frac * pf / (2 * (1 - frac))
+                shares = (frac, _roof(pf_cost.prefill(np.full(max(1, int(min(k, k_max))), P), 0)), _roof(sc))
         else:
             pf = prefill(1.0)
             rho = min(0.95, X * pf / by_role["prefill"].instances)
@@ -390,15 +403,22 @@ def closed_loop_estimate(dep: Deployment, device=None, iterations: int = 60) -> 
             if cap is None:
                 # the prefill pool's capacity: each instance packs the chunk budget with
                 # waiting prompts, k of them per pass (requests/s per decode instance)
-                k_max = max(1.0, (dep.chunk_tokens or DEFAULT_CHUNK_TOKENS) / P)
                 cap = by_role["prefill"].instances * k_max / prefill(k_max) / pool.instances
+                pf_roof = _roof(pf_cost.prefill(np.full(max(1, int(k_max)), P), 0))
+            busy = min(1.0, X * pool.instances / cap) if cap else 0.0
+            shares = (busy, pf_roof, _roof(sc))
         ttft += pf_cost.device.request_latency_s      # the front end's share of the client's TTFT
         e2e = ttft + (O - 1) * tpot
         X_new = n_users / e2e
-        if cap is not None and X_new > cap:
-            # saturated prefill: the closed loop's users queue for it (Little's law)
-            X_new = cap
-            ttft = max(ttft, n_users / cap - (O - 1) * tpot)
+        # An instance holds a request from admission to its last token: at most
+        # seqs_cap / e2e requests/s get through; more users wait for admission.
+        limit = seqs_cap / e2e if n_users > seqs_cap else math.inf
+        if cap is not None:
+            limit = min(limit, cap)
+        if X_new > limit:
+            # the closed loop's users queue (Little's law: N = X x E2E)
+            X_new = limit
+            ttft = max(ttft, n_users / limit - (O - 1) * tpot)
         B_new = min(seqs_cap, X_new * (O - 1) * tpot)
         X = X_new if X == 0.0 else 0.5 * (X + X_new)
         B = 0.5 * (B + max(B_new, 1.0))
@@ -407,6 +427,61 @@ def closed_loop_estimate(dep: Deployment, device=None, iterations: int = 60) -> 
     if "prefill" in by_role:
         pre = by_role["prefill"]
         out["input_per_prefill_gpu"] = out["requests_per_s"] * P / (pre.instances * pre.parallelism.n_devices)
+    out.update(_power(dep, by_role, shares, pf_cost.device, dec_cost.device, out["throughput_per_gpu"]))
+    return out
+
+
+def _prompts_per_pass(dep: Deployment, par: Parallelism, prompt: float) -> float:
+    """Prompts one prefill pass of an instance can carry: its chunked-prefill token
+    budget (the harness's, else DEFAULT_CHUNK_TOKENS) over the prompt length, at least
+    one. With data-parallel attention each attention rank schedules its own chunk
+    (SGLang's --chunked-prefill-size is per DP rank), so the instance's budget is the
+    chunk times its tp ranks."""
+    budget = (dep.chunk_tokens or DEFAULT_CHUNK_TOKENS) * (par.tp if par.dp_attention else 1)
+    return max(1.0, budget / prompt)
+
+
+def _roof(c) -> float:
+    """The share of an iteration its roofline term takes (compute or memory at the
+    stack's achievable rate): the device's load for the power model, in [0, 1]."""
+    t = float(np.ravel(c.time_s)[0])
+    return min(1.0, max(c.compute_s, c.memory_s) / t) if t > 0 else 0.0
+
+
+def _kv_cap(cost: CostModel, ctx: float) -> float:
+    """Requests whose KV of `ctx` tokens fits in one instance at once (inf when the
+    weights leave no room: the planner's error is the engines' to raise)."""
+    from .planner import ModelDoesNotFit, plan_memory
+
+    try:
+        plan = plan_memory(cost)
+    except ModelDoesNotFit:
+        return math.inf
+    return max(1.0, float(plan.max_batch(int(math.ceil(ctx)))))
+
+
+def _power(dep: Deployment, by_role: dict, shares: tuple, pf_dev, dec_dev, tput_per_gpu: float) -> dict:
+    """Mean GPU-board power per GPU and (input + output) tokens per joule.
+
+    Each GPU draws P = idle_w + (peak_w - idle_w) x u (the linear utilisation model of
+    rack.measure.energy), u the share of time its kernels run at the stack's achievable
+    roofline: a colocated GPU's prefill share f at the prefill pass's roofline share,
+    the rest at the decode step's; a disaggregated prefill GPU busy a share f of the
+    time (its rate over the pool's capacity), a decode GPU stepping all the time."""
+    f, r_p, r_d = shares
+    if "both" in by_role:
+        u = f * r_p + (1.0 - f) * r_d
+        w = dec_dev.idle_w + (dec_dev.peak_w - dec_dev.idle_w) * u
+        out = {"power_w_per_gpu": w, "load": u}
+    else:
+        n_p, n_d = by_role["prefill"].gpus, by_role["decode"].gpus
+        u_p, u_d = f * r_p, r_d
+        w_p = pf_dev.idle_w + (pf_dev.peak_w - pf_dev.idle_w) * u_p
+        w_d = dec_dev.idle_w + (dec_dev.peak_w - dec_dev.idle_w) * u_d
+        w = (n_p * w_p + n_d * w_d) / (n_p + n_d)
+        out = {"power_w_per_gpu": w, "load": (n_p * u_p + n_d * u_d) / (n_p + n_d),
+               "prefill_power_w": w_p, "decode_power_w": w_d}
+    out["tokens_per_joule"] = tput_per_gpu / w
     return out
 
 

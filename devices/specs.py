@@ -408,6 +408,9 @@ class MoESpec(_Spec):
     n_shared_experts: int = Field(0, ge=0)
     expert_ffn_size: int = Field(gt=0, description="intermediate size of one expert")
     n_dense_layers: int = Field(0, ge=0)
+    topk_group: Optional[int] = Field(None, gt=0, description="node-limited routing (DeepSeek-V3 config.json "
+                                      "`topk_group`): a token's experts lie in at most this many of the "
+                                      "`n_group` expert groups; None: no limit")
 
     @model_validator(mode="after")
     def _check(self) -> "MoESpec":

@@ -167,21 +167,9 @@ _RANGES: tuple[tuple, ...] = (
      ("~23 kW per CS-3 system (Hot Chips 2024 summary; TEAS, Edinburgh, rates the system at 23 kW)",
       "xPU-athalon (arXiv 2604.10852): ~100 % of TDP in both prefill and decode"),
      "linear", "power a CS-3 draws when serving (prefill or decode)"),
-    ("mi455x.tdp_w", "MI455X busy power", "W", 2000.0, 2500.0,
-     ("not published; 2,000-2,500 W estimated for MI450-class boards (hardware.md); MI355X: 1,400 W",),
-     "linear", "board power of one MI455X at full load"),
-    ("mi455x.idle_power_fraction", "MI455X idle power / TDP", "", 0.1, 0.3,
-     ("not published; GPUs idle at 10-30 % of board power (xPU-athalon: GPUs idle 10-60 % below wafer/RDU systems)",),
-     "linear", "power an idle MI455X draws as a share of its busy draw"),
     ("mi455x.memory_bandwidth_TBps", "MI455X HBM4 bandwidth", "TB/s", 19.6, 23.3,
      ("AMD MI450 announcement: 19.6 TB/s (2025)", "AMD slide in a sell-side note: 'up to 23.3 TB/s' (2026)"),
      "linear", "HBM bandwidth of one MI455X: the 2025 and 2026 announcements differ"),
-    ("mi455x.stack_time_factor", "MI455X borrowed-stack time factor", "x", 0.806, 1.241,
-     ("MI455X runs SGLang's terms fitted on MI355X (mi455x-sglang.toml): no measured row",
-      "leave-one-device-out validation of borrowed stacks (devices/lodo.py, `rack validate`): median |error| "
-      "24.1 % on TPOT, 17.3 % on throughput per GPU over 5 devices and 33 rows: / 1.241 to x 1.241",
-      "issue 22: on held-back rows a device running borrowed terms came out up to 2x too fast per user"),
-     "log", "step time of the borrowed software stack relative to the terms it borrows"),
     ("link.bandwidth_GBps", "KV link bandwidth", "GB/s", 190.0, 4200.0,
      ("Mooncake transfer engine: 8 x 400 Gb/s RoCE reaches ~190 GB/s",
       "28 CS-3 x 12 x 100 GbE = 28 x 150 GB/s = 4.2 TB/s of wafer-side I/O (hardware.md)",
@@ -214,7 +202,45 @@ def uncertain_terms() -> tuple[UncertainTerm, ...]:
     """Every documented uncertain term, nominal values read from the catalog."""
     return tuple(UncertainTerm(key=k, label=lab, unit=u, low=lo, nominal=_nominal(k), high=hi, sources=src,
                                scale=sc, doc=doc)
-                 for k, lab, u, lo, hi, src, sc, doc in _RANGES)
+                 for k, lab, u, lo, hi, src, sc, doc in (*_RANGES, *_measured_ranges()))
+
+
+#: The MI455X's documented TDP range (W): not published; 2,000-2,500 W estimated for
+#: MI450-class boards (hardware.md); MI355X: 1,400 W.
+MI455X_TDP_RANGE_W = (2000.0, 2500.0)
+
+
+def _measured_ranges() -> tuple[tuple, ...]:
+    """The MI455X's terms whose ranges come from measurement (devices.lodo): its busy
+    and idle board power from the fractions of TDP fitted for SGLang on MI355X (rows
+    with measured board power) over its documented TDP range, the idle fraction's range
+    from leave-one-row-out refits; its borrowed stack's time factor from the
+    leave-one-device-out table of the measured rows."""
+    from .lodo import borrowed_stack_uncertainty, power_fractions, power_fraction_range
+
+    pf = power_fractions("mi355x-sglang")
+    lo_i, hi_i = power_fraction_range("mi355x-sglang")
+    lodo = borrowed_stack_uncertainty("mi455x")
+    f = lodo["factor"]
+    lo_w, hi_w = MI455X_TDP_RANGE_W
+    return (
+        ("mi455x.tdp_w", "MI455X busy power", "W", pf["busy"] * lo_w, pf["busy"] * hi_w,
+         (f"SGLang on MI355X draws {pf['busy']:.0%} of its {pf['tdp_w']:.0f} W TDP at full load (fitted on the "
+          "InferenceX rows with measured board power: scripts/fit_gpu_stacks.py)",
+          f"MI455X TDP not published; {lo_w:.0f}-{hi_w:.0f} W estimated for MI450-class boards (hardware.md)"),
+         "linear", "board power of one MI455X at full load (the fitted MI355X fraction x its TDP range)"),
+        ("mi455x.idle_power_fraction", "MI455X idle power / busy power", "", lo_i, hi_i,
+         (f"SGLang on MI355X: idle {pf['idle']:.0%} and busy {pf['busy']:.0%} of TDP, fitted on the rows with "
+          "measured board power; range: the fits leaving out one row at a time (devices.lodo)",),
+         "linear", "power an idle MI455X draws as a share of its busy draw"),
+        ("mi455x.stack_time_factor", "MI455X borrowed-stack time factor", "x", 1 / f, f,
+         ("MI455X runs SGLang's terms fitted on MI355X (mi455x-sglang.toml): no measured row",
+          f"leave-one-device-out validation of borrowed stacks on the measured rows (devices/lodo.py, "
+          f"{lodo['source']}): median |error| {lodo['median_abs_error']['tpot_s']:.1%} on TPOT, "
+          f"{lodo['median_abs_error']['throughput_per_gpu']:.1%} on throughput per GPU over {lodo['devices']} "
+          f"devices and {lodo['rows']} rows: / {f:.3g} to x {f:.3g}"),
+         "log", "step time of the borrowed software stack relative to the terms it borrows"),
+    )
 
 
 def uncertain_term(key: str) -> UncertainTerm:
@@ -318,7 +344,8 @@ def pool_cost_model(scenario, pool):
                                  method=s.method, draft_model=s.draft_model)
     device = apply_terms(resolve_stack(pool.device, pool.stack), getattr(scenario, "terms", {}) or {})
     return CostModel(resolve_model(scenario.model), device,
-                     Parallelism(tp=pool.tp, pp=pool.pp, ep=pool.ep, dp_attention=pool.dp_attention),
+                     Parallelism(tp=pool.tp, pp=pool.pp, ep=pool.ep, dp_attention=pool.dp_attention,
+                                 two_batch_overlap=getattr(pool, "two_batch_overlap", False)),
                      weight_dtype=scenario.weight_dtype, kv_dtype=scenario.kv_dtype, speculative=spec)
 
 

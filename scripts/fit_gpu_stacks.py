@@ -7,9 +7,11 @@ documents each; the decode-attention padding was fitted too and went to 0 on eve
 stack: these 1k-8k-token contexts show no attention cost beyond their KV bytes). The objective is the sum of
 robust (soft-L1) log errors of the closed-loop estimate (devices.serving_rows, each row
 deployed with how its benchmark launched it: devices.harness) against median
-TPOT, median TTFT (weight 1/2: it also holds client-side and scheduler queueing the
-formula does not model) and
-total tokens/s per GPU. Stacks with fewer than MIN_ROWS rows fit only the two
+TPOT, median TTFT (weight 1/2: `WEIGHTS`) and
+total tokens/s per GPU, on gpu-calibration.csv, the saturated-prefill rows and the
+InferenceX DeepSeek-R1 rows (devices/catalog/inferencex/measured_rows.csv). Then the
+board power of each stack with rows that measured it (`fit_power`) and the
+leave-one-device-out table (devices/lodo.py, written to devices/catalog/lodo.toml). Stacks with fewer than MIN_ROWS rows fit only the two
 latency terms and take the rest from a sibling stack (`SIBLINGS`).
 
 The MLPerf entries (mi300x-vllm, b300-trtllm) fit one compute efficiency on their
@@ -37,9 +39,11 @@ sys.path.insert(0, str(ROOT))
 from devices.borrow import FIT_SIBLINGS, resolve_stack  # noqa: E402
 from devices.catalog import CATALOG_DIR, _raw_entries, get_device  # noqa: E402
 from devices.serving_rows import closed_loop_estimate, deployment, load_serving_rows, measured  # noqa: E402
+from devices.inferencex import load_inferencex_rows  # noqa: E402
+from devices.lodo import hardware_tdp_w, leave_one_device_out, write_lodo  # noqa: E402
 from devices.validation import load_rows, predict  # noqa: E402
 
-ROWS = ROOT.parent / "shared" / "reference" / "gpu-calibration.csv"
+ROWS = CATALOG_DIR / "gpu-calibration.csv"
 #: Saturated-prefill rows (disaggregated, high concurrency; InferenceX, sources per row):
 #: they measure the prefill pool's pass time under load, which low-concurrency TTFTs,
 #: mostly fixed overhead, cannot separate from the front end's per-request latency.
@@ -51,29 +55,55 @@ SATURATED = CATALOG_DIR / "saturated-prefill.csv"
 #: end (HTTP, tokenising, streaming) 1-300 ms of a request's TTFT; kernels
 #: reach 50-92 % of HBM bandwidth and 1-80 % of dense peak (the low end: B300 SGLang
 #: 0.5.10 as InferenceX launches it, JIT DeepGEMM off, measures ~1.6 %: see b300-sglang.toml).
-PARAMS = (("moe_layer_latency_s", 5e-6, 300e-6), ("iteration_overhead_s", 1e-4, 5e-3),
+#: The per-MoE-layer latency is not fitted: on rows of one model (DeepSeek, 58 MoE
+#: layers) it adds to every step exactly as the per-iteration overhead does, so the
+#: rows cannot tell them apart; the fit sets it to 0 (`HELD`) and the overhead carries
+#: the sum.
+HELD = {"moe_layer_latency_s": 0.0}
+PARAMS = (("iteration_overhead_s", 1e-4, 5e-3),
           ("prefill_layer_latency_s", 1e-5, 1e-3), ("request_latency_s", 1e-3, 0.3),
-          ("decode_memory", 0.5, 0.92), ("prefill_compute", 0.01, 0.8))
-LATENCY_ONLY = ("moe_layer_latency_s", "prefill_layer_latency_s", "request_latency_s")
+          ("decode_memory", 0.5, 0.92), ("prefill_compute", 0.01, 0.8), ("decode_compute", 0.01, 0.8))
+LATENCY_ONLY = ("iteration_overhead_s", "prefill_layer_latency_s", "request_latency_s")
 MIN_ROWS = 5
+#: Models whose InferenceX rows the stacks are fitted on (the catalog has their
+#: architecture; the others are named by `rack validate --rows`).
+FIT_MODELS = ("DeepSeek-R1-0528",)
+#: Rows whose measured power the source itself flags as implausible (README, notes):
+#: MI355X ATOM FP8 1k/1k at 512 users reports 257 W per GPU, under the other rows' idle.
+POWER_EXCLUDED = ("ixapp-fix-0077",)
+#: A board's mean draw over a run stays within its power limit (TDP); the fit may reach
+#: it, not pass it by more than the sampling noise of nvidia-smi / amd-smi (~5 %).
+POWER_CEILING = 1.05
 #: Why a fitted term at a bound is not a result (printed beside it).
-BOUND_NOTES = {
-    "prefill_layer_latency_s": "the stack's rows hold no saturated prefill, so its TTFTs (mostly fixed "
-                               "overhead at 1-128 users) cannot tell a prompt pass's latency from the front "
-                               "end's per-request latency; saturated-prefill rows of the stack would",
-    "decode_memory": "HBM reached 92 % of peak in a microbenchmark (hardware.md): decode at the ceiling",
-    "request_latency_s": "the front end's share of TTFT is at the end of its plausible range",
+BOUND_NOTES = {   # (parameter, "low" | "high") -> why the fit sits there
+    ("prefill_layer_latency_s", "high"): "the rows' prompt passes take longer than their FLOPs at the fitted "
+                                         "efficiency and a 1 ms eager layer allow: a term the model lacks",
+    ("prefill_layer_latency_s", "low"): "no fixed latency per prompt layer is left beyond the roofline",
+    ("decode_memory", "high"): "HBM reached 92 % of peak in a microbenchmark (hardware.md): decode at the ceiling",
+    ("decode_memory", "low"): "the rows' decode steps take longer than half the HBM rate allows: costs the "
+                              "roofline does not hold (or rows of one stack that disagree)",
+    ("request_latency_s", "high"): "the front end's share of TTFT is at the end of its plausible range",
 }
 #: stack entry -> the entry whose other parameters it takes when it has few rows
 SIBLINGS = FIT_SIBLINGS   # the same SGLang 0.5.x kernels (devices.borrow: LODO keeps them apart)
+#: TTFT weighs 1/2: at saturation it holds queueing beyond what the closed loop models
+#: (admission and prefill capacity, Little's law), which would otherwise pull the front
+#: end's latency up and spoil the low-load rows (weight 1 did: gpu-calibration's TTFT
+#: median went from 14 % to 34 %).
 WEIGHTS = {"tpot_s": 1.0, "ttft_s": 0.5, "throughput_per_gpu": 1.0, "input_per_prefill_gpu": 1.0}
 
 
+EFFICIENCIES = ("decode_memory", "prefill_compute", "decode_compute")
+
+
 def with_params(dev, values: dict):
-    eff = {k: v for k, v in values.items() if k in ("decode_memory", "prefill_compute")}
-    if "prefill_compute" in eff:
+    """`dev` with the fitted values (prefill and decode compute efficiencies apart: a
+    prompt pass's GEMMs are large, a decode step's are a batch of rows; MLPerf fits set
+    both from one value, `fit_mlperf`)."""
+    eff = {k: v for k, v in values.items() if k in EFFICIENCIES}
+    if "prefill_compute" in eff and "decode_compute" not in values:
         eff["decode_compute"] = eff["prefill_compute"]
-    top = {k: v for k, v in values.items() if k not in ("decode_memory", "prefill_compute")}
+    top = {k: v for k, v in values.items() if k not in EFFICIENCIES}
     return dev.model_copy(update={**top, "efficiency": dev.efficiency.model_copy(update=eff)})
 
 
@@ -147,11 +177,88 @@ def write_values(key: str, values: dict) -> None:
         name = "decode_memory" if p == "decode_memory" else p
         fmt = f"{v:.3g}" if "latency" in p or "overhead" in p else (f"{v:.0f}.0" if p.endswith("tokens") else f"{v:.3f}")
         text, n = re.subn(rf"^({name}\s*=\s*)\S+(\s*#)", rf"\g<1>{fmt}\2", text, flags=re.M)
-        if p == "prefill_compute":
+        if p == "prefill_compute" and "decode_compute" not in values:
             text = re.sub(r"^(decode_compute\s*=\s*)\S+(\s*#)", rf"\g<1>{fmt}\2", text, flags=re.M)
         if n != 1:
             raise SystemExit(f"{path}: no single '{name} = ... #' line to write")
     path.write_text(text)
+
+
+def fit_power(rows, only: str | None, write: bool) -> None:
+    """Idle and busy board power per (device, stack) entry from the rows that measured
+    mean GPU-board power: P = idle_w + (peak_w - idle_w) x u, u the closed loop's load
+    (`devices.serving_rows._power`), by least squares (linear in idle_w, peak_w).
+    Bounds: idle_w >= 0 and peak_w <= POWER_CEILING x the hardware's TDP (`peak_w` of
+    its hardware entry: a board does not draw more than its power limit for long)."""
+    groups: dict[str, list] = {}
+    fitted: dict[str, dict] = {}
+    for m in rows:
+        dep = deployment(m.row)
+        spec = resolve_stack(dep.device, dep.stack)
+        if not spec.borrowed_from:
+            groups.setdefault(spec.key, []).append((m, dep, spec))
+    for key, items in groups.items():
+        if only and key not in only.split(","):
+            continue
+        if len(items) < 3:
+            print(f"{key}: {len(items)} rows with power: too few to fit idle and busy power")
+            continue
+        u = np.array([closed_loop_estimate(dep)["load"] for _, dep, _ in items])
+        w = np.array([m.power_w_per_gpu for m, _, _ in items])
+        tdp = hardware_tdp_w(key)
+
+        def fit(sel):
+            a = np.vstack([1 - u[sel], u[sel]]).T           # P = idle (1 - u) + peak u
+            i, p = np.linalg.lstsq(a, w[sel], rcond=None)[0]
+            return max(0.0, float(i)), min(float(p), POWER_CEILING * tdp)
+
+        idle, peak = fit(np.ones(len(u), bool))
+        # the idle share's spread over the fits leaving out one row at a time
+        ratios = [i / p for i, p in (fit(np.arange(len(u)) != j) for j in range(len(u)))]
+        fitted[key] = {"idle_fraction_low": min(ratios), "idle_fraction_high": max(ratios), "rows": len(u)}
+        print(f"{key}: power fitted on {len(items)} rows: idle_w = {idle:.0f} W, peak_w = {peak:.0f} W "
+              f"(TDP {tdp:.0f} W; load u {u.min():.2f}-{u.max():.2f})")
+        for (m, _, _), ui in zip(items, u):
+            pred = idle + (peak - idle) * ui
+            print(f"   {m.id}  power {pred:.0f} / {m.power_w_per_gpu:.0f} W {pred / m.power_w_per_gpu - 1:+.0%}")
+        if write:
+            write_power(key, idle, peak, len(items))
+            reload_catalog()
+    return fitted
+
+
+def write_power(key: str, idle: float, peak: float, n: int) -> None:
+    """Write idle_w / peak_w into the stack entry (replacing or adding the lines)."""
+    path = CATALOG_DIR / "devices" / f"{key}.toml"
+    text = path.read_text()
+    note = f"# fitted on {n} rows with measured board power (scripts/fit_gpu_stacks.py)"
+    for name, v in (("idle_w", idle), ("peak_w", peak)):
+        line = f"{name} = {v:.0f}"
+        text, k = re.subn(rf"^{name}\s*=.*$", f"{line}   {note}", text, flags=re.M)
+        if k == 0:
+            text = re.sub(r"\n*^(\[stack\])", f"\n{line}   {note}\n\n\\1", text, count=1, flags=re.M)
+    path.write_text(text)
+
+
+def write_mi455x_power() -> None:
+    """The MI455X's idle and busy board power (mi455x.toml): SGLang on MI355X's fitted
+    fractions of its TDP times the middle of the MI455X's documented TDP range
+    (devices.uncertainty.MI455X_TDP_RANGE_W; the range itself is the study's term)."""
+    from devices.lodo import power_fractions
+    from devices.uncertainty import MI455X_TDP_RANGE_W
+
+    pf = power_fractions("mi355x-sglang")
+    mid = sum(MI455X_TDP_RANGE_W) / 2
+    path = CATALOG_DIR / "devices" / "mi455x.toml"
+    text = path.read_text()
+    for name, frac in (("idle_w", pf["idle"]), ("peak_w", pf["busy"])):
+        text, n = re.subn(rf"^{name}\s*=.*$", f"{name} = {frac * mid:.0f}   # [C] SGLang on MI355X's fitted "
+                          f"{frac:.1%} of TDP x {mid:.0f} W (middle of the documented {MI455X_TDP_RANGE_W[0]:.0f}-"
+                          f"{MI455X_TDP_RANGE_W[1]:.0f} W; scripts/fit_gpu_stacks.py)", text, flags=re.M)
+        if n != 1:
+            raise SystemExit(f"{path}: no single '{name} = ...' line to write")
+    path.write_text(text)
+    reload_catalog()
 
 
 def fit_mlperf(key: str, rows) -> float:
@@ -170,10 +277,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--write", action="store_true", help="write the fitted values into the catalog files")
     ap.add_argument("--only", help="fit only these catalog entries (comma-separated, e.g. h200-sglang)")
+    ap.add_argument("--power-only", action="store_true", help="fit only the board power and the leave-one-device-"
+                    "out table (the stacks' terms as the catalog has them)")
+    ap.add_argument("--rows", help="InferenceX measured rows (measured_rows.csv layout; default: the packaged copy)")
     args = ap.parse_args()
     groups: dict[str, list] = {}
     held_out = []
-    for row in [*load_serving_rows(ROWS), *load_serving_rows(SATURATED)]:
+    measured_rows = [m for m in load_inferencex_rows(args.rows) if m.row is not None and m.model in FIT_MODELS]
+    power_rows = [m for m in measured_rows if m.power_w_per_gpu and m.id not in POWER_EXCLUDED]
+    for row in [*load_serving_rows(ROWS), *load_serving_rows(SATURATED), *(m.row for m in measured_rows)]:
         dep = deployment(row)
         spec = resolve_stack(dep.device, dep.stack)
         if spec.borrowed_from:          # a pair running another entry's terms: a check, not a fit
@@ -181,7 +293,7 @@ def main() -> None:
             continue
         groups.setdefault(spec.key, []).append((dep, row))
     order = sorted(groups, key=lambda k: k in SIBLINGS)          # siblings' sources first
-    for key in order:
+    for key in ([] if args.power_only else order):
         if args.only and key not in args.only.split(","):
             continue
         base = get_device(key)
@@ -194,7 +306,8 @@ def main() -> None:
         else:
             names, copied = tuple(p for p, _, _ in PARAMS), {}
         deps_rows = groups[key]
-        vals = fit_stack(key, deps_rows, names, base)
+        base = with_params(base, HELD)
+        vals = {**fit_stack(key, deps_rows, names, base), **HELD}
         dev = with_params(base, vals)
         print(f"{key}: fitted on {', '.join(r.id for _, r in deps_rows)}")
         for p, v in {**copied, **vals}.items():
@@ -207,10 +320,23 @@ def main() -> None:
             v = {**copied, **vals}.get(p)
             if p in vals and v is not None and not lo * 1.01 < v < hi / 1.01:
                 print(f"  note: {p} = {v:.4g} sits at its bound [{lo:g}, {hi:g}]: "
-                      + BOUND_NOTES.get(p, "the rows ask for more than the bound allows"))
+                      + BOUND_NOTES.get((p, "low" if v <= lo * 1.01 else "high"),
+                                        "the rows ask for more than the bound allows"))
         if args.write:
             write_values(key, {**copied, **vals})
             reload_catalog()
+    power = fit_power(power_rows, args.only, args.write)
+    if args.write and "mi355x-sglang" in power:
+        write_mi455x_power()
+    lodo = leave_one_device_out([*load_serving_rows(ROWS), *(m.row for m in measured_rows)])
+    print(f"leave-one-device-out over {lodo['rows']} rows: median |error| "
+          + ", ".join(f"{m} {v:.1%}" for m, v in lodo["median_abs_error"].items()))
+    for d in lodo["devices"]:
+        print(f"  {d['device']} {d['stack']} borrows {d['borrowed_from']}: {len(d['rows'])} rows, "
+              + ", ".join(f"{m} {v:.1%}" for m, v in d["median_abs_error"].items()))
+    if args.write and not args.only:
+        write_lodo(lodo, "gpu-calibration.csv and the InferenceX DeepSeek-R1 rows (devices/catalog/inferencex)",
+                   power)
     mlperf: dict[str, list] = {}
     for r in load_rows():
         if r.kind in ("offline", "server"):

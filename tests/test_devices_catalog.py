@@ -75,7 +75,7 @@ def test_a_pool_names_its_stack():
 def test_stack_from_borrows_the_software_terms_only():
     h100, h200 = get_device("h100"), get_device("h200")
     assert h100.key == "h100-sglang" and h100.memory_bandwidth_Bps == 3.35e12
-    assert h100.moe_layer_latency_s == h200.moe_layer_latency_s > 0
+    assert h100.iteration_overhead_s == h200.iteration_overhead_s > 0
     assert h100.efficiency == h200.efficiency and h100.stack == h200.stack
 
 

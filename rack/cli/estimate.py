@@ -45,7 +45,8 @@ def build_estimate(model: str, device: str, count: int, tp: Optional[int], pp: O
                    draft_tokens: int = 0, acceptance_rate: float = 0.7, spec_method: str = "mtp",
                    draft_model: Optional[str] = None, reserve_fraction: Optional[float] = None,
                    stack: Optional[str] = None, dp_attention: bool = False,
-                   terms: Optional[dict] = None, tpot_ms: float = 80.0) -> dict:
+                   terms: Optional[dict] = None, tpot_ms: float = 80.0,
+                   two_batch_overlap: bool = False) -> dict:
     """The estimate as a plain dict (what `--json` prints). `weight_dtype` None: the
     model's native dtype (`ModelSpec.native_dtype`, from its config; bf16 if unknown).
     `terms`: uncertain terms set on the device ({key: value}, `devices.uncertainty`;
@@ -71,9 +72,12 @@ def build_estimate(model: str, device: str, count: int, tp: Optional[int], pp: O
         if v < 1:
             raise ValueError(f"--{name} must be >= 1, got {v}")
     dev = apply_terms(resolve_stack(device, stack), terms or {})
+    if dp_attention and ep > (tp or count):
+        tp = ep          # attention replicated on each EP rank (Parallelism.deployed)
     par = default_parallelism(dev, count, tp, pp, ep)
-    if dp_attention:
-        par = Parallelism(tp=par.tp, pp=par.pp, ep=par.ep, dp_attention=True)
+    if dp_attention or two_batch_overlap:
+        par = Parallelism.deployed(tp=par.tp, pp=par.pp, ep=par.ep, dp_attention=dp_attention,
+                                   two_batch_overlap=two_batch_overlap)
     spec = None
     if draft_tokens:
         spec = SpeculativeConfig(draft_tokens, acceptance_rate, spec_method, draft_model)
@@ -284,7 +288,10 @@ def estimate(
     tp: Optional[int] = typer.Option(None, "--tp", help="tensor parallel degree (default: count on GPUs)"),
     pp: Optional[int] = typer.Option(None, "--pp", help="pipeline stages (default: count on wafer systems)"),
     ep: int = typer.Option(1, "--ep", help="expert parallel degree (divides tp)"),
-    dp_attention: bool = typer.Option(False, "--dp-attention", help="data-parallel attention over the tp devices"),
+    dp_attention: bool = typer.Option(False, "--dp-attention", help="data-parallel attention over the tp devices "
+                                      "(with --ep above --tp: attention replicated on each of the ep devices)"),
+    two_batch_overlap: bool = typer.Option(False, "--two-batch-overlap", help="overlap the expert-parallel "
+                                           "all-to-all with compute (SGLang --enable-two-batch-overlap)"),
     weight_dtype: Optional[str] = typer.Option(None, "--weight-dtype", help="bf16 | fp8 | fp4 [default: the "
                                                "model's native dtype, from its config (e.g. fp4 for gpt-oss's MXFP4)]"),
     kv_dtype: str = typer.Option("fp8", "--kv-dtype", help="bf16 | fp8 | fp4"),
@@ -311,7 +318,7 @@ def estimate(
     try:
         est = build_estimate(model, device, count, tp, pp, ep, weight_dtype, kv_dtype, batch, context, prompt,
                              draft_tokens, acceptance_rate, spec_method, draft_model, reserve_fraction,
-                             stack, dp_attention, terms, tpot_ms)
+                             stack, dp_attention, terms, tpot_ms, two_batch_overlap)
     except (CatalogError, ValueError) as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2)

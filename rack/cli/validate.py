@@ -126,6 +126,58 @@ def _serving_table(con, replays, summary, lodo=None) -> None:
                       f"{summary.worst[m]:.1%}" + (f" (limit {worst_lim:.0%})" if worst_lim else ""))
 
 
+def _measured_tables(con, res: dict, lodo: dict) -> None:
+    """The InferenceX rows: per row predicted / measured, the criteria, the worst rows."""
+    from rich.table import Table
+
+    from devices.inferencex import LIMITS
+
+    t = Table(title="Measured serving points (InferenceX layout): closed-loop estimate, predicted / measured (error)")
+    labels = {"ttft_s": "TTFT", "tpot_s": "TPOT", "throughput_per_gpu": "tok/s/GPU", "power_w_per_gpu": "W/GPU",
+              "tokens_per_joule": "tok/J"}
+    fmt = {"ttft_s": lambda v: f"{v:.3g} s", "tpot_s": lambda v: f"{v * 1e3:.1f} ms",
+           "throughput_per_gpu": lambda v: f"{v:,.0f}", "power_w_per_gpu": lambda v: f"{v:,.0f}",
+           "tokens_per_joule": lambda v: f"{v:.2f}"}
+    for col in ("row", "deployment", "users", *labels.values()):
+        t.add_column(col, justify="left" if col in ("row", "deployment") else "right")
+    for r in res["rows"]:
+        if "unanswered" in r:
+            t.add_row(r["id"], f"{r['hardware']} {r['framework']} {r['model']}", str(r["concurrency"] or ""),
+                      f"[yellow]not priced: {r['unanswered']}[/yellow]", *[""] * 4)
+            continue
+        cells = []
+        for m in labels:
+            if m in r["relative_error"]:
+                e = r["relative_error"][m]
+                cells.append(f"{fmt[m](r['predicted'][m])} / {fmt[m](r['measured'][m])} {e:+.0%}")
+            else:
+                cells.append(f"{fmt[m](r['predicted'][m])}")
+        curve = r["curve"] + (f" (borrows {r['borrowed_from']})" if r["borrowed_from"] else "")
+        t.add_row(r["id"], curve, str(r["concurrency"]), *cells)
+    con.print(t)
+    s = res["summary"]
+    con.print(f"{s['answered']} rows priced; not priced: " + (", ".join(f"{n} ({why})" for why, n in
+                                                                  s["unanswered"].items()) or "none"))
+    if s["criteria_unanswered"]:
+        con.print(f"{s['criteria_model']} rows not priced: {', '.join(s['criteria_unanswered'])}")
+    for m, lim in LIMITS.items():
+        med = s["median_abs_error"][m]
+        scope = "saturated rows (8k prompts, >= 64 users)" if m == "ttft_s" else (
+            "rows with measured power" if m == "tokens_per_joule" else "rows")
+        con.print(f"{labels[m]}: median |error| " + (f"{med:.1%}" if med is not None else "n/a")
+                  + f" over {s['n'][m]} {s['criteria_model']} {scope} (criterion {lim:.0%}: "
+                  + ("met" if s["met"][m] else "NOT met") + ")")
+    w = Table(title="Worst rows (largest |log error| of any metric) and why")
+    for col in ("row", "deployment", "users", "metric", "error", "why"):
+        w.add_column(col)
+    for r in res["worst"]:
+        w.add_row(r["id"], r["curve"], str(r["concurrency"]), labels.get(r["metric"], r["metric"]),
+                  f"{r['error']:+.0%}", r["why"])
+    con.print(w)
+    if lodo:
+        _lodo_table(con, lodo)
+
+
 def _lender(row) -> str:
     """The catalog entry whose software terms a row's (device, framework) borrows ('' : its own)."""
     from devices.borrow import resolve_stack
@@ -145,6 +197,8 @@ def validate(
     plot_dir: Optional[Path] = typer.Option(None, "--plot", help="write plots here: per curve, throughput per GPU "
                                             "against tokens/s per user; one parity plot of every row"),
     details: bool = typer.Option(False, "--details", help="with --json: add each row's details"),
+    inferencex: bool = typer.Option(False, "--inferencex", help="check the packaged InferenceX measured rows "
+                                    "(devices/catalog/inferencex/measured_rows.csv), as --rows with that file"),
 ) -> None:
     """Predicted vs measured for every calibration row; exits 1 when a criterion fails
     (published figures: each within --tolerance, wafer prompt rows within 35 %; serving
@@ -164,6 +218,11 @@ def validate(
     if bad is not None:            # a FIFO would block the read
         typer.echo(f"error: --rows {rows_file}: {bad}; expected a CSV or TOML file", err=True)
         raise typer.Exit(2)
+    from devices.inferencex import PACKAGED_ROWS, is_inferencex_csv
+
+    if inferencex or (rows_file is not None and rows_file.suffix.lower() == ".csv" and is_inferencex_csv(rows_file)):
+        _validate_measured(rows_file or PACKAGED_ROWS, json_out)
+        return
     try:
         if rows_file is not None and rows_file.suffix.lower() != ".csv":
             figures, replays = run_figures(load_rows(rows_file)), []
@@ -231,4 +290,29 @@ def validate(
                   + ("[green]every criterion met[/green]" if not summary.failures
                      else "[red]" + "; ".join(summary.failures) + "[/red]"))
     if summary.failures:
+        raise typer.Exit(1)
+
+
+def _validate_measured(path: Path, json_out: bool) -> None:
+    """`rack validate --rows` on a CSV in InferenceX's layout: every row priced by the
+    closed-loop estimate (devices.inferencex.check_rows), the leave-one-device-out table
+    on its rows; exits 1 when a criterion of `devices.inferencex.LIMITS` fails."""
+    from devices.catalog import CatalogError
+    from devices.inferencex import check_rows, load_inferencex_rows
+    from devices.lodo import leave_one_device_out
+
+    try:
+        rows = load_inferencex_rows(path)
+        res = check_rows(rows)
+        lodo = leave_one_device_out([m.row for m in rows if m.row is not None])
+    except (CatalogError, ValueError) as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2)
+    if json_out:
+        typer.echo(json.dumps({"file": str(path), **res, "leave_one_device_out": lodo}, indent=2, default=float))
+    else:
+        from rich.console import Console
+
+        _measured_tables(Console(width=200), res, lodo)
+    if not all(res["summary"]["met"].values()):
         raise typer.Exit(1)

@@ -82,7 +82,10 @@ class PoolConfig(_Strict):
     tp: int = Field(default=1, ge=1)
     pp: int = Field(default=1, ge=1)
     ep: int = Field(default=1, ge=1)
-    dp_attention: bool = Field(default=False, description="data-parallel attention over the tp devices")
+    dp_attention: bool = Field(default=False, description="data-parallel attention over the tp devices (with ep "
+                               "above tp: over the ep devices, attention replicated on each)")
+    two_batch_overlap: bool = Field(default=False, description="overlap the expert-parallel all-to-all with "
+                                    "compute (SGLang --enable-two-batch-overlap)")
     # prefill side (role prefill or both)
     chunk_tokens: Union[int, Literal["tpot"]] = Field(
         default=8192, description="chunked-prefill token budget per iteration (prefill + decode tokens); "
@@ -149,9 +152,30 @@ class PoolConfig(_Strict):
             raise ValueError(f"pool {self.name!r}: prompt_chunk_tokens applies to role \"both\" pools")
         return self
 
+    @model_validator(mode="after")
+    def _dp_attention_ranks(self):
+        # as deployed (devices.costmodel.Parallelism.deployed): with data-parallel
+        # attention over an EP group larger than tp ("tp 1, ep 8, DP attention"), the
+        # instance spans the ep devices, attention replicated on each
+        if self.dp_attention and self.ep > self.tp:
+            object.__setattr__(self, "tp", self.ep)
+        return self
+
     @property
     def devices_per_instance(self) -> int:
         return self.tp * self.pp
+
+    @property
+    def instance_chunk_tokens(self) -> int:
+        """Prompt tokens one iteration of an instance may carry: `chunk_tokens`, per
+        attention rank with data-parallel attention (SGLang's --chunked-prefill-size is
+        per DP rank: each rank schedules its own chunk), as the closed-loop estimate
+        packs it (devices.serving_rows). For chunk sizes from the TPOT target ("tpot")
+        the instance's budget is `rack.wiring.sizing.chunk_sizes`'; raises ValueError."""
+        if not isinstance(self.chunk_tokens, int):
+            raise ValueError(f"pool {self.name!r}: chunk_tokens {self.chunk_tokens!r} is sized per instance by "
+                             "rack.wiring.sizing.chunk_sizes")
+        return self.chunk_tokens * (self.tp if self.dp_attention and self.tp > 1 else 1)
 
 
 class LinkConfig(LinkSpec):

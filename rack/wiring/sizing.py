@@ -82,7 +82,7 @@ def chunk_sizes(scenario: Scenario, pool: PoolConfig, cost: CostModel) -> tuple[
     rule = None
     if "tpot" in (pool.chunk_tokens, pool.prompt_chunk_tokens):
         rule = tpot_chunks(cost, chunk_tpot_ms(scenario, pool) * 1e-3, max_num_seqs(pool, cost))
-    budget = rule["chunk_tokens"] if pool.chunk_tokens == "tpot" else pool.chunk_tokens
+    budget = rule["chunk_tokens"] if pool.chunk_tokens == "tpot" else pool.instance_chunk_tokens
     per = pool.prompt_chunk_tokens
     if per == "tpot" or (per is None and pool.chunk_tokens == "tpot"):
         per = rule["prompt_chunk_tokens"]

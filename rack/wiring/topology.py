@@ -157,7 +157,7 @@ def build_topology(scenario: Scenario, request_ids: Sequence[int]) -> list[Compo
                 "name": name, "cost": costs[p.name], "collector": Ref("collector"),
                 "interconnect": Ref("interconnect"), "decode": [Ref(d) for d in decode_names],
                 "router": Ref("router"),
-                "chunk_tokens": p.chunk_tokens, "max_queue": p.max_queue, **_host_tier(p),
+                "chunk_tokens": p.instance_chunk_tokens, "max_queue": p.max_queue, **_host_tier(p),
                 "kv_block_tokens": p.kv_block_tokens, "prefix_cache": p.prefix_cache,
                 "payload_scale": scenario.payload_scale, "layer_group": scenario.layer_group,
                 "memory_reserve_fraction": p.memory_reserve_fraction, "kv_seed": scenario.seed,
