@@ -13,8 +13,9 @@ the prompts of several requests stream through the wafer's regions at once, a wa
 mixed step runs its decode micro-batches beside the streams, a per-prompt chunk cap and
 chunk sizes from the TPOT target, which wafer-only-kimi-k2 uses; issue 37: on SGLang
 stacks a colocated instance's chunked-prefill budget is not cut by the running decodes,
-and requests that tie on the router's cost go round robin among the tied instances), so
-it still pins the rewrite;
+and requests that tie on the router's cost go round robin among the tied instances;
+issue 34: the SGLang-on-MI355X terms refitted on measured serving points, which the
+MI455X pools borrow, and the MI455X's power from them), so it still pins the rewrite;
 `scripts/record_core_reference.py` says how."""
 
 from __future__ import annotations
