@@ -34,18 +34,20 @@ class Sink(Core):
         self.log.append(("bell", now))
 
 
-def _run(fed):
+def _run(feeds):
     cores = {"a": Sender("a", [1.0, 2.0, 2.0, 3.0]), "b": Sender("b", [2.0, 2.5]), "sink": Sink()}
     drv = VirtualDriver(cores)
-    if fed:
-        drv.feed_inboxes(["sink"])
+    if feeds is not None:
+        drv.feed_inboxes(feeds)
     drv.run(lambda: False)
     return cores["sink"].log, drv
 
 
 def test_inbox_gives_the_queue_order_and_instants():
-    queued, dq = _run(False)
-    fed, df = _run(True)
-    assert fed == queued
-    assert all(entry[-1] == entry[-2] for entry in fed if entry[0] == "note")   # handled at the instant sent
-    assert df.messages < dq.messages and df.wakeups == dq.wakeups
+    queued, dq = _run(None)
+    for feeds in ({"sink": None}, {"sink": ("note",)}):     # every message, or only `note`, by inbox
+        fed, df = _run(feeds)
+        assert fed == queued
+        assert all(entry[-1] == entry[-2] for entry in fed if entry[0] == "note")   # at the instant sent
+        assert df.messages < dq.messages and df.wakeups == dq.wakeups
+    assert _run({"sink": ("note",)})[1].messages == dq.messages - 6    # the bells still queued

@@ -54,9 +54,10 @@ class Core:
     `waiting_for()` (what it waits on, for a deadlock message).
     """
 
-    #: peers whose messages go straight to their inbox: name -> that inbox (module
-    #: docstring; set per instance by `feed_inbox`, empty: everything via the outbox)
-    _sinks: dict[str, list] = {}
+    #: peers whose messages go straight to their inbox: name -> (that inbox, the methods
+    #: that go there or None for all) (module docstring; set per instance by
+    #: `feed_inbox`; empty: everything via the outbox)
+    _sinks: dict[str, tuple[list, frozenset | None]] = {}
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -70,15 +71,16 @@ class Core:
         driver can leave the sender out). A peer fed by inbox (`feed_inbox`) gets it in
         its inbox at once."""
         sink = self._sinks.get(dst)
-        if sink is not None:
-            sink.append((method, args))
+        if sink is not None and (sink[1] is None or method in sink[1]):
+            sink[0].append((method, args))
             return
         self.outbox.append((BROADCAST + self.name if dst == BROADCAST else dst, method, args))
 
-    def feed_inbox(self, peers: dict[str, list]) -> None:
-        """Send messages for the peers named in `peers` (name -> that peer's `inbox`)
-        straight to those inboxes (a driver's call: module docstring)."""
-        self._sinks = {n: box for n, box in peers.items() if n != self.name}
+    def feed_inbox(self, peers: dict[str, tuple[list, frozenset | None]]) -> None:
+        """Send messages for the peers named in `peers` (name -> (that peer's `inbox`,
+        the methods to send there, None: all)) straight to those inboxes (a driver's
+        call: module docstring)."""
+        self._sinks = {n: sink for n, sink in peers.items() if n != self.name}
 
     def take_inbox(self, now: float) -> None:
         """Handle the messages in `inbox`, in the order they were sent, at emulated time

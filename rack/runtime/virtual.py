@@ -82,7 +82,8 @@ class VirtualDriver:
         self._load_s = dict(weight_load_s or {})
         self.incarnation = {n: 0 for n in self.cores}
         self._handlers: dict[tuple[str, str], Callable] = {}   # bound handlers by (core, method)
-        self._fed: list[str] = []             # cores fed by inbox (`feed_inboxes`)
+        self._feeds: dict[str, Sequence[str] | None] = {}   # `feed_inboxes`' argument
+        self._fed: list[str] = []             # cores fed by inbox
         self._boxes: list[list] = []          # their inboxes
         self.messages = 0
         self.wakeups = 0
@@ -90,17 +91,19 @@ class VirtualDriver:
             self._after(name, core)
 
     # ------------------------------------------------------------------ loop
-    def feed_inboxes(self, names: Sequence[str]) -> None:
-        """Every core sends its messages for the cores `names` straight to their inboxes
+    def feed_inboxes(self, feeds: Mapping[str, Sequence[str] | None]) -> None:
+        """Every core sends its messages for the cores named in `feeds` (name -> the
+        methods that go by inbox, None: all) straight to their inboxes
         (`workloads.core.Core.feed_inbox`; module docstring). The caller vouches that
-        those cores' handlers for what they receive only book state they read at their
-        next call (e.g. a collector's records in an open-loop replay: nothing reads
-        them before the run ends or the done check)."""
-        self._fed = [n for n in names if n in self.cores]
-        boxes = {n: self.cores[n].inbox for n in self._fed}
-        self._boxes[:] = boxes.values()       # the loop's list of them (kept in place)
+        those handlers only book state the core reads at its next call (e.g. a
+        collector's records in an open-loop replay: nothing reads them before the run
+        ends or the done check)."""
+        self._feeds = {n: m for n, m in feeds.items() if n in self.cores}
+        self._fed = list(self._feeds)
+        sinks = {n: (self.cores[n].inbox, None if m is None else frozenset(m)) for n, m in self._feeds.items()}
+        self._boxes[:] = [box for box, _ in sinks.values()]   # the loop's list of them (kept in place)
         for core in self.cores.values():
-            core.feed_inbox(boxes)
+            core.feed_inbox(sinks)
 
     def take_inboxes(self) -> None:
         """Let the cores fed by inbox handle what is in it (at the current time)."""
@@ -223,7 +226,7 @@ class VirtualDriver:
         self.incarnation[dst] += 1
         self._asked[dst] = (math.inf, -1)     # the old core's wake-up is void
         if self._fed:                         # the new core sends (and, if fed, receives) by inbox too
-            self.feed_inboxes(self._fed)
+            self.feed_inboxes(self._feeds)
         self._after(dst, new)
 
     # ------------------------------------------------------------------ reading

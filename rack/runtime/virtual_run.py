@@ -15,6 +15,10 @@ from .placement import construct
 from .quiescence import ended_holds
 from .virtual import VirtualDriver, VirtualTimeDeadlock
 
+#: The router's handlers that only book what its next placement reads (an instance's
+#: outstanding prompt tokens, its prefix-cache changes): fed by inbox in open-loop replays.
+INBOX_ROUTER = ("load", "kv_events")
+
 #: Components whose stats a run reports.
 STATS_KINDS = ("prefill", "decode", "both", "interconnect")
 
@@ -52,11 +56,11 @@ def run_topology_virtual(specs: Sequence[ComponentSpec], requests: Sequence[Any]
         stop.attach(cores["collector"])
     if max_concurrency is None and not _has_turns(requests) and not any(s.kind == "faults" for s in specs):
         # An open-loop replay without faults: nothing reads the collector's records or the
-        # router's load reports before the queue runs empty (the router places requests at
-        # its wake-ups only, and `Router.ended` does nothing without a closed loop or
-        # sessions), so both are fed by inbox: no queue delivery per record or report.
+        # router's instance reports before the queue runs empty (the router places requests
+        # at its wake-ups only, and `Router.ended` does nothing without a closed loop or
+        # sessions), so they go by inbox: no queue delivery per record or report.
         cores["collector"].notify = ()
-        driver.feed_inboxes(("collector", "router"))
+        driver.feed_inboxes({"collector": None, "router": INBOX_ROUTER})
     # a RequestTable (workloads.table) goes as it is: its requests are built as the router reaches them
     driver.post("router", "start", requests if hasattr(requests, "overlay") else list(requests),
                 max_concurrency, think_time_s)
