@@ -16,6 +16,7 @@ from rack.cli.app import app, command_group
 from rack.cli._checks import check_positive, out_path, prepare_out_dir
 from rack.cli.load import LoadOptions, load_options
 from rack.cli._routing import POLICY_OPTION, WEIGHT_OPTION, with_routing
+from rack.cli._terms import BOUNDARY_OPTION, with_boundary
 from rack.cli.run import DEFAULT_TRACE, fail
 
 sweep_app = command_group(help="Sweep request rate, KV link bandwidth or prompt length across deployments.")
@@ -247,6 +248,7 @@ def sweep_interactivity(
     out: Path = typer.Option(Path("rack-results/sweep-interactivity"), "--out"),
     no_plots: bool = typer.Option(False, "--no-plots"),
     as_json: bool = typer.Option(False, "--json", help="print interactivity.json"),
+    energy_boundary: Optional[str] = BOUNDARY_OPTION,
     load: Optional[LoadOptions] = None,
 ) -> None:
     """Throughput per device, per kW and per $/h against tokens/s per user, from closed-loop
@@ -266,7 +268,8 @@ def sweep_interactivity(
     ladder = _floats(concurrency, "--concurrency")
     if any(c != int(c) for c in ladder):
         fail(f"--concurrency: expected whole numbers, e.g. 1,4,16,64, got {concurrency!r}")
-    scs = with_routing(_scenarios(list(scenarios or INTERACTIVITY_SCENARIOS)), router_policy, prefix_weight)
+    scs = with_boundary(with_routing(_scenarios(list(scenarios or INTERACTIVITY_SCENARIOS)), router_policy,
+                                     prefix_weight), energy_boundary)
     names = [s.name for s in scs]
     pairs = []
     for p in pair or []:
