@@ -135,6 +135,8 @@ def point_metrics(out: Any, requests: Optional[Sequence[Any]] = None) -> dict:
     done = cols["outcome"] == "completed"
     tpot = np.asarray(cols["tpot_s"], dtype=np.float64)
     speed = 1.0 / tpot[done & np.isfinite(tpot) & (tpot > 0)]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        done_speed = np.where(np.isfinite(tpot[done]) & (tpot[done] > 0), 1.0 / tpot[done], np.nan)
     ttft = np.asarray(cols["ttft_s"], dtype=np.float64)[done]
     energy, cost = res["energy"], res["cost"]
     window = float(energy["window_s"])
@@ -170,7 +172,50 @@ def point_metrics(out: Any, requests: Optional[Sequence[Any]] = None) -> dict:
         "kv_transfers": int(kv["transfers"]), "kv_bytes_logical": int(kv["bytes_logical"]),
         "kv_bytes_per_turn": kv["bytes_logical"] / completed if completed else None,
         "mean_concurrency": mean_concurrency(cols, requests, window) if requests is not None else None,
+        "prompt_tokens": int(np.asarray(cols["prompt_tokens"])[done].sum()),
+        "energy_boundary": energy.get("boundary", "devices"),
+        "device_joules": float(energy.get("devices_joules", joules)),
+        "overhead_w_by_device": (energy.get("overhead") or {}).get("per_device_w", {}),
+        "output_tps_per_kw_devices": (1e3 * out_tokens / float(energy["devices_joules"])
+                                      if energy.get("devices_joules") else per_kw),
+        **bootstrap(done_speed, np.asarray(cols["output_tokens"], dtype=np.float64)[done]),
     }
+
+
+#: Bootstrap replicates per point (resamples of its completed requests).
+BOOTSTRAP = 200
+#: Seed of every point's resampling (the same requests give the same replicates).
+BOOTSTRAP_SEED = 20260723
+
+
+def bootstrap(speed: np.ndarray, tokens: np.ndarray, replicates: int = BOOTSTRAP,
+              seed: int = BOOTSTRAP_SEED) -> dict:
+    """The point's uncertainty from its own requests: `replicates` resamples (with
+    replacement, the same indices for both arrays) of its completed requests.
+
+    speed: tokens/s per user of each completed request (NaN where it has < 2 output
+    tokens); tokens: each one's output tokens (same length). Returns {"boot_x": the
+    replicates' median tokens/s per user, "boot_tokens": each replicate's output tokens
+    over the point's (every metric of `METRICS` is proportional to output tokens at a
+    fixed energy and cost, so a replicate's metric is the point's times this)}, 5
+    significant digits; empty lists when the point has no completed request. A
+    bootstrap over requests treats the requests of one closed loop as independent,
+    which neighbouring requests sharing a batch are not: the interval is a lower bound
+    on the run-to-run spread (docs/interactivity.md)."""
+    n = int(tokens.size)
+    if n == 0 or tokens.sum() <= 0:
+        return {"boot_x": [], "boot_tokens": []}
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, n, size=(replicates, n))
+    tok = tokens[idx].sum(axis=1) / tokens.sum()
+    with np.errstate(all="ignore"):
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)      # a resample with no 2-token request: NaN
+            x = np.nanmedian(speed[idx], axis=1)
+    return {"boot_x": [None if not np.isfinite(v) else float(f"{v:.5g}") for v in x],
+            "boot_tokens": [float(f"{v:.5g}") for v in tok]}
 
 
 def run_point(task: LadderTask) -> dict:
@@ -195,11 +240,45 @@ def run_point(task: LadderTask) -> dict:
     return out
 
 
+def slo_floor(scenario: Any) -> Optional[float]:
+    """The tokens/s per user a deployment's TPOT target implies (1000 / tpot_ms), or
+    None when it has no TPOT target."""
+    t = getattr(scenario.slo, "tpot_ms", None)
+    return 1000.0 / float(t) if t else None
+
+
+def curve_state(points: Sequence[Mapping[str, Any]], *, floor: Optional[float], rungs_left: int,
+                metric: str = DEFAULT_METRIC) -> Optional[str]:
+    """Why a curve run rung by rung stops, or None while it must go on.
+
+    points: its points so far, by concurrency; floor: the tokens/s per user below which
+    it stops (`slo_floor`; None: none); rungs_left: ladder rungs not yet run.
+    "turned": a point after its best `metric` is lower (its knee is behind it);
+    "below_slo": its last point's tokens/s per user (p50) fell below `floor`;
+    "failed": its last point has no figure (an error, nothing completed);
+    "ladder_end": no rung left and neither of the above (its best may be its last point).
+    """
+    pts = sorted(points, key=lambda p: p["concurrency"])
+    if not pts:
+        return "ladder_end" if rungs_left <= 0 else None
+    last = pts[-1]
+    if "error" in last or last.get(metric) is None or last.get(X_KEY) is None:
+        return "failed"
+    if floor is not None and last[X_KEY] < floor:
+        return "below_slo"
+    vals = [p[metric] for p in pts if p.get(metric) is not None]
+    if len(vals) >= 2 and vals[-1] < max(vals):
+        return "turned"
+    return "ladder_end" if rungs_left <= 0 else None
+
+
 def interactivity_sweep(scenarios: Sequence[Any], plan: Any, concurrencies: Sequence[int], *,
                         per_slot: int = DEFAULT_PER_SLOT, think_time_s: float = 0.0,
                         workers: int = 2, address: Optional[str] = None,
-                        progress: bool = True) -> dict:
-    """Closed-loop concurrency ladders: every scenario at every concurrency.
+                        progress: bool = True, until_turned: bool = False,
+                        metric: str = DEFAULT_METRIC, first: int = 3) -> dict:
+    """Closed-loop concurrency ladders: every scenario at every concurrency, or with
+    `until_turned` each curve rung by rung until it turns.
 
     scenarios: `rack.wiring.scenario.Scenario`s (names unique); plan: the workload
     recipe, a `workloads.LoadPlan` (a trace, vLLM's random dataset or a workload file,
@@ -210,11 +289,19 @@ def interactivity_sweep(scenarios: Sequence[Any], plan: Any, concurrencies: Sequ
     one's start on that slot). Points run in parallel (`rack.runtime.parallel`: a
     process pool of `workers`, or Ray tasks at `address`).
 
+    until_turned: the concurrencies are the rungs a curve may climb: each curve runs
+    its `first` lowest rungs, then one more rung per round until `curve_state` stops
+    it (its `metric` fell after its best point, or its tokens/s per user fell below its
+    TPOT target's, or the ladder ended); each round's points of every curve still
+    climbing run in parallel, so a curve that turned early costs no more runs.
+
     Returns JSON-ready curves: {"kind": "interactivity", "workload": label, "recipe":
     plan.describe(), "concurrencies": [...], "per_slot", "think_time_s", "x": X_KEY,
     "deployments": {name: {"description", "points": [point, ...] sorted by
-    concurrency}}, "errors": [failed points], "definitions": [str]}; a point is
-    `run_point`'s dict. Raises ValueError for an empty or bad ladder or duplicate names.
+    concurrency, "stop": why its ladder stopped (`curve_state`; "ladder" when every
+    rung ran without `until_turned`), "slo_floor"}}, "errors": [failed points],
+    "definitions": [str]}; a point is `run_point`'s dict. Raises ValueError for an
+    empty or bad ladder or duplicate names.
     """
     from rack.runtime.parallel import map_virtual_runs
 
@@ -223,20 +310,47 @@ def interactivity_sweep(scenarios: Sequence[Any], plan: Any, concurrencies: Sequ
         raise ValueError(f"concurrencies: expected integers >= 1, got {list(concurrencies)}")
     if per_slot < 1:
         raise ValueError(f"per_slot must be >= 1, got {per_slot}")
+    if first < 1:
+        raise ValueError(f"first must be >= 1, got {first}")
     names = [s.name for s in scenarios]
     if len(set(names)) != len(names):
         raise ValueError(f"scenario names must be unique, got {names}")
-    tasks = [LadderTask(s.model_dump(mode="json"), plan, c, per_slot * c, float(think_time_s),
-                        {"scenario": s.name}) for s in scenarios for c in ladder]
-    points = map_virtual_runs(run_point, tasks, address=address, max_workers=max(1, workers),
-                              progress=progress)
-    deployments = {s.name: {"description": s.description,
-                            "points": [p for p in points if p["scenario"] == s.name and "error" not in p]}
+    by_name = {s.name: s for s in scenarios}
+
+    def task(s, c):
+        return LadderTask(s.model_dump(mode="json"), plan, c, per_slot * c, float(think_time_s), {"scenario": s.name})
+
+    runs: dict[str, list] = {n: [] for n in names}
+    stop: dict[str, Optional[str]] = {n: None for n in names}
+    todo = {n: ladder if not until_turned else ladder[:first] for n in names}
+    while any(todo.values()):
+        batch = [(n, c) for n in names for c in todo[n]]
+        points = map_virtual_runs(run_point, [task(by_name[n], c) for n, c in batch], address=address,
+                                  max_workers=max(1, workers), progress=progress)
+        for (n, _), p in zip(batch, points):
+            runs[n].append(p)
+        for n in names:
+            done = len(runs[n])
+            if not until_turned:
+                stop[n], todo[n] = "ladder", []
+                continue
+            if not todo[n]:
+                continue
+            state = curve_state([p for p in runs[n] if "error" not in p] or runs[n][-1:],
+                                floor=slo_floor(by_name[n]), rungs_left=len(ladder) - done, metric=metric)
+            if "error" in runs[n][-1]:
+                state = "failed"
+            stop[n] = state
+            todo[n] = [] if state is not None else [ladder[done]]
+    every = [p for n in names for p in runs[n]]
+    deployments = {s.name: {"description": s.description, "stop": stop[s.name], "slo_floor": slo_floor(s),
+                            "points": sorted((p for p in runs[s.name] if "error" not in p),
+                                             key=lambda p: p["concurrency"])}
                    for s in scenarios}
     return {"kind": "interactivity", "workload": plan.label(), "recipe": plan.describe(),
             "concurrencies": ladder, "per_slot": per_slot, "think_time_s": float(think_time_s),
-            "x": X_KEY, "deployments": deployments,
-            "errors": [p for p in points if "error" in p], "definitions": list(DEFINITIONS)}
+            "until_turned": bool(until_turned), "x": X_KEY, "deployments": deployments,
+            "errors": [p for p in every if "error" in p], "definitions": list(DEFINITIONS)}
 
 
 DEFINITIONS = (
@@ -490,6 +604,6 @@ def write_interactivity(curves: Mapping[str, Any], out_dir: Any, *, pairs: Seque
     return paths
 
 
-__all__ = ["DEFAULT_METRIC", "DEFAULT_PER_SLOT", "DEFAULT_TOLERANCE", "DEFINITIONS", "LadderTask", "METRICS", "READINGS", "X_KEY",
-           "interactivity_sweep", "interpolate", "mean_concurrency", "measured_range", "point_metrics", "point_requests", "points_table",
-           "ratio_at_equal_interactivity", "run_point", "summary_lines", "write_interactivity"]
+__all__ = ["BOOTSTRAP", "BOOTSTRAP_SEED", "DEFAULT_METRIC", "DEFAULT_PER_SLOT", "DEFAULT_TOLERANCE", "DEFINITIONS", "LadderTask", "METRICS", "READINGS", "X_KEY",
+           "bootstrap", "curve_state", "interactivity_sweep", "interpolate", "mean_concurrency", "measured_range", "point_metrics", "point_requests", "points_table",
+           "ratio_at_equal_interactivity", "run_point", "slo_floor", "summary_lines", "write_interactivity"]

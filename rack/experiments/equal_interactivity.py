@@ -1,0 +1,255 @@
+"""Two deployments' curves read at truly equal interactivity, with their uncertainty.
+
+A deployment's curve (`rack.experiments.interactivity`) is one or more *branches*: its
+concurrency ladder as shipped, and one ladder per setting of a knob that trades
+per-user speed for throughput (a wafer's chunk size or batch cap, `knobs` of a study
+section). Its value at x tokens/s per user is the best branch's, each branch
+interpolated linearly between neighbouring concurrency points (the frontier); nothing
+is read outside a branch's measured range (never extrapolated).
+
+Readings of a pair (a, b), metric(a) / metric(b) at the same x on both curves
+(`pair_readings`):
+- the ratio curve: at `GRID` x values spaced geometrically over the whole range where
+  both curves exist (their overlap), to be plotted against tokens/s per user;
+- named points: `NAMED_X` (1,000 tokens/s per user) and each curve's own knee
+  (`knee`: its best `metric` among its points that meet its TPOT target, read only
+  when a later point of that branch is lower: a knee at a ladder's end is no knee and
+  is named instead);
+- "up to": the highest ratio over the ratio curve (the vendors' "up to 5x at
+  comparable interactivity" is such a reading).
+Every reading carries a 90 % interval: the ratio recomputed on each bootstrap replicate
+of the points (`interactivity.bootstrap`: their requests resampled; replicate r of
+every point of both curves), its 5th and 95th percentiles over the replicates that can
+read x. A reading outside either curve's range has no value, and says which curve ends
+first (`short`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping, Optional, Sequence
+
+import numpy as np
+
+from rack.experiments.interactivity import DEFAULT_METRIC, X_KEY
+
+#: The named interactivity of every pair's readings (tokens/s per user).
+NAMED_X = (1000.0,)
+#: x values of a ratio curve over the overlap of two curves.
+GRID = 24
+#: The interval's coverage (two-sided) and the least share of replicates that must read x.
+COVERAGE = 0.90
+MIN_REPLICATES = 0.5
+
+Branches = list  # list of point lists, each sorted by concurrency
+
+
+def branches_of(entry: Any) -> Branches:
+    """A deployment's branches from a curves entry: {"points", "variants": {label:
+    points}} (variants optional), or a plain point list (one branch). Points without
+    `X_KEY` are kept (they fail the readings' checks, not this)."""
+    if isinstance(entry, Mapping):
+        out = [list(entry.get("points", []))]
+        out += [list(v) for v in (entry.get("variants") or {}).values()]
+    else:
+        out = [list(entry)]
+    return [sorted(b, key=lambda p: p["concurrency"]) for b in out if b]
+
+
+def _arrays(branch: Sequence[Mapping], metric: str, boot: bool) -> Optional[tuple[np.ndarray, np.ndarray]]:
+    """(x, y) of a branch's points with both values: shape (n,) each, or (R, n) over the
+    bootstrap replicates (NaN where a replicate has no x); None without two points."""
+    pts = [p for p in branch if p.get(X_KEY) is not None and p.get(metric) is not None]
+    if not pts:
+        return None
+    if not boot:
+        return (np.array([float(p[X_KEY]) for p in pts]), np.array([float(p[metric]) for p in pts]))
+    if any(not p.get("boot_x") for p in pts):
+        return None
+    r = min(len(p["boot_x"]) for p in pts)
+    x = np.array([[np.nan if v is None else v for v in p["boot_x"][:r]] for p in pts], dtype=float).T
+    y = np.array([np.asarray(p["boot_tokens"][:r], dtype=float) * float(p[metric]) for p in pts]).T
+    return x, y
+
+
+def _branch_at(x: np.ndarray, y: np.ndarray, at: float) -> np.ndarray:
+    """A branch's value at `at`: the best of its points at `at` and of its segments
+    crossing it; NaN outside its range. x, y: (n,) or (R, n); returns () or (R,)."""
+    x2, y2 = np.atleast_2d(x), np.atleast_2d(y)
+    best = np.where(x2 == at, y2, -np.inf).max(axis=1)
+    if x2.shape[1] >= 2:
+        x0, x1, y0, y1 = x2[:, :-1], x2[:, 1:], y2[:, :-1], y2[:, 1:]
+        inside = (np.minimum(x0, x1) < at) & (at < np.maximum(x0, x1))
+        with np.errstate(all="ignore"):
+            v = y0 + (at - x0) / (x1 - x0) * (y1 - y0)
+        best = np.maximum(best, np.where(inside, v, -np.inf).max(axis=1))
+    best = np.where(np.isfinite(best), best, np.nan)
+    return best if np.ndim(x) == 2 else best[0]
+
+
+def value_at(branches: Branches, at: float, metric: str = DEFAULT_METRIC, boot: bool = False):
+    """The curve's `metric` at `at` tokens/s per user: the best branch (`_branch_at`);
+    None (or NaN per replicate with `boot`) outside every branch's range."""
+    vals = []
+    for b in branches:
+        arr = _arrays(b, metric, boot)
+        if arr is not None:
+            vals.append(_branch_at(*arr, float(at)))
+    if not vals:
+        return None
+    if boot:
+        return np.fmax.reduce(np.vstack(vals), axis=0) if len(vals) > 1 else vals[0]
+    v = np.fmax.reduce(np.array(vals))
+    return None if not np.isfinite(v) else float(v)
+
+
+def curve_range(branches: Branches, metric: str = DEFAULT_METRIC) -> Optional[list[float]]:
+    """[lowest, highest] tokens/s per user any branch measured (with `metric`), or None."""
+    xs = [float(p[X_KEY]) for b in branches for p in b if p.get(X_KEY) is not None and p.get(metric) is not None]
+    return [min(xs), max(xs)] if xs else None
+
+
+def knee(branches: Branches, metric: str = DEFAULT_METRIC, floor: Optional[float] = None) -> dict:
+    """A curve's knee: its highest `metric` among its points giving at least `floor`
+    tokens/s per user (its TPOT target's; None: every point).
+
+    Returns {"status": "knee" (a later point of the same branch is lower: the curve
+    turned there), "at_end" (the best point is its branch's last: the ladder ended or
+    the SLO stopped it before the curve turned; no reading is taken there), or "none"
+    (no point meets the floor), "x", "value", "concurrency", "branch" (index)}."""
+    best = None
+    for i, b in enumerate(branches):
+        pts = [p for p in b if p.get(X_KEY) is not None and p.get(metric) is not None]
+        for k, p in enumerate(pts):
+            if floor is not None and p[X_KEY] < floor:
+                continue
+            if best is None or p[metric] > best[0]:
+                turned = any(q[metric] < p[metric] for q in pts[k + 1:])
+                best = (p[metric], p, i, turned)
+    if best is None:
+        return {"status": "none", "x": None, "value": None, "concurrency": None, "branch": None}
+    v, p, i, turned = best
+    return {"status": "knee" if turned else "at_end", "x": float(p[X_KEY]), "value": float(v),
+            "concurrency": p["concurrency"], "branch": i}
+
+
+def ratio_at(ba: Branches, bb: Branches, at: float, metric: str = DEFAULT_METRIC,
+             coverage: float = COVERAGE) -> dict:
+    """metric(a) / metric(b) at `at` tokens/s per user on both curves, with its interval.
+
+    Returns {"x", "a", "b", "ratio" (None where either curve cannot be read at x),
+    "interval": [lo, hi] (the `coverage` interval over the bootstrap replicates; None
+    when the points carry no replicates or fewer than `MIN_REPLICATES` of them read x),
+    "replicates" (how many read x), "short": which curve(s) do not reach x ("a", "b",
+    "both") or None}."""
+    va, vb = value_at(ba, at, metric), value_at(bb, at, metric)
+    short = [n for n, v in (("a", va), ("b", vb)) if v is None]
+    out = {"x": float(at), "a": va, "b": vb, "ratio": None, "interval": None, "replicates": 0,
+           "short": ("both" if len(short) == 2 else short[0]) if short else None}
+    if short or not vb:
+        return out
+    out["ratio"] = va / vb
+    ra, rb = value_at(ba, at, metric, boot=True), value_at(bb, at, metric, boot=True)
+    if ra is None or rb is None:
+        return out
+    n = min(len(ra), len(rb))
+    with np.errstate(all="ignore"):
+        r = ra[:n] / rb[:n]
+    r = r[np.isfinite(r)]
+    out["replicates"] = int(r.size)
+    if n and r.size >= MIN_REPLICATES * n:
+        tail = (1.0 - coverage) / 2 * 100
+        out["interval"] = [float(np.percentile(r, tail)), float(np.percentile(r, 100 - tail))]
+    return out
+
+
+def ratio_curve(ba: Branches, bb: Branches, metric: str = DEFAULT_METRIC, points: int = GRID) -> dict:
+    """The ratio at `points` x values spaced geometrically over the curves' overlap
+    (both ends included): {"overlap": [lo, hi] or None, "readings": [ratio_at ...]}."""
+    ra, rb = curve_range(ba, metric), curve_range(bb, metric)
+    if not ra or not rb or max(ra[0], rb[0]) > min(ra[1], rb[1]):
+        return {"overlap": None, "readings": []}
+    lo, hi = max(ra[0], rb[0]), min(ra[1], rb[1])
+    xs = [lo] if lo == hi else list(np.geomspace(lo, hi, points))
+    return {"overlap": [lo, hi], "readings": [ratio_at(ba, bb, float(x), metric) for x in xs]}
+
+
+def pair_readings(ba: Branches, bb: Branches, metric: str = DEFAULT_METRIC, *,
+                  floor_a: Optional[float] = None, floor_b: Optional[float] = None,
+                  named: Sequence[float] = NAMED_X, names: tuple[str, str] = ("a", "b")) -> dict:
+    """Every reading of the pair at equal interactivity (module docstring).
+
+    ba, bb: the two curves' branches (`branches_of`); floor_a/floor_b: the tokens/s per
+    user each one's TPOT target implies (`interactivity.slo_floor`); names: how the
+    notes name the two curves.
+
+    Returns {"metric", "range_a", "range_b", "curve": `ratio_curve`, "named": [{"name",
+    **ratio_at}] at each `named` x and at each curve's knee (a knee "at_end" or "none"
+    gives {"name", "x", "ratio": None, "why"}), "knees": {"a", "b"}, "up_to": the
+    ratio curve's highest reading (None if none), "notes": [str] (which curve ends
+    before the other's range)}."""
+    ka, kb = knee(ba, metric, floor_a), knee(bb, metric, floor_b)
+    out_named = []
+    for x in named:
+        out_named.append({"name": f"{x:,.0f} tokens/s per user", **ratio_at(ba, bb, x, metric)})
+    for who, k in ((names[0], ka), (names[1], kb)):
+        label = f"{who}'s knee"
+        if k["status"] != "knee":
+            why = ("its best point is its ladder's last: the curve had not turned" if k["status"] == "at_end"
+                   else "no point meets its TPOT target")
+            out_named.append({"name": label, "x": k["x"], "ratio": None, "interval": None, "short": None,
+                              "why": why})
+        else:
+            out_named.append({"name": label, "concurrency": k["concurrency"], **ratio_at(ba, bb, k["x"], metric)})
+    curve = ratio_curve(ba, bb, metric)
+    have = [r for r in curve["readings"] if r["ratio"] is not None]
+    up_to = max(have, key=lambda r: r["ratio"]) if have else None
+    ra, rb = curve_range(ba, metric), curve_range(bb, metric)
+    notes = []
+    if ra and rb:
+        for (n1, r1), (n2, r2) in (((names[0], ra), (names[1], rb)), ((names[1], rb), (names[0], ra))):
+            if r1[0] > r2[0]:
+                notes.append(f"{n1} reaches no lower than {r1[0]:,.0f} tokens/s per user: {n2}'s points below it "
+                             "have no ratio (never extrapolated)")
+            if r1[1] < r2[1]:
+                notes.append(f"{n1} reaches no higher than {r1[1]:,.0f} tokens/s per user: {n2}'s points above it "
+                             "have no ratio (never extrapolated)")
+    return {"metric": metric, "range_a": ra, "range_b": rb, "curve": curve, "named": out_named,
+            "knees": {"a": ka, "b": kb}, "up_to": up_to, "notes": notes}
+
+
+def interval_text(r: Optional[Mapping]) -> str:
+    """"4.2x [3.9-4.6x]" (ratio and 90 % interval), "4.2x [no interval]", or "-"."""
+    if not r or r.get("ratio") is None:
+        return "-"
+    iv = r.get("interval")
+    return f"{r['ratio']:.3g}x " + (f"[{iv[0]:.3g}-{iv[1]:.3g}x]" if iv else "[no interval]")
+
+
+def rescale_energy(points: Sequence[Mapping], watts: Mapping[str, Mapping[str, float]]) -> list[dict]:
+    """The points with the energy boundary's per-device watts replaced, no rerun: a
+    point's joules are its devices' joules plus its window x the per-device watts of
+    its "system" boundary (`rack.measure.energy`), so a boundary term moves only the
+    metrics per kW (per MW); the run's timing, tokens and cost are unchanged.
+
+    watts: {device key: {"host_w" | "nic_w" | "switch_w": W per device}} replacing
+    the points' own (`overhead_w_by_device`). A point of a devices-only boundary, or
+    without the breakdown, is returned as it is."""
+    out = []
+    for p in points:
+        per = p.get("overhead_w_by_device") or {}
+        if p.get("energy_boundary") != "system" or not per or p.get("output_tokens") is None:
+            out.append(dict(p))
+            continue
+        new = {d: {**v, **watts.get(d, {})} for d, v in per.items()}
+        w = sum(v["devices"] * sum(v[k] for k in ("host_w", "nic_w", "switch_w")) for v in new.values())
+        joules = float(p["device_joules"]) + float(p["window_s"]) * w
+        kw = 1e3 * p["output_tokens"] / joules if joules > 0 else None
+        out.append({**p, "overhead_w_by_device": new, "joules": joules,
+                    "mean_power_w": joules / p["window_s"] if p["window_s"] else p.get("mean_power_w"),
+                    "output_tps_per_kw": kw, "output_tps_per_mw": kw * 1e3 if kw is not None else None})
+    return out
+
+
+__all__ = ["COVERAGE", "GRID", "NAMED_X", "branches_of", "curve_range", "interval_text", "knee", "pair_readings",
+           "ratio_at", "ratio_curve", "rescale_energy", "value_at"]
