@@ -9,8 +9,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rack.experiments.equal_interactivity import (branches_of, knee, pair_readings, ratio_at, ratio_curve,
-                                                  rescale_energy, value_at)
+from rack.experiments.equal_interactivity import (branches_of, curve_range, knee, pair_readings, ratio_at,
+                                                  ratio_curve, rescale_energy, value_at)
 from rack.experiments.interactivity import bootstrap, curve_state
 
 
@@ -61,7 +61,11 @@ def test_knee_is_never_a_curves_last_point():
     # a curve still rising at its last point: no knee, and no reading taken there
     rising = A[:3]
     assert knee([rising])["status"] == "at_end"
+    # nor is its last point (or the segment to it) read at all: it bounds what a higher rung gives
+    assert curve_range([rising]) == [1200.0, 1500.0] and value_at([rising], 900.0) is None
+    assert value_at([rising], 1000.0) is None and value_at([A], 1000.0) is not None
     res = pair_readings([rising], [B], names=("split", "wafer"))
+    assert all(r["x"] >= 1200.0 for r in res["curve"]["readings"])
     at = {n["name"]: n for n in res["named"]}
     assert at["split's knee"]["ratio"] is None and "not turned" in at["split's knee"]["why"]
     assert at["wafer's knee"]["ratio"] is None or at["wafer's knee"]["x"] != B[-1]["tps_user_p50"]

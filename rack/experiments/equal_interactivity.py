@@ -19,8 +19,9 @@ Readings of a pair (a, b), metric(a) / metric(b) at the same x on both curves
   comparable interactivity" is such a reading).
 Every reading carries a 90 % interval: the ratio recomputed on each bootstrap replicate
 of the points (`interactivity.bootstrap`: their requests resampled; replicate r of
-every point of both curves), its 5th and 95th percentiles over the replicates that can
-read x. A reading outside either curve's range has no value, and says which curve ends
+every point of both curves), each replicate reading the same segment of the same
+branch at the same x as the point estimate (the line through its two resampled
+points), its 5th and 95th percentiles. A reading outside either curve's range has no value, and says which curve ends
 first (`short`).
 """
 
@@ -72,41 +73,86 @@ def _arrays(branch: Sequence[Mapping], metric: str, boot: bool) -> Optional[tupl
     return x, y
 
 
-def _branch_at(x: np.ndarray, y: np.ndarray, at: float) -> np.ndarray:
-    """A branch's value at `at`: the best of its points at `at` and of its segments
-    crossing it; NaN outside its range. x, y: (n,) or (R, n); returns () or (R,)."""
-    x2, y2 = np.atleast_2d(x), np.atleast_2d(y)
-    best = np.where(x2 == at, y2, -np.inf).max(axis=1)
-    if x2.shape[1] >= 2:
-        x0, x1, y0, y1 = x2[:, :-1], x2[:, 1:], y2[:, :-1], y2[:, 1:]
-        inside = (np.minimum(x0, x1) < at) & (at < np.maximum(x0, x1))
-        with np.errstate(all="ignore"):
-            v = y0 + (at - x0) / (x1 - x0) * (y1 - y0)
-        best = np.maximum(best, np.where(inside, v, -np.inf).max(axis=1))
-    best = np.where(np.isfinite(best), best, np.nan)
-    return best if np.ndim(x) == 2 else best[0]
+def _pick(x: np.ndarray, y: np.ndarray, at: float) -> Optional[tuple[float, int, int]]:
+    """A branch's value at `at` and where it comes from: (value, i, j), the best of its
+    points at `at` (i = j) and of its segments (i, j = i + 1) crossing it; None outside
+    its range. x, y: (n,) in concurrency order.
+
+    The last point of a branch that had not turned (its best value is its last point)
+    is never read, nor the segment ending at it: it is a lower bound on what that
+    deployment gives there (a higher rung might give more at the same speed), not an
+    operating point. A branch that turned is read up to its last point, which lies
+    past its knee."""
+    n = len(x)
+    usable = n if _turned(y) else n - 1
+    best = None
+    for i in range(usable):
+        if x[i] == at and (best is None or y[i] > best[0]):
+            best = (float(y[i]), i, i)
+    for i in range(usable - 1):
+        x0, x1 = x[i], x[i + 1]
+        if min(x0, x1) < at < max(x0, x1):
+            v = y[i] + (at - x0) / (x1 - x0) * (y[i + 1] - y[i])
+            if best is None or v > best[0]:
+                best = (float(v), i, i + 1)
+    return best
+
+
+def _turned(y: np.ndarray) -> bool:
+    """Whether a branch's values (concurrency order) fall after their best: its last
+    point is below an earlier one."""
+    return len(y) >= 2 and float(np.max(y[:-1])) > float(y[-1])
+
+
+def _replicates_at(bx: np.ndarray, by: np.ndarray, at: float, i: int, j: int) -> np.ndarray:
+    """Each replicate's value at `at` on the segment (i, j) the point estimate reads:
+    the line through the two resampled points (the resampled point itself when i = j),
+    so every replicate reads the same part of the curve at the same x. (R,); NaN where
+    a replicate has no x or its two points share one."""
+    if i == j:
+        return by[:, i]
+    x0, x1, y0, y1 = bx[:, i], bx[:, j], by[:, i], by[:, j]
+    with np.errstate(all="ignore"):
+        v = y0 + (at - x0) / (x1 - x0) * (y1 - y0)
+    return np.where(np.isfinite(v), v, np.nan)
+
+
+def _read(branches: Branches, at: float, metric: str) -> Optional[tuple[float, int, int, int]]:
+    """(value, branch, i, j) of the best branch at `at` (`_pick`), or None."""
+    best = None
+    for k, b in enumerate(branches):
+        arr = _arrays(b, metric, False)
+        got = _pick(*arr, float(at)) if arr is not None else None
+        if got is not None and (best is None or got[0] > best[0]):
+            best = (got[0], k, got[1], got[2])
+    return best
 
 
 def value_at(branches: Branches, at: float, metric: str = DEFAULT_METRIC, boot: bool = False):
-    """The curve's `metric` at `at` tokens/s per user: the best branch (`_branch_at`);
-    None (or NaN per replicate with `boot`) outside every branch's range."""
-    vals = []
-    for b in branches:
-        arr = _arrays(b, metric, boot)
-        if arr is not None:
-            vals.append(_branch_at(*arr, float(at)))
-    if not vals:
+    """The curve's `metric` at `at` tokens/s per user: the best branch, a measured point
+    or a segment crossing `at` (the frontier); None outside every branch's range.
+    With `boot`: the bootstrap replicates' values (R,) read on the same branch and
+    segment (`_replicates_at`), or None when the points carry no replicates."""
+    got = _read(branches, at, metric)
+    if got is None:
         return None
-    if boot:
-        return np.fmax.reduce(np.vstack(vals), axis=0) if len(vals) > 1 else vals[0]
-    v = np.fmax.reduce(np.array(vals))
-    return None if not np.isfinite(v) else float(v)
+    v, k, i, j = got
+    if not boot:
+        return v
+    arr = _arrays(branches[k], metric, True)
+    return None if arr is None else _replicates_at(*arr, float(at), i, j)
 
 
 def curve_range(branches: Branches, metric: str = DEFAULT_METRIC) -> Optional[list[float]]:
-    """[lowest, highest] tokens/s per user any branch measured (with `metric`), or None."""
-    xs = [float(p[X_KEY]) for b in branches for p in b if p.get(X_KEY) is not None and p.get(metric) is not None]
-    return [min(xs), max(xs)] if xs else None
+    """[lowest, highest] tokens/s per user the curve can be read at (`_pick`: every
+    branch's points, less the last of a branch that had not turned), or None."""
+    xs = []
+    for b in branches:
+        arr = _arrays(b, metric, False)
+        if arr is not None:
+            x, y = arr
+            xs += list(x if _turned(y) else x[:-1])
+    return [float(min(xs)), float(max(xs))] if xs else None
 
 
 def knee(branches: Branches, metric: str = DEFAULT_METRIC, floor: Optional[float] = None) -> dict:
