@@ -11,7 +11,8 @@ import pytest
 
 from rack.experiments.equal_interactivity import (branches_of, curve_range, knee, pair_readings, ratio_at,
                                                   ratio_curve, rescale_energy, value_at)
-from rack.experiments.interactivity import bootstrap, curve_state
+from rack.experiments.interactivity import curve_state
+from rack.measure.bootstrap import bootstrap
 
 
 def _pt(c, x, y, spread=0.0, n=50):

@@ -49,6 +49,8 @@ from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 
+from rack.measure.bootstrap import bootstrap
+
 #: Units (requests or sessions) per slot of a point: enough that the closed loop's ramp
 #: (C first sends at t = 0) and drain (the last C in flight) are a small part of it.
 DEFAULT_PER_SLOT = 4
@@ -180,42 +182,6 @@ def point_metrics(out: Any, requests: Optional[Sequence[Any]] = None) -> dict:
                                       if energy.get("devices_joules") else per_kw),
         **bootstrap(done_speed, np.asarray(cols["output_tokens"], dtype=np.float64)[done]),
     }
-
-
-#: Bootstrap replicates per point (resamples of its completed requests).
-BOOTSTRAP = 200
-#: Seed of every point's resampling (the same requests give the same replicates).
-BOOTSTRAP_SEED = 20260723
-
-
-def bootstrap(speed: np.ndarray, tokens: np.ndarray, replicates: int = BOOTSTRAP,
-              seed: int = BOOTSTRAP_SEED) -> dict:
-    """The point's uncertainty from its own requests: `replicates` resamples (with
-    replacement, the same indices for both arrays) of its completed requests.
-
-    speed: tokens/s per user of each completed request (NaN where it has < 2 output
-    tokens); tokens: each one's output tokens (same length). Returns {"boot_x": the
-    replicates' median tokens/s per user, "boot_tokens": each replicate's output tokens
-    over the point's (every metric of `METRICS` is proportional to output tokens at a
-    fixed energy and cost, so a replicate's metric is the point's times this)}, 5
-    significant digits; empty lists when the point has no completed request. A
-    bootstrap over requests treats the requests of one closed loop as independent,
-    which neighbouring requests sharing a batch are not: the interval is a lower bound
-    on the run-to-run spread (docs/interactivity.md)."""
-    n = int(tokens.size)
-    if n == 0 or tokens.sum() <= 0:
-        return {"boot_x": [], "boot_tokens": []}
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, n, size=(replicates, n))
-    tok = tokens[idx].sum(axis=1) / tokens.sum()
-    with np.errstate(all="ignore"):
-        import warnings
-
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)      # a resample with no 2-token request: NaN
-            x = np.nanmedian(speed[idx], axis=1)
-    return {"boot_x": [None if not np.isfinite(v) else float(f"{v:.5g}") for v in x],
-            "boot_tokens": [float(f"{v:.5g}") for v in tok]}
 
 
 def run_point(task: LadderTask) -> dict:
@@ -604,6 +570,6 @@ def write_interactivity(curves: Mapping[str, Any], out_dir: Any, *, pairs: Seque
     return paths
 
 
-__all__ = ["BOOTSTRAP", "BOOTSTRAP_SEED", "DEFAULT_METRIC", "DEFAULT_PER_SLOT", "DEFAULT_TOLERANCE", "DEFINITIONS", "LadderTask", "METRICS", "READINGS", "X_KEY",
-           "bootstrap", "curve_state", "interactivity_sweep", "interpolate", "mean_concurrency", "measured_range", "point_metrics", "point_requests", "points_table",
+__all__ = ["DEFAULT_METRIC", "DEFAULT_PER_SLOT", "DEFAULT_TOLERANCE", "DEFINITIONS", "LadderTask", "METRICS", "READINGS", "X_KEY",
+           "curve_state", "interactivity_sweep", "interpolate", "mean_concurrency", "measured_range", "point_metrics", "point_requests", "points_table",
            "ratio_at_equal_interactivity", "run_point", "slo_floor", "summary_lines", "write_interactivity"]
