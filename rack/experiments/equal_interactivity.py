@@ -18,10 +18,12 @@ Readings of a pair (a, b), metric(a) / metric(b) at the same x on both curves
 - "up to": the highest ratio over the ratio curve (the vendors' "up to 5x at
   comparable interactivity" is such a reading).
 Every reading carries a 90 % interval: the ratio recomputed on each bootstrap replicate
-of the points (`interactivity.bootstrap`: their requests resampled; replicate r of
-every point of both curves), each replicate reading the same segment of the same
-branch at the same x as the point estimate (the line through its two resampled
-points), its 5th and 95th percentiles. A reading outside either curve's range has no value, and says which curve ends
+of the points (`rack.measure.bootstrap`: their requests resampled; replicate r of
+every point of both curves), each replicate read at the same operating point as the
+point estimate (the same two points of the same branch, mixed in the same
+proportion), its 5th and 95th percentiles. It is the uncertainty of the throughput at
+that operating point from the requests the runs drew; a point's own tokens/s per user
+has its replicates too ("boot_x"). A reading outside either curve's range has no value, and says which curve ends
 first (`short`).
 """
 
@@ -104,17 +106,16 @@ def _turned(y: np.ndarray) -> bool:
     return len(y) >= 2 and float(np.max(y[:-1])) > float(y[-1])
 
 
-def _replicates_at(bx: np.ndarray, by: np.ndarray, at: float, i: int, j: int) -> np.ndarray:
-    """Each replicate's value at `at` on the segment (i, j) the point estimate reads:
-    the line through the two resampled points (the resampled point itself when i = j),
-    so every replicate reads the same part of the curve at the same x. (R,); NaN where
-    a replicate has no x or its two points share one."""
+def _replicates_at(by: np.ndarray, frac: float, i: int, j: int) -> np.ndarray:
+    """Each replicate's value at the operating point the point estimate reads: the same
+    two points (i, j; i = j for a measured point) mixed in the same proportion `frac`
+    (0 at i, 1 at j), their resampled values. (R,). Holding the mix fixed keeps a
+    reading well defined where a curve is nearly vertical (its points' tokens/s per
+    user all but equal), where re-reading each replicate at x would divide by a
+    difference of two noisy, nearly equal speeds."""
     if i == j:
         return by[:, i]
-    x0, x1, y0, y1 = bx[:, i], bx[:, j], by[:, i], by[:, j]
-    with np.errstate(all="ignore"):
-        v = y0 + (at - x0) / (x1 - x0) * (y1 - y0)
-    return np.where(np.isfinite(v), v, np.nan)
+    return by[:, i] + frac * (by[:, j] - by[:, i])
 
 
 def _read(branches: Branches, at: float, metric: str) -> Optional[tuple[float, int, int, int]]:
@@ -140,7 +141,11 @@ def value_at(branches: Branches, at: float, metric: str = DEFAULT_METRIC, boot: 
     if not boot:
         return v
     arr = _arrays(branches[k], metric, True)
-    return None if arr is None else _replicates_at(*arr, float(at), i, j)
+    if arr is None:
+        return None
+    x = _arrays(branches[k], metric, False)[0]
+    frac = 0.0 if i == j else float((at - x[i]) / (x[j] - x[i]))
+    return _replicates_at(arr[1], frac, i, j)
 
 
 def curve_range(branches: Branches, metric: str = DEFAULT_METRIC) -> Optional[list[float]]:

@@ -65,7 +65,7 @@ def equal_headline(pa, pb, *, metric: str, at="a_knee", floor_a: Optional[float]
     if pick.get("ratio") is None and not why:
         short = pick.get("short")
         why = ("the curves share no tokens/s per user" if rd["curve"]["overlap"] is None else
-               f"{names[0] if short == 'a' else names[1] if short == 'b' else 'neither'} reaches "
+               f"{names[0] if short == 'a' else names[1] if short == 'b' else 'neither curve'} does not reach "
                f"{pick['x']:,.0f} tokens/s per user" if pick.get("x") is not None else "no reading")
     vals = [r["ratio"] for r in rd["curve"]["readings"] if r["ratio"] is not None]
     return {"ratio": pick.get("ratio"), "x": pick.get("x"), "a_value": pick.get("a"), "b_value": pick.get("b"),
