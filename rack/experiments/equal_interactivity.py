@@ -284,15 +284,18 @@ def rescale_energy(points: Sequence[Mapping], watts: Mapping[str, Mapping[str, f
     metrics per kW (per MW); the run's timing, tokens and cost are unchanged.
 
     watts: {device key: {"host_w" | "nic_w" | "switch_w": W per device}} replacing
-    the points' own (`overhead_w_by_device`). A point of a devices-only boundary, or
+    the points' own (`overhead_w_by_device`; a hardware key also sets its stack
+    variants, "mi455x" the "mi455x-sglang" entries, as `[energy]` tables do). A point of a devices-only boundary, or
     without the breakdown, is returned as it is."""
+    from rack.measure.energy import for_device
+
     out = []
     for p in points:
         per = p.get("overhead_w_by_device") or {}
         if p.get("energy_boundary") != "system" or not per or p.get("output_tokens") is None:
             out.append(dict(p))
             continue
-        new = {d: {**v, **watts.get(d, {})} for d, v in per.items()}
+        new = {d: {**v, **(for_device(watts, d) or {})} for d, v in per.items()}
         w = sum(v["devices"] * sum(v[k] for k in ("host_w", "nic_w", "switch_w")) for v in new.values())
         joules = float(p["device_joules"]) + float(p["window_s"]) * w
         kw = 1e3 * p["output_tokens"] / joules if joules > 0 else None

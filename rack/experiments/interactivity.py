@@ -180,7 +180,8 @@ def point_metrics(out: Any, requests: Optional[Sequence[Any]] = None) -> dict:
         "overhead_w_by_device": (energy.get("overhead") or {}).get("per_device_w", {}),
         "output_tps_per_kw_devices": (1e3 * out_tokens / float(energy["devices_joules"])
                                       if energy.get("devices_joules") else per_kw),
-        **bootstrap(done_speed, np.asarray(cols["output_tokens"], dtype=np.float64)[done]),
+        **bootstrap(done_speed, np.asarray(cols["output_tokens"], dtype=np.float64)[done],
+                    prompt=np.asarray(cols["prompt_tokens"], dtype=np.float64)[done]),
     }
 
 

@@ -7,7 +7,7 @@ intervals from these replicates (`rack.experiments.equal_interactivity`,
 from __future__ import annotations
 
 import warnings
-from typing import Mapping
+from typing import Mapping, Optional
 
 import numpy as np
 
@@ -18,7 +18,7 @@ BOOTSTRAP_SEED = 20260723
 
 
 def bootstrap(speed: np.ndarray, tokens: np.ndarray, replicates: int = BOOTSTRAP,
-              seed: int = BOOTSTRAP_SEED) -> dict:
+              seed: int = BOOTSTRAP_SEED, prompt: Optional[np.ndarray] = None) -> dict:
     """The point's uncertainty from its own requests: `replicates` resamples (with
     replacement, the same indices for both arrays) of its completed requests.
 
@@ -26,23 +26,30 @@ def bootstrap(speed: np.ndarray, tokens: np.ndarray, replicates: int = BOOTSTRAP
     tokens); tokens: each one's output tokens (same length). Returns {"boot_x": the
     replicates' median tokens/s per user, "boot_tokens": each replicate's output tokens
     over the point's (every throughput metric, per device, kW or $/h, is proportional
-    to output tokens at a fixed energy and cost, so a replicate's metric is the point's times this)}, 5
-    significant digits; empty lists when the point has no completed request. A
+    to output tokens at a fixed energy and cost, so a replicate's metric is the point's
+    times this), and with `prompt` (each one's prompt tokens) "boot_prompt": each
+    replicate's prompt tokens over the point's}, 5 significant digits; empty lists when
+    the point has no completed request. A
     bootstrap over requests treats the requests of one closed loop as independent,
     which neighbouring requests sharing a batch are not: the interval is a lower bound
     on the run-to-run spread (docs/interactivity.md)."""
     n = int(tokens.size)
     if n == 0 or tokens.sum() <= 0:
-        return {"boot_x": [], "boot_tokens": []}
+        return {"boot_x": [], "boot_tokens": [], **({"boot_prompt": []} if prompt is not None else {})}
     rng = np.random.default_rng(seed)
     idx = rng.integers(0, n, size=(replicates, n))
     tok = tokens[idx].sum(axis=1) / tokens.sum()
+    extra = {}
+    if prompt is not None:
+        total = prompt.sum()
+        extra["boot_prompt"] = ([float(f"{v:.5g}") for v in prompt[idx].sum(axis=1) / total] if total > 0
+                                else [1.0] * replicates)
     with np.errstate(all="ignore"):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)      # a resample with no 2-token request: NaN
             x = np.nanmedian(speed[idx], axis=1)
     return {"boot_x": [None if not np.isfinite(v) else float(f"{v:.5g}") for v in x],
-            "boot_tokens": [float(f"{v:.5g}") for v in tok]}
+            "boot_tokens": [float(f"{v:.5g}") for v in tok], **extra}
 
 
 

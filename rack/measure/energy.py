@@ -179,11 +179,11 @@ def boundary_watts(device: Any, settings: Any) -> dict[str, float]:
     is 0. settings: `EnergySettings`."""
     if settings.boundary == "devices":
         return {part: 0.0 for part in BOUNDARY_PARTS}
-    table = (_for_device(BOUNDARY_W, device.key)
+    table = (for_device(BOUNDARY_W, device.key)
              or BOUNDARY_W.get(_KIND_FIGURES.get(getattr(device, "kind", ""), ""), {}))
     out = {}
     for part in BOUNDARY_PARTS:
-        own = _for_device(getattr(settings, f"{part}_w"), device.key)
+        own = for_device(getattr(settings, f"{part}_w"), device.key)
         out[part] = float(own) if own is not None else (table[part].nominal if part in table else 0.0)
     return out
 
@@ -263,8 +263,8 @@ def engine_instances(specs):
             yield spec, cost.device, int(cost.parallelism.n_devices)
 
 
-def _for_device(mapping: Mapping[str, Any], key: str):
-    """mapping[key], else the entry of the hardware a stack variant runs on ("h100" for
+def for_device(mapping: Mapping[str, Any], key: str):
+    """A per-device setting of `mapping` for device `key`: mapping[key], else the entry of the hardware a stack variant runs on ("h100" for
     "h100-sglang": prices belong to the hardware), else None."""
     if key in mapping:
         return mapping[key]
@@ -275,10 +275,10 @@ def _for_device(mapping: Mapping[str, Any], key: str):
 
 
 def _capex_for(key: str, settings: CostSettings) -> tuple[Optional[float], str]:
-    usd = _for_device(settings.capex_usd, key)
+    usd = for_device(settings.capex_usd, key)
     if usd is not None:
         return usd, "scenario [cost].capex_usd"
-    return _for_device(DEFAULT_CAPEX_USD, key) or (None, "")
+    return for_device(DEFAULT_CAPEX_USD, key) or (None, "")
 
 
 def device_price(device: Any, settings: CostSettings) -> DevicePrice:
@@ -290,7 +290,7 @@ def device_price(device: Any, settings: CostSettings) -> DevicePrice:
     is known. Neither: usd_per_hour None, with the source saying what to set.
     """
     key = device.key
-    rental = _for_device(settings.price_per_hour_usd, key)
+    rental = for_device(settings.price_per_hour_usd, key)
     rental_src = "scenario [cost].price_per_hour_usd"
     if rental is None and device.price_per_hour_usd is not None:
         rental, rental_src = float(device.price_per_hour_usd), "device catalog price_per_hour_usd"
@@ -527,4 +527,4 @@ def cost_section(scenario: "Scenario", specs: Sequence["ComponentSpec"], energy:
 
 
 __all__ = ["BOUNDARY_PARTS", "BOUNDARY_W", "BoundaryFigure", "DEFAULT_CAPEX_USD", "DevicePrice", "PoolRates",
-           "boundary_term", "boundary_terms", "boundary_watts", "cost_section", "device_price", "energy_section", "pool_rates", "with_boundary_term"]
+           "boundary_term", "boundary_terms", "boundary_watts", "cost_section", "device_price", "for_device", "energy_section", "pool_rates", "with_boundary_term"]

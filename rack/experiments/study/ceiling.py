@@ -41,20 +41,40 @@ def physics_ceiling(split: Sequence[Mapping], wafer: Sequence[Mapping], x: Optio
 
     split, wafer: the two curves' points (`rack.experiments.interactivity.point_metrics`
     dicts: "prompt_tokens_computed", "output_tokens", "mean_power_w", `X_KEY`).
-    Returns {"ceiling" (None where either curve cannot be read at x), "x",
+    Returns {"ceiling" (None where either curve cannot be read at x), "interval" (90 %
+    over the wafer points' bootstrap replicates of their prompt and output tokens, P/O
+    moving with them and the powers held; None without replicates), "x",
     "prompt_per_output" (P / O of the wafer alone), "power_ratio" (wafer alone's
     mean power over the split's), "formula"}."""
-    out = {"ceiling": None, "x": x, "prompt_per_output": None, "power_ratio": None,
+    import numpy as np
+
+    from rack.experiments.equal_interactivity import COVERAGE, value_at
+
+    out = {"ceiling": None, "interval": None, "x": x, "prompt_per_output": None, "power_ratio": None,
            "formula": "(1 + P/O of the wafer alone) x wafer-alone power / split power"}
     if x is None:
         return out
-    with_ratio = [{**p, "_p_per_o": p["prompt_tokens_computed"] / p["output_tokens"]} for p in wafer
-                  if p.get("output_tokens") and p.get("prompt_tokens_computed") is not None]
+    with_ratio = []
+    for p in wafer:
+        if p.get("output_tokens") and p.get("prompt_tokens_computed") is not None:
+            # a replicate's P/O: the computed prompt tokens scale with the resampled prompts
+            bp, bt = p.get("boot_prompt"), p.get("boot_tokens")
+            reps = list(np.asarray(bp) / np.asarray(bt)) if bp and bt and len(bp) == len(bt) else None
+            # value_at scales a point's metric by its "boot_tokens": here the replicate's P/O factor
+            with_ratio.append({**p, "_p_per_o": p["prompt_tokens_computed"] / p["output_tokens"],
+                               "boot_tokens": reps, "boot_x": reps and p.get("boot_x")})
     p_o = _at(with_ratio, x, "_p_per_o")
     pw, ps = _at(wafer, x, "mean_power_w"), _at(split, x, "mean_power_w")
     if p_o is None or not pw or not ps:
         return out
-    return {**out, "ceiling": (1.0 + p_o) * pw / ps, "prompt_per_output": p_o, "power_ratio": pw / ps}
+    reps = value_at([sorted(with_ratio, key=lambda p: p["concurrency"])], x, metric="_p_per_o", boot=True)
+    interval = None
+    if reps is not None and np.isfinite(reps).any():
+        c = (1.0 + reps[np.isfinite(reps)]) * pw / ps
+        tail = (1 - COVERAGE) / 2 * 100
+        interval = [float(np.percentile(c, tail)), float(np.percentile(c, 100 - tail))]
+    return {**out, "ceiling": (1.0 + p_o) * pw / ps, "interval": interval, "prompt_per_output": p_o,
+            "power_ratio": pw / ps}
 
 
 __all__ = ["physics_ceiling"]

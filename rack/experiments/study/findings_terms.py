@@ -100,7 +100,7 @@ def equal_interactivity(res: dict, s, figures: dict, fig_dir: str) -> list[str]:
         lo_hi = [x for x in rd["curve"]["readings"] if x["ratio"] is not None]
         lo = min(lo_hi, key=lambda x: x["ratio"]) if lo_hi else None
         table.append([r["workload"], _pair_label(r["a"], r["b"]), T.num(r["x"], "{:,.0f}"), head,
-                      T.x(ceil["ceiling"]),
+                      T.xi(ceil["ceiling"], ceil["interval"]) if ceil["ceiling"] is not None else "-",
                       _named_cell(at_1k), _named_cell(kb),
                       (T.xi(up["ratio"], up["interval"]) + f" at {up['x']:,.0f}") if up else "-",
                       (T.xi(lo["ratio"], lo["interval"]) + f" at {lo['x']:,.0f}") if lo else "-"])
@@ -489,11 +489,14 @@ def _five_x_sentence(results: dict, sections: list, v: list[dict], who) -> str:
     for x in short:
         tr = B.tornado_for(results, dumped, x["a"], x["b"], x["workload"])
         needs = [_crossing_text(t, c) for t in (tr["terms"] if tr else []) for c in t["reaches"]]
-        where = f"{who(x['a'])} on {x['workload']} ({T.x(x['ratio'])})"
+        shown = T.xi(x["ratio"], x["interval"]) if "interval" in x else T.x(x["ratio"])
+        where = f"{who(x['a'])} on {x['workload']} ({shown})"
         if needs:
             parts.append(f"{where} reaches it only with {T.listing(needs[:2])}")
         elif tr and tr["range"]:
-            parts.append(f"{where} does not reach it within the ranges (at most {T.x(tr['range'][1])})")
+            top = (tr.get("range_ends") or [None, {"ratio": tr["range"][1], "interval": None}])[1]
+            top_text = T.xi(top["ratio"], top["interval"]) if "interval" in x else T.x(top["ratio"])
+            parts.append(f"{where} does not reach it within the ranges (at most {top_text})")
         else:
             parts.append(f"{where} does not reach it as shipped (its terms not swept)")
     if not parts:
@@ -523,9 +526,12 @@ def what_rack_says(results: dict, sections: list) -> list[str]:
     def rx(x: dict) -> str:
         return T.xi(x["ratio"], x["interval"]) if "interval" in x else T.x(x["ratio"])
 
+    read = [x for x in v if x["ratio"]]
     s1 = ("At equal interactivity with every uncertain term as shipped, GPU prefill + wafer decode gives "
-          + T.listing([f"{rx(x)} ({who(x['a'])}, {x['workload']})" for x in v if x["ratio"]][:6])
-          + " the wafer alone's tokens/s per kW.")
+          + T.listing([f"{rx(x)} ({who(x['a'])}, {x['workload']})" for x in read][:6])
+          + " the wafer alone's tokens/s per kW." if read else
+          "At equal interactivity no split/wafer-alone ratio could be read with every term as shipped (the "
+          "verdicts below say why for each).")
     labels = {t["key"]: t["label"] for s in sections if s.kind == "tornado" and results.get(s.key)
               for t in results[s.key]["terms"]}
     if ranged:
@@ -597,9 +603,9 @@ def claim_verdict(results: dict, sections: list) -> Optional[dict]:
     text = (f"**The vendors' claim** (\"up to {B.CLAIM:g}x\" tokens/s per kW at comparable interactivity on "
             f"Kimi 2.6) is **{where}**: {_pair_label(r['a'], r['b'])} on {r['workload']} reaches at most "
             f"{T.xi(up['ratio'], up.get('interval'))} at {up['x']:,.0f} tokens/s per user (the highest ratio over the "
-            f"curves' overlap, both read at the same tokens/s per user), rack's range {T.x(low)} to {T.x(high)} "
+            f"curves' overlap, both read at the same tokens/s per user), rack's range [{low:.2f}-{high:.2f}x] "
             f"(that interval and the uncertain terms' ends){decides}.")
-    short = (f"The vendors' \"up to {B.CLAIM:g}x\" on Kimi 2.6 is {where} ({T.x(low)} to {T.x(high)}, at most "
+    short = (f"The vendors' \"up to {B.CLAIM:g}x\" on Kimi 2.6 is {where} ([{low:.2f}-{high:.2f}x], at most "
              f"{T.xi(up['ratio'], up.get('interval'))} on {r['workload']})"
              + (f", decided by {term['label']}" if term else "") + ".")
     return {"position": pos, "low": low, "high": high, "term": term["key"] if term else None, "text": text,
