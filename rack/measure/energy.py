@@ -264,8 +264,9 @@ def engine_instances(specs):
 
 
 def for_device(mapping: Mapping[str, Any], key: str):
-    """A per-device setting of `mapping` for device `key`: mapping[key], else the entry of the hardware a stack variant runs on ("h100" for
-    "h100-sglang": prices belong to the hardware), else None."""
+    """A per-device setting of `mapping` for device `key`: mapping[key], else the entry
+    of the hardware a stack variant runs on ("h100" for "h100-sglang": prices and
+    power outside the device belong to the hardware), else None."""
     if key in mapping:
         return mapping[key]
     for k in sorted(mapping, key=len, reverse=True):
