@@ -248,6 +248,9 @@ def sweep_interactivity(
     out: Path = typer.Option(Path("rack-results/sweep-interactivity"), "--out"),
     no_plots: bool = typer.Option(False, "--no-plots"),
     as_json: bool = typer.Option(False, "--json", help="print interactivity.json"),
+    until_turned: bool = typer.Option(False, "--until-turned", help="the --concurrency values are rungs: each curve "
+                                      "climbs them until its --metric falls after its best point or its tokens/s "
+                                      "per user falls below its TPOT target's (docs/interactivity.md)"),
     energy_boundary: Optional[str] = BOUNDARY_OPTION,
     load: Optional[LoadOptions] = None,
 ) -> None:
@@ -291,7 +294,8 @@ def sweep_interactivity(
     prepare_out_dir("--out", out)
     curves = interactivity_sweep(scs, plan, [int(c) for c in ladder], per_slot=per_slot,
                                  think_time_s=load.think_time, workers=workers,
-                                 address=address, progress=not as_json)
+                                 address=address, progress=not as_json, until_turned=until_turned,
+                                 metric=metric)
     paths = write_interactivity(curves, out, pairs=pairs, plots=not no_plots, metric=metric, tolerance=tolerance)
     if as_json:
         typer.echo(paths["json"].read_text())

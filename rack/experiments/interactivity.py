@@ -517,6 +517,16 @@ def summary_lines(curves: Mapping[str, Any], pairs: Sequence[tuple[str, str]] = 
             lo, hi = r["overlap"]
             out.append(f"{a} / {b} ({metric}) at equal tokens/s per user, over their overlap {lo:.4g}-{hi:.4g}: "
                        f"{r['ratio_min']:.3g}x to {r['ratio_max']:.3g}x (interpolated along each curve)")
+        if a in curves["deployments"] and b in curves["deployments"]:
+            from rack.experiments.equal_interactivity import branches_of, interval_text, pair_readings
+
+            da, db = curves["deployments"][a], curves["deployments"][b]
+            rd = pair_readings(branches_of(da), branches_of(db), metric, floor_a=da.get("slo_floor"),
+                               floor_b=db.get("slo_floor"), names=(a, b))
+            cells = [f"{n['name']}" + (f" ({n['x']:,.0f})" if "knee" in n["name"] and n.get("x") else "")
+                     + f": {interval_text(n) if n.get('ratio') is not None else '-'}" for n in rd["named"]]
+            out.append(f"{a} / {b} ({metric}) at exactly equal tokens/s per user, 90% interval in brackets: "
+                       + "; ".join(cells))
         q = ratio_at_equal_interactivity(curves, a, b, metric=metric, reading="at_least", tolerance=tolerance)
         if q["ratio_min"] is not None:
             xs = [x["x"] for x in q["readings"] if x["ratio"] is not None]

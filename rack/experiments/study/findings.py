@@ -565,8 +565,11 @@ def _caveats(results: dict) -> list[str]:
         "published wafer prompt rows, `rack validate`; docs/devices.md), ~24k tokens/s per request for Kimi-K2: no "
         "public figure measures the production stack's TTFT against prompt length, so the tornado and break-even "
         "sections move it across its documented range; the verdicts above say how far that moves them.",
-        "- Energy counts the devices (idle power plus dynamic power by occupancy), not hosts, switches or "
-        "cooling; prices are the catalog's (`rack/measure/energy.py`).",
+        "- " + _boundary_sentence(results) + " Cooling enters through the PUE of the electricity cost only; "
+        "prices are the catalog's (`rack/measure/energy.py`).",
+        "- The 90 % intervals resample each point's requests (bootstrap): they say how much the requests a run "
+        "drew move a figure, not how much another draw of a closed loop would (requests sharing a batch are not "
+        "independent), and a point whose requests are all alike has a zero-width interval.",
         f"- Each synthetic point lasts {cfg['synthetic_duration_s']:g} s of arrivals (at least "
         f"{cfg['synthetic_n']} requests), and the load sweep compresses its {cfg['window'][1] - cfg['window'][0]:g} s "
         f"window to {(cfg['window'][1] - cfg['window'][0]) / max(cfg['rate_scales']):.3g} s at its highest rate: a "
