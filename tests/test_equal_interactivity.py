@@ -153,3 +153,30 @@ def test_a_ladder_runs_until_its_curve_turns_and_no_further(monkeypatch):
     assert wafer["stop"] == "below_slo" and wafer["points"][-1]["tps_user_p50"] < floor
     assert all(p["tps_user_p50"] >= floor for p in wafer["points"][:-1])
     assert ("gpu-only-kimi-k2", 16) not in ran
+
+
+def test_physics_ceiling_from_the_runs_own_tokens_and_power():
+    """(1 + P/O) x wafer-alone power / split power, read at the same tokens/s per user."""
+    from rack.experiments.study.ceiling import physics_ceiling
+
+    wafer = [{"concurrency": c, "tps_user_p50": x, "prompt_tokens_computed": 1000 * c, "output_tokens": 1000 * c,
+              "mean_power_w": 600e3, "boot_prompt": [1.0, 1.1, 0.9], "boot_tokens": [1.0, 1.0, 1.0]}
+             for c, x in ((1, 1300.0), (2, 1000.0), (4, 600.0))]
+    split = [{"concurrency": c, "tps_user_p50": x, "mean_power_w": 700e3}
+             for c, x in ((1, 1300.0), (4, 1100.0), (16, 900.0), (64, 700.0))]
+    c = physics_ceiling(split, wafer, 1000.0)
+    assert c["prompt_per_output"] == pytest.approx(1.0) and c["power_ratio"] == pytest.approx(600 / 700)
+    assert c["ceiling"] == pytest.approx(2.0 * 600 / 700)
+    lo, hi = c["interval"]
+    assert lo < c["ceiling"] < hi
+    assert physics_ceiling(split, wafer, 2000.0)["ceiling"] is None         # beyond both curves
+
+
+def test_a_curve_ending_within_the_resolution_is_read_at_its_end():
+    """Nearly vertical curves: a split whose knee sits 0.1 % faster per user than the
+    wafer's fastest point is read against that point, and the reading says so."""
+    wafer = [_pt(1, 1328.0, 1.5), _pt(2, 1312.0, 1.1), _pt(4, 380.0, 0.8)]
+    split = [_pt(1, 1329.5, 2.0), _pt(2, 1329.2, 2.8), _pt(4, 1329.0, 2.7)]
+    r = ratio_at([split], [wafer], 1329.2)
+    assert r["ratio"] == pytest.approx(2.8 / 1.5) and r["read_at"] == {"a": 1329.2, "b": 1328.0}
+    assert ratio_at([split], [wafer], 1400.0)["ratio"] is None                 # 5 % away: no reading

@@ -40,6 +40,11 @@ from rack.experiments.interactivity import DEFAULT_METRIC, X_KEY
 NAMED_X = (1000.0,)
 #: x values of a ratio curve over the overlap of two curves.
 GRID = 24
+#: Two tokens/s per user this close (relative) are the same interactivity: a curve whose
+#: readable range ends this close to x is read at that end (`_snap`). The emulator's
+#: per-user speeds of a nearly vertical curve differ by less than this between loads;
+#: a point's own 90 % interval of its median tokens/s per user is wider.
+EQUAL_WITHIN = 0.005
 #: The interval's coverage (two-sided) and the least share of replicates that must read x.
 COVERAGE = 0.90
 MIN_REPLICATES = 0.5
@@ -60,19 +65,19 @@ def branches_of(entry: Any) -> Branches:
 
 
 def _arrays(branch: Sequence[Mapping], metric: str, boot: bool) -> Optional[tuple[np.ndarray, np.ndarray]]:
-    """(x, y) of a branch's points with both values: shape (n,) each, or (R, n) over the
-    bootstrap replicates (NaN where a replicate has no x); None without two points."""
+    """(x, y) of a branch's points that have both values, in concurrency order: shape
+    (n,) each; with `boot` y is (R, n), the points' metric over their bootstrap
+    replicates ("boot_tokens"), and None when a point has none. None without points."""
     pts = [p for p in branch if p.get(X_KEY) is not None and p.get(metric) is not None]
     if not pts:
         return None
+    x = np.array([float(p[X_KEY]) for p in pts])
     if not boot:
-        return (np.array([float(p[X_KEY]) for p in pts]), np.array([float(p[metric]) for p in pts]))
-    if any(not p.get("boot_x") for p in pts):
+        return x, np.array([float(p[metric]) for p in pts])
+    if any(not p.get("boot_tokens") for p in pts):
         return None
-    r = min(len(p["boot_x"]) for p in pts)
-    x = np.array([[np.nan if v is None else v for v in p["boot_x"][:r]] for p in pts], dtype=float).T
-    y = np.array([np.asarray(p["boot_tokens"][:r], dtype=float) * float(p[metric]) for p in pts]).T
-    return x, y
+    r = min(len(p["boot_tokens"]) for p in pts)
+    return x, np.array([np.asarray(p["boot_tokens"][:r], dtype=float) * float(p[metric]) for p in pts]).T
 
 
 def _pick(x: np.ndarray, y: np.ndarray, at: float) -> Optional[tuple[float, int, int]]:
@@ -143,9 +148,9 @@ def value_at(branches: Branches, at: float, metric: str = DEFAULT_METRIC, boot: 
     arr = _arrays(branches[k], metric, True)
     if arr is None:
         return None
-    x = _arrays(branches[k], metric, False)[0]
+    x, by = arr
     frac = 0.0 if i == j else float((at - x[i]) / (x[j] - x[i]))
-    return _replicates_at(arr[1], frac, i, j)
+    return _replicates_at(by, frac, i, j)
 
 
 def curve_range(branches: Branches, metric: str = DEFAULT_METRIC) -> Optional[list[float]]:
@@ -184,23 +189,44 @@ def knee(branches: Branches, metric: str = DEFAULT_METRIC, floor: Optional[float
             "concurrency": p["concurrency"], "branch": i}
 
 
+def _snap(branches: Branches, at: float, metric: str) -> Optional[float]:
+    """Where to read a curve asked for `at`: `at` inside its readable range, else the end
+    of that range when `at` is within `EQUAL_WITHIN` of it (the same tokens/s per user
+    to the readings' resolution), else None."""
+    rng = curve_range(branches, metric)
+    if rng is None:
+        return None
+    lo, hi = rng
+    if lo <= at <= hi:
+        return at
+    end = lo if at < lo else hi
+    return end if abs(at - end) <= EQUAL_WITHIN * at else None
+
+
 def ratio_at(ba: Branches, bb: Branches, at: float, metric: str = DEFAULT_METRIC,
              coverage: float = COVERAGE) -> dict:
     """metric(a) / metric(b) at `at` tokens/s per user on both curves, with its interval.
+
+    A curve whose readable range ends within `EQUAL_WITHIN` of x is read at that end
+    ("read_at" says where each curve was read then).
 
     Returns {"x", "a", "b", "ratio" (None where either curve cannot be read at x),
     "interval": [lo, hi] (the `coverage` interval over the bootstrap replicates; None
     when the points carry no replicates or fewer than `MIN_REPLICATES` of them read x),
     "replicates" (how many read x), "short": which curve(s) do not reach x ("a", "b",
     "both") or None}."""
-    va, vb = value_at(ba, at, metric), value_at(bb, at, metric)
+    xa, xb = _snap(ba, at, metric), _snap(bb, at, metric)
+    va = value_at(ba, xa, metric) if xa is not None else None
+    vb = value_at(bb, xb, metric) if xb is not None else None
     short = [n for n, v in (("a", va), ("b", vb)) if v is None]
     out = {"x": float(at), "a": va, "b": vb, "ratio": None, "interval": None, "replicates": 0,
            "short": ("both" if len(short) == 2 else short[0]) if short else None}
+    if xa is not None and xb is not None and (xa != at or xb != at):
+        out["read_at"] = {"a": xa, "b": xb}       # a curve's end, within EQUAL_WITHIN of x
     if short or not vb:
         return out
     out["ratio"] = va / vb
-    ra, rb = value_at(ba, at, metric, boot=True), value_at(bb, at, metric, boot=True)
+    ra, rb = value_at(ba, xa, metric, boot=True), value_at(bb, xb, metric, boot=True)
     if ra is None or rb is None:
         return out
     n = min(len(ra), len(rb))
@@ -305,5 +331,5 @@ def rescale_energy(points: Sequence[Mapping], watts: Mapping[str, Mapping[str, f
     return out
 
 
-__all__ = ["COVERAGE", "GRID", "NAMED_X", "branches_of", "curve_range", "interval_text", "knee", "pair_readings",
+__all__ = ["COVERAGE", "EQUAL_WITHIN", "GRID", "NAMED_X", "branches_of", "curve_range", "interval_text", "knee", "pair_readings",
            "ratio_at", "ratio_curve", "rescale_energy", "value_at"]

@@ -557,9 +557,10 @@ def write_interactivity(curves: Mapping[str, Any], out_dir: Any, *, pairs: Seque
                                 for a, b in pairs for how in READINGS]}
     (out / "interactivity.json").write_text(to_json(doc))
     pts = [{"deployment": n, **p} for n, d in curves["deployments"].items() for p in d["points"]]
-    keys = sorted({k for p in pts for k in p})
+    # one row per point: the bootstrap replicates and per-device watts stay in the JSON
+    keys = sorted({k for p in pts for k in p if not k.startswith("boot_") and k != "overhead_w_by_device"})
     with open(out / "interactivity.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=keys)
+        w = csv.DictWriter(f, fieldnames=keys, extrasaction="ignore")
         w.writeheader()
         w.writerows(pts)
     paths = {"json": out / "interactivity.json", "csv": out / "interactivity.csv"}

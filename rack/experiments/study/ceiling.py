@@ -62,7 +62,7 @@ def physics_ceiling(split: Sequence[Mapping], wafer: Sequence[Mapping], x: Optio
             reps = list(np.asarray(bp) / np.asarray(bt)) if bp and bt and len(bp) == len(bt) else None
             # value_at scales a point's metric by its "boot_tokens": here the replicate's P/O factor
             with_ratio.append({**p, "_p_per_o": p["prompt_tokens_computed"] / p["output_tokens"],
-                               "boot_tokens": reps, "boot_x": reps and p.get("boot_x")})
+                               "boot_tokens": reps})
     p_o = _at(with_ratio, x, "_p_per_o")
     pw, ps = _at(wafer, x, "mean_power_w"), _at(split, x, "mean_power_w")
     if p_o is None or not pw or not ps:

@@ -133,8 +133,8 @@ def _named_cell(n: Optional[dict]) -> str:
     if n.get("ratio") is None:
         if n.get("why"):
             return f"- ({n['why']})"
-        who = {"a": "the split", "b": "the other", "both": "neither"}.get(n.get("short"), "")
-        return f"- ({who} does not reach {n['x']:,.0f} tok/s/user)" if n.get("x") is not None else "-"
+        who = {"a": "the split does", "b": "the other does", "both": "neither curve does"}.get(n.get("short"), "")
+        return f"- ({who} not reach {n['x']:,.0f} tok/s/user)" if n.get("x") is not None else "-"
     return T.xi(n["ratio"], n.get("interval")) + (f" at {n['x']:,.0f}" if "knee" in n["name"] else "")
 
 
