@@ -142,6 +142,7 @@ def test_a_ladder_runs_until_its_curve_turns_and_no_further(monkeypatch):
                 "output_tps_per_kw": float(min(c, peak) - (c > peak))}
 
     monkeypatch.setattr(I, "run_point", fake)
+    I.clear_point_cache()
     scs = [load_scenario("gpu-only-kimi-k2"), load_scenario("wafer-only-kimi-k2")]
     curves = I.interactivity_sweep(scs, LoadPlan("trace", "mooncake-excerpt", max_requests=4),
                                    [1, 2, 4, 8, 16, 32, 64, 128], per_slot=1, workers=1, progress=False,
@@ -153,6 +154,13 @@ def test_a_ladder_runs_until_its_curve_turns_and_no_further(monkeypatch):
     assert wafer["stop"] == "below_slo" and wafer["points"][-1]["tps_user_p50"] < floor
     assert all(p["tps_user_p50"] >= floor for p in wafer["points"][:-1])
     assert ("gpu-only-kimi-k2", 16) not in ran
+    # the same ladder again: every point reused, none run
+    ran.clear()
+    again = I.interactivity_sweep(scs, LoadPlan("trace", "mooncake-excerpt", max_requests=4),
+                                  [1, 2, 4, 8, 16, 32, 64, 128], per_slot=1, workers=1, progress=False,
+                                  until_turned=True)
+    assert not ran and again["deployments"] == curves["deployments"]
+    I.clear_point_cache()
 
 
 def test_physics_ceiling_from_the_runs_own_tokens_and_power():
@@ -180,3 +188,19 @@ def test_a_curve_ending_within_the_resolution_is_read_at_its_end():
     r = ratio_at([split], [wafer], 1329.2)
     assert r["ratio"] == pytest.approx(2.8 / 1.5) and r["read_at"] == {"a": 1329.2, "b": 1328.0}
     assert ratio_at([split], [wafer], 1400.0)["ratio"] is None                 # 5 % away: no reading
+
+
+def test_patience_rides_out_a_one_point_dip():
+    dip = [_pt(1, 1300.0, 2.0), _pt(2, 1300.0, 4.0), _pt(4, 1300.0, 3.5)]
+    assert curve_state(dip, floor=None, rungs_left=3) == "turned"
+    assert curve_state(dip, floor=None, rungs_left=3, patience=2) is None
+    assert curve_state(dip + [_pt(8, 1300.0, 8.0)], floor=None, rungs_left=2, patience=2) is None
+    assert curve_state(dip + [_pt(8, 1300.0, 3.0)], floor=None, rungs_left=2, patience=2) == "turned"
+
+
+def test_a_plateau_stops_the_climb_and_its_start_is_the_knee():
+    flat = [_pt(1, 1300.0, 10.0), _pt(2, 1300.0, 20.0), _pt(4, 1290.0, 30.0), _pt(8, 1280.0, 31.0)]
+    assert curve_state(flat, floor=None, rungs_left=3) == "flat"
+    assert curve_state(flat[:3], floor=None, rungs_left=3) is None
+    k = knee([flat])
+    assert k["status"] == "knee" and k["concurrency"] == 4          # 30 is within 5 % of 31: the plateau's start

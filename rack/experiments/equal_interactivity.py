@@ -41,7 +41,7 @@ NAMED_X = (1000.0,)
 #: x values of a ratio curve over the overlap of two curves.
 GRID = 24
 #: Two tokens/s per user this close (relative) are the same interactivity: a curve whose
-#: readable range ends this close to x is read at that end (`_snap`). The emulator's
+#: readable range ends this close to x is read at that end (`snap_x`). The emulator's
 #: per-user speeds of a nearly vertical curve differ by less than this between loads;
 #: a point's own 90 % interval of its median tokens/s per user is wider.
 EQUAL_WITHIN = 0.005
@@ -170,17 +170,27 @@ def knee(branches: Branches, metric: str = DEFAULT_METRIC, floor: Optional[float
     tokens/s per user (its TPOT target's; None: every point).
 
     Returns {"status": "knee" (a later point of the same branch is lower: the curve
-    turned there), "at_end" (the best point is its branch's last: the ladder ended or
-    the SLO stopped it before the curve turned; no reading is taken there), or "none"
-    (no point meets the floor), "x", "value", "concurrency", "branch" (index)}."""
+    turned there; or the branch flattened, its last point less than `FLAT` above the
+    point before it, and the knee is the first point within `FLAT` of the best: the
+    plateau's start), "at_end" (the best point is its branch's last and the curve was
+    still rising: the ladder ended or the SLO stopped it before the curve turned; no
+    reading is taken there), or "none" (no point meets the floor), "x", "value",
+    "concurrency", "branch" (index)}."""
+    from rack.experiments.interactivity import FLAT
+
     best = None
     for i, b in enumerate(branches):
         pts = [p for p in b if p.get(X_KEY) is not None and p.get(metric) is not None]
+        ok = [p for p in pts if floor is None or p[X_KEY] >= floor]
         for k, p in enumerate(pts):
             if floor is not None and p[X_KEY] < floor:
                 continue
             if best is None or p[metric] > best[0]:
                 turned = any(q[metric] < p[metric] for q in pts[k + 1:])
+                if not turned and len(ok) >= 2 and p is ok[-1] and p[metric] < (1 + FLAT) * ok[-2][metric]:
+                    # a plateau: its first point within FLAT of the best is the knee
+                    p = next(q for q in ok if q[metric] >= p[metric] / (1 + FLAT))
+                    turned = p is not ok[-1]
                 best = (p[metric], p, i, turned)
     if best is None:
         return {"status": "none", "x": None, "value": None, "concurrency": None, "branch": None}
@@ -189,7 +199,7 @@ def knee(branches: Branches, metric: str = DEFAULT_METRIC, floor: Optional[float
             "concurrency": p["concurrency"], "branch": i}
 
 
-def _snap(branches: Branches, at: float, metric: str) -> Optional[float]:
+def snap_x(branches: Branches, at: float, metric: str = DEFAULT_METRIC) -> Optional[float]:
     """Where to read a curve asked for `at`: `at` inside its readable range, else the end
     of that range when `at` is within `EQUAL_WITHIN` of it (the same tokens/s per user
     to the readings' resolution), else None."""
@@ -215,7 +225,7 @@ def ratio_at(ba: Branches, bb: Branches, at: float, metric: str = DEFAULT_METRIC
     when the points carry no replicates or fewer than `MIN_REPLICATES` of them read x),
     "replicates" (how many read x), "short": which curve(s) do not reach x ("a", "b",
     "both") or None}."""
-    xa, xb = _snap(ba, at, metric), _snap(bb, at, metric)
+    xa, xb = snap_x(ba, at, metric), snap_x(bb, at, metric)
     va = value_at(ba, xa, metric) if xa is not None else None
     vb = value_at(bb, xb, metric) if xb is not None else None
     short = [n for n, v in (("a", va), ("b", vb)) if v is None]
@@ -332,4 +342,4 @@ def rescale_energy(points: Sequence[Mapping], watts: Mapping[str, Mapping[str, f
 
 
 __all__ = ["COVERAGE", "EQUAL_WITHIN", "GRID", "NAMED_X", "branches_of", "curve_range", "interval_text", "knee", "pair_readings",
-           "ratio_at", "ratio_curve", "rescale_energy", "value_at"]
+           "ratio_at", "ratio_curve", "rescale_energy", "snap_x", "value_at"]

@@ -207,6 +207,33 @@ def run_point(task: LadderTask) -> dict:
     return out
 
 
+#: A rung that raises a curve's metric by less than this share over its best earlier
+#: point ends the climb ("flat", `curve_state`; `rack.experiments.equal_interactivity.knee`
+#: takes the plateau's first point as the knee).
+FLAT = 0.05
+#: Points already run in this process, by `_task_key`: a study's sections that run the
+#: same deployment on the same workload at the same concurrency and units (a tornado's
+#: as-shipped curves and an interactivity section's; ladders sharing rungs) reuse them.
+_POINTS: dict[str, dict] = {}
+
+
+def _task_key(task: LadderTask) -> str:
+    """What determines a point's run: the scenario (less its name), the workload
+    recipe, the concurrency, the units and the think time."""
+    import hashlib
+    import json
+
+    sc = {k: v for k, v in task.scenario.items() if k != "name"}
+    text = json.dumps([sc, repr(task.plan), task.concurrency, task.units, task.think_time_s], sort_keys=True,
+                      default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def clear_point_cache() -> None:
+    """Forget the points this process has run (`interactivity_sweep` reuses them)."""
+    _POINTS.clear()
+
+
 def slo_floor(scenario: Any) -> Optional[float]:
     """The tokens/s per user a deployment's TPOT target implies (1000 / tpot_ms), or
     None when it has no TPOT target."""
@@ -215,12 +242,18 @@ def slo_floor(scenario: Any) -> Optional[float]:
 
 
 def curve_state(points: Sequence[Mapping[str, Any]], *, floor: Optional[float], rungs_left: int,
-                metric: str = DEFAULT_METRIC) -> Optional[str]:
+                metric: str = DEFAULT_METRIC, patience: int = 1) -> Optional[str]:
     """Why a curve run rung by rung stops, or None while it must go on.
 
     points: its points so far, by concurrency; floor: the tokens/s per user below which
-    it stops (`slo_floor`; None: none); rungs_left: ladder rungs not yet run.
-    "turned": a point after its best `metric` is lower (its knee is behind it);
+    it stops (`slo_floor`; None: none); rungs_left: ladder rungs not yet run;
+    patience: how many points after its best must all be lower before it has turned
+    (1: the first lower point; 2 rides out a one-point dip, e.g. a ramp or drain that
+    weighs more at one rung, at the cost of one more rung).
+    "turned": the `patience` points after its best `metric` are lower (its knee is behind it);
+    "flat": its last point gained less than `FLAT` over its best earlier point (it
+    stopped rising: a plateau, e.g. a decode batch cap reached, past which more
+    requests only queue);
     "below_slo": its last point's tokens/s per user (p50) fell below `floor`;
     "failed": its last point has no figure (an error, nothing completed);
     "ladder_end": no rung left and neither of the above (its best may be its last point).
@@ -234,8 +267,11 @@ def curve_state(points: Sequence[Mapping[str, Any]], *, floor: Optional[float], 
     if floor is not None and last[X_KEY] < floor:
         return "below_slo"
     vals = [p[metric] for p in pts if p.get(metric) is not None]
-    if len(vals) >= 2 and vals[-1] < max(vals):
+    best = max(range(len(vals)), key=lambda i: vals[i]) if vals else 0
+    if len(vals) - 1 - best >= max(1, patience):
         return "turned"
+    if len(vals) >= 2 and best == len(vals) - 1 and vals[-1] < (1 + FLAT) * max(vals[:-1]):
+        return "flat"
     return "ladder_end" if rungs_left <= 0 else None
 
 
@@ -243,7 +279,7 @@ def interactivity_sweep(scenarios: Sequence[Any], plan: Any, concurrencies: Sequ
                         per_slot: int = DEFAULT_PER_SLOT, think_time_s: float = 0.0,
                         workers: int = 2, address: Optional[str] = None,
                         progress: bool = True, until_turned: bool = False,
-                        metric: str = DEFAULT_METRIC, first: int = 3) -> dict:
+                        metric: str = DEFAULT_METRIC, first: int = 3, patience: int = 1) -> dict:
     """Closed-loop concurrency ladders: every scenario at every concurrency, or with
     `until_turned` each curve rung by rung until it turns.
 
@@ -258,8 +294,8 @@ def interactivity_sweep(scenarios: Sequence[Any], plan: Any, concurrencies: Sequ
 
     until_turned: the concurrencies are the rungs a curve may climb: each curve runs
     its `first` lowest rungs, then one more rung per round until `curve_state` stops
-    it (its `metric` fell after its best point, or its tokens/s per user fell below its
-    TPOT target's, or the ladder ended); each round's points of every curve still
+    it (its `metric` fell at the `patience` points after its best point, or its
+    tokens/s per user fell below its TPOT target's, or the ladder ended); each round's points of every curve still
     climbing run in parallel, so a curve that turned early costs no more runs.
 
     Returns JSON-ready curves: {"kind": "interactivity", "workload": label, "recipe":
@@ -292,10 +328,17 @@ def interactivity_sweep(scenarios: Sequence[Any], plan: Any, concurrencies: Sequ
     todo = {n: ladder if not until_turned else ladder[:first] for n in names}
     while any(todo.values()):
         batch = [(n, c) for n in names for c in todo[n]]
-        points = map_virtual_runs(run_point, [task(by_name[n], c) for n, c in batch], address=address,
-                                  max_workers=max(1, workers), progress=progress)
-        for (n, _), p in zip(batch, points):
-            runs[n].append(p)
+        tasks = [task(by_name[n], c) for n, c in batch]
+        keys = [_task_key(t) for t in tasks]
+        new = [i for i, k in enumerate(keys) if k not in _POINTS]
+        fresh = map_virtual_runs(run_point, [tasks[i] for i in new], address=address,
+                                 max_workers=max(1, workers), progress=progress) if new else []
+        for i, p in zip(new, fresh):
+            if "error" not in p:
+                _POINTS[keys[i]] = p
+        got = dict(zip(new, fresh))
+        for i, (n, _) in enumerate(batch):
+            runs[n].append(got[i] if i in got else {**_POINTS[keys[i]], **tasks[i].labels})
         for n in names:
             done = len(runs[n])
             if not until_turned:
@@ -304,7 +347,8 @@ def interactivity_sweep(scenarios: Sequence[Any], plan: Any, concurrencies: Sequ
             if not todo[n]:
                 continue
             state = curve_state([p for p in runs[n] if "error" not in p] or runs[n][-1:],
-                                floor=slo_floor(by_name[n]), rungs_left=len(ladder) - done, metric=metric)
+                                floor=slo_floor(by_name[n]), rungs_left=len(ladder) - done, metric=metric,
+                                patience=patience)
             if "error" in runs[n][-1]:
                 state = "failed"
             stop[n] = state
@@ -582,6 +626,6 @@ def write_interactivity(curves: Mapping[str, Any], out_dir: Any, *, pairs: Seque
     return paths
 
 
-__all__ = ["DEFAULT_METRIC", "DEFAULT_PER_SLOT", "DEFAULT_TOLERANCE", "DEFINITIONS", "LadderTask", "METRICS", "READINGS", "X_KEY",
-           "curve_state", "interactivity_sweep", "interpolate", "mean_concurrency", "measured_range", "point_metrics", "point_requests", "points_table",
+__all__ = ["DEFAULT_METRIC", "FLAT", "DEFAULT_PER_SLOT", "DEFAULT_TOLERANCE", "DEFINITIONS", "LadderTask", "METRICS", "READINGS", "X_KEY",
+           "clear_point_cache", "curve_state", "interactivity_sweep", "interpolate", "mean_concurrency", "measured_range", "point_metrics", "point_requests", "points_table",
            "ratio_at_equal_interactivity", "run_point", "slo_floor", "summary_lines", "write_interactivity"]

@@ -28,12 +28,15 @@ from typing import Mapping, Optional, Sequence
 
 
 
-def _at(points: Sequence[Mapping], x: float, key: str) -> Optional[float]:
-    """`key` of a point list at tokens/s per user `x`, interpolated between the two
-    neighbouring points (by concurrency) whose x bracket it; None outside the range."""
-    from rack.experiments.equal_interactivity import value_at
+def _at(points: Sequence[Mapping], x: float, key: str, boot: bool = False):
+    """`key` of a point list at tokens/s per user `x` as the readings read it
+    (`rack.experiments.equal_interactivity`: interpolated between neighbouring points, a
+    curve ending within `EQUAL_WITHIN` of x read at its end); None outside the range."""
+    from rack.experiments.equal_interactivity import snap_x, value_at
 
-    return value_at([sorted(points, key=lambda p: p["concurrency"])], x, metric=key)
+    branch = [sorted(points, key=lambda p: p["concurrency"])]
+    at = snap_x(branch, x, key)
+    return None if at is None else value_at(branch, at, metric=key, boot=boot)
 
 
 def physics_ceiling(split: Sequence[Mapping], wafer: Sequence[Mapping], x: Optional[float]) -> dict:
@@ -48,7 +51,7 @@ def physics_ceiling(split: Sequence[Mapping], wafer: Sequence[Mapping], x: Optio
     mean power over the split's), "formula"}."""
     import numpy as np
 
-    from rack.experiments.equal_interactivity import COVERAGE, value_at
+    from rack.experiments.equal_interactivity import COVERAGE
 
     out = {"ceiling": None, "interval": None, "x": x, "prompt_per_output": None, "power_ratio": None,
            "formula": "(1 + P/O of the wafer alone) x wafer-alone power / split power"}
@@ -67,7 +70,7 @@ def physics_ceiling(split: Sequence[Mapping], wafer: Sequence[Mapping], x: Optio
     pw, ps = _at(wafer, x, "mean_power_w"), _at(split, x, "mean_power_w")
     if p_o is None or not pw or not ps:
         return out
-    reps = value_at([sorted(with_ratio, key=lambda p: p["concurrency"])], x, metric="_p_per_o", boot=True)
+    reps = _at(with_ratio, x, "_p_per_o", boot=True)
     interval = None
     if reps is not None and np.isfinite(reps).any():
         c = (1.0 + reps[np.isfinite(reps)]) * pw / ps

@@ -21,7 +21,7 @@ def _sweep(cfg, scenarios, plan, section) -> dict:
     metric = section.metric if section.metric in METRICS else DEFAULT_METRIC
     return interactivity_sweep(scenarios, plan, section.concurrencies, per_slot=section.per_slot,
                                workers=cfg.workers, address=getattr(cfg, "address", None), progress=cfg.progress,
-                               until_turned=section.until_turned, metric=metric)
+                               until_turned=section.until_turned, metric=metric, patience=section.patience)
 
 
 def knob_variants(scenario, knobs: dict) -> list[tuple[str, object]]:

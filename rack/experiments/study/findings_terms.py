@@ -57,7 +57,9 @@ def _reading_note(res: dict) -> str:
 def _stop_text(name: str, d: dict) -> str:
     pts = d.get("points") or []
     top = pts[-1]["concurrency"] if pts else None
-    why = {"turned": "its tokens/s per kW fell after its best point", "below_slo": "its tokens/s per user fell "
+    why = {"turned": "its tokens/s per kW fell after its best point",
+           "flat": "its tokens/s per kW stopped rising (a rung gained < 5 %)",
+           "below_slo": "its tokens/s per user fell "
            "below its TPOT target's", "ladder_end": "**the ladder ended before the curve turned**",
            "failed": "a point failed", "ladder": "every rung ran"}.get(d.get("stop"), d.get("stop") or "-")
     knobs = d.get("variants") or {}
@@ -94,20 +96,25 @@ def equal_interactivity(res: dict, s, figures: dict, fig_dir: str) -> list[str]:
         at_1k = next((n for n in rd["named"] if n["name"].endswith("tokens/s per user")), None)
         ka, kb = named.get(f"{r['a']}'s knee"), named.get(f"{r['b']}'s knee")
         curves = res["workloads"][r["workload"]]["deployments"]
-        ceil = physics_ceiling(curves[r["a"]]["points"], curves[r["b"]]["points"], r["x"])
-        head = T.xi(r["ratio"], r["interval"]) if r["ratio"] is not None else f"- ({r['why']})"
         up = rd["up_to"]
+        # beside the headline; where it has no ratio, beside the highest reading
+        ceil_x = r["x"] if r["ratio"] is not None or not up else up["x"]
+        ceil = physics_ceiling(curves[r["a"]]["points"], curves[r["b"]]["points"], ceil_x)
+        head = T.xi(r["ratio"], r["interval"]) if r["ratio"] is not None else f"- ({r['why']})"
         lo_hi = [x for x in rd["curve"]["readings"] if x["ratio"] is not None]
         lo = min(lo_hi, key=lambda x: x["ratio"]) if lo_hi else None
         table.append([r["workload"], _pair_label(r["a"], r["b"]), T.num(r["x"], "{:,.0f}"), head,
-                      T.xi(ceil["ceiling"], ceil["interval"]) if ceil["ceiling"] is not None else "-",
+                      (T.xi(ceil["ceiling"], ceil["interval"]) + ("" if ceil_x == r["x"] else f" at {ceil_x:,.0f}"))
+                      if ceil["ceiling"] is not None else "-",
                       _named_cell(at_1k), _named_cell(kb),
                       (T.xi(up["ratio"], up["interval"]) + f" at {up['x']:,.0f}") if up else "-",
                       (T.xi(lo["ratio"], lo["interval"]) + f" at {lo['x']:,.0f}") if lo else "-"])
         notes += [f"- {r['workload']}, {_pair_label(r['a'], r['b'])}: {n}." for n in rd["notes"]]
-        if ceil["ceiling"] is not None and r["ratio"] is not None and r["ratio"] > ceil["ceiling"]:
-            notes.append(f"- {r['workload']}, {_pair_label(r['a'], r['b'])}: the reading ({T.x(r['ratio'])}) is "
-                         f"above the physics ceiling ({T.x(ceil['ceiling'])}): the wafer alone pays more per "
+        read, read_iv = ((r["ratio"], r["interval"]) if ceil_x == r["x"] else
+                         ((up or {}).get("ratio"), (up or {}).get("interval")))
+        if ceil["ceiling"] is not None and read is not None and read > ceil["ceiling"]:
+            notes.append(f"- {r['workload']}, {_pair_label(r['a'], r['b'])}: the reading ({T.xi(read, read_iv)}) is "
+                         f"above the physics ceiling ({T.xi(ceil['ceiling'], ceil['interval'])}): the wafer alone pays more per "
                          "prompt token than per decode token, or the split serves from cache prompts the wafer "
                          "alone recomputes.")
     at = res.get("at", "a_knee")

@@ -29,7 +29,8 @@ Kinds (`KINDS`; the fields each needs in `REQUIRED`):
 - "interactivity": closed-loop concurrency ladders (`rack sweep interactivity`) per
   workload, and each pair's ratio at equal interactivity; with `until_turned = true`
   the concurrencies are the rungs each curve climbs until it turns
-  (`rack.experiments.interactivity.curve_state`), and `knobs` = {deployment =
+  (`rack.experiments.interactivity.curve_state`; `patience` points after its best
+  must be lower), and `knobs` = {deployment =
   {"pools.<pool>.<field>" = [values]}} adds one ladder per value of a knob that trades
   per-user speed for throughput (chunk size, batch cap), the deployment's curve being
   the best of them (`rack.experiments.equal_interactivity`);
@@ -226,6 +227,7 @@ class Section(_Strict):
     tolerance: float = Field(default=0.01, ge=0, lt=1)
     at: Union[Literal["a_best", "a_knee", "up_to"], float] = "a_best"
     until_turned: bool = False
+    patience: int = Field(default=1, ge=1, le=4)
     knobs: dict[str, dict[str, list[Union[int, float]]]] = Field(default_factory=dict)
     slo: SLO = SLO()
     terms: Union[Literal["all"], list[TermRef]] = Field(default_factory=list)
