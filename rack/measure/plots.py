@@ -384,8 +384,15 @@ def ratio_curves(pairs: Mapping[str, Mapping[str, Any]], path: Path | str, *, ti
     for v, text in lines:
         ax.axhline(v, color="grey", linestyle="--" if v == 1.0 else ":", linewidth=0.8)
         ax.annotate(text, (1.0, v), xycoords=("axes fraction", "data"), fontsize=7, ha="right", va="bottom")
+    from matplotlib.ticker import FuncFormatter
+
     ax.set_xscale("log")
     ax.set_yscale("log")
+    plain = FuncFormatter(lambda v, _: f"{v:,.0f}" if v >= 1 else f"{v:g}")
+    for axis in (ax.xaxis, ax.yaxis):
+        axis.set_major_formatter(plain)
+        axis.set_minor_formatter(plain)
+    ax.tick_params(which="minor", labelsize=6)
     ax.set_xlabel("tokens/s per user (p50 of 1/TPOT), both curves read at the same value")
     ax.set_ylabel("ratio of tokens/s per kW (band: 90 % interval)")
     ax.grid(alpha=0.3, which="both")
