@@ -375,8 +375,12 @@ def _verdict(head: str, ratio: Optional[float], tr: Optional[dict], why: str, it
         return {**item, "text": head.rstrip(": -") + f": {why}, as shipped and at every term's end, so the split "
                 f"{word} across the ranges (the ratio is unbounded)", "ratio": None, "range": None,
                 "term": None, "flips": [], "verdict": word}
+    if tr is not None and tr["range"] is None:
+        base = tr["baseline"]
+        why = ("the tornado of this pair read no ratio"
+               + (f": as shipped, {base['why']}" if base.get("why") else ""))
     if tr is None or tr["range"] is None or ratio is None:
-        return {**item, "text": head + f" (range over the uncertain terms not run: {why})", "ratio": ratio,
+        return {**item, "text": head + f" (no range over the uncertain terms: {why})", "ratio": ratio,
                 "range": None, "term": None, "flips": [], "verdict": None}
     ends = [{"ratio": ratio, "interval": item.get("interval")}] + list(tr.get("range_ends") or [])
     lo_e, hi_e = min(ends, key=lambda e: e["ratio"]), max(ends, key=lambda e: e["ratio"])
@@ -606,7 +610,9 @@ def claim_verdict(results: dict, sections: list) -> Optional[dict]:
     decides = (f"; the term that decides it: {term['label']} (documented range {_term_value(term, term['low'])} "
                f"to {_term_value(term, term['high'])})" if term else
                "; no uncertain term of this pair was swept, so its range is the reading's 90 % interval only"
-               if not tr else "")
+               if not tr else "; its tornado read no ratio" + (f" ({tr['baseline']['why']})"
+                                                             if tr["baseline"].get("why") else "")
+               + ", so its range is the reading's 90 % interval only")
     text = (f"**The vendors' claim** (\"up to {B.CLAIM:g}x\" tokens/s per kW at comparable interactivity on "
             f"Kimi 2.6) is **{where}**: {_pair_label(r['a'], r['b'])} on {r['workload']} reaches at most "
             f"{T.xi(up['ratio'], up.get('interval'))} at {up['x']:,.0f} tokens/s per user (the highest ratio over the "
