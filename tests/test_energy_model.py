@@ -204,3 +204,25 @@ def test_pool_rates_at_peak_power():
              + (cs3.peak_w + extra) / 1e3 * s.pue * s.electricity_usd_per_kwh)
     assert rates["decode"].usd_per_hour_at_peak == pytest.approx(28 * per_h)
     assert math.isfinite(rates["prefill"].usd_per_hour_at_peak)
+
+
+def test_energy_boundary_option_of_rack_run(tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from rack.cli import _register_commands
+    from rack.cli.app import app
+
+    _register_commands()
+    args = ["run", "-s", "helios-cs3-kimi-k2", "--runtime", "virtual", "--dataset", "random",
+            "--random-input-len", "256", "--random-output-len", "8", "--num-prompts", "4", "--json", "--no-plots"]
+    got = {}
+    for b in ("devices", "system"):
+        res = CliRunner().invoke(app, args + ["--energy-boundary", b, "--out", str(tmp_path / b)])
+        assert res.exit_code == 0, res.output
+        got[b] = json.loads(res.stdout)["energy"]
+        assert got[b]["boundary"] == b
+    assert got["system"]["joules"] - got["devices"]["joules"] == pytest.approx(got["system"]["overhead"]["joules"])
+    bad = CliRunner().invoke(app, args + ["--energy-boundary", "rack", "--out", str(tmp_path / "bad")])
+    assert bad.exit_code != 0 and "--energy-boundary" in bad.output
