@@ -170,11 +170,13 @@ def map_grid(res: dict, a: str, b: str) -> dict:
     for c in res["cells"]:
         h = _hl(res, c["points"], a, b)
         cells.append({"x": c["x"], "io_ratio": c["io_ratio"], "prompt_tokens": c["prompt_tokens"],
-                      "prefill_rate": c["prefill_rate"], "ratio": h["ratio"], "read_at": h["x"]})
+                      "prefill_rate": c["prefill_rate"], "ratio": h["ratio"], "interval": h.get("interval"),
+                      "read_at": h["x"]})
     xs, ys = list(res["values"]), list(res["io_ratios"])
     at = {(c["x"], c["io_ratio"]): c for c in cells}
     return {"x": xs, "y": ys, "cells": cells,
             "ratio": [[at.get((x, y), {}).get("ratio") for x in xs] for y in ys],
+            "interval": [[at.get((x, y), {}).get("interval") for x in xs] for y in ys],
             "rate": [[at.get((x, y), {}).get("prefill_rate") for x in xs] for y in ys]}
 
 

@@ -223,9 +223,13 @@ def breakeven_map(section, cfg, log: Log) -> dict:
             cells.append({"x": x, "io_ratio": float(y), "prompt_tokens": prompt, "output_tokens": out_tokens,
                           "prefill_rate": _prefill_rate(variants[(x, ref)], prompt),
                           "points": _split(curves, base, f"{term['key']}={x:g}")})
+    from rack.experiments.interactivity import slo_floor
+
     return {"term": term, "values": xs, "io_ratios": [float(y) for y in section.parameter.values],
             "output_tokens": out_tokens, "cells": cells, "errors": errors, "pairs": [list(p) for p in section.pairs],
-            "metric": section.metric, "tolerance": section.tolerance, "at": section.at}
+            "metric": section.metric, "tolerance": section.tolerance, "at": section.at,
+            "reading": section.reading or "at_least_interactivity",
+            "floors": {n: slo_floor(s) for n, s in base.items()}}
 
 
 __all__ = ["breakeven_map", "interactivity", "knob_variants", "tornado"]

@@ -268,16 +268,21 @@ def breakeven_map(res: dict, s, figures: dict, fig_dir: str) -> list[str]:
         g = B.map_grid(res, a, b)
         heads = ["input/output"] + [_term_value(t, x) for x in g["x"]]
         rows = []
-        for y, row, rate in zip(g["y"], g["ratio"], g["rate"]):
-            cells = [T.x(v) + (f" ({r:,.0f} tok/s)" if r else "") for v, r in zip(row, rate)]
+        eq = res.get("reading") == "equal_interactivity"
+        for y, row, rate, ivs in zip(g["y"], g["ratio"], g["rate"], g["interval"]):
+            cells = [(T.xi(v, iv) if eq else T.x(v)) + (f" ({r:,.0f} tok/s)" if r else "")
+                     for v, r, iv in zip(row, rate, ivs)]
             rows.append([f"{y:g}"] + cells)
         vals = [v for row in g["ratio"] for v in row if v is not None]
+        ends = [(v, iv) for row, irow in zip(g["ratio"], g["interval"]) for v, iv in zip(row, irow) if v is not None]
         has_rate = any(r for row in g["rate"] for r in row)
         lines += [f"**{_pair_label(a, b)}** (columns: {t['label']}"
                   + ("; in brackets the wafer's per-request prefill rate" if has_rate else "") + "):", "",
                   md_table(heads, rows), ""]
         if vals:
-            lines.append(f"Over the map the ratio runs from {T.x(min(vals))} to {T.x(max(vals))}; "
+            lo, hi = min(ends, key=lambda e: e[0]), max(ends, key=lambda e: e[0])
+            span = (f"{T.xi(*lo)} to {T.xi(*hi)}" if eq else f"{T.x(lo[0])} to {T.x(hi[0])}")
+            lines.append(f"Over the map the ratio runs from {span}; "
                          + ("the 1x contour is drawn" if min(vals) < 1 < max(vals) else "it does not cross 1x")
                          + (" and the 5x contour is drawn." if min(vals) < B.CLAIM < max(vals) else
                             f" and it does not reach {B.CLAIM:g}x." if max(vals) < B.CLAIM else "."))
@@ -336,11 +341,17 @@ def five_x(results: dict, sections: list, s) -> list[str]:
         down = [(c, pair, t) for c, pair, t in cells if c["ratio"] < B.CLAIM]
         lines.append(f"On the break-even map {len(up)} of {len(cells)} cells reach {claim}"
                      + (": below it " + T.listing([f"{pair} at input/output {c['io_ratio']:g}, {t['label']} = "
-                                                   f"{c['x']:g} {t.get('unit', '')}".rstrip() + f" ({T.x(c['ratio'])})"
+                                                   f"{c['x']:g} {t.get('unit', '')}".rstrip()
+                                                   + f" ({_cell_ratio(c)})"
                                                    for c, pair, t in down[:6]]) if down else "")
                      + ".")
         lines.append("")
     return lines
+
+
+def _cell_ratio(c: dict) -> str:
+    """A break-even cell's ratio, with its interval where the reading has one."""
+    return T.xi(c["ratio"], c["interval"]) if c.get("interval") else T.x(c["ratio"])
 
 
 def _verdict_word(lo: Optional[float], hi: Optional[float]) -> str:
