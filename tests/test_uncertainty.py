@@ -126,12 +126,14 @@ def test_wafer_prefill_rate_is_what_estimate_prints():
 
 
 def test_energy_rates_take_the_power_terms():
-    from rack.measure.energy import pool_rates
+    from rack.measure.energy import BOUNDARY_W, pool_rates
 
     sc = load_scenario("helios-cs3-kimi-k2")
     hot = sc.with_overrides(terms={"cs3.busy_power_w": 25000.0})
     dec = {r.pool: r for r in pool_rates(hot)}["decode"]
-    assert dec.peak_w == 28 * 25000.0
+    assert dec.peak_w == 28 * 25000.0 + 28 * BOUNDARY_W["cs3"]["switch"].nominal   # + its switch ports
+    dev = {r.pool: r for r in pool_rates(hot.with_overrides(energy={"boundary": "devices"}))}["decode"]
+    assert dev.peak_w == 28 * 25000.0
 
 
 def test_estimate_term_option():

@@ -10,7 +10,7 @@ import typer
 
 from rack.cli.app import app
 from rack.cli._checks import check_positive, out_path, prepare_out_dir, report_failure, stops_on_signal
-from rack.cli._terms import TERM_OPTION, parse_terms, with_terms
+from rack.cli._terms import BOUNDARY_OPTION, TERM_OPTION, parse_terms, with_boundary, with_terms
 from rack.cli._routing import POLICY_OPTION, WEIGHT_OPTION, with_routing
 from rack.cli.load import LoadOptions, load_options, rate_line
 from rack.cli.run import DEFAULT_TRACE, fail
@@ -36,6 +36,7 @@ def compare(
     router_policy: Optional[str] = POLICY_OPTION,
     prefix_weight: Optional[float] = WEIGHT_OPTION,
     term: Optional[List[str]] = TERM_OPTION,
+    energy_boundary: Optional[str] = BOUNDARY_OPTION,
     load: Optional[LoadOptions] = None,
 ) -> None:
     """Run deployments on the same requests and compare TTFT/TPOT/ITL/E2E, goodput, tokens/J, $/Mtok."""
@@ -73,10 +74,11 @@ def compare(
 
     try:
         chosen = list(scenarios or [])
-        if router_policy is not None or prefix_weight is not None or terms:
+        if router_policy is not None or prefix_weight is not None or terms or energy_boundary:
             from rack.experiments.compare import load_scenarios
 
-            chosen = with_terms(with_routing(load_scenarios(chosen), router_policy, prefix_weight), terms)
+            chosen = with_boundary(with_terms(with_routing(load_scenarios(chosen), router_policy, prefix_weight),
+                                              terms), energy_boundary)
         result = run_compare(chosen, reqs, runtime=runtime, iso=iso, reference=reference,
                              address=address, trace_info=info, fixed_stages=stages, on_start=on_start,
                              run_kwargs=loaded.run_kwargs)

@@ -10,7 +10,7 @@ from typing import List, Optional
 import typer
 
 from rack.cli._checks import check_positive, fail, interruptible, out_path, prepare_out_dir, report_failure
-from rack.cli._terms import TERM_OPTION, parse_terms, with_terms
+from rack.cli._terms import BOUNDARY_OPTION, TERM_OPTION, parse_terms, with_boundary, with_terms
 from rack.cli._routing import POLICY_OPTION, WEIGHT_OPTION, with_routing
 from rack.cli.app import app
 from rack.cli.load import LoadOptions, load_options, rate_line
@@ -85,6 +85,7 @@ def run(
     prefix_weight: Optional[float] = WEIGHT_OPTION,
     no_plots: bool = typer.Option(False, "--no-plots", help="skip timeseries.png"),
     term: Optional[List[str]] = TERM_OPTION,
+    energy_boundary: Optional[str] = BOUNDARY_OPTION,
     load: Optional[LoadOptions] = None,
 ) -> None:
     """Replay a trace through the emulated rack and report TTFT, TPOT, ITL, goodput, KV traffic.
@@ -120,7 +121,7 @@ def run(
                                  skip_bad_rows, load, compact=runtime == "virtual" and records != "memory",
                                  dilation=dilation, payload_scale=payload_scale,
                                  max_restarts=max_restarts)
-        sc = with_terms(with_routing([sc], router_policy, prefix_weight), terms)[0]
+        sc = with_boundary(with_terms(with_routing([sc], router_policy, prefix_weight), terms), energy_boundary)[0]
         reqs = loaded.requests
         if runtime == "ray" and reqs and replay_error(reqs[-1].arrival_s, sc.dilation, timeout):
             fail(replay_error(reqs[-1].arrival_s, sc.dilation, timeout))

@@ -17,6 +17,7 @@ from rack.cli.app import app, command_group
 from rack.cli._checks import check_positive, interruptible, out_path, prepare_out_dir
 from rack.cli.load import LoadOptions, load_options
 from rack.cli._routing import POLICY_OPTION, WEIGHT_OPTION, with_routing
+from rack.cli._terms import BOUNDARY_OPTION, with_boundary
 from rack.cli.run import DEFAULT_TRACE, fail
 
 sweep_app = command_group(help="Sweep request rate, KV link bandwidth or prompt length across deployments.")
@@ -277,6 +278,10 @@ def sweep_interactivity(
     out: Path = typer.Option(Path("rack-results/sweep-interactivity"), "--out"),
     no_plots: bool = typer.Option(False, "--no-plots"),
     as_json: bool = typer.Option(False, "--json", help="print interactivity.json"),
+    until_turned: bool = typer.Option(False, "--until-turned", help="the --concurrency values are rungs: each curve "
+                                      "climbs them until its --metric falls after its best point or its tokens/s "
+                                      "per user falls below its TPOT target's (docs/interactivity.md)"),
+    energy_boundary: Optional[str] = BOUNDARY_OPTION,
     load: Optional[LoadOptions] = None,
 ) -> None:
     """Throughput per device, per kW and per $/h against tokens/s per user, from closed-loop
@@ -296,7 +301,8 @@ def sweep_interactivity(
     ladder = _floats(concurrency, "--concurrency")
     if any(c != int(c) for c in ladder):
         fail(f"--concurrency: expected whole numbers, e.g. 1,4,16,64, got {concurrency!r}")
-    scs = with_routing(_scenarios(list(scenarios or INTERACTIVITY_SCENARIOS)), router_policy, prefix_weight)
+    scs = with_boundary(with_routing(_scenarios(list(scenarios or INTERACTIVITY_SCENARIOS)), router_policy,
+                                     prefix_weight), energy_boundary)
     names = [s.name for s in scs]
     pairs = []
     for p in pair or []:
@@ -319,7 +325,8 @@ def sweep_interactivity(
     with _stoppable(out):
         curves = interactivity_sweep(scs, plan, [int(c) for c in ladder], per_slot=per_slot,
                                      think_time_s=load.think_time, workers=workers,
-                                     address=address, progress=not as_json)
+                                     address=address, progress=not as_json, until_turned=until_turned,
+                                     metric=metric)
     paths = write_interactivity(curves, out, pairs=pairs, plots=not no_plots, metric=metric, tolerance=tolerance)
     if as_json:
         typer.echo(paths["json"].read_text())

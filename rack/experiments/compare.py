@@ -324,8 +324,10 @@ def vendor_claim(result: CompareResult) -> dict:
         f"({split.scenario.weight_dtype} weights)",
         f"{split.name}: {_pools_text(split)}; {wafer.name}: {_pools_text(wafer)}",
         f"iso mode: {result.iso}",
-        f"power: {es['activity']} activity model (idle + (peak - idle) x utilisation), devices only; "
-        f"the {other} model gives {_x(out['ratio_by_activity'].get(other))}",
+        f"power: {es['activity']} activity model (idle + (peak - idle) x utilisation), "
+        + ("devices plus hosts, NICs and switch ports (boundary 'system'); " if es.get("boundary") == "system"
+           else "devices only; ")
+        + f"the {other} model gives {_x(out['ratio_by_activity'].get(other))}",
         f"energy integrated over each run: {es['window_s']:.1f} s (split), {ew['window_s']:.1f} s (wafer only); "
         f"mean power {es['mean_power_w'] / 1e3:,.1f} kW vs {ew['mean_power_w'] / 1e3:,.1f} kW "
         f"(idle floor {es['idle_power_w'] / 1e3:,.1f} kW vs {ew['idle_power_w'] / 1e3:,.1f} kW)",

@@ -49,12 +49,13 @@ from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 
+from rack.experiments.equal_interactivity import DEFAULT_METRIC, FLAT, X_KEY
+
+from rack.measure.bootstrap import bootstrap
+
 #: Units (requests or sessions) per slot of a point: enough that the closed loop's ramp
 #: (C first sends at t = 0) and drain (the last C in flight) are a small part of it.
 DEFAULT_PER_SLOT = 4
-#: The x axis of the curves and of their ratio, and the default metric of the ratio.
-X_KEY = "tps_user_p50"
-DEFAULT_METRIC = "output_tps_per_kw"
 #: Metrics a curve can be read at (y axes).
 METRICS = ("output_tps", "output_tps_per_device", "output_tps_per_kw", "output_tps_per_mw",
            "output_tps_per_usd_per_hour")
@@ -135,6 +136,8 @@ def point_metrics(out: Any, requests: Optional[Sequence[Any]] = None) -> dict:
     done = cols["outcome"] == "completed"
     tpot = np.asarray(cols["tpot_s"], dtype=np.float64)
     speed = 1.0 / tpot[done & np.isfinite(tpot) & (tpot > 0)]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        done_speed = np.where(np.isfinite(tpot[done]) & (tpot[done] > 0), 1.0 / tpot[done], np.nan)
     ttft = np.asarray(cols["ttft_s"], dtype=np.float64)[done]
     energy, cost = res["energy"], res["cost"]
     window = float(energy["window_s"])
@@ -170,6 +173,14 @@ def point_metrics(out: Any, requests: Optional[Sequence[Any]] = None) -> dict:
         "kv_transfers": int(kv["transfers"]), "kv_bytes_logical": int(kv["bytes_logical"]),
         "kv_bytes_per_turn": kv["bytes_logical"] / completed if completed else None,
         "mean_concurrency": mean_concurrency(cols, requests, window) if requests is not None else None,
+        "prompt_tokens": int(np.asarray(cols["prompt_tokens"])[done].sum()),
+        "energy_boundary": energy.get("boundary", "devices"),
+        "device_joules": float(energy.get("devices_joules", joules)),
+        "overhead_w_by_device": (energy.get("overhead") or {}).get("per_device_w", {}),
+        "output_tps_per_kw_devices": (1e3 * out_tokens / float(energy["devices_joules"])
+                                      if energy.get("devices_joules") else per_kw),
+        **bootstrap(done_speed, np.asarray(cols["output_tokens"], dtype=np.float64)[done],
+                    prompt=np.asarray(cols["prompt_tokens"], dtype=np.float64)[done]),
     }
 
 
@@ -195,11 +206,77 @@ def run_point(task: LadderTask) -> dict:
     return out
 
 
+#: Points already run in this process, by `_task_key`: a study's sections that run the
+#: same deployment on the same workload at the same concurrency and units (a tornado's
+#: as-shipped curves and an interactivity section's; ladders sharing rungs) reuse them.
+_POINTS: dict[str, dict] = {}
+
+
+def _task_key(task: LadderTask) -> str:
+    """What determines a point's run: the scenario (less its name), the workload
+    recipe, the concurrency, the units and the think time."""
+    import hashlib
+    import json
+
+    sc = {k: v for k, v in task.scenario.items() if k != "name"}
+    text = json.dumps([sc, repr(task.plan), task.concurrency, task.units, task.think_time_s], sort_keys=True,
+                      default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def clear_point_cache() -> None:
+    """Forget the points this process has run (`interactivity_sweep` reuses them)."""
+    _POINTS.clear()
+
+
+def slo_floor(scenario: Any) -> Optional[float]:
+    """The tokens/s per user a deployment's TPOT target implies (1000 / tpot_ms), or
+    None when it has no TPOT target."""
+    t = getattr(scenario.slo, "tpot_ms", None)
+    return 1000.0 / float(t) if t else None
+
+
+def curve_state(points: Sequence[Mapping[str, Any]], *, floor: Optional[float], rungs_left: int,
+                metric: str = DEFAULT_METRIC, patience: int = 1) -> Optional[str]:
+    """Why a curve run rung by rung stops, or None while it must go on.
+
+    points: its points so far, by concurrency; floor: the tokens/s per user below which
+    it stops (`slo_floor`; None: none); rungs_left: ladder rungs not yet run;
+    patience: how many points after its best must all be lower before it has turned
+    (1: the first lower point; 2 rides out a one-point dip, e.g. a ramp or drain that
+    weighs more at one rung, at the cost of one more rung).
+    "turned": the `patience` points after its best `metric` are lower (its knee is behind it);
+    "flat": its last point gained less than `FLAT` over its best earlier point (it
+    stopped rising: a plateau, e.g. a decode batch cap reached, past which more
+    requests only queue);
+    "below_slo": its last point's tokens/s per user (p50) fell below `floor`;
+    "failed": its last point has no figure (an error, nothing completed);
+    "ladder_end": no rung left and neither of the above (its best may be its last point).
+    """
+    pts = sorted(points, key=lambda p: p["concurrency"])
+    if not pts:
+        return "ladder_end" if rungs_left <= 0 else None
+    last = pts[-1]
+    if "error" in last or last.get(metric) is None or last.get(X_KEY) is None:
+        return "failed"
+    if floor is not None and last[X_KEY] < floor:
+        return "below_slo"
+    vals = [p[metric] for p in pts if p.get(metric) is not None]
+    best = max(range(len(vals)), key=lambda i: vals[i]) if vals else 0
+    if len(vals) - 1 - best >= max(1, patience):
+        return "turned"
+    if len(vals) >= 2 and best == len(vals) - 1 and vals[-1] < (1 + FLAT) * max(vals[:-1]):
+        return "flat"
+    return "ladder_end" if rungs_left <= 0 else None
+
+
 def interactivity_sweep(scenarios: Sequence[Any], plan: Any, concurrencies: Sequence[int], *,
                         per_slot: int = DEFAULT_PER_SLOT, think_time_s: float = 0.0,
                         workers: int = 2, address: Optional[str] = None,
-                        progress: bool = True) -> dict:
-    """Closed-loop concurrency ladders: every scenario at every concurrency.
+                        progress: bool = True, until_turned: bool = False,
+                        metric: str = DEFAULT_METRIC, first: int = 3, patience: int = 1) -> dict:
+    """Closed-loop concurrency ladders: every scenario at every concurrency, or with
+    `until_turned` each curve rung by rung until it turns.
 
     scenarios: `rack.wiring.scenario.Scenario`s (names unique); plan: the workload
     recipe, a `workloads.LoadPlan` (a trace, vLLM's random dataset or a workload file,
@@ -210,11 +287,19 @@ def interactivity_sweep(scenarios: Sequence[Any], plan: Any, concurrencies: Sequ
     one's start on that slot). Points run in parallel (`rack.runtime.parallel`: a
     process pool of `workers`, or Ray tasks at `address`).
 
+    until_turned: the concurrencies are the rungs a curve may climb: each curve runs
+    its `first` lowest rungs, then one more rung per round until `curve_state` stops
+    it (its `metric` fell at the `patience` points after its best point, or its
+    tokens/s per user fell below its TPOT target's, or the ladder ended); each round's points of every curve still
+    climbing run in parallel, so a curve that turned early costs no more runs.
+
     Returns JSON-ready curves: {"kind": "interactivity", "workload": label, "recipe":
     plan.describe(), "concurrencies": [...], "per_slot", "think_time_s", "x": X_KEY,
     "deployments": {name: {"description", "points": [point, ...] sorted by
-    concurrency}}, "errors": [failed points], "definitions": [str]}; a point is
-    `run_point`'s dict. Raises ValueError for an empty or bad ladder or duplicate names.
+    concurrency, "stop": why its ladder stopped (`curve_state`; "ladder" when every
+    rung ran without `until_turned`), "slo_floor"}}, "errors": [failed points],
+    "definitions": [str]}; a point is `run_point`'s dict. Raises ValueError for an
+    empty or bad ladder or duplicate names.
     """
     from rack.runtime.parallel import map_virtual_runs
 
@@ -223,20 +308,55 @@ def interactivity_sweep(scenarios: Sequence[Any], plan: Any, concurrencies: Sequ
         raise ValueError(f"concurrencies: expected integers >= 1, got {list(concurrencies)}")
     if per_slot < 1:
         raise ValueError(f"per_slot must be >= 1, got {per_slot}")
+    if first < 1:
+        raise ValueError(f"first must be >= 1, got {first}")
     names = [s.name for s in scenarios]
     if len(set(names)) != len(names):
         raise ValueError(f"scenario names must be unique, got {names}")
-    tasks = [LadderTask(s.model_dump(mode="json"), plan, c, per_slot * c, float(think_time_s),
-                        {"scenario": s.name}) for s in scenarios for c in ladder]
-    points = map_virtual_runs(run_point, tasks, address=address, max_workers=max(1, workers),
-                              progress=progress)
-    deployments = {s.name: {"description": s.description,
-                            "points": [p for p in points if p["scenario"] == s.name and "error" not in p]}
+    by_name = {s.name: s for s in scenarios}
+
+    def task(s, c):
+        return LadderTask(s.model_dump(mode="json"), plan, c, per_slot * c, float(think_time_s), {"scenario": s.name})
+
+    runs: dict[str, list] = {n: [] for n in names}
+    stop: dict[str, Optional[str]] = {n: None for n in names}
+    todo = {n: ladder if not until_turned else ladder[:first] for n in names}
+    while any(todo.values()):
+        batch = [(n, c) for n in names for c in todo[n]]
+        tasks = [task(by_name[n], c) for n, c in batch]
+        keys = [_task_key(t) for t in tasks]
+        new = [i for i, k in enumerate(keys) if k not in _POINTS]
+        fresh = map_virtual_runs(run_point, [tasks[i] for i in new], address=address,
+                                 max_workers=max(1, workers), progress=progress) if new else []
+        for i, p in zip(new, fresh):
+            if "error" not in p:
+                _POINTS[keys[i]] = p
+        got = dict(zip(new, fresh))
+        for i, (n, _) in enumerate(batch):
+            runs[n].append(got[i] if i in got else {**_POINTS[keys[i]], **tasks[i].labels})
+        for n in names:
+            done = len(runs[n])
+            if not until_turned:
+                stop[n], todo[n] = "ladder", []
+                continue
+            if not todo[n]:
+                continue
+            state = curve_state([p for p in runs[n] if "error" not in p] or runs[n][-1:],
+                                floor=slo_floor(by_name[n]), rungs_left=len(ladder) - done, metric=metric,
+                                patience=patience)
+            if "error" in runs[n][-1]:
+                state = "failed"
+            stop[n] = state
+            todo[n] = [] if state is not None else [ladder[done]]
+    every = [p for n in names for p in runs[n]]
+    deployments = {s.name: {"description": s.description, "stop": stop[s.name], "slo_floor": slo_floor(s),
+                            "points": sorted((p for p in runs[s.name] if "error" not in p),
+                                             key=lambda p: p["concurrency"])}
                    for s in scenarios}
     return {"kind": "interactivity", "workload": plan.label(), "recipe": plan.describe(),
             "concurrencies": ladder, "per_slot": per_slot, "think_time_s": float(think_time_s),
-            "x": X_KEY, "deployments": deployments,
-            "errors": [p for p in points if "error" in p], "definitions": list(DEFINITIONS)}
+            "until_turned": bool(until_turned), "x": X_KEY, "deployments": deployments,
+            "errors": [p for p in every if "error" in p], "definitions": list(DEFINITIONS)}
 
 
 DEFINITIONS = (
@@ -436,6 +556,16 @@ def summary_lines(curves: Mapping[str, Any], pairs: Sequence[tuple[str, str]] = 
             lo, hi = r["overlap"]
             out.append(f"{a} / {b} ({metric}) at equal tokens/s per user, over their overlap {lo:.4g}-{hi:.4g}: "
                        f"{r['ratio_min']:.3g}x to {r['ratio_max']:.3g}x (interpolated along each curve)")
+        if a in curves["deployments"] and b in curves["deployments"]:
+            from rack.experiments.equal_interactivity import branches_of, interval_text, pair_readings
+
+            da, db = curves["deployments"][a], curves["deployments"][b]
+            rd = pair_readings(branches_of(da), branches_of(db), metric, floor_a=da.get("slo_floor"),
+                               floor_b=db.get("slo_floor"), names=(a, b))
+            cells = [f"{n['name']}" + (f" ({n['x']:,.0f})" if "knee" in n["name"] and n.get("x") else "")
+                     + f": {interval_text(n) if n.get('ratio') is not None else '-'}" for n in rd["named"]]
+            out.append(f"{a} / {b} ({metric}) at exactly equal tokens/s per user, 90% interval in brackets: "
+                       + "; ".join(cells))
         q = ratio_at_equal_interactivity(curves, a, b, metric=metric, reading="at_least", tolerance=tolerance)
         if q["ratio_min"] is not None:
             xs = [x["x"] for x in q["readings"] if x["ratio"] is not None]
@@ -466,9 +596,10 @@ def write_interactivity(curves: Mapping[str, Any], out_dir: Any, *, pairs: Seque
                                 for a, b in pairs for how in READINGS]}
     (out / "interactivity.json").write_text(to_json(doc))
     pts = [{"deployment": n, **p} for n, d in curves["deployments"].items() for p in d["points"]]
-    keys = sorted({k for p in pts for k in p})
+    # one row per point: the bootstrap replicates and per-device watts stay in the JSON
+    keys = sorted({k for p in pts for k in p if not k.startswith("boot_") and k != "overhead_w_by_device"})
     with open(out / "interactivity.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=keys)
+        w = csv.DictWriter(f, fieldnames=keys, extrasaction="ignore")
         w.writeheader()
         w.writerows(pts)
     paths = {"json": out / "interactivity.json", "csv": out / "interactivity.csv"}
@@ -490,6 +621,6 @@ def write_interactivity(curves: Mapping[str, Any], out_dir: Any, *, pairs: Seque
     return paths
 
 
-__all__ = ["DEFAULT_METRIC", "DEFAULT_PER_SLOT", "DEFAULT_TOLERANCE", "DEFINITIONS", "LadderTask", "METRICS", "READINGS", "X_KEY",
-           "interactivity_sweep", "interpolate", "mean_concurrency", "measured_range", "point_metrics", "point_requests", "points_table",
-           "ratio_at_equal_interactivity", "run_point", "summary_lines", "write_interactivity"]
+__all__ = ["DEFAULT_METRIC", "FLAT", "DEFAULT_PER_SLOT", "DEFAULT_TOLERANCE", "DEFINITIONS", "LadderTask", "METRICS", "READINGS", "X_KEY",
+           "clear_point_cache", "curve_state", "interactivity_sweep", "interpolate", "mean_concurrency", "measured_range", "point_metrics", "point_requests", "points_table",
+           "ratio_at_equal_interactivity", "run_point", "slo_floor", "summary_lines", "write_interactivity"]

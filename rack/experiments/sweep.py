@@ -202,12 +202,17 @@ def run_task(task: Task) -> dict:
             # the KV payload accounted, not built: the same numbers (run_scenario's kv_payload)
             res = run_scenario(sc, reqs, runtime="virtual", stop=watch, kv_payload="account", timeseries=False,
                                **task.workload.run_kwargs())
-            results = res.results
         except RunInterrupted as exc:
             if watch is None or watch.decided is None:
                 raise
-            results = exc.output.results
+            res = exc.output
+        results = res.results
         out.update(point_summary(results))
+        # the run's output tokens over resamples of its requests: intervals of ratios of
+        # tokens/J and $/Mtok (rack.experiments.study.analysis.pair_metric)
+        from rack.measure.bootstrap import output_token_replicates
+
+        out["boot_tokens"] = output_token_replicates(res.columns)
         out.update(arrival_summary(reqs))
         if watch is not None and watch.decided is not None:
             # figures of a run cut short describe only what ran until the verdict

@@ -38,8 +38,27 @@ gives the other, so a reader sees the range.
 
 Devices of one instance are charged its mean device activity (the devices of a
 tensor-parallel group work in lock step; pipeline stages take turns).
-Hosts, NICs, switches and cooling are not counted in joules (vendors' per-device
-figures exclude them); the facility overhead (PUE) enters the electricity cost only.
+
+The energy boundary (`EnergySettings.boundary`, the scenario's `[energy].boundary`):
+every deployment counts the same things, so ratios between deployments compare like
+with like.
+- "system" (default): the accelerators plus, per accelerator, its share of the hosts
+  (CPUs, memory, boards, fans, power conversion: `host_w`), of the scale-out NICs and
+  their optics (`nic_w`) and of the switches (scale-up and scale-out ports:
+  `switch_w`), drawn at a constant power over the whole window (hosts and switches are
+  powered whether the accelerator computes or not; how much they vary with load lies
+  inside each figure's range). The figures and their sources are `BOUNDARY_W`; a
+  CS-3's ~23 kW system rating already includes its own host processors, power
+  supplies, cooling and 12 x 100 GbE ports, so only the external switch ports its
+  links land on are added. Every figure is an estimate [E] with a documented range:
+  `boundary_terms()` lists them as uncertain terms the study sweeps
+  (`rack.experiments.study.terms`), and a scenario sets its own with `[energy].host_w`
+  etc. by device key.
+- "devices": the accelerators' board (GPU) or system (CS-3) power alone, as the
+  vendors' per-device figures count it.
+results.json's `energy.boundary` says which one `joules` is; `energy.boundaries` gives
+both, and `energy.overhead` the hosts', NICs' and switches' parts. Cooling and the
+facility (PUE) enter the electricity cost only.
 
 Cost model (`CostSettings`, the scenario's `[cost]` table):
 - basis "tco" (default, as operators compute it): per device-hour, capex / (amortisation
@@ -88,6 +107,128 @@ DEFAULT_CAPEX_USD: dict[str, tuple[float, str]] = {
     "b300": (45e3, "[E] Blackwell Ultra, above B200 (press estimates)"),
     "a100": (10e3, "[E] ~$10k per A100 80GB (secondary market, 2024)"),
 }
+#: Parts of the "system" energy boundary, per accelerator (`BOUNDARY_W`).
+BOUNDARY_PARTS = ("host", "nic", "switch")
+
+
+@dataclass(frozen=True)
+class BoundaryFigure:
+    """Watts one accelerator adds to the "system" boundary for one part (host, nic or
+    switch): `nominal` (the default), the documented range `low`..`high`, and sources."""
+
+    low: float
+    nominal: float
+    high: float
+    sources: tuple[str, ...]
+
+
+#: Per-accelerator watts outside the accelerator, by device catalog key, or for a device
+#: without an entry its kind's (`_KIND_FIGURES`); every figure an estimate [E] with its range.
+BOUNDARY_W: dict[str, dict[str, BoundaryFigure]] = {
+    "gpu": {   # an 8-GPU HGX/OAM-class server and its fabric
+        "host": BoundaryFigure(100.0, 175.0, 300.0, (
+            "NVIDIA DGX H100 datasheet: 2 x Xeon Platinum 8480C (350 W TDP each) and 2 TB DDR5 for 8 GPUs "
+            "(~90 W of CPU TDP and ~40 W of memory per GPU), plus fans and power-supply losses [E]",
+            "high end: the DGX H100's 10.2 kW maximum system power less 8 x 700 W GPUs leaves 575 W per GPU "
+            "for everything else, NICs and NVSwitches included (datasheet maxima, not a typical draw)")),
+        "nic": BoundaryFigure(20.0, 35.0, 60.0, (
+            "one 400 Gb/s scale-out NIC per GPU (DGX H100: 8 x ConnectX-7), ~15-25 W per adapter, plus "
+            "~8-16 W of optics per port where the links are optical [E]",)),
+        "switch": BoundaryFigure(20.0, 50.0, 100.0, (
+            "the GPU's share of the scale-up switches on the baseboard (DGX H100: 4 NVSwitch chips per 8 GPUs) "
+            "and of a leaf/spine scale-out fabric (a 51.2 Tb/s, 64 x 800 GbE switch draws ~1-2 kW: ~15-30 W per "
+            "400 GbE port, two switch tiers) [E]",)),
+    },
+    "mi455x": {   # AMD Helios: 18 trays of 4 MI455X and one EPYC host CPU each (hardware.md)
+        "host": BoundaryFigure(100.0, 150.0, 250.0, (
+            "Helios: one EPYC 'Venice' host CPU per 4 GPUs (hardware.md); EPYC 9005 parts run up to 500 W TDP, "
+            "plus DDR5 (~10 W per DIMM), the tray's board, pumps and power conversion: ~400-1,000 W per tray of "
+            "4 GPUs [E]",
+            "cross-check: a GB200/GB300 NVL72 rack draws ~120-140 kW (hardware.md); less 72 GPUs' board power "
+            "and 36 Grace CPUs it leaves ~150-400 W per GPU for switches, NICs, fans and conversion [E]")),
+        "nic": BoundaryFigure(45.0, 75.0, 150.0, (
+            "Helios scale-out: 300 GB/s per GPU = 3 x 800 GbE Pensando Vulcano NICs (hardware.md); ~15-30 W per "
+            "800 G NIC plus 0-16 W of optics per port (copper or linear-drive to retimed optics) [E]",)),
+        "switch": BoundaryFigure(60.0, 150.0, 300.0, (
+            "Helios scale-up: 3.6 TB/s per GPU (260 TB/s per rack) through UALink-over-Ethernet switch trays: "
+            "~20 x 102.4 Tb/s switch ASICs per 72 GPUs at ~0.5-1 kW each, ~140-280 W per GPU, plus the GPU's "
+            "share of the scale-out leaf (3 x 800 GbE ports at ~15-30 W) [E]",
+            "cross-check: the NVL72 residual above (~150-400 W per GPU for switches, NICs, fans)")),
+    },
+    "cs3": {   # a CS-3: host processors, power, cooling and its 12 x 100 GbE inside its rating
+        "host": BoundaryFigure(0.0, 0.0, 0.0, (
+            "included in the ~23 kW CS-3 system rating (hardware.md; the catalog's cs3 peak_w is the system's)",)),
+        "nic": BoundaryFigure(0.0, 0.0, 0.0, (
+            "the CS-3's 12 x 100 GbE I/O is part of the system and its rating (hardware.md)",)),
+        "switch": BoundaryFigure(60.0, 120.0, 180.0, (
+            "the external switch ports the CS-3's 12 x 100 GbE land on (hardware.md): a 32 x 100 GbE switch "
+            "draws ~250-450 W (~8-14 W per port) plus ~3.5 W per QSFP28 optic: 5-15 W per port x 12 [E]",)),
+    },
+}
+
+
+#: The entry of `BOUNDARY_W` a device without its own takes, by kind.
+_KIND_FIGURES = {"gpu": "gpu", "wafer": "cs3"}
+
+
+def boundary_watts(device: Any, settings: Any) -> dict[str, float]:
+    """{part: watts per accelerator} the "system" boundary adds for `device` (a
+    `HardwareSpec`): the scenario's `[energy].<part>_w` entry for the device (or the
+    hardware a stack variant runs on), else `BOUNDARY_W` by device key, then by device
+    kind (`_KIND_FIGURES`; a kind with no entry adds nothing). Under the "devices" boundary every part
+    is 0. settings: `EnergySettings`."""
+    if settings.boundary == "devices":
+        return {part: 0.0 for part in BOUNDARY_PARTS}
+    table = (for_device(BOUNDARY_W, device.key)
+             or BOUNDARY_W.get(_KIND_FIGURES.get(getattr(device, "kind", ""), ""), {}))
+    out = {}
+    for part in BOUNDARY_PARTS:
+        own = for_device(getattr(settings, f"{part}_w"), device.key)
+        out[part] = float(own) if own is not None else (table[part].nominal if part in table else 0.0)
+    return out
+
+
+def boundary_terms() -> list[dict]:
+    """The "system" boundary's figures that have a range, as uncertain terms: [{"key"
+    ("<device>.<part>_w", e.g. "mi455x.host_w"), "label", "unit" ("W"), "low",
+    "nominal", "high", "sources", "scale", "doc"}], for the study's tornado
+    (`rack.experiments.study.terms`). The generic GPU fallback ("gpu") has no term: a
+    scenario sets another device's own figure by key."""
+    return [_term(key, part, f) for key, parts in BOUNDARY_W.items() if key != "gpu"
+            for part, f in parts.items() if f.low < f.high]
+
+
+_PART_LABEL = {"host": "host share (CPU, memory, board, fans)", "nic": "NICs and optics",
+               "switch": "switch ports"}
+
+
+def _term(device: str, part: str, f: BoundaryFigure) -> dict:
+    return {"key": f"{device}.{part}_w", "label": f"{device.upper()} {_PART_LABEL[part]} per device", "unit": "W",
+            "low": f.low, "nominal": f.nominal, "high": f.high, "sources": list(f.sources), "scale": "linear",
+            "doc": f"power outside the {device.upper()} the 'system' energy boundary counts per device ({part})"}
+
+
+def boundary_term(key: str) -> Optional[dict]:
+    """The boundary term `key` ("<device>.<part>_w"), or None when `key` is not one."""
+    return next((t for t in boundary_terms() if t["key"] == key), None)
+
+
+def with_boundary_term(energy: Any, key: str, value: float) -> dict:
+    """The `[energy]` table (as a dict) of `energy` (`EnergySettings`) with boundary
+    term `key` = `value` watts per device. Raises ValueError for a key that is not
+    "<device>.<part>_w" with part one of host, nic, switch, or a negative value."""
+    device, _, field = key.partition(".")
+    part = field.removesuffix("_w")
+    if not device or part not in BOUNDARY_PARTS or not field.endswith("_w"):
+        raise ValueError(f"energy boundary term {key!r}: expected <device>.<part>_w, part one of "
+                         f"{', '.join(BOUNDARY_PARTS)}")
+    if not value >= 0:
+        raise ValueError(f"energy boundary term {key!r}: expected watts >= 0, got {value!r}")
+    data = energy.model_dump()
+    data[f"{part}_w"] = {**data[f"{part}_w"], device: float(value)}
+    return data
+
+
 @dataclass(frozen=True)
 class DevicePrice:
     """How one device is priced: `usd_per_hour` of ownership or rental (None when
@@ -122,9 +263,10 @@ def engine_instances(specs):
             yield spec, cost.device, int(cost.parallelism.n_devices)
 
 
-def _for_device(mapping: Mapping[str, Any], key: str):
-    """mapping[key], else the entry of the hardware a stack variant runs on ("h100" for
-    "h100-sglang": prices belong to the hardware), else None."""
+def for_device(mapping: Mapping[str, Any], key: str):
+    """A per-device setting of `mapping` for device `key`: mapping[key], else the entry
+    of the hardware a stack variant runs on ("h100" for "h100-sglang": prices and
+    power outside the device belong to the hardware), else None."""
     if key in mapping:
         return mapping[key]
     for k in sorted(mapping, key=len, reverse=True):
@@ -134,10 +276,10 @@ def _for_device(mapping: Mapping[str, Any], key: str):
 
 
 def _capex_for(key: str, settings: CostSettings) -> tuple[Optional[float], str]:
-    usd = _for_device(settings.capex_usd, key)
+    usd = for_device(settings.capex_usd, key)
     if usd is not None:
         return usd, "scenario [cost].capex_usd"
-    return _for_device(DEFAULT_CAPEX_USD, key) or (None, "")
+    return for_device(DEFAULT_CAPEX_USD, key) or (None, "")
 
 
 def device_price(device: Any, settings: CostSettings) -> DevicePrice:
@@ -149,7 +291,7 @@ def device_price(device: Any, settings: CostSettings) -> DevicePrice:
     is known. Neither: usd_per_hour None, with the source saying what to set.
     """
     key = device.key
-    rental = _for_device(settings.price_per_hour_usd, key)
+    rental = for_device(settings.price_per_hour_usd, key)
     rental_src = "scenario [cost].price_per_hour_usd"
     if rental is None and device.price_per_hour_usd is not None:
         rental, rental_src = float(device.price_per_hour_usd), "device catalog price_per_hour_usd"
@@ -172,8 +314,10 @@ def device_price(device: Any, settings: CostSettings) -> DevicePrice:
 def pool_rates(scenario: "Scenario") -> list[PoolRates]:
     """Per-instance devices, peak/idle watts and $/h at peak power for every pool.
 
-    $/h at peak = devices x (device $/h + peak_w x PUE x electricity price, the latter
-    only for TCO-priced devices). Raises ScenarioError for an unknown device.
+    Watts within the scenario's energy boundary (`boundary_watts`: under "system" each
+    device's hosts, NICs and switch ports are added). $/h at peak = devices x (device
+    $/h + those peak watts x PUE x electricity price, the latter only for TCO-priced
+    devices). Raises ScenarioError for an unknown device.
     """
     from devices.borrow import resolve_stack
     from devices.uncertainty import apply_terms
@@ -186,13 +330,15 @@ def pool_rates(scenario: "Scenario") -> list[PoolRates]:
         except (ValueError, KeyError) as exc:
             raise ScenarioError(f"pool {p.name!r}: {exc}") from None
         n = p.devices_per_instance
+        extra = sum(boundary_watts(dev, scenario.energy).values())
         price = device_price(dev, settings)
         usd = None
         if price.usd_per_hour is not None:
-            energy_h = (dev.peak_w / 1000.0 * settings.pue * settings.electricity_usd_per_kwh
+            energy_h = ((dev.peak_w + extra) / 1000.0 * settings.pue * settings.electricity_usd_per_kwh
                         if price.plus_energy else 0.0)
             usd = n * (price.usd_per_hour + energy_h)
-        out.append(PoolRates(p.name, dev.key, n, p.instances, n * dev.peak_w, n * dev.idle_w, usd))
+        out.append(PoolRates(p.name, dev.key, n, p.instances, n * (dev.peak_w + extra), n * (dev.idle_w + extra),
+                             usd))
     return out
 
 
@@ -233,21 +379,31 @@ def energy_section(scenario: "Scenario", specs: Sequence["ComponentSpec"], stats
     pools: dict[str, dict] = {}
     instances: dict[str, dict] = {}
     totals = {"busy": 0.0, "roofline": 0.0}
+    # the "system" boundary's parts at the scenario's figures, whichever boundary it reports
+    system = scenario.energy.model_copy(update={"boundary": "system"})
+    parts_w = {part: 0.0 for part in BOUNDARY_PARTS}
+    per_device_w: dict[str, dict] = {}
     for spec, dev, n in engine_instances(specs):
         st = stats.get(spec.name, {})
         act = _activity(st, dev, spec.kind, window_s)
         joules = {k: n * (dev.idle_w * window_s + (dev.peak_w - dev.idle_w) * a) for k, a in act.items()}
         for k in totals:
             totals[k] += joules[k]
+        extra = boundary_watts(dev, system)
+        for part, w in extra.items():
+            parts_w[part] += n * w
+        d = per_device_w.setdefault(dev.key, {"devices": 0, **{f"{p}_w": extra[p] for p in BOUNDARY_PARTS}})
+        d["devices"] += n
         instances[spec.name] = {
             "pool": spec.pool, "device": dev.key, "devices": n, "idle_w": dev.idle_w,
             "peak_w": dev.peak_w, "activity_s": act[mode], "busy_s": act["busy"],
             "joules": joules[mode], "joules_per_device": joules[mode] / n,
             "idle_joules": n * dev.idle_w * window_s,
+            "overhead_w": n * sum(extra.values()),
         }
         p = pools.setdefault(spec.pool, {"device": dev.key, "devices": 0, "instances": 0, "joules": 0.0,
                                          "idle_joules": 0.0, "dynamic_joules": 0.0,
-                                         "idle_power_w": 0.0, "peak_power_w": 0.0})
+                                         "idle_power_w": 0.0, "peak_power_w": 0.0, "overhead_w": 0.0})
         p["devices"] += n
         p["instances"] += 1
         p["joules"] += joules[mode]
@@ -255,6 +411,7 @@ def energy_section(scenario: "Scenario", specs: Sequence["ComponentSpec"], stats
         p["dynamic_joules"] += joules[mode] - n * dev.idle_w * window_s
         p["idle_power_w"] += n * dev.idle_w
         p["peak_power_w"] += n * dev.peak_w
+        p["overhead_w"] += n * sum(extra.values())
     # loads from a host-memory KV tier (devices.memory.HostKVTier): each byte's DRAM
     # read, host link and device write, on top of the devices' own power
     host_kv = sum(float((stats.get(spec.name, {}).get("host_kv") or {}).get("joules", 0.0))
@@ -263,32 +420,51 @@ def energy_section(scenario: "Scenario", specs: Sequence["ComponentSpec"], stats
         totals[k] += host_kv
     for p in pools.values():
         p["mean_power_w"] = p["joules"] / window_s if window_s > 0 else p["idle_power_w"]
-    total = totals[mode]
+    devices_j = totals[mode]
+    overhead_w = sum(parts_w.values())
+    system_j = devices_j + overhead_w * window_s
+    boundary = scenario.energy.boundary
+    total = system_j if boundary == "system" else devices_j
+    counted_w = overhead_w if boundary == "system" else 0.0
 
     def per_j(tokens: float, j: float) -> Optional[float]:
         return tokens / j if j > 0 else None
 
-    idle_w = sum(p["idle_power_w"] for p in pools.values())
+    idle_w = sum(p["idle_power_w"] for p in pools.values()) + counted_w
     return {
         "joules": total,
         "host_kv_joules": host_kv,
+        "boundary": boundary,
+        "devices_joules": devices_j,
         "tokens_per_joule": per_j(output_tokens, total),
         "joules_per_output_token": total / output_tokens if output_tokens else None,
         "total_tokens_per_joule": per_j(output_tokens + input_tokens, total),
         "window_s": window_s,
         "mean_power_w": total / window_s if window_s > 0 else idle_w,
         "idle_power_w": idle_w,
-        "peak_power_w": sum(p["peak_power_w"] for p in pools.values()),
+        "peak_power_w": sum(p["peak_power_w"] for p in pools.values()) + counted_w,
         "activity": mode,
         "pools": pools,
         "instances": instances,
-        "sensitivity": {k: {"joules": v, "tokens_per_joule": per_j(output_tokens, v)} for k, v in totals.items()},
+        "overhead": {"counted": boundary == "system", "power_w": overhead_w,
+                     "joules": overhead_w * window_s,
+                     **{f"{part}_joules": w * window_s for part, w in parts_w.items()},
+                     "per_device_w": per_device_w},
+        "boundaries": {"devices": {"joules": devices_j, "tokens_per_joule": per_j(output_tokens, devices_j)},
+                       "system": {"joules": system_j, "tokens_per_joule": per_j(output_tokens, system_j)}},
+        "sensitivity": {k: {"joules": v + counted_w * window_s,
+                            "tokens_per_joule": per_j(output_tokens, v + counted_w * window_s)}
+                        for k, v in totals.items()},
         "assumptions": [
             "P = idle_w + (peak_w - idle_w) x u per device (linear model, Fan et al. 2007); "
             f"u = {'busy fraction' if mode == 'busy' else 'share of the achievable roofline'} of the instance",
             f"integrated over [0, {window_s:.1f} s] (to the run's last request event) for every provisioned device, idle or not",
-            "devices only: hosts, NICs, switches and cooling excluded (PUE enters the electricity cost only), "
-            "except the energy of loads from a host-memory KV tier (host_kv_joules, "
+            ("boundary 'system': devices plus hosts, NICs and switch ports per device at constant power "
+             f"({overhead_w:,.0f} W in all; rack.measure.energy.BOUNDARY_W, with sources and ranges); "
+             "cooling excluded (PUE enters the electricity cost only)") if boundary == "system" else
+            ("boundary 'devices': accelerators only; hosts, NICs, switches and cooling excluded "
+             "(PUE enters the electricity cost only)"),
+            "loads from a host-memory KV tier counted on top, at either boundary (host_kv_joules, "
             "devices.engines.common.HOST_KV_JOULES_PER_BYTE)",
             "idle_w/peak_w from the device catalog (devices/catalog/devices/*.toml, with sources)",
         ],
@@ -319,7 +495,10 @@ def cost_section(scenario: "Scenario", specs: Sequence["ComponentSpec"], energy:
                                          "usd_per_device_hour": price.usd_per_hour,
                                          "basis": price.basis, "price_source": price.source, "usd": 0.0})
         p["devices"] += n
-        inst_j = float(energy["instances"][spec.name]["joules"])
+        inst = energy["instances"][spec.name]
+        inst_j = float(inst["joules"])
+        if (energy.get("overhead") or {}).get("counted"):     # the system boundary's hosts, NICs, switches
+            inst_j += float(inst.get("overhead_w", 0.0)) * window
         if price.usd_per_hour is None:
             priced = False
             p["usd"] = None
@@ -349,7 +528,8 @@ def cost_section(scenario: "Scenario", specs: Sequence["ComponentSpec"], energy:
         "pools": pools,
         "assumptions": [
             f"basis {settings.basis}: capex amortised over {settings.amortisation_years:g} years at "
-            f"{settings.utilisation:.0%} utilisation, plus measured device energy x PUE {settings.pue:g} x "
+            f"{settings.utilisation:.0%} utilisation, plus the run's energy ({energy.get('boundary', 'devices')} "
+            f"boundary) x PUE {settings.pue:g} x "
             f"${settings.electricity_usd_per_kwh:g}/kWh" if settings.basis == "tco" else
             "basis rental: hourly device prices (power included)",
             f"the run's cost over [0, {window:.1f} s] divided by its completed output tokens",
@@ -357,5 +537,5 @@ def cost_section(scenario: "Scenario", specs: Sequence["ComponentSpec"], energy:
     }
 
 
-__all__ = ["DEFAULT_CAPEX_USD", "DevicePrice", "PoolRates",
-           "cost_section", "device_price", "energy_section", "pool_rates"]
+__all__ = ["BOUNDARY_PARTS", "BOUNDARY_W", "BoundaryFigure", "DEFAULT_CAPEX_USD", "DevicePrice", "PoolRates",
+           "boundary_term", "boundary_terms", "boundary_watts", "cost_section", "device_price", "for_device", "energy_section", "pool_rates", "with_boundary_term"]

@@ -358,5 +358,51 @@ def interactivity_curves(curves: Mapping[str, Sequence[Mapping[str, Any]]], path
     return save_figure(fig, path)
 
 
-__all__ = ["binned_utilisation", "interactivity_curves", "latency_cdfs", "link_utilisation", "memory_over_time",
+def ratio_curves(pairs: Mapping[str, Mapping[str, Any]], path: Path | str, *, title: str,
+                 lines: Sequence[tuple[float, str]] = ((1.0, "1x"), (5.0, "5x"))) -> Path:
+    """Ratios of two curves read at equal tokens/s per user, one line per pair, with
+    their 90 % interval as a band (`rack.experiments.equal_interactivity.ratio_curve`).
+
+    pairs: label -> {"readings": [{"x", "ratio", "interval"}], "named": [{"name", "x",
+    "ratio"}] (marked and labelled)}; lines: horizontal reference ratios (value, label).
+    Log x (tokens/s per user) and log y (ratio)."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(7.0, 4.2))
+    for i, (label, pr) in enumerate(pairs.items()):
+        rd = [r for r in pr["readings"] if r.get("ratio") is not None]
+        if not rd:
+            continue
+        colour = _DEPLOYMENT_COLOURS[i % len(_DEPLOYMENT_COLOURS)]
+        ax.plot([r["x"] for r in rd], [r["ratio"] for r in rd], color=colour, label=label)
+        band = [r for r in rd if r.get("interval")]
+        if band:
+            ax.fill_between([r["x"] for r in band], [r["interval"][0] for r in band],
+                            [r["interval"][1] for r in band], color=colour, alpha=0.2, linewidth=0)
+        for n in pr.get("named", ()):
+            if n.get("ratio") is not None and n.get("x"):
+                ax.plot([n["x"]], [n["ratio"]], marker="o", ms=4, color=colour)
+                ax.annotate(n["name"], (n["x"], n["ratio"]), textcoords="offset points", xytext=(3, 3), fontsize=6,
+                            color=colour)
+    for v, text in lines:
+        ax.axhline(v, color="grey", linestyle="--" if v == 1.0 else ":", linewidth=0.8)
+        ax.annotate(text, (1.0, v), xycoords=("axes fraction", "data"), fontsize=7, ha="right", va="bottom")
+    from matplotlib.ticker import FuncFormatter
+
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    plain = FuncFormatter(lambda v, _: f"{v:,.0f}" if v >= 1 else f"{v:g}")
+    for axis in (ax.xaxis, ax.yaxis):
+        axis.set_major_formatter(plain)
+        axis.set_minor_formatter(plain)
+    ax.tick_params(which="minor", labelsize=6)
+    ax.set_xlabel("tokens/s per user (p50 of 1/TPOT), both curves read at the same value")
+    ax.set_ylabel("ratio of tokens/s per kW (band: 90 % interval)")
+    ax.grid(alpha=0.3, which="both")
+    if pairs:
+        ax.legend(fontsize=7)
+    ax.set_title(f"{title}: ratio at equal interactivity", fontsize=9)
+    return save_figure(fig, path)
+
+
+__all__ = ["binned_utilisation", "interactivity_curves", "ratio_curves", "latency_cdfs", "link_utilisation", "memory_over_time",
            "palette", "timeseries", "pool_memory_series", "stage_breakdown", "sweep_metric"]

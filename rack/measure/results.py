@@ -158,7 +158,9 @@ def summary_text(results: dict) -> str:
     if en:
         tpj = en["tokens_per_joule"]
         usd = co.get("usd_per_mtok") if co else None
-        lines.append(f"energy: {en['joules'] / 3.6e6:.2f} kWh over {en['window_s']:.1f} s from t=0 (mean "
+        where = {"system": "devices + hosts, NICs, switches", "devices": "devices only"}.get(en.get("boundary"), "")
+        lines.append(f"energy{f' ({where})' if where else ''}: {en['joules'] / 3.6e6:.2f} kWh over "
+                     f"{en['window_s']:.1f} s from t=0 (mean "
                      f"{en['mean_power_w'] / 1e3:.1f} kW, idle {en['idle_power_w'] / 1e3:.1f} kW), "
                      + (f"{tpj:.4g} output tokens/J" if tpj else "no output tokens")
                      + (f"; cost ${usd:.2f} per million output tokens ({co['basis']})" if usd is not None else ""))

@@ -30,11 +30,30 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
 
+#: What a run's energy can count (`EnergySettings.boundary`).
+ENERGY_BOUNDARIES = ("system", "devices")
+
+
 class EnergySettings(_Strict):
-    """The scenario's `[energy]` table: which activity measure sets the dynamic power
-    ("busy" or "roofline", see `rack.measure.energy`)."""
+    """The scenario's `[energy]` table (see `rack.measure.energy`).
+
+    activity: which activity measure sets the devices' dynamic power ("busy" or
+        "roofline").
+    boundary: what a run's joules count. "system" (default): the accelerators plus the
+        hosts (CPUs, memory, boards, fans), NICs and switch ports each accelerator needs,
+        at `rack.measure.energy.BOUNDARY_W`'s sourced figures (a CS-3's system rating
+        already includes its own host and NICs: only its external switch ports are
+        added); "devices": the accelerators' board or system power alone.
+    host_w / nic_w / switch_w: per-accelerator watts replacing the defaults, by device
+        catalog key (e.g. {"mi455x" = 200.0}; a stack variant "mi455x-sglang" takes its
+        hardware's entry), each >= 0.
+    """
 
     activity: Literal["busy", "roofline"] = "busy"
+    boundary: Literal["system", "devices"] = "system"
+    host_w: dict[str, Annotated[float, Field(ge=0)]] = Field(default_factory=dict)
+    nic_w: dict[str, Annotated[float, Field(ge=0)]] = Field(default_factory=dict)
+    switch_w: dict[str, Annotated[float, Field(ge=0)]] = Field(default_factory=dict)
 
 
 class CostSettings(_Strict):
@@ -87,4 +106,4 @@ def parse_stage(text: str) -> FixedStage:
 
 
 __all__ = ["CostSettings", "DEFAULT_AMORTISATION_YEARS", "DEFAULT_ELECTRICITY_USD_PER_KWH", "DEFAULT_PUE",
-           "EnergySettings", "FixedStage", "ScenarioError", "parse_stage"]
+           "ENERGY_BOUNDARIES", "EnergySettings", "FixedStage", "ScenarioError", "parse_stage"]

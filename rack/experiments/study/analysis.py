@@ -29,11 +29,39 @@ def at_capacity(cap: dict, name: str) -> dict:
     held = bool(cap["summary"]["held_every_rate"].get(name))
     if p is None:
         return {"rate": None, "held_all": False, "goodput": None, "attainment": None, "tokens_per_joule": None,
-                "usd_per_mtok": None, "output_tokens_per_s": None, "mean_power_w": None}
+                "usd_per_mtok": None, "output_tokens_per_s": None, "mean_power_w": None, "boot_tokens": None,
+                "next_rung": None}
+    above = sorted(q["rate_scale"] for q in cap["points"]
+                   if q.get("scenario") == name and "error" not in q and q["rate_scale"] > p["rate_scale"])
     return {"rate": p["rate_per_s"], "held_all": held, "goodput": p["goodput_rps"],
             "attainment": p["slo_attainment"], "tokens_per_joule": p["tokens_per_joule"],
             "usd_per_mtok": p["usd_per_mtok"], "output_tokens_per_s": p["output_tokens_per_s"],
-            "mean_power_w": p["mean_power_w"]}
+            "mean_power_w": p["mean_power_w"], "boot_tokens": p.get("boot_tokens"),
+            "next_rung": above[0] / p["rate_scale"] if above else None}
+
+
+#: Two-sided coverage of the intervals of ratios of tokens/J and $/Mtok at capacity.
+COVERAGE = 0.90
+
+
+def _interval(ratio: float, a: dict, b: dict, metric: str) -> Optional[list[float]]:
+    """The interval of a pair_metric ratio. tokens/J and $/Mtok: the 90 % interval over
+    the two runs' bootstrap replicates (their requests resampled: output tokens move,
+    energy and cost stay; `rack.measure.bootstrap`). capacity: the bracket the rate
+    ladder allows (each capacity lies between its rung and the next rung tried, which
+    it failed), None when either held every rate tried (no upper bound)."""
+    import numpy as np
+
+    if metric == "capacity":
+        fa, fb = a.get("next_rung"), b.get("next_rung")
+        return [ratio / fb, ratio * fa] if fa and fb else None
+    ta, tb = a.get("boot_tokens"), b.get("boot_tokens")
+    if not ta or not tb:
+        return None
+    n = min(len(ta), len(tb))
+    r = ratio * np.asarray(ta[:n]) / np.asarray(tb[:n])
+    tail = (1 - COVERAGE) / 2 * 100
+    return [float(np.percentile(r, tail)), float(np.percentile(r, 100 - tail))]
 
 
 def verdict(ratio: Optional[float], tol: Optional[float] = None) -> str:
@@ -48,7 +76,10 @@ def verdict(ratio: Optional[float], tol: Optional[float] = None) -> str:
 
 def pair_metric(a: dict, b: dict, metric: str) -> dict:
     """Deployment `a` against `b` (both `at_capacity` dicts) on `metric`: {"ratio" (> 1:
-    a is better; for $/Mtok b's cost over a's), "verdict", "why"}."""
+    a is better; for $/Mtok b's cost over a's; None, with "why", when either sustains
+    no rate tried: a capacity ratio against a deployment that holds no rate is
+    unbounded, never a number), "interval" (`_interval`; None where there is none),
+    "verdict", "why"}."""
     if a["rate"] is None or b["rate"] is None:
         if a["rate"] is None and b["rate"] is None:
             return {"ratio": None, "verdict": "undetermined", "why": "neither sustains a rate tried"}
@@ -57,24 +88,26 @@ def pair_metric(a: dict, b: dict, metric: str) -> dict:
         return {"ratio": None, "verdict": "wins", "why": "the other sustains no rate tried"}
     if metric == "capacity":
         ratio = a["rate"] / b["rate"]
+        iv = _interval(ratio, a, b, metric)
         if a["held_all"] and b["held_all"]:
-            return {"ratio": ratio, "verdict": "undetermined", "why": "both sustain every rate tried"}
+            return {"ratio": ratio, "interval": iv, "verdict": "undetermined", "why": "both sustain every rate tried"}
         v = verdict(ratio)
         if a["held_all"] and v != "wins":
             v = "undetermined"     # a's capacity is only a lower bound
         if b["held_all"] and v != "loses":
             v = "undetermined"
-        return {"ratio": ratio, "verdict": v, "why": ""}
+        return {"ratio": ratio, "interval": iv, "verdict": v, "why": ""}
     va, vb = a[metric], b[metric]
     if not va or not vb:
         return {"ratio": None, "verdict": "undetermined", "why": "no figure"}
     ratio = va / vb if METRICS[metric] else vb / va
+    iv = _interval(ratio, a, b, metric)
     v = verdict(ratio)
     # A deployment that held every rate tried was read below its capacity, where its
     # idle hardware still weighs on tokens/J and $/Mtok: a loss of its is not proven.
     if (a["held_all"] and v == "loses") or (b["held_all"] and v == "wins"):
-        return {"ratio": ratio, "verdict": "undetermined", "why": "read below a capacity not reached"}
-    return {"ratio": ratio, "verdict": v, "why": ""}
+        return {"ratio": ratio, "interval": iv, "verdict": "undetermined", "why": "read below a capacity not reached"}
+    return {"ratio": ratio, "interval": iv, "verdict": v, "why": ""}
 
 
 def present_pairs(names: Iterable[str]) -> list[tuple[str, str]]:
@@ -158,7 +191,8 @@ def vendor_ratios(results: dict) -> list[dict]:
             continue
         cs, cw = at_capacity(cap, s), at_capacity(cap, w)
         m = pair_metric(cs, cw, "tokens_per_joule")
-        out.append({"condition": label, "split": s, "wafer": w, "ratio": m["ratio"], "verdict": m["verdict"],
+        out.append({"condition": label, "split": s, "wafer": w, "ratio": m["ratio"], "interval": m.get("interval"),
+                    "verdict": m["verdict"],
                     "why": m["why"], "split_rate": cs["rate"], "wafer_rate": cw["rate"],
                     "split_held_all": cs["held_all"], "wafer_held_all": cw["held_all"]})
     return out
@@ -188,7 +222,8 @@ def pd_gains(case: dict) -> list[dict]:
         m = pair_metric(pds[best], col, "capacity") if best else {"ratio": None, "verdict": "loses" if col["rate"]
                                                                   else "undetermined", "why": ""}
         out.append({"tpot_ms": t, "colocated": cap["colocated"], "colocated_cap": col, "pd": pds,
-                    "best": best, "ratio": m["ratio"], "verdict": m["verdict"], "why": m["why"]})
+                    "best": best, "ratio": m["ratio"], "interval": m.get("interval"), "verdict": m["verdict"],
+                    "why": m["why"]})
     return out
 
 

@@ -42,6 +42,37 @@ def headline(pa: Sequence[dict], pb: Sequence[dict], *, metric: str, tolerance: 
     return {"ratio": rd["ratio"], "x": float(x), "a_value": rd["a"], "b_value": rd["b"], "range": rng}
 
 
+def equal_headline(pa, pb, *, metric: str, at="a_knee", floor_a: Optional[float] = None,
+                   floor_b: Optional[float] = None, names: tuple[str, str] = ("a", "b")) -> dict:
+    """The pair's headline read at exactly equal tokens/s per user on both curves
+    (`rack.experiments.equal_interactivity.pair_readings`): pa, pb each a point list or
+    a curves entry with knob "variants"; at: "a_knee" (at a's knee), "up_to" (the
+    highest ratio over the overlap) or tokens/s per user. Returns {"ratio", "x",
+    "a_value", "b_value", "interval" (90 %, or None), "range": [min, max] of the ratio
+    over the overlap (None if none), "why" (when there is no ratio), "readings": the
+    pair's readings}."""
+    from rack.experiments import equal_interactivity as EI
+
+    rd = EI.pair_readings(EI.branches_of(pa), EI.branches_of(pb), metric, floor_a=floor_a, floor_b=floor_b,
+                          names=names)
+    if at == "a_knee":
+        pick = next(r for r in rd["named"] if r["name"] == f"{names[0]}'s knee")
+    elif at == "up_to":
+        pick = rd["up_to"] or {"x": None, "ratio": None, "why": "the curves share no tokens/s per user"}
+    else:
+        pick = EI.ratio_at(EI.branches_of(pa), EI.branches_of(pb), float(at), metric)
+    why = pick.get("why")
+    if pick.get("ratio") is None and not why:
+        short = pick.get("short")
+        why = ("the curves share no tokens/s per user" if rd["curve"]["overlap"] is None else
+               f"{names[0] if short == 'a' else names[1] if short == 'b' else 'neither curve'} does not reach "
+               f"{pick['x']:,.0f} tokens/s per user" if pick.get("x") is not None else "no reading")
+    vals = [r["ratio"] for r in rd["curve"]["readings"] if r["ratio"] is not None]
+    return {"ratio": pick.get("ratio"), "x": pick.get("x"), "a_value": pick.get("a"), "b_value": pick.get("b"),
+            "interval": pick.get("interval"), "range": [min(vals), max(vals)] if vals else None,
+            "why": why if pick.get("ratio") is None else "", "readings": rd}
+
+
 def _hl(section: dict, points: dict, a: str, b: str) -> dict:
     """The pair's headline in a section's runs: at equal interactivity (`headline`), or
     for a tornado read at capacity the ratio of the two deployments' figures at their
@@ -54,8 +85,19 @@ def _hl(section: dict, points: dict, a: str, b: str) -> dict:
         m = pair_metric(points[a], points[b], section["metric"])
         return {"ratio": m["ratio"], "x": None, "a_value": points[a].get(section["metric"]),
                 "b_value": points[b].get(section["metric"]), "range": None, "verdict": m["verdict"], "why": m["why"]}
+    if section.get("reading") == "equal_interactivity":
+        floors = section.get("floors") or {}
+        fa = floors.get(a, _floor(points[a]))
+        fb = floors.get(b, _floor(points[b]))
+        return equal_headline(points[a], points[b], metric=section["metric"], at=section.get("at", "a_knee"),
+                              floor_a=fa, floor_b=fb, names=(a, b))
     return headline(points[a], points[b], metric=section["metric"], tolerance=section["tolerance"],
                     at=section.get("at", "a_best"))
+
+
+def _floor(entry) -> Optional[float]:
+    """The TPOT target's tokens/s per user a curves entry carries ("slo_floor"), or None."""
+    return entry.get("slo_floor") if isinstance(entry, dict) else None
 
 
 def interactivity_rows(res: dict) -> list[dict]:
@@ -65,6 +107,12 @@ def interactivity_rows(res: dict) -> list[dict]:
 
     out = []
     for label, curves in res["workloads"].items():
+        if res.get("reading") == "equal_interactivity":      # the entries: knob variants and SLO floors
+            pts = dict(curves["deployments"])
+            for a, b in res["pairs"]:
+                if a in pts and b in pts:
+                    out.append({"workload": label, "a": a, "b": b, **_hl(res, pts, a, b), "equal": None})
+            continue
         pts = {n: d["points"] for n, d in curves["deployments"].items()}
         for a, b in res["pairs"]:
             h = _hl(res, pts, a, b)
@@ -78,11 +126,13 @@ def interactivity_rows(res: dict) -> list[dict]:
 
 def tornado_rows(res: dict, a: str, b: str) -> dict:
     """The pair's headline as shipped ("baseline") and with each term at each end:
-    {"baseline": headline, "terms": [{term..., "low_ratio", "high_ratio", "span"
+    {"baseline": headline, "terms": [{term..., "low_ratio", "high_ratio", "low_interval",
+    "high_interval" (90 %, None when the reading has none), "span"
     (|ln(high/low)|, None if either is missing), "flips_at": [values where the ratio
     crosses 1 between measured points], "reaches": [values where it crosses CLAIM]}]
     sorted by span (largest first), "range": [min, max] over every run (None if
-    none), "most_sensitive": the first term with a span, or None}."""
+    none), "range_ends": [{"ratio", "interval"}] of those two, "most_sensitive": the
+    first term with a span, or None}."""
     base = _hl(res, res["baseline"], a, b)
     rows = []
     for t in res["terms"]:
@@ -90,20 +140,24 @@ def tornado_rows(res: dict, a: str, b: str) -> dict:
         hl_lo, hl_hi = _hl(res, run.get("low", {}), a, b), _hl(res, run.get("high", {}), a, b)
         lo, hi = hl_lo["ratio"], hl_hi["ratio"]
         span = abs(math.log(hi / lo)) if lo and hi else None
+        intervals = {"low_interval": hl_lo.get("interval"), "high_interval": hl_hi.get("interval")}
         xs, ys = [t["low"], t["high"]], [lo, hi]
         if t.get("nominal") is not None and base["ratio"] is not None and t["low"] < t["nominal"] < t["high"]:
             xs.insert(1, t["nominal"])
             ys.insert(1, base["ratio"])
         # at capacity a deployment may sustain no rate tried: no ratio, but a verdict
-        notes = {end: f"{h['verdict']}: {h['why']}" for end, h in (("low", hl_lo), ("high", hl_hi))
-                 if h["ratio"] is None and h.get("why")}
-        rows.append({**t, "low_ratio": lo, "high_ratio": hi, "span": span, "notes": notes,
+        notes = {end: (f"{h['verdict']}: {h['why']}" if h.get("verdict") else h["why"])
+                 for end, h in (("low", hl_lo), ("high", hl_hi)) if h["ratio"] is None and h.get("why")}
+        rows.append({**t, "low_ratio": lo, "high_ratio": hi, "span": span, "notes": notes, **intervals,
                      "flips_at": TM.crossing(xs, ys, 1.0, t.get("scale", "linear")),
                      "reaches": TM.crossing(xs, ys, CLAIM, t.get("scale", "linear"))})
     rows.sort(key=lambda r: -(r["span"] or -1))
-    every = [v for v in [base["ratio"]] + [r[k] for r in rows for k in ("low_ratio", "high_ratio")] if v]
+    every = [(base["ratio"], base.get("interval"))] + [(r[f"{k}_ratio"], r[f"{k}_interval"]) for r in rows
+                                                        for k in ("low", "high")]
+    every = [e for e in every if e[0]]
+    ends = ([{"ratio": e[0], "interval": e[1]} for e in (min(every), max(every))] if every else None)
     return {"a": a, "b": b, "baseline": base, "terms": rows,
-            "range": [min(every), max(every)] if every else None,
+            "range": [ends[0]["ratio"], ends[1]["ratio"]] if ends else None, "range_ends": ends,
             "most_sensitive": next((r for r in rows if r["span"] is not None), None)}
 
 
@@ -116,11 +170,13 @@ def map_grid(res: dict, a: str, b: str) -> dict:
     for c in res["cells"]:
         h = _hl(res, c["points"], a, b)
         cells.append({"x": c["x"], "io_ratio": c["io_ratio"], "prompt_tokens": c["prompt_tokens"],
-                      "prefill_rate": c["prefill_rate"], "ratio": h["ratio"], "read_at": h["x"]})
+                      "prefill_rate": c["prefill_rate"], "ratio": h["ratio"], "interval": h.get("interval"),
+                      "read_at": h["x"]})
     xs, ys = list(res["values"]), list(res["io_ratios"])
     at = {(c["x"], c["io_ratio"]): c for c in cells}
     return {"x": xs, "y": ys, "cells": cells,
             "ratio": [[at.get((x, y), {}).get("ratio") for x in xs] for y in ys],
+            "interval": [[at.get((x, y), {}).get("interval") for x in xs] for y in ys],
             "rate": [[at.get((x, y), {}).get("prefill_rate") for x in xs] for y in ys]}
 
 
@@ -154,4 +210,4 @@ def tornado_for(results: dict, sections: Sequence[dict], a: str, b: str, workloa
     return None
 
 
-__all__ = ["CLAIM", "headline", "interactivity_rows", "map_grid", "settle", "tornado_for", "tornado_rows"]
+__all__ = ["CLAIM", "equal_headline", "headline", "interactivity_rows", "map_grid", "settle", "tornado_for", "tornado_rows"]

@@ -16,10 +16,53 @@ Log = Callable[[str], None]
 
 
 def _sweep(cfg, scenarios, plan, section) -> dict:
-    from rack.experiments.interactivity import interactivity_sweep
+    from rack.experiments.interactivity import DEFAULT_METRIC, METRICS, interactivity_sweep
 
+    metric = section.metric if section.metric in METRICS else DEFAULT_METRIC
     return interactivity_sweep(scenarios, plan, section.concurrencies, per_slot=section.per_slot,
-                               workers=cfg.workers, address=getattr(cfg, "address", None), progress=cfg.progress)
+                               workers=cfg.workers, address=getattr(cfg, "address", None), progress=cfg.progress,
+                               until_turned=section.until_turned, metric=metric, patience=section.patience)
+
+
+def knob_variants(scenario, knobs: dict) -> list[tuple[str, object]]:
+    """(label, scenario) for every value of every knob of `scenario` ({"pools.<pool>.
+    <field>": [values]}: one variant per value, the other fields as shipped), named
+    "<name>|<pool>.<field>=<value>". Raises ValueError for an unknown pool or a value
+    the scenario refuses (its own message)."""
+    out = []
+    for path, values in knobs.items():
+        _, pool, field = path.split(".")
+        for v in values:
+            data = scenario.model_dump()
+            hit = [p for p in data["pools"] if p["name"] == pool]
+            if not hit:
+                raise ValueError(f"knob {path!r}: {scenario.name!r} has no pool {pool!r}")
+            hit[0][field] = v
+            label = f"{pool}.{field}={v:g}"
+            data["name"] = f"{scenario.name}|{label}"
+            out.append((label, type(scenario).model_validate(data)))
+    return out
+
+
+def _with_knobs(section, scs: dict) -> tuple[list, dict]:
+    """(every scenario to run: the deployments and their knob variants, {deployment:
+    [(label, variant name)]})."""
+    runs, labels = list(scs.values()), {}
+    for name, knobs in section.knobs.items():
+        if name in scs:
+            vs = knob_variants(scs[name], knobs)
+            runs += [v for _, v in vs]
+            labels[name] = [(lab, v.name) for lab, v in vs]
+    return runs, labels
+
+
+def _fold_knobs(curves: dict, labels: dict) -> dict:
+    """The sweep with each knob variant's points moved under its deployment's
+    "variants" ({label: points}, `rack.experiments.equal_interactivity.branches_of`)."""
+    deps = curves["deployments"]
+    for name, vs in labels.items():
+        deps[name]["variants"] = {lab: deps.pop(vname)["points"] for lab, vname in vs if vname in deps}
+    return curves
 
 
 def _scenarios(names, router_policy: Optional[str] = None) -> dict:
@@ -44,10 +87,23 @@ def interactivity(section, cfg, log: Log) -> dict:
     out = {}
     for label, w in zip(_labels(section), section.workloads):
         scs = _scenarios(section.deployments, w.router_policy)
-        log(f"{section.key}: {len(scs)} deployments x concurrency {section.concurrencies} on {label}")
-        out[label] = _sweep(cfg, list(scs.values()), w.plan(), section)
+        runs, knobs = _with_knobs(section, scs)
+        log(f"{section.key}: {len(scs)} deployments ({len(runs) - len(scs)} knob variants) x concurrency "
+            f"{section.concurrencies}{' until each curve turns' if section.until_turned else ''} on {label}")
+        out[label] = _fold_knobs(_sweep(cfg, runs, _plan(w, section), section), knobs)
     return {"workloads": out, "pairs": [list(p) for p in section.pairs], "metric": section.metric,
-            "tolerance": section.tolerance, "at": section.at}
+            "tolerance": section.tolerance, "at": section.at, "reading": section.reading}
+
+
+def _plan(w, section):
+    """A workload's load plan; vLLM's random dataset gets enough prompts for the
+    ladder's top rung (per_slot x the highest concurrency) unless it names its own."""
+    if w.random is None or "num_prompts" in w.random:
+        return w.plan()
+    from workloads.load import LoadControls, LoadPlan
+
+    return LoadPlan("random", **w.random,
+                    controls=LoadControls(num_prompts=section.per_slot * max(section.concurrencies), seed=0))
 
 
 def _variant_name(name: str, key: str, value: float) -> str:
@@ -66,25 +122,44 @@ def tornado(section, cfg, log: Log) -> dict:
     dicts], "baseline": {name: points}, "runs": {key: {"low": {name: points}, "high":
     ...}}, "errors", "pairs", "metric", "tolerance", "at"}. One sweep runs them all
     (the variants in parallel)."""
+    from rack.experiments.interactivity import slo_floor
+
     terms = TM.resolve(section.terms)
     w = section.workloads[0]
     base = _scenarios([n for p in section.pairs for n in p], w.router_policy)
+    at_capacity = section.reading == "at_capacity"
+    rerun = [t for t in terms if at_capacity or not TM.rerun_free(t["key"])]
     variants = list(base.values())
-    for t in terms:
+    for t in rerun:
         for end in ("low", "high"):
             variants += [TM.apply(s, t["key"], t[end], _variant_name(n, t["key"], t[end])) for n, s in base.items()]
     common = {"workload": w.name(), "terms": terms, "pairs": [list(p) for p in section.pairs],
               "metric": section.metric, "tolerance": section.tolerance, "at": section.at,
-              "reading": section.reading or "at_least_interactivity"}
-    if section.reading == "at_capacity":
+              "reading": section.reading or "at_least_interactivity",
+              "floors": {n: slo_floor(s) for n, s in base.items()}}
+    if at_capacity:
         return {**common, **_tornado_at_capacity(section, cfg, log, terms, base, variants)}
-    log(f"{section.key}: {len(terms)} terms x 2 ends x {len(base)} deployments x concurrency "
-        f"{section.concurrencies} on {w.name()}")
-    curves = _sweep(cfg, variants, w.plan(), section)
+    log(f"{section.key}: {len(rerun)} terms x 2 ends x {len(base)} deployments x concurrency "
+        f"{section.concurrencies} on {w.name()} ({len(terms) - len(rerun)} energy terms rescaled, not rerun)")
+    curves = _sweep(cfg, variants, _plan(w, section), section)
+    baseline = {n: curves["deployments"][n]["points"] for n in base}
     runs = {t["key"]: {end: _split(curves, base, f"{t['key']}={t[end]:g}") for end in ("low", "high")}
-            for t in terms}
-    return {**common, "baseline": {n: curves["deployments"][n]["points"] for n in base}, "runs": runs,
-            "errors": curves["errors"], "concurrencies": curves["concurrencies"], "per_slot": section.per_slot}
+            for t in rerun}
+    for t in terms:
+        if t not in rerun:
+            runs[t["key"]] = {end: _rescaled(baseline, t["key"], t[end]) for end in ("low", "high")}
+    return {**common, "baseline": baseline, "runs": runs, "rerun_free": [t["key"] for t in terms if t not in rerun],
+            "errors": curves["errors"], "concurrencies": curves["concurrencies"], "per_slot": section.per_slot,
+            "stops": {n: d.get("stop") for n, d in curves["deployments"].items()}}
+
+
+def _rescaled(baseline: dict, key: str, value: float) -> dict:
+    """{deployment: points} of the as-shipped points with energy boundary term `key` =
+    `value` W per device (`rack.experiments.equal_interactivity.rescale_energy`)."""
+    from rack.experiments.equal_interactivity import rescale_energy
+
+    device, _, field = key.partition(".")
+    return {n: rescale_energy(pts, {device: {field: float(value)}}) for n, pts in baseline.items()}
 
 
 def _tornado_at_capacity(section, cfg, log: Log, terms, base: dict, variants: list) -> dict:
@@ -148,9 +223,13 @@ def breakeven_map(section, cfg, log: Log) -> dict:
             cells.append({"x": x, "io_ratio": float(y), "prompt_tokens": prompt, "output_tokens": out_tokens,
                           "prefill_rate": _prefill_rate(variants[(x, ref)], prompt),
                           "points": _split(curves, base, f"{term['key']}={x:g}")})
+    from rack.experiments.interactivity import slo_floor
+
     return {"term": term, "values": xs, "io_ratios": [float(y) for y in section.parameter.values],
             "output_tokens": out_tokens, "cells": cells, "errors": errors, "pairs": [list(p) for p in section.pairs],
-            "metric": section.metric, "tolerance": section.tolerance, "at": section.at}
+            "metric": section.metric, "tolerance": section.tolerance, "at": section.at,
+            "reading": section.reading or "at_least_interactivity",
+            "floors": {n: slo_floor(s) for n, s in base.items()}}
 
 
-__all__ = ["breakeven_map", "interactivity", "tornado"]
+__all__ = ["breakeven_map", "interactivity", "knob_variants", "tornado"]

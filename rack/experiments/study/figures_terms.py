@@ -18,10 +18,34 @@ def interactivity(res: dict, out: Path, key: str, colours: Mapping[str, str]) ->
     files = {}
     for i, (label, curves) in enumerate(res["workloads"].items()):
         pts = {n: d["points"] for n, d in curves["deployments"].items() if d["points"]}
+        for n, d in curves["deployments"].items():       # knob branches: their own curves
+            for lab, vpts in (d.get("variants") or {}).items():
+                if vpts:
+                    pts[f"{n} [{lab}]"] = vpts
         if pts:
             fname = f"{key}_{i}.png"
             interactivity_curves(pts, out / fname, title=label, colours=colours)
             files[f"{key} {label}"] = fname
+    if res.get("reading") == "equal_interactivity":
+        files.update(_ratio_figures(res, out, key))
+    return files
+
+
+def _ratio_figures(res: dict, out: Path, key: str) -> dict[str, str]:
+    """One PNG per workload: each pair's ratio against tokens/s per user with its 90 %
+    band and its named readings (`plots.ratio_curves`)."""
+    from rack.measure.plots import ratio_curves
+
+    files = {}
+    rows = B.interactivity_rows(res)
+    for i, label in enumerate(res["workloads"]):
+        pairs = {f"{r['a']} / {r['b']}": {"readings": r["readings"]["curve"]["readings"],
+                                          "named": r["readings"]["named"]}
+                 for r in rows if r["workload"] == label and r.get("readings")}
+        if any(p["readings"] for p in pairs.values()):
+            fname = f"{key}_ratio_{i}.png"
+            ratio_curves(pairs, out / fname, title=label, lines=((1.0, "1x"), (B.CLAIM, f"{B.CLAIM:g}x")))
+            files[f"{key} ratio {label}"] = fname
     return files
 
 

@@ -124,10 +124,28 @@ def _header(results: dict, fig_dir: str) -> list[str]:
               + (f"; rates are tried on a ladder with a factor of {step} between neighbours (unless a section "
                  "says otherwise), so a capacity ratio is known to within that factor" if step != "-" else "")
               + ". Tokens per joule and dollars per million output tokens are read at each deployment's own "
-              "capacity, where they price work rather than idle hardware. Energy counts the devices only "
-              "(idle power plus dynamic power by occupancy, `rack/measure/energy.py`); cost is amortised capex plus "
-              f"electricity. Verdicts within {TIE_TOLERANCE:.0%} are ties.", ""]
+              f"capacity, where they price work rather than idle hardware. {_boundary_sentence(results)} Cost is "
+              "amortised capex plus electricity. In brackets beside a ratio: its interval, 90 % over bootstrap "
+              "resamples of the runs' requests for tokens/J, $/Mtok and readings at equal interactivity, and for a "
+              "capacity ratio the bracket the rate ladder allows (each capacity lies between its rung and the next "
+              f"one tried). Verdicts within {TIE_TOLERANCE:.0%} are ties.", ""]
     return lines
+
+
+def _boundary_sentence(results: dict) -> str:
+    """Which energy boundary the deployments count (`rack.measure.energy`), from their
+    scenarios (results["deployments"][name]["energy_boundary"])."""
+    got = sorted({d.get("energy_boundary") or "devices" for d in results.get("deployments", {}).values()})
+    if got == ["system"]:
+        return ("Energy counts one boundary for every deployment: the accelerators (idle power plus dynamic power "
+                "by occupancy) plus the hosts, NICs and switch ports each needs, at the sourced figures of "
+                "`rack/measure/energy.py` (`BOUNDARY_W`; a CS-3's system rating already includes its own host and "
+                "NICs); their ranges are uncertain terms below.")
+    if got == ["devices"]:
+        return ("Energy counts the accelerators only (idle power plus dynamic power by occupancy, "
+                "`rack/measure/energy.py`): no hosts, NICs or switches.")
+    return ("**The deployments count different energy boundaries** (" + ", ".join(got) + "): their ratios of "
+            "tokens per joule compare unlike things.")
 
 
 def _summary(results: dict, sections: Optional[list] = None) -> list[str]:
@@ -163,7 +181,7 @@ def _summary(results: dict, sections: Optional[list] = None) -> list[str]:
         best = max(vr, key=lambda r: r["ratio"])
         lines.append(f"- The vendors' \"up to {VENDOR_CLAIM_RATIO:g}x tokens per watt versus the wafer alone\": "
                      + ("reproduced" if best["ratio"] >= VENDOR_CLAIM_RATIO else "**not reproduced**")
-                     + f"; the highest ratio measured at capacity is {T.x(best['ratio'])} "
+                     + f"; the highest ratio measured at capacity is {T.xi(best['ratio'], best.get('interval'))} "
                      f"({T.code(best['split'])}, {best['condition']}).")
     for case in results.get("gpu_pd", {}).get("cases", []):
         g = [r for r in A.pd_gains(case) if r["ratio"] is not None]
@@ -228,7 +246,7 @@ def _capacity_table(cap: dict, names: list[str], base_rate: Optional[float] = No
 def _pair_cell(m: dict) -> str:
     if m["ratio"] is None:
         return f"{m['verdict']} ({m['why']})"
-    return f"{T.x(m['ratio'])} ({m['verdict']}" + (f": {m['why']})" if m["why"] else ")")
+    return f"{T.xi(m['ratio'], m.get('interval'))} ({m['verdict']}" + (f": {m['why']})" if m["why"] else ")")
 
 
 def _pair_table(rows: list[dict], xhead: Optional[str]) -> str:
@@ -445,7 +463,7 @@ def _vendor(results: dict) -> list[str]:
     rows = [[r["condition"], T.code(r["split"]),
              T.cap({"rate": r["split_rate"], "held_all": r["split_held_all"]}),
              T.cap({"rate": r["wafer_rate"], "held_all": r["wafer_held_all"]}),
-             T.x(r["ratio"]) if r["ratio"] is not None else f"- ({r['why']})"] for r in vr]
+             T.xi(r["ratio"], r.get("interval")) if r["ratio"] is not None else f"- ({r['why']})"] for r in vr]
     got = [r for r in vr if r["ratio"] is not None]
     lines = [f"## The vendors' \"up to {VENDOR_CLAIM_RATIO:g}x tokens per watt versus the wafer alone\"", "",
              "Tokens per joule of each split rack over the wafer alone's, each at its own capacity (the fairest "
@@ -461,7 +479,7 @@ def _vendor(results: dict) -> list[str]:
         lines.append(("It **is reproduced** " + "; ".join(f"by {T.code(k)} in {T.listing(v)}" for k, v in by_split.items())
                       + "."
                       if above else f"It **cannot be reproduced** here: the highest ratio measured is "
-                      f"{T.x(best['ratio'])} ({best['condition']}, {T.code(best['split'])})."))
+                      f"{T.xi(best['ratio'], best.get('interval'))} ({best['condition']}, {T.code(best['split'])})."))
     only = [r for r in vr if r["ratio"] is None and r["verdict"] == "wins"]
     if only:
         lines.append(" Where the wafer alone sustains no rate tried and the split does ("
@@ -512,22 +530,23 @@ def _gpu_pd(results: dict, figures: dict, fig_dir: str) -> list[str]:
         for g in gains:
             cells = [T.cap(g["pd"][n]) for n in g["pd"]]
             rows.append([g["tpot_ms"], T.cap(g["colocated_cap"])] + cells +
-                        [T.x(g["ratio"]) + f" ({g['verdict']})" if g["ratio"] is not None else g["verdict"]])
+                        [T.xi(g["ratio"], g.get("interval")) + f" ({g['verdict']})" if g["ratio"] is not None
+                         else g["verdict"]])
             if g["ratio"] is not None:
                 best_all.append((g["ratio"], f"{T.code(case['colocated'])} at a {g['tpot_ms']} ms TPOT target "
-                                             f"({T.x(g['ratio'])}, {g['best']})"))
+                                             f"({T.xi(g['ratio'], g.get('interval'))}, {g['best']})", g))
         lines += [f"**{case['gpus'][case['colocated']]} GPUs, {T.code(case['colocated'])} against {T.code(case['pd'])}** "
                   f"({case['requests']} requests of `{case['trace']}`, rate-scaled):", "", md_table(heads, rows), ""]
         for t in case["values"]:
             lines += _fig(figures, f"gpu_pd {case['colocated']} {t}", fig_dir,
                           f"colocated vs disaggregated, {case['colocated']}, TPOT {t} ms")
     if best_all:
-        top = max(r for r, _ in best_all)
-        reached = [label for r, label in best_all if r >= PD_CLAIM_LOW]
+        top = max(best_all, key=lambda t: t[0])
+        reached = [label for r, label, _ in best_all if r >= PD_CLAIM_LOW]
         lines.append(f"At equal GPU count the best split's capacity over colocated serving ranges over "
-                     f"{T.span([r for r, _ in best_all])}. The often-quoted \"{PD_CLAIM_LOW:g}-4x\" is "
+                     f"{T.span([r for r, _, _ in best_all])}. The often-quoted \"{PD_CLAIM_LOW:g}-4x\" is "
                      + (f"reached only with {T.listing(reached)}" if reached else "**not reached**")
-                     + f", and \"up to {PD_CLAIM_HIGH:g}x\" is not approached (the highest is {T.x(top)}). "
+                     + f", and \"up to {PD_CLAIM_HIGH:g}x\" is not approached (the highest is {T.xi(top[0], top[2].get('interval'))}). "
                      "Disaggregation pays where the colocated engine's prefill chunks stretch its decode steps "
                      "past the TPOT target; it does not shorten the prefill of the longest prompts, which sets "
                      "the TTFT tail on these GPUs.")
@@ -562,8 +581,11 @@ def _caveats(results: dict) -> list[str]:
         "production stack's TTFT against prompt length or its prompt rate under load, so the tornado and "
         "break-even sections move these terms across their documented ranges; the verdicts above say how far "
         "that moves them.",
-        "- Energy counts the devices (idle power plus dynamic power by occupancy), not hosts, switches or "
-        "cooling; prices are the catalog's (`rack/measure/energy.py`).",
+        "- " + _boundary_sentence(results) + " Cooling enters through the PUE of the electricity cost only; "
+        "prices are the catalog's (`rack/measure/energy.py`).",
+        "- The 90 % intervals resample each point's requests (bootstrap): they say how much the requests a run "
+        "drew move a figure, not how much another draw of a closed loop would (requests sharing a batch are not "
+        "independent), and a point whose requests are all alike has a zero-width interval.",
         f"- Each synthetic point lasts {cfg['synthetic_duration_s']:g} s of arrivals (at least "
         f"{cfg['synthetic_n']} requests), and the load sweep compresses its {cfg['window'][1] - cfg['window'][0]:g} s "
         f"window to {(cfg['window'][1] - cfg['window'][0]) / max(cfg['rate_scales']):.3g} s at its highest rate: a "

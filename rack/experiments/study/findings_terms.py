@@ -25,7 +25,24 @@ def _term_value(t: dict, v: Optional[float]) -> str:
     return text + (f" {t['unit']}" if t.get("unit") and t["unit"] != "x" else ("x" if t.get("unit") == "x" else ""))
 
 
+def _range_text(tr: dict) -> str:
+    """The span of a ratio over the uncertain terms' ends, each end with its own 90 %
+    interval where it has one ("-" when none)."""
+    ends = tr.get("range_ends")
+    if not ends:
+        return "-"
+    lo, hi = ends
+    return f"{T.xi(lo['ratio'], lo['interval'])} to {T.xi(hi['ratio'], hi['interval'])}"
+
+
 def _reading_note(res: dict) -> str:
+    if res.get("reading") == "equal_interactivity":
+        at = res.get("at", "a_knee")
+        where = ("the split's knee (its best tokens/s per kW meeting its TPOT target, with a lower point after it)"
+                 if at == "a_knee" else "the highest ratio over the curves' overlap" if at == "up_to"
+                 else f"{at:g} tokens/s per user")
+        return (f"both curves read at exactly the same tokens/s per user, at {where}; 90 % intervals in brackets "
+                "from the points' bootstrap replicates")
     if res.get("reading") == "at_capacity":
         return ("each deployment read at its own capacity, the highest rate tried at which it meets the SLOs for "
                 "the target share of requests")
@@ -37,7 +54,100 @@ def _reading_note(res: dict) -> str:
             "extrapolated)")
 
 
+def _stop_text(name: str, d: dict) -> str:
+    pts = d.get("points") or []
+    top = pts[-1]["concurrency"] if pts else None
+    why = {"turned": "its tokens/s per kW fell after its best point",
+           "flat": "its tokens/s per kW stopped rising (a rung gained < 5 %)",
+           "below_slo": "its tokens/s per user fell "
+           "below its TPOT target's", "ladder_end": "**the ladder ended before the curve turned**",
+           "failed": "a point failed", "ladder": "every rung ran"}.get(d.get("stop"), d.get("stop") or "-")
+    knobs = d.get("variants") or {}
+    extra = (f"; knob branches {T.listing([T.code(k) for k in knobs])}" if knobs else "")
+    return f"{T.code(name)} up to C={top}: {why}{extra}"
+
+
+def equal_interactivity(res: dict, s, figures: dict, fig_dir: str) -> list[str]:
+    """An interactivity section read at exactly equal tokens/s per user: the ratio at
+    the split's knee, at 1,000 tokens/s per user, at the other's knee and its highest
+    over the overlap, each with its 90 % interval; the physics ceiling beside the
+    headline; why each ladder stopped; which curve ends first."""
+    from rack.experiments.study.ceiling import physics_ceiling
+
+    rows = B.interactivity_rows(res)
+    lines = [f"## {s.title or 'At equal interactivity'}", "",
+             "Closed-loop concurrency ladders (`rack sweep interactivity`; rungs "
+             f"{T.listing([str(c) for c in s.concurrencies])}, {s.per_slot} units per slot"
+             + (", each curve climbing until its tokens/s per kW falls after its best point or its tokens/s per user "
+                "falls below its TPOT target's" if s.until_turned else "") + "). The ratio is "
+             f"{res['metric'].replace('_', ' ')} of the first deployment over the second, both curves read at exactly "
+             "the same tokens/s per user (each interpolated linearly between neighbouring concurrency points, the "
+             "best knob branch where a deployment has several; never extrapolated). A knee is a curve's best point "
+             "meeting its TPOT target with a lower point after it; a curve's last point is never read as one. In "
+             "brackets every ratio's 90 % interval: the ratio recomputed on 200 bootstrap resamples of each point's "
+             "requests. The ceiling is the physics bound at the headline's tokens/s per user "
+             "(`rack.experiments.study.ceiling`: (1 + P/O) x the wafer alone's power / the split's, P and O the "
+             "prompt tokens the wafer alone computed and its output tokens).", ""]
+    table = []
+    notes = []
+    for r in rows:
+        rd = r["readings"]
+        named = {n["name"]: n for n in rd["named"]}
+        at_1k = next((n for n in rd["named"] if n["name"].endswith("tokens/s per user")), None)
+        ka, kb = named.get(f"{r['a']}'s knee"), named.get(f"{r['b']}'s knee")
+        curves = res["workloads"][r["workload"]]["deployments"]
+        up = rd["up_to"]
+        # beside the headline; where it has no ratio, beside the highest reading
+        ceil_x = r["x"] if r["ratio"] is not None or not up else up["x"]
+        ceil = physics_ceiling(curves[r["a"]]["points"], curves[r["b"]]["points"], ceil_x)
+        head = T.xi(r["ratio"], r["interval"]) if r["ratio"] is not None else f"- ({r['why']})"
+        lo_hi = [x for x in rd["curve"]["readings"] if x["ratio"] is not None]
+        lo = min(lo_hi, key=lambda x: x["ratio"]) if lo_hi else None
+        table.append([r["workload"], _pair_label(r["a"], r["b"]), T.num(r["x"], "{:,.0f}"), head,
+                      (T.xi(ceil["ceiling"], ceil["interval"]) + ("" if ceil_x == r["x"] else f" at {ceil_x:,.0f}"))
+                      if ceil["ceiling"] is not None else "-",
+                      _named_cell(at_1k), _named_cell(kb),
+                      (T.xi(up["ratio"], up["interval"]) + f" at {up['x']:,.0f}") if up else "-",
+                      (T.xi(lo["ratio"], lo["interval"]) + f" at {lo['x']:,.0f}") if lo else "-"])
+        notes += [f"- {r['workload']}, {_pair_label(r['a'], r['b'])}: {n}." for n in rd["notes"]]
+        read, read_iv = ((r["ratio"], r["interval"]) if ceil_x == r["x"] else
+                         ((up or {}).get("ratio"), (up or {}).get("interval")))
+        if ceil["ceiling"] is not None and read is not None and read > ceil["ceiling"]:
+            notes.append(f"- {r['workload']}, {_pair_label(r['a'], r['b'])}: the reading ({T.xi(read, read_iv)}) is "
+                         f"above the physics ceiling ({T.xi(ceil['ceiling'], ceil['interval'])}): the wafer alone pays more per "
+                         "prompt token than per decode token, or the split serves from cache prompts the wafer "
+                         "alone recomputes.")
+    at = res.get("at", "a_knee")
+    head_name = ("at the split's knee (tok/s/user)" if at == "a_knee" else "highest over the overlap (tok/s/user)"
+                 if at == "up_to" else f"at {at:g} tok/s/user")
+    lines += [md_table(["workload", "pair", head_name, "ratio [90%]", "ceiling", "at 1,000 tok/s/user [90%]",
+                        "at the other's knee [90%]", "highest over the overlap", "lowest over the overlap"],
+                       table), ""]
+    for label, curves in res["workloads"].items():
+        lines.append(f"- {label}: " + "; ".join(_stop_text(n, d) for n, d in curves["deployments"].items()) + ".")
+        for p in curves.get("errors", ()):
+            lines.append(f"- {label}: point {p['scenario']} C={p['concurrency']} failed: {p['error']}")
+    lines += notes + [""]
+    for label in res["workloads"]:
+        lines += _fig(figures, f"{s.key} {label}", fig_dir, f"interactivity curves, {label}")
+        lines += _fig(figures, f"{s.key} ratio {label}", fig_dir, f"ratio at equal interactivity, {label}")
+    return lines
+
+
+def _named_cell(n: Optional[dict]) -> str:
+    if n is None:
+        return "-"
+    if n.get("ratio") is None:
+        if n.get("why"):
+            return f"- ({n['why']})"
+        who = {"a": "the split does", "b": "the other does", "both": "neither curve does"}.get(n.get("short"), "")
+        return f"- ({who} not reach {n['x']:,.0f} tok/s/user)" if n.get("x") is not None else "-"
+    return T.xi(n["ratio"], n.get("interval")) + (f" at {n['x']:,.0f}" if "knee" in n["name"] else "")
+
+
 def interactivity(res: dict, s, figures: dict, fig_dir: str) -> list[str]:
+    if res.get("reading") == "equal_interactivity":
+        return equal_interactivity(res, s, figures, fig_dir)
     rows = B.interactivity_rows(res)
     lines = [f"## {s.title or 'At equal interactivity'}", "",
              "InferenceX's axes and the vendors' reading (\"tokens per second per kilowatt at a comparable "
@@ -116,12 +226,22 @@ def tornado(res: dict, s, figures: dict, fig_dir: str) -> list[str]:
              f"(`devices.uncertainty`; the other terms as shipped; {how}). Terms sorted by how far they move it.", ""]
     for a, b in res["pairs"]:
         tr = B.tornado_rows(res, a, b)
-        rows = [[t["label"], _term_value(t, t["low"]), _term_value(t, t.get("nominal")), _term_value(t, t["high"]),
-                 T.x(t["low_ratio"]) if t["low_ratio"] else t["notes"].get("low", "-"),
-                 T.x(t["high_ratio"]) if t["high_ratio"] else t["notes"].get("high", "-"),
+        eq = res.get("reading") == "equal_interactivity"
+
+        def rx(v, iv):
+            return T.xi(v, iv) if eq else T.x(v)
+
+        rows = [[t["label"] + (" (energy only: as-shipped runs rescaled)" if t["key"] in res.get("rerun_free", ())
+                               else ""),
+                 _term_value(t, t["low"]), _term_value(t, t.get("nominal")), _term_value(t, t["high"]),
+                 rx(t["low_ratio"], t.get("low_interval")) if t["low_ratio"] else t["notes"].get("low", "-"),
+                 rx(t["high_ratio"], t.get("high_interval")) if t["high_ratio"] else t["notes"].get("high", "-"),
                  T.listing([_term_value(t, v) for v in t["flips_at"]], "-")] for t in tr["terms"]]
-        lines += [f"**{_pair_label(a, b)}**: {T.x(tr['baseline']['ratio'])} as shipped; "
-                  f"{T.span(tr['range'] or [])} over the terms' ranges.", "",
+        base = tr["baseline"]
+        read_at = (f" (read at {base['x']:,.0f} tokens/s per user)" if eq and base.get("x") else "")
+        lines += [f"**{_pair_label(a, b)}**: {rx(base['ratio'], base.get('interval'))} as shipped{read_at}"
+                  + (f" ({base['why']})" if base["ratio"] is None and base.get("why") else "")
+                  + f"; {_range_text(tr) if eq else T.span(tr['range'] or [])} over the terms' ranges.", "",
                   md_table(["term", "low", "nominal", "high", "ratio at low", "ratio at high", "crosses 1x at"],
                            rows), ""]
         lines += _fig(figures, f"{s.key} {a}", fig_dir, f"tornado, {a} / {b}")
@@ -148,16 +268,21 @@ def breakeven_map(res: dict, s, figures: dict, fig_dir: str) -> list[str]:
         g = B.map_grid(res, a, b)
         heads = ["input/output"] + [_term_value(t, x) for x in g["x"]]
         rows = []
-        for y, row, rate in zip(g["y"], g["ratio"], g["rate"]):
-            cells = [T.x(v) + (f" ({r:,.0f} tok/s)" if r else "") for v, r in zip(row, rate)]
+        eq = res.get("reading") == "equal_interactivity"
+        for y, row, rate, ivs in zip(g["y"], g["ratio"], g["rate"], g["interval"]):
+            cells = [(T.xi(v, iv) if eq else T.x(v)) + (f" ({r:,.0f} tok/s)" if r else "")
+                     for v, r, iv in zip(row, rate, ivs)]
             rows.append([f"{y:g}"] + cells)
         vals = [v for row in g["ratio"] for v in row if v is not None]
+        ends = [(v, iv) for row, irow in zip(g["ratio"], g["interval"]) for v, iv in zip(row, irow) if v is not None]
         has_rate = any(r for row in g["rate"] for r in row)
         lines += [f"**{_pair_label(a, b)}** (columns: {t['label']}"
                   + ("; in brackets the wafer's per-request prefill rate" if has_rate else "") + "):", "",
                   md_table(heads, rows), ""]
         if vals:
-            lines.append(f"Over the map the ratio runs from {T.x(min(vals))} to {T.x(max(vals))}; "
+            lo, hi = min(ends, key=lambda e: e[0]), max(ends, key=lambda e: e[0])
+            span = (f"{T.xi(*lo)} to {T.xi(*hi)}" if eq else f"{T.x(lo[0])} to {T.x(hi[0])}")
+            lines.append(f"Over the map the ratio runs from {span}; "
                          + ("the 1x contour is drawn" if min(vals) < 1 < max(vals) else "it does not cross 1x")
                          + (" and the 5x contour is drawn." if min(vals) < B.CLAIM < max(vals) else
                             f" and it does not reach {B.CLAIM:g}x." if max(vals) < B.CLAIM else "."))
@@ -177,7 +302,9 @@ def five_x(results: dict, sections: list, s) -> list[str]:
         if r["ratio"] is None:
             continue
         pair = _pair_label(r["a"], r["b"])
-        shipped.append([r["workload"], pair, T.x(r["ratio"]), "holds" if r["ratio"] >= B.CLAIM else "short"])
+        eq = "interval" in r
+        shipped.append([r["workload"], pair, T.xi(r["ratio"], r["interval"]) if eq else T.x(r["ratio"]),
+                        "holds" if r["ratio"] >= B.CLAIM else "short"])
         for t in (tr["terms"] if tr else []):
             for v in t["reaches"]:
                 moves.append([r["workload"], pair, _crossing_text(t, v),
@@ -185,7 +312,8 @@ def five_x(results: dict, sections: list, s) -> list[str]:
             for end in ("low", "high"):
                 e = t[f"{end}_ratio"]
                 if e is not None and (e >= B.CLAIM) != (r["ratio"] >= B.CLAIM) and not t["reaches"]:
-                    moves.append([r["workload"], pair, f"{t['label']} = {_term_value(t, t[end])}", T.x(e)])
+                    moves.append([r["workload"], pair, f"{t['label']} = {_term_value(t, t[end])}",
+                                  T.xi(e, t.get(f"{end}_interval")) if eq else T.x(e)])
     for sec in sections:
         res = results.get(sec.key)
         if res is not None and sec.kind == "breakeven_map":
@@ -195,9 +323,12 @@ def five_x(results: dict, sections: list, s) -> list[str]:
                         cells.append((c, _pair_label(a, b), res["term"]))
     if not shipped and not cells:
         return []
-    lines = [f"## {s.title or 'What the vendors 5x requires'}", "",
-             f"The vendors' \"up to {claim}\" against each split/wafer ratio of tokens/s per kW at equal "
-             "interactivity, with every term as shipped:", ""]
+    lines = [f"## {s.title or 'What the vendors 5x requires'}", ""]
+    cv = claim_verdict(results, sections)
+    if cv:
+        lines += [cv["text"], ""]
+    lines += [f"The vendors' \"up to {claim}\" against each split/wafer ratio of tokens/s per kW at equal "
+              "interactivity, with every term as shipped:", ""]
     if shipped:
         lines += [md_table(["workload", "pair", "ratio", f"against {claim}"], shipped), ""]
     if moves:
@@ -210,11 +341,17 @@ def five_x(results: dict, sections: list, s) -> list[str]:
         down = [(c, pair, t) for c, pair, t in cells if c["ratio"] < B.CLAIM]
         lines.append(f"On the break-even map {len(up)} of {len(cells)} cells reach {claim}"
                      + (": below it " + T.listing([f"{pair} at input/output {c['io_ratio']:g}, {t['label']} = "
-                                                   f"{c['x']:g} {t.get('unit', '')}".rstrip() + f" ({T.x(c['ratio'])})"
+                                                   f"{c['x']:g} {t.get('unit', '')}".rstrip()
+                                                   + f" ({_cell_ratio(c)})"
                                                    for c, pair, t in down[:6]]) if down else "")
                      + ".")
         lines.append("")
     return lines
+
+
+def _cell_ratio(c: dict) -> str:
+    """A break-even cell's ratio, with its interval where the reading has one."""
+    return T.xi(c["ratio"], c["interval"]) if c.get("interval") else T.x(c["ratio"])
 
 
 def _verdict_word(lo: Optional[float], hi: Optional[float]) -> str:
@@ -249,14 +386,22 @@ def _verdict(head: str, ratio: Optional[float], tr: Optional[dict], why: str, it
         return {**item, "text": head.rstrip(": -") + f": {why}, as shipped and at every term's end, so the split "
                 f"{word} across the ranges (the ratio is unbounded)", "ratio": None, "range": None,
                 "term": None, "flips": [], "verdict": word}
+    if tr is not None and tr["range"] is None:
+        base = tr["baseline"]
+        why = ("the tornado of this pair read no ratio"
+               + (f": as shipped, {base['why']}" if base.get("why") else ""))
     if tr is None or tr["range"] is None or ratio is None:
-        return {**item, "text": head + f" (range over the uncertain terms not run: {why})", "ratio": ratio,
+        return {**item, "text": head + f" (no range over the uncertain terms: {why})", "ratio": ratio,
                 "range": None, "term": None, "flips": [], "verdict": None}
-    lo, hi = min(tr["range"][0], ratio), max(tr["range"][1], ratio)
+    ends = [{"ratio": ratio, "interval": item.get("interval")}] + list(tr.get("range_ends") or [])
+    lo_e, hi_e = min(ends, key=lambda e: e["ratio"]), max(ends, key=lambda e: e["ratio"])
+    lo, hi = lo_e["ratio"], hi_e["ratio"]
     word = _verdict_word(lo, hi)
     ms = tr["most_sensitive"]
     flips = [(t, v) for t in tr["terms"] for v in t["flips_at"]]
-    text = head + f", {T.span([lo, hi])} over the uncertain terms' ranges" + \
+    rng = (f"{T.xi(lo, lo_e['interval'])} to {T.xi(hi, hi_e['interval'])}" if item.get("interval") is not None
+           or any(e["interval"] for e in ends) else T.span([lo, hi]))
+    text = head + f", {rng} over the uncertain terms' ranges" + \
         (f"; most sensitive to {ms['label']}" if ms else "")
     notes = [f"with {t['label']} = {_term_value(t, t[end])} {note}" for t in tr["terms"]
              for end, note in t.get("notes", {}).items()]
@@ -269,7 +414,8 @@ def _verdict(head: str, ratio: Optional[float], tr: Optional[dict], why: str, it
         text += ": **undetermined** (the range straddles 1x)"
     else:
         text += f": the split {word} across the ranges"
-    return {**item, "text": text, "ratio": ratio, "range": [lo, hi], "term": ms["key"] if ms else None,
+    return {**item, "text": text, "ratio": ratio, "range": [lo, hi], "range_ends": [lo_e, hi_e],
+            "term": ms["key"] if ms else None,
             "flips": [[t["key"], v] for t, v in flips], "verdict": word}
 
 
@@ -293,9 +439,16 @@ def verdict_lines(results: dict, sections: list) -> list[dict]:
     out = []
     for r, tr, other in _readings(results, sections):
         why = f"the uncertain terms were swept on {other['workload']} only" if other else "no tornado of this pair"
-        head = f"{_pair_label(r['a'], r['b'])} tokens/s per kW at equal interactivity, {r['workload']}: {T.x(r['ratio'])}"
+        eq = "interval" in r
+        at = f" at {r['x']:,.0f} tokens/s per user" if eq and r.get("x") is not None else ""
+        shown = T.xi(r["ratio"], r["interval"]) if eq and r["ratio"] is not None else T.x(r["ratio"])
+        if r["ratio"] is None and r.get("why"):
+            shown += f" ({r['why']})"
+        head = f"{_pair_label(r['a'], r['b'])} tokens/s per kW at equal interactivity{at}, {r['workload']}: {shown}"
         out.append(_verdict(head, r["ratio"], tr, why, {"a": r["a"], "b": r["b"], "workload": r["workload"],
-                                                        "reading": "equal_interactivity"}))
+                                                        "reading": "equal_interactivity",
+                                                        "interval": r.get("interval"), "up_to": r.get("readings", {})
+                                                        .get("up_to") if eq else None}))
     for s in sections:
         res = results.get(s.key)
         if res is not None and s.kind == "tornado" and res.get("reading") == "at_capacity":
@@ -358,11 +511,14 @@ def _five_x_sentence(results: dict, sections: list, v: list[dict], who) -> str:
     for x in short:
         tr = B.tornado_for(results, dumped, x["a"], x["b"], x["workload"])
         needs = [_crossing_text(t, c) for t in (tr["terms"] if tr else []) for c in t["reaches"]]
-        where = f"{who(x['a'])} on {x['workload']} ({T.x(x['ratio'])})"
+        shown = T.xi(x["ratio"], x["interval"]) if "interval" in x else T.x(x["ratio"])
+        where = f"{who(x['a'])} on {x['workload']} ({shown})"
         if needs:
             parts.append(f"{where} reaches it only with {T.listing(needs[:2])}")
         elif tr and tr["range"]:
-            parts.append(f"{where} does not reach it within the ranges (at most {T.x(tr['range'][1])})")
+            top = (tr.get("range_ends") or [None, {"ratio": tr["range"][1], "interval": None}])[1]
+            top_text = T.xi(top["ratio"], top["interval"]) if "interval" in x else T.x(top["ratio"])
+            parts.append(f"{where} does not reach it within the ranges (at most {top_text})")
         else:
             parts.append(f"{where} does not reach it as shipped (its terms not swept)")
     if not parts:
@@ -389,18 +545,27 @@ def what_rack_says(results: dict, sections: list) -> list[str]:
         # several models in the readings: each names its own
         return (f"{n} GPUs" + (f" with {d['model']}" if len(models) > 1 and d.get("model") else "")) if n else name
 
+    def rx(x: dict) -> str:
+        return T.xi(x["ratio"], x["interval"]) if "interval" in x else T.x(x["ratio"])
+
+    read = [x for x in v if x["ratio"]]
     s1 = ("At equal interactivity with every uncertain term as shipped, GPU prefill + wafer decode gives "
-          + T.listing([f"{T.x(x['ratio'])} ({who(x['a'])}, {x['workload']})" for x in v if x["ratio"]][:6])
-          + " the wafer alone's tokens/s per kW.")
+          + T.listing([f"{rx(x)} ({who(x['a'])}, {x['workload']})" for x in read][:6])
+          + " the wafer alone's tokens/s per kW." if read else
+          "At equal interactivity no split/wafer-alone ratio could be read with every term as shipped (the "
+          "verdicts below say why for each).")
     labels = {t["key"]: t["label"] for s in sections if s.kind == "tornado" and results.get(s.key)
               for t in results[s.key]["terms"]}
     if ranged:
-        lo = min(x["range"][0] for x in ranged)
-        hi = max(x["range"][1] for x in ranged)
+        ends = [e for x in ranged for e in (x.get("range_ends") or
+                                            [{"ratio": x["range"][0], "interval": None},
+                                             {"ratio": x["range"][1], "interval": None}])]
+        lo_e, hi_e = min(ends, key=lambda e: e["ratio"]), max(ends, key=lambda e: e["ratio"])
         terms = [x["term"] for x in ranged if x["term"]]
         top = max(set(terms), key=terms.count) if terms else None
         flips = [x for x in ranged if x["verdict"] == "undetermined"]
-        s2 = (f"Over the uncertain terms' documented ranges that ratio spans {T.x(lo)} to {T.x(hi)}, most sensitive "
+        s2 = (f"Over the uncertain terms' documented ranges that ratio spans {T.xi(lo_e['ratio'], lo_e['interval'])} "
+              f"to {T.xi(hi_e['ratio'], hi_e['interval'])}, most sensitive "
               f"to {labels.get(top, top)}" + (f", so the verdict is undetermined in {len(flips)} of {len(ranged)} "
                                               "readings" if flips else ""))
         cap = [x for x in every if x["reading"] == "at_capacity" and x["range"]]
@@ -410,9 +575,66 @@ def what_rack_says(results: dict, sections: list) -> list[str]:
         s2 += "."
     else:
         s2 = "The uncertain terms were not swept."
-    s3 = _five_x_sentence(results, sections, v, who)
+    cv = claim_verdict(results, sections)
+    s3 = cv["short"] if cv else _five_x_sentence(results, sections, v, who)
     return [" ".join(x for x in (s1, s2, s3) if x)]
 
 
-__all__ = ["breakeven_map", "five_x", "interactivity", "kv_reuse", "settle", "tornado", "verdict_lines", "verdicts",
+def claim_verdict(results: dict, sections: list) -> Optional[dict]:
+    """Where the vendors' "up to 5x tokens/s per kW at comparable interactivity on
+    Kimi 2.6" falls against rack's range for the claim's own pair (the section keyed
+    "vendor_claim", else the first interactivity section whose deployments run
+    Kimi-K2.6), read at equal interactivity.
+
+    rack's range: the highest ratio over the curves' overlap (the vendors' "up to"),
+    from its 90 % interval's low end to the highest end of the uncertain terms' range
+    of that pair (its tornado on that workload, where one ran; else the interval alone).
+    Returns {"position": "inside" | "above" | "below", "low", "high", "term" (the term
+    whose range carries the reading across 5x, or the most sensitive one), "text",
+    "short"}, or None when no such reading exists."""
+    dumped = [x.model_dump() for x in sections]
+    pick = next((x for x in sections if x.key == "vendor_claim" and results.get(x.key)), None)
+    if pick is None:
+        deps = results.get("deployments", {})
+        pick = next((x for x in sections if x.kind == "interactivity" and results.get(x.key)
+                     and any("k2.6" in (deps.get(n, {}).get("model") or n) for n in x.deployments)), None)
+    if pick is None or results[pick.key].get("reading") != "equal_interactivity":
+        return None
+    best = None
+    for r in B.interactivity_rows(results[pick.key]):
+        up = (r.get("readings") or {}).get("up_to")
+        if up and (best is None or up["ratio"] > best[1]["ratio"]):
+            best = (r, up)
+    if best is None:
+        return None
+    r, up = best
+    iv = up.get("interval") or [up["ratio"], up["ratio"]]
+    low, high = min(iv[0], up["ratio"]), max(iv[1], up["ratio"])
+    tr = B.tornado_for(results, dumped, r["a"], r["b"], r["workload"])
+    term = None
+    if tr and tr["range"]:
+        low, high = min(low, tr["range"][0]), max(high, tr["range"][1])
+        reach = [t for t in tr["terms"] if t["reaches"]]
+        term = (reach or [tr["most_sensitive"]])[0] if (reach or tr["most_sensitive"]) else None
+    pos = "above" if B.CLAIM > high else "below" if B.CLAIM < low else "inside"
+    where = {"above": "above rack's range", "below": "below rack's range", "inside": "inside rack's range"}[pos]
+    decides = (f"; the term that decides it: {term['label']} (documented range {_term_value(term, term['low'])} "
+               f"to {_term_value(term, term['high'])})" if term else
+               "; no uncertain term of this pair was swept, so its range is the reading's 90 % interval only"
+               if not tr else "; its tornado read no ratio" + (f" ({tr['baseline']['why']})"
+                                                             if tr["baseline"].get("why") else "")
+               + ", so its range is the reading's 90 % interval only")
+    text = (f"**The vendors' claim** (\"up to {B.CLAIM:g}x\" tokens/s per kW at comparable interactivity on "
+            f"Kimi 2.6) is **{where}**: {_pair_label(r['a'], r['b'])} on {r['workload']} reaches at most "
+            f"{T.xi(up['ratio'], up.get('interval'))} at {up['x']:,.0f} tokens/s per user (the highest ratio over the "
+            f"curves' overlap, both read at the same tokens/s per user), rack's range [{low:.2f}-{high:.2f}x] "
+            f"(that interval and the uncertain terms' ends){decides}.")
+    short = (f"The vendors' \"up to {B.CLAIM:g}x\" on Kimi 2.6 is {where} ([{low:.2f}-{high:.2f}x], at most "
+             f"{T.xi(up['ratio'], up.get('interval'))} on {r['workload']})"
+             + (f", decided by {term['label']}" if term else "") + ".")
+    return {"position": pos, "low": low, "high": high, "term": term["key"] if term else None, "text": text,
+            "short": short, "a": r["a"], "b": r["b"], "workload": r["workload"]}
+
+
+__all__ = ["breakeven_map", "claim_verdict", "equal_interactivity", "five_x", "interactivity", "kv_reuse", "settle", "tornado", "verdict_lines", "verdicts",
            "what_rack_says"]

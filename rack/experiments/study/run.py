@@ -38,7 +38,7 @@ EXPERIMENTS = (("shipped", E.shipped), ("load", E.load), ("prompt", E.prompt_len
 
 def deployments(names) -> dict:
     """{name: {"description", "model", "slo", "pools": {pool: {device, kind, role, devices}},
-    "peak_w", "usd_per_hour"}} of shipped scenarios (no run: their provisioned figures)."""
+    "peak_w", "usd_per_hour", "energy_boundary"}} of shipped scenarios (no run: their provisioned figures)."""
     from devices.catalog import resolve_device
     from rack.experiments.compare import provisioned
     from rack.wiring.load import load_scenario
@@ -49,6 +49,7 @@ def deployments(names) -> dict:
         prov = provisioned(s)
         out[n] = {"description": s.description, "model": s.model, "slo": s.slo.model_dump(),
                   "peak_w": prov["peak_w"], "usd_per_hour": prov["usd_per_hour"],
+                  "energy_boundary": s.energy.boundary,
                   "pools": {p.name: {"device": prov["pools"][p.name]["device"], "role": p.role,
                                      "kind": resolve_device(p.device).kind,
                                      "devices": prov["pools"][p.name]["devices"]} for p in s.pools}}

@@ -27,7 +27,18 @@ Kinds (`KINDS`; the fields each needs in `REQUIRED`):
   for each case in `cases` at a fixed rate or at another section's capacity;
 - "gpu_pd": colocated against prefill/decode pools at equal GPU count, per case;
 - "interactivity": closed-loop concurrency ladders (`rack sweep interactivity`) per
-  workload, and each pair's ratio at equal interactivity;
+  workload, and each pair's ratio at equal interactivity; with `until_turned = true`
+  the concurrencies are the rungs each curve climbs until it turns
+  (`rack.experiments.interactivity.curve_state`; `patience` points after its best
+  must be lower), and `knobs` = {deployment =
+  {"pools.<pool>.<field>" = [values]}} adds one ladder per value of a knob that trades
+  per-user speed for throughput (chunk size, batch cap), the deployment's curve being
+  the best of them (`rack.experiments.equal_interactivity`);
+- readings at equal interactivity: `reading = "equal_interactivity"` reads both curves
+  at the same tokens/s per user, with 90 % intervals from the points' bootstrap
+  replicates; `at` picks the headline: "a_knee" (at the first deployment's knee),
+  "up_to" (the highest ratio over the overlap) or a number (tokens/s per user);
+  "a_best" is the older "at least" reading at the first deployment's best point;
 - "tornado": a pair's ratio at equal interactivity with each uncertain term at the ends
   of its documented range (`devices.uncertainty`, or a range given inline);
 - "breakeven_map": a pair's ratio over one uncertain term (x) x the input/output ratio
@@ -214,7 +225,10 @@ class Section(_Strict):
     metric: str = ""
     reading: Optional[Literal[READINGS]] = None
     tolerance: float = Field(default=0.01, ge=0, lt=1)
-    at: Union[Literal["a_best"], float] = "a_best"
+    at: Union[Literal["a_best", "a_knee", "up_to"], float] = "a_best"
+    until_turned: bool = False
+    patience: int = Field(default=1, ge=1, le=4)
+    knobs: dict[str, dict[str, list[Union[int, float]]]] = Field(default_factory=dict)
     slo: SLO = SLO()
     terms: Union[Literal["all"], list[TermRef]] = Field(default_factory=list)
     cases: list[Case] = Field(default_factory=list)
@@ -252,6 +266,16 @@ class Section(_Strict):
                                  f"needs {need}")
             if self.reading == "at_capacity" and self.workloads[0].trace is None:
                 raise ValueError("workloads[0]: a tornado read at capacity runs a trace")
+        for name, knobs in self.knobs.items():
+            if name not in self.scenario_names():
+                raise ValueError(f"knobs.{name}: not a deployment of this section")
+            for path, values in knobs.items():
+                parts = path.split(".")
+                if len(parts) != 3 or parts[0] != "pools" or not values:
+                    raise ValueError(f"knobs.{name}.{path}: expected 'pools.<pool>.<field>' = [values, ...]")
+        if self.at in ("a_knee", "up_to") and self.reading != "equal_interactivity":
+            raise ValueError(f"at = {self.at!r} is a reading at equal interactivity: set reading = "
+                             "'equal_interactivity'")
         if self.kind == "bandwidth" and self.parameter.name != "link.bandwidth_GBps":
             raise ValueError(f"parameter.name: a bandwidth section sweeps 'link.bandwidth_GBps', got "
                              f"{self.parameter.name!r}")

@@ -1,15 +1,20 @@
 """Uncertain terms as the study uses them: a spec's term references resolved to their
-documented ranges (`devices.uncertainty`), and a scenario with one term set.
+documented ranges, and a scenario with one term set.
 
-A term's range and sources come from `devices.uncertainty.uncertain_term(key)`; a spec
-may give `low`/`nominal`/`high` inline (a user's own range, or a term such as
-`link.bandwidth_GBps` whose nominal is the scenario's own link).
+Terms come from providers (`PROVIDERS`), each a documented list and the way a scenario
+carries a value: the cost model's terms (`devices.uncertainty`, set in the scenario's
+`[terms]` table) and the energy boundary's figures (`rack.measure.energy.boundary_terms`,
+set in its `[energy]` table; they move the energy only, so a tornado rescales the
+as-shipped points instead of running again: `rerun_free`). A term a provider adds
+(e.g. a new `devices.uncertainty` entry) is swept by `terms = "all"` with no change
+here. A spec may give `low`/`nominal`/`high` inline (a user's own range, or a term such
+as `link.bandwidth_GBps` whose nominal is the scenario's own link).
 """
 
 from __future__ import annotations
 
 import math
-from typing import Optional, Sequence
+from typing import Callable, NamedTuple, Optional, Sequence
 
 import numpy as np
 
@@ -17,27 +22,72 @@ import numpy as np
 SCENARIO_FIELD_TERMS = ("link.bandwidth_GBps",)
 
 
-def _documented(key: str):
-    """devices.uncertainty's term, or None when that module or key is not there."""
-    try:
-        from devices.uncertainty import uncertain_term
-    except ImportError:
-        return None
-    try:
-        return uncertain_term(key)
-    except ValueError:
-        return None
-
-
-def all_terms() -> list[dict]:
-    """Every documented term (`devices.uncertainty.uncertain_terms()`) as a dict.
-    Raises ValueError when devices.uncertainty is not available."""
+def _device_terms() -> list[dict]:
     try:
         from devices.uncertainty import uncertain_terms
     except ImportError:
-        raise ValueError("terms = \"all\" needs devices.uncertainty (the documented uncertain terms), which this "
-                         "checkout does not have; list the terms with their ranges instead") from None
+        return []
     return [_as_dict(t) for t in uncertain_terms()]
+
+
+def _boundary_terms() -> list[dict]:
+    from rack.measure.energy import boundary_terms
+
+    return boundary_terms()
+
+
+def _set_boundary(scenario, key: str, value: float):
+    from rack.measure.energy import with_boundary_term
+
+    return scenario.with_overrides(energy=with_boundary_term(scenario.energy, key, value))
+
+
+class Provider(NamedTuple):
+    """A source of uncertain terms: `terms()` -> term dicts; `apply(scenario, key,
+    value)` -> the scenario with the term set, or None to use the default (`[terms]`);
+    `rerun_free`: the term changes no run, only figures derived from its points."""
+
+    name: str
+    terms: Callable[[], list]
+    apply: Optional[Callable] = None
+    rerun_free: bool = False
+
+
+PROVIDERS: tuple[Provider, ...] = (
+    Provider("devices.uncertainty", _device_terms),
+    Provider("rack.measure.energy", _boundary_terms, _set_boundary, rerun_free=True),
+)
+
+
+def _provider(key: str) -> Optional[tuple[Provider, dict]]:
+    for p in PROVIDERS:
+        for t in p.terms():
+            if t["key"] == key:
+                return p, t
+    return None
+
+
+def _documented(key: str) -> Optional[dict]:
+    """A provider's term dict for `key`, or None when no provider has it."""
+    found = _provider(key)
+    return found[1] if found else None
+
+
+def rerun_free(key: str) -> bool:
+    """Whether term `key` moves only figures derived from a run (the energy boundary's
+    watts), so the as-shipped points can be rescaled instead of run again."""
+    found = _provider(key)
+    return bool(found and found[0].rerun_free)
+
+
+def all_terms() -> list[dict]:
+    """Every documented term of every provider, as dicts. Raises ValueError when no
+    provider has any (devices.uncertainty missing and no boundary terms)."""
+    out = [t for p in PROVIDERS for t in p.terms()]
+    if not out:
+        raise ValueError("terms = \"all\" needs documented uncertain terms (devices.uncertainty), which this "
+                         "checkout does not have; list the terms with their ranges instead")
+    return out
 
 
 def _as_dict(t) -> dict:
@@ -55,7 +105,7 @@ def resolve(refs) -> list[dict]:
     out = []
     for r in refs:
         doc = _documented(r.key)
-        base = _as_dict(doc) if doc is not None else {"key": r.key, "label": r.key, "unit": "", "low": None,
+        base = dict(doc) if doc is not None else {"key": r.key, "label": r.key, "unit": "", "low": None,
                                                        "nominal": None, "high": None, "sources": [],
                                                        "scale": "linear", "doc": ""}
         for f in ("low", "nominal", "high", "label", "unit", "scale"):
@@ -97,7 +147,10 @@ def apply(scenario, key: str, value: float, name: Optional[str] = None):
     (renamed). Raises ValueError for a term the scenario cannot carry."""
     from rack.wiring.scenario import Scenario
 
-    if "terms" in Scenario.model_fields:
+    found = _provider(key)
+    if found is not None and found[0].apply is not None:
+        sc = found[0].apply(scenario, key, float(value))
+    elif "terms" in Scenario.model_fields:
         sc = scenario.with_overrides(terms={**dict(scenario.terms), key: float(value)})
     elif key == "link.bandwidth_GBps":
         sc = scenario
@@ -130,4 +183,5 @@ def crossing(xs: Sequence[float], ys: Sequence[float], level: float, scale: str 
     return out
 
 
-__all__ = ["SCENARIO_FIELD_TERMS", "all_terms", "apply", "crossing", "resolve", "values"]
+__all__ = ["PROVIDERS", "Provider", "SCENARIO_FIELD_TERMS", "all_terms", "apply", "crossing", "rerun_free",
+           "resolve", "values"]

@@ -41,6 +41,14 @@ def x(v: Optional[float]) -> str:
     return num(v, "{:.2f}x")
 
 
+def xi(v: Optional[float], interval: Optional[Sequence[float]]) -> str:
+    """A ratio with its 90 % interval: "2.31x [2.10-2.52x]"; "2.31x [no interval]"
+    when the runs gave none (a point without bootstrap replicates); "-" for no ratio."""
+    if v is None:
+        return "-"
+    return x(v) + (f" [{interval[0]:.2f}-{interval[1]:.2f}x]" if interval else " [no interval]")
+
+
 def ms(v: Optional[float]) -> str:
     """Seconds as milliseconds: 3 significant digits, whole milliseconds from 100 ms
     (as `rack compare`'s table)."""
