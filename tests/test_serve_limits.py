@@ -353,3 +353,28 @@ def test_fuzzed_requests_never_get_a_500(server, data, path):
     elif text.startswith(b"data:"):
         assert b'"code":500' not in text and text.rstrip().endswith(b"data: [DONE]"), text[-300:]
     assert _post(c, server["url"], VALID).status_code == 200       # and the server is still fine
+
+
+def test_a_port_in_use_is_refused_before_ray_starts(tmp_path, monkeypatch):
+    """`rack serve` on a port another process holds says so at once, in one line, and
+    never starts Ray (the front would fail to bind only after Ray's start-up)."""
+    import socket
+
+    from typer.testing import CliRunner
+
+    import rack.cli
+    import rack.serve.session as session
+    from rack.cli.app import app
+
+    def never(*a, **k):  # pragma: no cover - reaching it is the failure
+        raise AssertionError("the server was built although its port is taken")
+
+    monkeypatch.setattr(session, "LiveServer", never)
+    rack.cli._register_commands()
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen(1)
+        port = held.getsockname()[1]
+        res = CliRunner().invoke(app, ["serve", "--port", str(port), "--out", str(tmp_path / "out")])
+    assert res.exit_code == 1
+    assert f"--port {port}: cannot bind" in res.output and "in use" in res.output, res.output

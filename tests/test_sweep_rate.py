@@ -138,3 +138,21 @@ def test_sweep_rate_cli(tmp_path):
     assert (out / "sweep.csv").read_text().count("\n") == 5
     r = CliRunner().invoke(app, ["sweep", "rate", "--rates", "1,-2", "--out", str(tmp_path / "x")])
     assert r.exit_code == 2 and "--rates" in r.output
+
+
+def test_an_interrupted_sweep_gives_no_verdict_where_nothing_ran():
+    """A deployment whose every rate a signal stopped before it ran has no capacity
+    verdict ("misses the target already at the lowest rate" would claim a measurement
+    that never happened), and the rungs counted as run leave the interrupted ones out."""
+    from rack.experiments.sweep import SweepResult, summary_lines
+
+    stopped = {"scenario": "b", "rate_scale": 1.0, "error": "not run: interrupted (SIGINT)", "interrupted": True}
+    held = {"scenario": "a", "rate_scale": 1.0, "offered_rps": 2.0}
+    res = SweepResult(kind="rate", param="rate_scale", points=[held, stopped], summary={
+        "max_rate_scale": {"a": 1.0, "b": None}, "max_rate_per_s": {}, "tokens_per_joule_at_max": {},
+        "target": 0.9, "search": {"a": {"method": "ladder", "runs": 1, "rungs": 1, "stopped_early": 0, "note": ""},
+                                  "b": {"method": "ladder", "runs": 1, "rungs": 1, "stopped_early": 0, "note": ""}}})
+    lines = summary_lines(res)
+    assert any(x.startswith("a: sustains") for x in lines)
+    assert "b: no verdict (interrupted: no rate finished)" in lines
+    assert "b: ladder, 0 of 1 rungs run (1 more not run: interrupted)" in lines

@@ -64,6 +64,11 @@ def serve(
     if not (math.isfinite(pacing_report) and pacing_report >= 0):
         fail(f"--pacing-report: expected a number of seconds >= 0, got {pacing_report}")
     sc = _scenario(scenario, dilation, payload_scale, max_outstanding_tokens)
+    if address is None:
+        # the front binds on this machine: a port in use is said now, not after Ray's start
+        taken = _bind_problem(host, port)
+        if taken is not None:
+            fail(f"--host {host} --port {port}: cannot bind ({taken})", code=1)
     folder = prepare_out_dir("--out", out)
     try:
         server = LiveServer(sc, host=host, port=port, api_key=api_key, address=address,
@@ -111,6 +116,28 @@ def serve(
     typer.echo(agreement_line(s["client_agreement"], "the whole session"))
     typer.echo(_runs_text(s.get("runs")))
     typer.echo(f"results: {folder}/results.json, {folder}/requests.csv, {folder}/front.csv")
+
+
+def _bind_problem(host: str, port: int) -> Optional[str]:
+    """Why a TCP server could not bind (host, port) here (the OS's message), or None.
+    Binds and closes a socket with SO_REUSEADDR, as uvicorn does, so a port that only
+    lingers in TIME_WAIT is not refused. Port 0 (any free port) always binds."""
+    import socket
+
+    if port == 0:
+        return None
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        return str(exc)
+    family, _, _, _, addr = infos[0]
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(addr)
+        except OSError as exc:
+            return exc.strerror or str(exc)
+    return None
 
 
 def _runs_text(report) -> str:

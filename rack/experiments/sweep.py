@@ -497,7 +497,10 @@ def search_lines(result: SweepResult) -> list[str]:
     without a search."""
     out = []
     for name, s in (result.summary.get("search") or {}).items():
-        out.append(f"{name}: {s['method']}, {s['runs']} of {s['rungs']} rungs run"
+        # points a signal stopped before they ran are listed but were never run
+        cut = sum(1 for p in result.points if p.get("scenario") == name and p.get("interrupted"))
+        out.append(f"{name}: {s['method']}, {s['runs'] - cut} of {s['rungs']} rungs run"
+                   + (f" ({cut} more not run: interrupted)" if cut else "")
                    + (f", {s['stopped_early']} of them stopped once the miss was certain" if s["stopped_early"] else "")
                    + (f"; {s['note']}" if s["note"] else ""))
     return out
@@ -519,6 +522,13 @@ def summary_lines(result: SweepResult) -> list[str]:
             asked = (f"{ge}{rps:.3g} req/s asked" if result.param == "rate_per_s" and rps else
                      f"{ge}{m:.3g}x the source's rate" + (f" ({ge}{rps:.3g} req/s asked)" if rps else "")) \
                 if m is not None else ""
+            finished = [p for p in result.points if p["scenario"] == name and not p.get("interrupted")]
+            cut = any(p.get("interrupted") for p in result.points if p["scenario"] == name)
+            if m is None and cut:
+                # a signal stopped the sweep: no verdict where no rate held before it
+                out.append(f"{name}: no verdict (interrupted: " + (f"{len(finished)} rate(s) finished, none held "
+                           f"the target)" if finished else "no rate finished)"))
+                continue
             out.append(f"{name}: " + ("misses the target already at the lowest rate" if m is None else
                                       f"sustains {asked}"
                                       + (f" (offered {at['offered_rps']:.3g} req/s measured there)"
