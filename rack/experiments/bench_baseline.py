@@ -175,16 +175,23 @@ def replay_in(root: Path, trace: str, scenario: str | None, *, output_scale: flo
     env = checkout_env(root)
     if Path(trace).is_file():                 # a path: absolute, as the subprocess runs in `root`
         trace = str(Path(trace).resolve())
-    cmd = [sys.executable, "-c", _SCRIPT, trace, scenario or "", repr(float(output_scale)), w0, w1, mode,
-           str(columns_to or ""), str(int(count_calls))]
+    args = [_SCRIPT, trace, scenario or "", repr(float(output_scale)), w0, w1, mode, str(columns_to or ""),
+            str(int(count_calls))]
+    return run_json_in_checkout(root, args, env, REPLAY_TIMEOUT_S, f"replay of {trace}")
+
+
+def run_json_in_checkout(root: Path, args: Sequence[str], env: dict, timeout_s: float, what: str):
+    """Run `python -c *args` in `root` with `env` and return the JSON its last stdout line
+    prints. Raises RuntimeError naming `what` and `root` when it times out after
+    `timeout_s` seconds or exits non-zero (with the last 8 lines of its stderr)."""
     try:
-        r = subprocess.run(cmd, cwd=str(root), env=env, capture_output=True, text=True,
-                           timeout=REPLAY_TIMEOUT_S)
+        r = subprocess.run([sys.executable, "-c", *args], cwd=str(root), env=env, capture_output=True,
+                           text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        raise RuntimeError(f"replay of {trace} in {root} took over {REPLAY_TIMEOUT_S:g} s") from None
+        raise RuntimeError(f"{what} in {root} took over {timeout_s:g} s") from None
     if r.returncode != 0:
         tail = "\n".join(r.stderr.strip().splitlines()[-8:])
-        raise RuntimeError(f"replay of {trace} in {root} failed (exit {r.returncode}):\n{tail}")
+        raise RuntimeError(f"{what} in {root} failed (exit {r.returncode}):\n{tail}")
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 

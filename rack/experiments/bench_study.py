@@ -17,10 +17,7 @@ experiments it covers).
 
 from __future__ import annotations
 
-import json
 import statistics
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -82,18 +79,11 @@ def study_in(root: Path, experiments: Sequence[str], workers: int = 2, quick: bo
     a smoke test). Returns {key: {"wall_s", "capacities":
     {sweep path: {deployment: {"max_rate_scale", "held", "tokens_per_joule",
     "usd_per_mtok", "runs"}}}}}. Raises RuntimeError with the last lines of a failure."""
-    from rack.experiments.bench_baseline import checkout_env
+    from rack.experiments.bench_baseline import checkout_env, run_json_in_checkout
 
     env = checkout_env(root)
-    cmd = [sys.executable, "-c", _SCRIPT, str(int(workers)), ",".join(experiments), "quick" if quick else "full"]
-    try:
-        r = subprocess.run(cmd, cwd=str(root), env=env, capture_output=True, text=True, timeout=STUDY_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        raise RuntimeError(f"study experiments {experiments} in {root} took over {STUDY_TIMEOUT_S:g} s") from None
-    if r.returncode != 0:
-        tail = "\n".join(r.stderr.strip().splitlines()[-8:])
-        raise RuntimeError(f"study experiments in {root} failed (exit {r.returncode}):\n{tail}")
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    args = [_SCRIPT, str(int(workers)), ",".join(experiments), "quick" if quick else "full"]
+    return run_json_in_checkout(root, args, env, STUDY_TIMEOUT_S, f"study experiments {experiments}")
 
 
 def _verdicts(caps: dict) -> dict:

@@ -11,6 +11,7 @@ import html
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
+from rack.measure.breakdown import stage_order
 from rack.measure.results import fmt_s
 
 _CSS = ("body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;line-height:1.45}"
@@ -56,11 +57,7 @@ def _ratio(v: Optional[float]) -> str:
 def breakdown_table(breakdowns: Mapping[str, Mapping[str, Any]]) -> str:
     """Markdown table: one row per stage, "mean / p99" per scenario."""
     labels = list(breakdowns)
-    stages: list[str] = []
-    for b in breakdowns.values():
-        for r in b["stages"]:
-            if r["stage"] not in stages:
-                stages.append(r["stage"])
+    stages = stage_order(breakdowns)
     rows = []
     for st in stages:
         cells = [st]

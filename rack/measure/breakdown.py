@@ -139,6 +139,17 @@ def stage_breakdown(columns: Mapping[str, np.ndarray], stages: Sequence[FixedSta
     return {"stages": rows, "e2e_mean_s": total, "n": n}
 
 
+def stage_order(breakdowns: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """The stages of several `stage_breakdown` outputs (label -> breakdown), each once, in
+    the order they first appear (a report's rows, a plot's stacking order)."""
+    stages: list[str] = []
+    for b in breakdowns.values():
+        for row in b["stages"]:
+            if row["stage"] not in stages:
+                stages.append(row["stage"])
+    return stages
+
+
 def chrome_trace(columns: Mapping[str, np.ndarray], *, sample: int = 200, seed: int = 0,
                  label: str = "rack", stages: Sequence[FixedStage] = ()) -> dict:
     """A Chrome/Perfetto trace (JSON object format) of `sample` completed requests.

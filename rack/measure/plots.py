@@ -245,11 +245,9 @@ def stage_breakdown(breakdowns: Mapping[str, Mapping[str, Any]], path: Path | st
     """
     plt = pyplot()
     labels = list(breakdowns)
-    stages: list[str] = []
-    for b in breakdowns.values():
-        for row in b["stages"]:
-            if row["stage"] not in stages:
-                stages.append(row["stage"])
+    from rack.measure.breakdown import stage_order
+
+    stages = stage_order(breakdowns)
     cmap = plt.get_cmap(_STAGE_COLOURS)
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 4.2))
     x = np.arange(len(labels))
