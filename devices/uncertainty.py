@@ -71,10 +71,6 @@ def _positive(v: float) -> str | None:
     return None if v > 0.0 else "a positive number"
 
 
-def _non_negative(v: float) -> str | None:
-    return None if v >= 0.0 else "a number >= 0"
-
-
 def _dense_bf16(spec: HardwareSpec) -> float:
     return spec.dense_peak_flops("bf16")
 
