@@ -135,6 +135,7 @@ def test_compare_cli_table_and_errors(cli, tmp_path):
     assert "tokens/J, helios-cs3-kimi-k2 vs wafer-only-kimi-k2" in r.output
     r = cli(["compare", "no-such-scenario", "--window", "0:4", "--out", str(tmp_path / "d")])
     assert r.exit_code == 2 and "unknown scenario" in r.output
+    assert "arrivals:" not in r.output          # refused before the trace is read
     r = cli(["compare", "--iso", "watts", "--window", "0:4", "--out", str(tmp_path / "e")])
     assert r.exit_code == 2 and "--iso" in r.output
 

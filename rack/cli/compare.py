@@ -53,8 +53,15 @@ def compare(
         stages = [parse_stage(s) for s in (stage or [])]
     except ValueError as exc:
         fail(str(exc))
+    from rack.experiments.compare import load_scenarios
     from workloads import TraceError
 
+    try:
+        # the scenarios first: a misspelt name is refused before the trace is read
+        chosen = with_boundary(with_terms(with_routing(load_scenarios(list(scenarios or [])), router_policy,
+                                                       prefix_weight), terms), energy_boundary)
+    except CompareError as exc:
+        fail(str(exc))
     try:
         loaded = load.load(trace, default_trace=DEFAULT_TRACE, window=window, rate_scale=rate_scale,
                            max_requests=max_requests)
@@ -73,12 +80,6 @@ def compare(
             err.print(f"[{i + 1}/{n}] {name}: {len(reqs)} requests of {loaded.label} on the {runtime} runtime")
 
     try:
-        chosen = list(scenarios or [])
-        if router_policy is not None or prefix_weight is not None or terms or energy_boundary:
-            from rack.experiments.compare import load_scenarios
-
-            chosen = with_boundary(with_terms(with_routing(load_scenarios(chosen), router_policy, prefix_weight),
-                                              terms), energy_boundary)
         result = run_compare(chosen, reqs, runtime=runtime, iso=iso, reference=reference,
                              address=address, trace_info=info, fixed_stages=stages, on_start=on_start,
                              run_kwargs=loaded.run_kwargs)
