@@ -35,8 +35,20 @@ def test_ratio_interpolated_at_the_same_tokens_per_user_on_both_curves():
     r = ratio_at([A], [B], 1000.0)
     assert r["a"] == pytest.approx(20 + 10 * 200 / 300) and r["b"] == pytest.approx(40 + 40 * 100 / 300)
     assert r["ratio"] == pytest.approx((20 + 10 * 200 / 300) / (40 + 40 * 100 / 300))
-    # replicates equal to the point: a zero-width interval at the ratio
-    assert r["interval"] == pytest.approx([r["ratio"], r["ratio"]])
+    # replicates equal to the point: the requests add nothing, the rungs not measured do.
+    # a at 1000: the chord 26.67; the segment (900, 30)-(500, 25) extended gives 31.25,
+    # kept within the two rungs' values: [26.67, 30]; its left neighbour (1500, 10)-(1200,
+    # 20) is collinear with the chord. b: chord 53.33, (800, 80)-(400, 120) extended gives
+    # 60: [53.33, 60]. The ratio's interval: a low over b high, a high over b low.
+    assert r["sampled"] == pytest.approx([r["ratio"], r["ratio"]])
+    assert r["interval"] == pytest.approx([(20 + 10 * 200 / 300) / 60, 30 / (40 + 40 * 100 / 300)])
+    # at a measured point of both curves (a's C=4 at 900 is not b's; b's C=2 at 800 is
+    # not a's) the ladder adds nothing where both are measured: read a curve against itself
+    at_point = ratio_at([A], [A], 900.0)
+    assert at_point["ratio"] == pytest.approx(1.0) and at_point["interval"] == pytest.approx([1.0, 1.0])
+    # a finer ladder (a rung measured at 1000 on the same chord) narrows the bracket to nil there
+    finer = sorted(A + [_pt(3, 1000.0, 20 + 10 * 200 / 300)], key=lambda p: p["concurrency"])
+    assert ratio_at([finer], [finer], 1000.0)["interval"] == pytest.approx([1.0, 1.0])
     # outside b's range: no value, b named as the curve that ends first
     hi = ratio_at([A], [B], 1400.0)
     assert hi["ratio"] is None and hi["short"] == "b" and hi["a"] is not None

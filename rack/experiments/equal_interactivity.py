@@ -17,19 +17,23 @@ Readings of a pair (a, b), metric(a) / metric(b) at the same x on both curves
   is named instead);
 - "up to": the highest ratio over the ratio curve (the vendors' "up to 5x at
   comparable interactivity" is such a reading).
-Every reading carries a 90 % interval: the ratio recomputed on each bootstrap replicate
-of the points (`rack.measure.bootstrap`: their requests resampled; replicate r of
-every point of both curves), each replicate read at the same operating point as the
-point estimate (the same two points of the same branch, mixed in the same
-proportion), its 5th and 95th percentiles. It is the uncertainty of the throughput at
-that operating point from the requests the runs drew; a point's own tokens/s per user
-has its replicates too ("boot_x"). A reading outside either curve's range has no value, and says which curve ends
-first (`short`).
+Every reading carries an interval of two parts, taken together at their worst:
+- the requests drawn: the ratio recomputed on each bootstrap replicate of the points
+  (`rack.measure.bootstrap`: their requests resampled; replicate r of every point of
+  both curves), each replicate read at the same operating point as the point estimate
+  (the same two points of the same branch, mixed in the same proportion), its 5th and
+  95th percentiles;
+- the rungs not measured: between two concurrencies of a ladder a curve is known only
+  to lie between its chord and its neighbouring segments extended (`bracket_at`);
+  a's value at one end of its bracket over b's at the other end. Neighbouring points
+  of one curve can differ by tens of percent, so a reading between them is only as
+  good as the ladder is fine; at a measured point this part is nil.
+A reading outside either curve's range has no value, and says which curve ends first
+(`short`).
 """
 
 from __future__ import annotations
 
-import math
 from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
@@ -140,6 +144,41 @@ def _read(branches: Branches, at: float, metric: str) -> Optional[tuple[float, i
     return best
 
 
+def _bracket(x: np.ndarray, y: np.ndarray, at: float, i: int, j: int) -> tuple[float, float]:
+    """Where the curve between two measured rungs may lie at `at`: (lo, hi) around the
+    chord of points i and j (i = j: a measured point, (y_i, y_i)).
+
+    The ladder measures a curve at a few concurrencies; between two of them the chord is
+    one guess among the curves through those points. Its neighbouring segments, (i - 1,
+    i) and (j, j + 1), extended to `at`, bound it on the other side: above the chord on
+    a concave stretch (the frontier flattening as batches fill), below it on a convex
+    one. The bracket spans the chord and both extensions, kept within [min, max] of the
+    two rungs' values (between two rungs the curve is taken as monotone: one more user
+    neither adds nor loses more than the next rung does). A finer ladder narrows it; a
+    reading at a measured point has none."""
+    if i == j:
+        return float(y[i]), float(y[i])
+    x0, x1 = float(x[i]), float(x[j])
+    cands = [float(y[i] + (at - x0) / (x1 - x0) * (y[j] - y[i]))]
+    for a, b in ((i - 1, i), (j, j + 1)):
+        if 0 <= a and b < len(x) and x[b] != x[a]:
+            cands.append(float(y[a] + (at - x[a]) / (x[b] - x[a]) * (y[b] - y[a])))
+    low, high = float(min(y[i], y[j])), float(max(y[i], y[j]))
+    return max(low, min(cands)), min(high, max(cands))
+
+
+def bracket_at(branches: Branches, at: float, metric: str = DEFAULT_METRIC) -> Optional[tuple[float, float]]:
+    """The curve's value at `at` as a (lo, hi) bracket over what the ladder leaves
+    unmeasured (`_bracket`), on the branch and segment `value_at` reads; None outside
+    every branch's range."""
+    got = _read(branches, at, metric)
+    if got is None:
+        return None
+    _, k, i, j = got
+    x, y = _arrays(branches[k], metric, False)
+    return _bracket(x, y, float(at), i, j)
+
+
 def value_at(branches: Branches, at: float, metric: str = DEFAULT_METRIC, boot: bool = False):
     """The curve's `metric` at `at` tokens/s per user: the best branch, a measured point
     or a segment crossing `at` (the frontier); None outside every branch's range.
@@ -226,8 +265,10 @@ def ratio_at(ba: Branches, bb: Branches, at: float, metric: str = DEFAULT_METRIC
     ("read_at" says where each curve was read then).
 
     Returns {"x", "a", "b", "ratio" (None where either curve cannot be read at x),
-    "interval": [lo, hi] (the `coverage` interval over the bootstrap replicates; None
-    when the points carry no replicates or fewer than `MIN_REPLICATES` of them read x),
+    "interval": [lo, hi] (the requests' share, "sampled": the `coverage` interval over
+    the bootstrap replicates, widened by the ladder's, "ladder": each curve's
+    `bracket_at` between the rungs it was measured at, a's low end over b's high end and
+    back; None when neither applies: no replicates and both read at measured points),
     "replicates" (how many read x), "short": which curve(s) do not reach x ("a", "b",
     "both") or None}."""
     xa, xb = snap_x(ba, at, metric), snap_x(bb, at, metric)
@@ -241,17 +282,25 @@ def ratio_at(ba: Branches, bb: Branches, at: float, metric: str = DEFAULT_METRIC
     if short or not vb:
         return out
     out["ratio"] = va / vb
+    (alo, ahi), (blo, bhi) = bracket_at(ba, xa, metric), bracket_at(bb, xb, metric)
+    # the ladder's share: a's value at its bracket's ends over b's at the other ends
+    ladder = [alo / bhi / out["ratio"], ahi / blo / out["ratio"]] if blo > 0 else None
+    sampled = [out["ratio"], out["ratio"]]
     ra, rb = value_at(ba, xa, metric, boot=True), value_at(bb, xb, metric, boot=True)
-    if ra is None or rb is None:
-        return out
-    n = min(len(ra), len(rb))
-    with np.errstate(all="ignore"):
-        r = ra[:n] / rb[:n]
-    r = r[np.isfinite(r)]
-    out["replicates"] = int(r.size)
-    if n and r.size >= MIN_REPLICATES * n:
-        tail = (1.0 - coverage) / 2 * 100
-        out["interval"] = [float(np.percentile(r, tail)), float(np.percentile(r, 100 - tail))]
+    if ra is not None and rb is not None:
+        n = min(len(ra), len(rb))
+        with np.errstate(all="ignore"):
+            r = ra[:n] / rb[:n]
+        r = r[np.isfinite(r)]
+        out["replicates"] = int(r.size)
+        if n and r.size >= MIN_REPLICATES * n:
+            tail = (1.0 - coverage) / 2 * 100
+            sampled = [float(np.percentile(r, tail)), float(np.percentile(r, 100 - tail))]
+            out["sampled"] = list(sampled)
+    if ladder is not None and (ladder != [1.0, 1.0] or "sampled" in out):
+        out["ladder"] = [out["ratio"] * ladder[0], out["ratio"] * ladder[1]]
+        # both at once, worst case: the requests drawn and the rungs not measured
+        out["interval"] = [min(out["ratio"], sampled[0]) * ladder[0], max(out["ratio"], sampled[1]) * ladder[1]]
     return out
 
 
@@ -346,5 +395,5 @@ def rescale_energy(points: Sequence[Mapping], watts: Mapping[str, Mapping[str, f
     return out
 
 
-__all__ = ["COVERAGE", "EQUAL_WITHIN", "GRID", "NAMED_X", "branches_of", "curve_range", "interval_text", "knee", "pair_readings",
+__all__ = ["COVERAGE", "EQUAL_WITHIN", "GRID", "NAMED_X", "bracket_at", "branches_of", "curve_range", "interval_text", "knee", "pair_readings",
            "ratio_at", "ratio_curve", "rescale_energy", "snap_x", "value_at"]

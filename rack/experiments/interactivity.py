@@ -564,8 +564,8 @@ def summary_lines(curves: Mapping[str, Any], pairs: Sequence[tuple[str, str]] = 
                                floor_b=db.get("slo_floor"), names=(a, b))
             cells = [f"{n['name']}" + (f" ({n['x']:,.0f})" if "knee" in n["name"] and n.get("x") else "")
                      + f": {interval_text(n) if n.get('ratio') is not None else '-'}" for n in rd["named"]]
-            out.append(f"{a} / {b} ({metric}) at exactly equal tokens/s per user, 90% interval in brackets: "
-                       + "; ".join(cells))
+            out.append(f"{a} / {b} ({metric}) at exactly equal tokens/s per user, interval in brackets "
+                       "(90% bootstrap and the ladder's bracket): " + "; ".join(cells))
         q = ratio_at_equal_interactivity(curves, a, b, metric=metric, reading="at_least", tolerance=tolerance)
         if q["ratio_min"] is not None:
             xs = [x["x"] for x in q["readings"] if x["ratio"] is not None]

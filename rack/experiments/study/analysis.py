@@ -9,6 +9,7 @@ every rate tried, or neither sustained any).
 
 from __future__ import annotations
 
+import math
 from typing import Iterable, Optional
 
 from rack.experiments.study.config import GPU72, GPU_ONLY, SPLIT, SPLIT72, WAFER
@@ -31,37 +32,64 @@ def at_capacity(cap: dict, name: str) -> dict:
         return {"rate": None, "held_all": False, "goodput": None, "attainment": None, "tokens_per_joule": None,
                 "usd_per_mtok": None, "output_tokens_per_s": None, "mean_power_w": None, "boot_tokens": None,
                 "next_rung": None}
-    above = sorted(q["rate_scale"] for q in cap["points"]
-                   if q.get("scenario") == name and "error" not in q and q["rate_scale"] > p["rate_scale"])
+    above = sorted((q for q in cap["points"]
+                    if q.get("scenario") == name and "error" not in q and q["rate_scale"] > p["rate_scale"]),
+                   key=lambda q: q["rate_scale"])
+    nxt = above[0] if above else None
     return {"rate": p["rate_per_s"], "held_all": held, "goodput": p["goodput_rps"],
             "attainment": p["slo_attainment"], "tokens_per_joule": p["tokens_per_joule"],
             "usd_per_mtok": p["usd_per_mtok"], "output_tokens_per_s": p["output_tokens_per_s"],
             "mean_power_w": p["mean_power_w"], "boot_tokens": p.get("boot_tokens"),
-            "next_rung": above[0] / p["rate_scale"] if above else None}
+            "next_rung": nxt["rate_scale"] / p["rate_scale"] if nxt else None,
+            "next": {m: nxt.get(k) for m, k in (("tokens_per_joule", "tokens_per_joule"),
+                                                 ("usd_per_mtok", "usd_per_mtok"))} if nxt else None}
 
 
 #: Two-sided coverage of the intervals of ratios of tokens/J and $/Mtok at capacity.
 COVERAGE = 0.90
 
 
-def _interval(ratio: float, a: dict, b: dict, metric: str) -> Optional[list[float]]:
-    """The interval of a pair_metric ratio. tokens/J and $/Mtok: the 90 % interval over
-    the two runs' bootstrap replicates (their requests resampled: output tokens move,
-    energy and cost stay; `rack.measure.bootstrap`). capacity: the bracket the rate
-    ladder allows (each capacity lies between its rung and the next rung tried, which
-    it failed), None when either held every rate tried (no upper bound)."""
+def ratio_interval(ratio: float, a: dict, b: dict, metric: str) -> Optional[list[float]]:
+    """The interval of a pair_metric ratio.
+
+    capacity: the bracket the rate ladder allows (each capacity lies between its rung
+    and the next rung tried, which it failed); one-sided when one of them held every
+    rate tried (its capacity is only a lower bound: [lo, inf] when it is a, [0, hi]
+    when it is b); None when both did.
+
+    tokens/J and $/Mtok, two parts taken together at their worst: the requests drawn
+    (the 90 % interval over the two runs' bootstrap replicates: their requests
+    resampled, output tokens move, energy and cost stay; `rack.measure.bootstrap`) and
+    the rung (the capacity lies between the rung held and the next one tried, so its
+    figure lies between the figures measured at those two rates: a's at one end over
+    b's at the other). None when neither part exists."""
     import numpy as np
 
     if metric == "capacity":
         fa, fb = a.get("next_rung"), b.get("next_rung")
-        return [ratio / fb, ratio * fa] if fa and fb else None
+        if not fa and not fb:
+            return None
+        return [ratio / fb if fb else 0.0, ratio * fa if fa else math.inf]
+    lo = hi = ratio
+    have = False
     ta, tb = a.get("boot_tokens"), b.get("boot_tokens")
-    if not ta or not tb:
-        return None
-    n = min(len(ta), len(tb))
-    r = ratio * np.asarray(ta[:n]) / np.asarray(tb[:n])
-    tail = (1 - COVERAGE) / 2 * 100
-    return [float(np.percentile(r, tail)), float(np.percentile(r, 100 - tail))]
+    if ta and tb:
+        n = min(len(ta), len(tb))
+        r = ratio * np.asarray(ta[:n]) / np.asarray(tb[:n])
+        tail = (1 - COVERAGE) / 2 * 100
+        lo, hi = min(lo, float(np.percentile(r, tail))), max(hi, float(np.percentile(r, 100 - tail)))
+        have = True
+    ends = []
+    for side in (a, b):
+        v, nxt = side.get(metric), (side.get("next") or {}).get(metric)
+        ends.append((min(v, nxt), max(v, nxt)) if v and nxt else (v, v))
+    (alo, ahi), (blo, bhi) = ends
+    if ends != [(a.get(metric), a.get(metric)), (b.get(metric), b.get(metric))] and all((alo, ahi, blo, bhi)):
+        # more is better (tokens/J): a / b; less is better ($/Mtok): b / a
+        wide = (alo / bhi, ahi / blo) if METRICS[metric] else (blo / ahi, bhi / alo)
+        lo, hi = lo * wide[0] / ratio, hi * wide[1] / ratio
+        have = True
+    return [float(lo), float(hi)] if have else None
 
 
 def verdict(ratio: Optional[float], tol: Optional[float] = None) -> str:
@@ -78,7 +106,7 @@ def pair_metric(a: dict, b: dict, metric: str) -> dict:
     """Deployment `a` against `b` (both `at_capacity` dicts) on `metric`: {"ratio" (> 1:
     a is better; for $/Mtok b's cost over a's; None, with "why", when either sustains
     no rate tried: a capacity ratio against a deployment that holds no rate is
-    unbounded, never a number), "interval" (`_interval`; None where there is none),
+    unbounded, never a number), "interval" (`ratio_interval`; None where there is none),
     "verdict", "why"}."""
     if a["rate"] is None or b["rate"] is None:
         if a["rate"] is None and b["rate"] is None:
@@ -88,7 +116,7 @@ def pair_metric(a: dict, b: dict, metric: str) -> dict:
         return {"ratio": None, "verdict": "wins", "why": "the other sustains no rate tried"}
     if metric == "capacity":
         ratio = a["rate"] / b["rate"]
-        iv = _interval(ratio, a, b, metric)
+        iv = ratio_interval(ratio, a, b, metric)
         if a["held_all"] and b["held_all"]:
             return {"ratio": ratio, "interval": iv, "verdict": "undetermined", "why": "both sustain every rate tried"}
         v = verdict(ratio)
@@ -101,7 +129,7 @@ def pair_metric(a: dict, b: dict, metric: str) -> dict:
     if not va or not vb:
         return {"ratio": None, "verdict": "undetermined", "why": "no figure"}
     ratio = va / vb if METRICS[metric] else vb / va
-    iv = _interval(ratio, a, b, metric)
+    iv = ratio_interval(ratio, a, b, metric)
     v = verdict(ratio)
     # A deployment that held every rate tried was read below its capacity, where its
     # idle hardware still weighs on tokens/J and $/Mtok: a loss of its is not proven.
@@ -145,7 +173,9 @@ def ratio_range(rows: list[dict], a: str, b: str, metric: str) -> Optional[tuple
 
 def equal_load(cap: dict, a: str, b: str) -> list[dict]:
     """At each rate tried: both deployments' goodput, SLO attainment and tokens/J, and
-    the verdicts of a against b on goodput and on tokens/J (same offered load)."""
+    the verdicts of a against b on goodput and on tokens/J (same offered load);
+    "tpj_interval": the tokens/J ratio's interval over the two runs' requests
+    (`ratio_interval`)."""
     by = {}
     for p in cap["points"]:
         if "error" not in p and p["scenario"] in (a, b):
@@ -158,10 +188,11 @@ def equal_load(cap: dict, a: str, b: str) -> list[dict]:
         gp = pa["goodput_rps"] / pb["goodput_rps"] if pb["goodput_rps"] else None
         tj = (pa["tokens_per_joule"] / pb["tokens_per_joule"]
               if pa["tokens_per_joule"] and pb["tokens_per_joule"] else None)
+        tj_iv = ratio_interval(tj, pa, pb, "tokens_per_joule") if tj is not None else None
         out.append({"rate_scale": r, "rate_per_s": pa.get("rate_per_s"), "a": pa, "b": pb,
                     "goodput_ratio": gp, "goodput": verdict(gp) if gp is not None else
                     ("wins" if pa["goodput_rps"] > 0 else "tie"),
-                    "tpj_ratio": tj, "tokens_per_joule": verdict(tj)})
+                    "tpj_ratio": tj, "tpj_interval": tj_iv, "tokens_per_joule": verdict(tj)})
     return out
 
 
@@ -198,15 +229,43 @@ def vendor_ratios(results: dict) -> list[dict]:
     return out
 
 
+#: z of the two-sided `COVERAGE` interval of a normal approximation (Wilson's interval).
+Z90 = 1.6449
+
+
+def attainment_interval(share: float, n: int) -> tuple[float, float]:
+    """Wilson's `COVERAGE` interval of a share of n requests (the SLO attainment of a
+    run of n submitted requests): (lo, hi) in [0, 1]. Every request meets the SLO or
+    not, so how many of n do is binomial; Wilson's interval stays inside [0, 1] and
+    is not nil at 0 % or 100 % (Wilson 1927)."""
+    if n <= 0:
+        return 0.0, 1.0
+    z2 = Z90 * Z90
+    mid = (share + z2 / (2 * n)) / (1 + z2 / n)
+    half = Z90 / (1 + z2 / n) * (share * (1 - share) / n + z2 / (4 * n * n)) ** 0.5
+    return max(0.0, mid - half), min(1.0, mid + half)
+
+
 def goodput_per_power(cap: dict, a: str, b: str) -> list[dict]:
     """At each rate tried: goodput per MW of mean power of a and of b and their ratio
-    (requests meeting the SLO per second per megawatt; both measured per run)."""
+    (requests meeting the SLO per second per megawatt; both measured per run), with
+    "interval": the ratio with each run's SLO attainment at the ends of its Wilson
+    interval (`attainment_interval`: a's low over b's high and back; goodput is the
+    attainment times the offered rate, the power is the run's), None where either run
+    met the SLO for no request."""
     out = []
     for row in equal_load(cap, a, b):
         ga = row["a"]["goodput_rps"] / (row["a"]["mean_power_w"] / 1e6)
         gb = row["b"]["goodput_rps"] / (row["b"]["mean_power_w"] / 1e6)
+        ratio = ga / gb if gb > 0 else None
+        iv = None
+        if ratio and row["a"]["slo_attainment"] and row["b"]["slo_attainment"]:
+            (alo, ahi), (blo, bhi) = (attainment_interval(row[k]["slo_attainment"], int(row[k].get("submitted") or 0))
+                                      for k in ("a", "b"))
+            sa, sb = row["a"]["slo_attainment"], row["b"]["slo_attainment"]
+            iv = [ratio * (alo / sa) / (bhi / sb), ratio * (ahi / sa) / (blo / sb)] if blo > 0 else None
         out.append({"rate_scale": row["rate_scale"], "rate_per_s": row["rate_per_s"], "a": ga, "b": gb,
-                    "ratio": ga / gb if gb > 0 else None})
+                    "ratio": ratio, "interval": iv})
     return out
 
 
@@ -227,5 +286,5 @@ def pd_gains(case: dict) -> list[dict]:
     return out
 
 
-__all__ = ["METRICS", "PAIRS", "at_capacity", "axis_rows", "equal_load", "goodput_per_power", "pair_metric",
-           "pd_gains", "present_pairs", "ratio_range", "vendor_ratios", "verdict", "where"]
+__all__ = ["METRICS", "PAIRS", "Z90", "at_capacity", "attainment_interval", "axis_rows", "equal_load", "goodput_per_power", "pair_metric",
+           "pd_gains", "present_pairs", "ratio_interval", "ratio_range", "vendor_ratios", "verdict", "where"]

@@ -84,7 +84,8 @@ def _hl(section: dict, points: dict, a: str, b: str) -> dict:
 
         m = pair_metric(points[a], points[b], section["metric"])
         return {"ratio": m["ratio"], "x": None, "a_value": points[a].get(section["metric"]),
-                "b_value": points[b].get(section["metric"]), "range": None, "verdict": m["verdict"], "why": m["why"]}
+                "b_value": points[b].get(section["metric"]), "range": None, "verdict": m["verdict"], "why": m["why"],
+                "interval": m.get("interval")}
     if section.get("reading") == "equal_interactivity":
         floors = section.get("floors") or {}
         fa = floors.get(a, _floor(points[a]))
@@ -192,6 +193,7 @@ def settle(results: dict, sections: Sequence[dict]) -> list[dict]:
         a, b = res["pairs"][0]
         for t in tornado_rows(res, a, b)["terms"]:
             out.append({"term": t, "pair": f"{a} / {b}", "low_ratio": t["low_ratio"], "high_ratio": t["high_ratio"],
+                        "low_interval": t["low_interval"], "high_interval": t["high_interval"],
                         "span": t["span"], "flips": t["flips_at"]})
     out.sort(key=lambda r: -(r["span"] or -1))
     return out

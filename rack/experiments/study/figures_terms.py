@@ -3,7 +3,6 @@ study.json.gz's points only (`rack.experiments.study.breakeven` reads them)."""
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Mapping
 

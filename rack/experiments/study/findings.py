@@ -125,10 +125,15 @@ def _header(results: dict, fig_dir: str) -> list[str]:
                  "says otherwise), so a capacity ratio is known to within that factor" if step != "-" else "")
               + ". Tokens per joule and dollars per million output tokens are read at each deployment's own "
               f"capacity, where they price work rather than idle hardware. {_boundary_sentence(results)} Cost is "
-              "amortised capex plus electricity. In brackets beside a ratio: its interval, 90 % over bootstrap "
-              "resamples of the runs' requests for tokens/J, $/Mtok and readings at equal interactivity, and for a "
-              "capacity ratio the bracket the rate ladder allows (each capacity lies between its rung and the next "
-              f"one tried). Verdicts within {TIE_TOLERANCE:.0%} are ties.", ""]
+              "amortised capex plus electricity. In brackets beside a ratio: its interval. A capacity ratio: the "
+              "bracket the rate ladder allows (each capacity lies between its rung and the next one tried; one-sided, "
+              "\">=\" or \"<=\", where a deployment held every rate tried). Tokens/J and $/Mtok at capacity: the "
+              "90 % interval over bootstrap resamples of the runs' requests widened by the rung's bracket (the "
+              "figure at the capacity lies between the figures measured at the rung held and the next one). "
+              "Readings at equal interactivity: the bootstrap's 90 % widened by the ladder's bracket (between two "
+              "concurrencies measured a curve lies between its chord and its neighbouring segments extended). "
+              f"Goodput ratios: each run's SLO attainment at the ends of its 90 % Wilson interval. Verdicts within "
+              f"{TIE_TOLERANCE:.0%} are ties.", ""]
     return lines
 
 
@@ -187,7 +192,7 @@ def _summary(results: dict, sections: Optional[list] = None) -> list[str]:
         g = [r for r in A.pd_gains(case) if r["ratio"] is not None]
         if g:
             lines.append(f"- GPUs alone ({case['gpus'][case['colocated']]} GPUs, {T.code(case['colocated'])}): "
-                         f"the best prefill/decode split sustains {T.span([r['ratio'] for r in g])} the "
+                         f"the best prefill/decode split sustains {T.spani((r['ratio'], r.get('interval')) for r in g)} the "
                          "colocated capacity over the TPOT targets tried.")
     sh = {e["scenario"]: e for e in results.get("shipped", {}).get("entries", [])}
     if SPLIT in sh:
@@ -217,13 +222,15 @@ def _deployments(results: dict) -> list[str]:
     lines = ["## The deployments, on the shipped excerpt", "",
              f"`rack compare` of every deployment the study uses, on the {sh['requests']} requests of "
              f"`{sh['trace']}` at its own rate:", "", md_table(heads, rows), "",
-             f"At this one light rate tokens/J and $/Mtok mostly price the provisioned hardware: "
+             "At this one light rate tokens/J and $/Mtok mostly price the provisioned hardware: "
              + (f"{T.code(cheap['scenario'])} is both the cheapest per token ({T.usd(cheap['usd_per_mtok'])} $/Mtok) "
                 f"and the one with the most tokens per joule ({T.tpj(eff['tokens_per_joule'])})."
                 if cheap is eff else
                 f"{T.code(cheap['scenario'])} is the cheapest per token ({T.usd(cheap['usd_per_mtok'])} $/Mtok) and "
                 f"{T.code(eff['scenario'])} gives the most tokens per joule ({T.tpj(eff['tokens_per_joule'])}).")
-             + (f" {T.code(vc['split'])}'s tokens/J over {T.code(vc['wafer_only'])}'s here is {T.x(vc['ratio'])}."
+             + (f" {T.code(vc['split'])} gives {T.tpj(vc['tokens_per_joule'][vc['split']])} tokens/J here and "
+                f"{T.code(vc['wafer_only'])} {T.tpj(vc['tokens_per_joule'][vc['wafer_only']])}, one run each at one "
+                "light rate: no ratio is read from them."
                 if vc.get("ratio") else "") + " The sections below compare them at capacity.", ""]
     return lines
 
@@ -244,7 +251,8 @@ def _capacity_table(cap: dict, names: list[str], base_rate: Optional[float] = No
 
 
 def _pair_cell(m: dict) -> str:
-    if m["ratio"] is None:
+    if m["ratio"] is None or (m.get("interval") is None and m["why"]):
+        # no ratio, or one of two lower bounds (both held every rate tried): the verdict alone
         return f"{m['verdict']} ({m['why']})"
     return f"{T.xi(m['ratio'], m.get('interval'))} ({m['verdict']}" + (f": {m['why']})" if m["why"] else ")")
 
@@ -381,11 +389,13 @@ def _helios72(results: dict) -> list[str]:
         cs = {n: A.at_capacity(cap, n) for n in names if n in cap["at_max"]}
         rows.append([label] + [T.cap(cs[n]) if n in cs else "-" for n in names])
         if SPLIT in cs and SPLIT72 in cs:
-            grow.append(A.pair_metric(cs[SPLIT72], cs[SPLIT], "capacity")["ratio"])
+            m = A.pair_metric(cs[SPLIT72], cs[SPLIT], "capacity")
+            grow.append((m["ratio"], m.get("interval")))
         for b in vs:
             if b in cs and SPLIT72 in cs:
                 for m in A.METRICS:
-                    vs[b][m].append(A.pair_metric(cs[SPLIT72], cs[b], m)["ratio"])
+                    got = A.pair_metric(cs[SPLIT72], cs[b], m)
+                    vs[b][m].append((got["ratio"], got.get("interval")))
     dev = results.get("deployments", {})
     g16, g72 = _gpus(dev, SPLIT), _gpus(dev, SPLIT72)
     return [f"## A full Helios rack ({g72} GPUs) as the GPU side", "",
@@ -394,10 +404,11 @@ def _helios72(results: dict) -> list[str]:
             f"({_devices_text(dev, SPLIT)}); {T.code(GPU72)} is that rack alone ({_devices_text(dev, GPU72)}). "
             "Capacity (req/s) in every condition run:", "",
             md_table(["condition"] + [T.code(n) for n in names], rows), "",
-            f"Going from {g16} to {g72} prefill GPUs multiplies the split rack's capacity by {T.span(grow)}. "
+            f"Going from {g16} to {g72} prefill GPUs multiplies the split rack's capacity by {T.spani(g for g in grow if g[1])}. "
             + " ".join(f"Against {T.code(b)}, {T.code(SPLIT72)}'s ratios over the conditions are "
-                       f"{T.span(vs[b]['capacity'])} on capacity, {T.span(vs[b]['tokens_per_joule'])} on tokens/J "
-                       f"at capacity and {T.span(vs[b]['usd_per_mtok'])} on $/Mtok (above 1: the split is better)."
+                       f"{T.spani(vs[b]['capacity'])} on capacity, {T.spani(vs[b]['tokens_per_joule'])} on "
+                       f"tokens/J at capacity and {T.spani(vs[b]['usd_per_mtok'])} on $/Mtok (above 1: the split "
+                       "is better)."
                        for b in vs if vs[b]["capacity"]), ""]
 
 
@@ -430,13 +441,14 @@ def _tpot(results: dict, figures: dict, fig_dir: str) -> list[str]:
             held = {p["rate_scale"] for p in cap["points"] if p["scenario"] == nm[SPLIT72] and "error" not in p
                     and p["slo_attainment"] >= results["config"]["target"]}
             gp = A.goodput_per_power(cap, nm[SPLIT72], nm[WAFER])
-            ratios = [g["ratio"] for g in gp if g["ratio"] is not None and g["rate_scale"] in held]
+            ratios = [(g["ratio"], g["interval"]) for g in gp if g["ratio"] is not None and g["rate_scale"] in held]
             att = [p["slo_attainment"] for p in cap["points"] if p["scenario"] == nm[WAFER] and "error" not in p]
             v = A.pair_metric(A.at_capacity(cap, nm[SPLIT72]), A.at_capacity(cap, nm[WAFER]), "capacity")
             lines.append(f"At {tight} ms the wafer alone meets the SLO for {T.span(att, T.pct)} of the requests "
                          f"across the rates tried, and {T.code(SPLIT72)} {v['verdict']} on capacity against it"
                          + (f" ({v['why']})" if v["why"] else "") + f"; goodput per megawatt of {T.code(SPLIT72)} "
-                         f"over {T.code(WAFER)} at equal offered load is {T.span(ratios)} at the rates the split sustains."
+                         f"over {T.code(WAFER)} at equal offered load is {T.spani(ratios)} at the rates the split sustains (intervals: "
+                         "each run's SLO attainment at the ends of its 90 % Wilson interval)."
                          + (f" The wafer alone {_wafer_scheduling(float(tight))}; the split rack's wafers only "
                             "decode, so "
                             "their TPOT does not move." if v["verdict"] == "wins" else ""))
@@ -491,10 +503,11 @@ def _vendor(results: dict) -> list[str]:
               if r["a"]["slo_attainment"] >= results["config"]["target"]
               and r["b"]["slo_attainment"] >= results["config"]["target"]]
         if eq:
-            ratios = [r["tpj_ratio"] for r in eq if r["tpj_ratio"] is not None]
+            ratios = [(r["tpj_ratio"], r["tpj_interval"]) for r in eq if r["tpj_ratio"] is not None]
             lines.append(f" At equal offered load where both meet the SLO target (Mooncake trace), the ratio is "
-                         f"{T.span(ratios)}" + (": the GPUs' energy adds to the wafers' more than the wafers save by "
-                                                 "not prefilling." if ratios and max(ratios) < 1 else "."))
+                         f"{T.spani(ratios)}" + (": the GPUs' energy adds to the wafers' more than the wafers save by "
+                                                  "not prefilling." if ratios and max(r for r, _ in ratios) < 1
+                                                  else "."))
     pr = results.get("prompt", {}).get("values", {})
     if pr:
         longest = max(pr, key=int)
@@ -544,7 +557,7 @@ def _gpu_pd(results: dict, figures: dict, fig_dir: str) -> list[str]:
         top = max(best_all, key=lambda t: t[0])
         reached = [label for r, label, _ in best_all if r >= PD_CLAIM_LOW]
         lines.append(f"At equal GPU count the best split's capacity over colocated serving ranges over "
-                     f"{T.span([r for r, _, _ in best_all])}. The often-quoted \"{PD_CLAIM_LOW:g}-4x\" is "
+                     f"{T.spani((r, g.get('interval')) for r, _, g in best_all)}. The often-quoted \"{PD_CLAIM_LOW:g}-4x\" is "
                      + (f"reached only with {T.listing(reached)}" if reached else "**not reached**")
                      + f", and \"up to {PD_CLAIM_HIGH:g}x\" is not approached (the highest is {T.xi(top[0], top[2].get('interval'))}). "
                      "Disaggregation pays where the colocated engine's prefill chunks stretch its decode steps "
@@ -583,9 +596,10 @@ def _caveats(results: dict) -> list[str]:
         "that moves them.",
         "- " + _boundary_sentence(results) + " Cooling enters through the PUE of the electricity cost only; "
         "prices are the catalog's (`rack/measure/energy.py`).",
-        "- The 90 % intervals resample each point's requests (bootstrap): they say how much the requests a run "
+        "- The intervals' bootstrap part resamples each point's requests: it says how much the requests a run "
         "drew move a figure, not how much another draw of a closed loop would (requests sharing a batch are not "
-        "independent), and a point whose requests are all alike has a zero-width interval.",
+        "independent), and is nil where a point's requests are all alike (fixed lengths); the ladder's and the "
+        "rung's parts then carry the interval, and narrow only with finer ladders.",
         f"- Each synthetic point lasts {cfg['synthetic_duration_s']:g} s of arrivals (at least "
         f"{cfg['synthetic_n']} requests), and the load sweep compresses its {cfg['window'][1] - cfg['window'][0]:g} s "
         f"window to {(cfg['window'][1] - cfg['window'][0]) / max(cfg['rate_scales']):.3g} s at its highest rate: a "

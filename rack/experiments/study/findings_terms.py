@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Optional
 
 from rack.experiments.report import md_table
+from rack.measure.bootstrap import BOOTSTRAP
 from rack.experiments.study import breakeven as B
 from rack.experiments.study import text as T
 
@@ -22,7 +23,9 @@ def _term_value(t: dict, v: Optional[float]) -> str:
     if v is None:
         return "-"
     text = f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.3g}"
-    return text + (f" {t['unit']}" if t.get("unit") and t["unit"] != "x" else ("x" if t.get("unit") == "x" else ""))
+    if t.get("unit") == "x":
+        return "x" + text           # a factor on a term ("x1.38"), written apart from the page's ratios ("1.38x")
+    return text + (f" {t['unit']}" if t.get("unit") else "")
 
 
 def _range_text(tr: dict) -> str:
@@ -41,8 +44,8 @@ def _reading_note(res: dict) -> str:
         where = ("the split's knee (its best tokens/s per kW meeting its TPOT target, with a lower point after it)"
                  if at == "a_knee" else "the highest ratio over the curves' overlap" if at == "up_to"
                  else f"{at:g} tokens/s per user")
-        return (f"both curves read at exactly the same tokens/s per user, at {where}; 90 % intervals in brackets "
-                "from the points' bootstrap replicates")
+        return (f"both curves read at exactly the same tokens/s per user, at {where}; intervals in brackets: the "
+                "points' bootstrap replicates (90 %) widened by the ladder's bracket between measured rungs")
     if res.get("reading") == "at_capacity":
         return ("each deployment read at its own capacity, the highest rate tried at which it meets the SLOs for "
                 "the target share of requests")
@@ -84,8 +87,9 @@ def equal_interactivity(res: dict, s, figures: dict, fig_dir: str) -> list[str]:
              "the same tokens/s per user (each interpolated linearly between neighbouring concurrency points, the "
              "best knob branch where a deployment has several; never extrapolated). A knee is a curve's best point "
              "meeting its TPOT target with a lower point after it; a curve's last point is never read as one. In "
-             "brackets every ratio's 90 % interval: the ratio recomputed on 200 bootstrap resamples of each point's "
-             "requests. The ceiling is the physics bound at the headline's tokens/s per user "
+             f"brackets every ratio's interval: the ratio recomputed on {BOOTSTRAP} bootstrap resamples of each point's "
+             "requests (90 %), widened by the ladder's bracket (between two rungs a curve lies between their chord "
+             "and its neighbouring segments extended; nil at a measured point). The ceiling is the physics bound at the headline's tokens/s per user "
              "(`rack.experiments.study.ceiling`: (1 + P/O) x the wafer alone's power / the split's, P and O the "
              "prompt tokens the wafer alone computed and its output tokens).", ""]
     table = []
@@ -94,7 +98,7 @@ def equal_interactivity(res: dict, s, figures: dict, fig_dir: str) -> list[str]:
         rd = r["readings"]
         named = {n["name"]: n for n in rd["named"]}
         at_1k = next((n for n in rd["named"] if n["name"].endswith("tokens/s per user")), None)
-        ka, kb = named.get(f"{r['a']}'s knee"), named.get(f"{r['b']}'s knee")
+        kb = named.get(f"{r['b']}'s knee")
         curves = res["workloads"][r["workload"]]["deployments"]
         up = rd["up_to"]
         # beside the headline; where it has no ratio, beside the highest reading
@@ -229,7 +233,7 @@ def tornado(res: dict, s, figures: dict, fig_dir: str) -> list[str]:
         eq = res.get("reading") == "equal_interactivity"
 
         def rx(v, iv):
-            return T.xi(v, iv) if eq else T.x(v)
+            return T.xi(v, iv) if eq or iv else T.x(v)
 
         rows = [[t["label"] + (" (energy only: as-shipped runs rescaled)" if t["key"] in res.get("rerun_free", ())
                                else ""),
@@ -241,7 +245,7 @@ def tornado(res: dict, s, figures: dict, fig_dir: str) -> list[str]:
         read_at = (f" (read at {base['x']:,.0f} tokens/s per user)" if eq and base.get("x") else "")
         lines += [f"**{_pair_label(a, b)}**: {rx(base['ratio'], base.get('interval'))} as shipped{read_at}"
                   + (f" ({base['why']})" if base["ratio"] is None and base.get("why") else "")
-                  + f"; {_range_text(tr) if eq else T.span(tr['range'] or [])} over the terms' ranges.", "",
+                  + f"; {_range_text(tr)} over the terms' ranges.", "",
                   md_table(["term", "low", "nominal", "high", "ratio at low", "ratio at high", "crosses 1x at"],
                            rows), ""]
         lines += _fig(figures, f"{s.key} {a}", fig_dir, f"tornado, {a} / {b}")
@@ -455,10 +459,12 @@ def verdict_lines(results: dict, sections: list) -> list[dict]:
             for a, b in res["pairs"]:
                 tr = B.tornado_rows(res, a, b)
                 metric = {"tokens_per_joule": "tokens/J", "usd_per_mtok": "$/Mtok"}.get(res["metric"], res["metric"])
+                base = tr["baseline"]
                 head = (f"{_pair_label(a, b)} {metric} at each one's capacity, {res['workload']}: "
-                        f"{T.x(tr['baseline']['ratio'])}")
-                out.append(_verdict(head, tr["baseline"]["ratio"], tr, "no ratio as shipped",
-                                    {"a": a, "b": b, "workload": res["workload"], "reading": "at_capacity"}))
+                        f"{T.xi(base['ratio'], base.get('interval'))}")
+                out.append(_verdict(head, base["ratio"], tr, "no ratio as shipped",
+                                    {"a": a, "b": b, "workload": res["workload"], "reading": "at_capacity",
+                                     "interval": base.get("interval"), "range_ends": tr.get("range_ends")}))
     return out
 
 
@@ -484,7 +490,7 @@ def settle(results: dict, sections: list, s) -> list[str]:
         t = r["term"]
         lines.append(f"{i}. {t['label']}" + (f" ({t['doc']})" if t.get("doc") else "") + f": measured anywhere in "
                      f"{_term_value(t, t['low'])} to {_term_value(t, t['high'])}, the ratio moves from "
-                     f"{T.x(r['low_ratio'])} to {T.x(r['high_ratio'])}"
+                     f"{T.xi(r['low_ratio'], r.get('low_interval'))} to {T.xi(r['high_ratio'], r.get('high_interval'))}"
                      + (f"; it crosses 1x at {T.listing([_term_value(t, v) for v in r['flips']])}" if r["flips"] else "")
                      + ".")
     return lines + [""]
@@ -570,8 +576,11 @@ def what_rack_says(results: dict, sections: list) -> list[str]:
                                               "readings" if flips else ""))
         cap = [x for x in every if x["reading"] == "at_capacity" and x["range"]]
         if cap:
-            s2 += (f"; at each one's capacity the tokens/J ratio spans "
-                   f"{T.span([min(x['range'][0] for x in cap), max(x['range'][1] for x in cap)])}")
+            cends = [e for x in cap for e in (x.get("range_ends") or [])]
+            if cends:
+                clo, chi = min(cends, key=lambda e: e["ratio"]), max(cends, key=lambda e: e["ratio"])
+                s2 += (f"; at each one's capacity the tokens/J ratio spans {T.xi(clo['ratio'], clo['interval'])} "
+                       f"to {T.xi(chi['ratio'], chi['interval'])}")
         s2 += "."
     else:
         s2 = "The uncertain terms were not swept."

@@ -42,11 +42,20 @@ def x(v: Optional[float]) -> str:
 
 
 def xi(v: Optional[float], interval: Optional[Sequence[float]]) -> str:
-    """A ratio with its 90 % interval: "2.31x [2.10-2.52x]"; "2.31x [no interval]"
-    when the runs gave none (a point without bootstrap replicates); "-" for no ratio."""
+    """A ratio with its interval: "2.31x [2.10-2.52x]"; one-sided where one end is
+    unbounded (a capacity that held every rate tried is a lower bound): "2.31x [>=
+    1.63x]", "0.50x [<= 0.71x]"; "2.31x [no interval]" when the runs gave none; "-"
+    for no ratio."""
     if v is None:
         return "-"
-    return x(v) + (f" [{interval[0]:.2f}-{interval[1]:.2f}x]" if interval else " [no interval]")
+    if not interval:
+        return x(v) + " [no interval]"
+    lo, hi = interval
+    if hi == float("inf"):
+        return x(v) + f" [>= {lo:.2f}x]"
+    if lo <= 0:
+        return x(v) + f" [<= {hi:.2f}x]"
+    return x(v) + f" [{lo:.2f}-{hi:.2f}x]"
 
 
 def ms(v: Optional[float]) -> str:
@@ -79,6 +88,17 @@ def span(values: Iterable[Optional[float]], fmt=x) -> str:
     if not v:
         return "-"
     return fmt(v[0]) if fmt(v[0]) == fmt(v[-1]) else f"{fmt(v[0])} to {fmt(v[-1])}"
+
+
+def spani(items: Iterable[tuple[Optional[float], Optional[Sequence[float]]]]) -> str:
+    """Ratios with their intervals, lowest to highest: "a [lo-hi x]" or "a [..] to b [..]"
+    over the (ratio, interval) pairs that have both ("-" when none): a ratio without an
+    interval (of two capacities that are both lower bounds) is no reading."""
+    v = sorted((u for u in items if u[0] is not None and u[1]), key=lambda u: u[0])
+    if not v:
+        return "-"
+    first, last = xi(*v[0]), xi(*v[-1])
+    return first if first == last else f"{first} to {last}"
 
 
 def runs(values: Sequence[str], order: Sequence[str]) -> list[str]:
@@ -115,5 +135,5 @@ def verdict_phrase(groups: dict, unit: str, noun: str, order: Optional[Sequence[
     return "; ".join(parts) if parts else "no data"
 
 
-__all__ = ["cap", "code", "listing", "ms", "num", "pct", "rate", "runs", "secs", "span", "tpj", "usd",
-           "verdict_phrase", "x"]
+__all__ = ["cap", "code", "listing", "ms", "num", "pct", "rate", "runs", "secs", "span", "spani", "tpj",
+           "usd", "verdict_phrase", "x", "xi"]
