@@ -117,15 +117,19 @@ def equal_interactivity(res: dict, s, figures: dict, fig_dir: str) -> list[str]:
         read, read_iv = ((r["ratio"], r["interval"]) if ceil_x == r["x"] else
                          ((up or {}).get("ratio"), (up or {}).get("interval")))
         if ceil["ceiling"] is not None and read is not None and read > ceil["ceiling"]:
+            # above only when the intervals say so; else the two cannot be told apart
+            apart = bool(read_iv and ceil["interval"] and read_iv[0] > ceil["interval"][1])
             notes.append(f"- {r['workload']}, {_pair_label(r['a'], r['b'])}: the reading ({T.xi(read, read_iv)}) is "
-                         f"above the physics ceiling ({T.xi(ceil['ceiling'], ceil['interval'])}): the wafer alone pays more per "
-                         "prompt token than per decode token, or the split serves from cache prompts the wafer "
-                         "alone recomputes.")
+                         + (f"above the physics ceiling ({T.xi(ceil['ceiling'], ceil['interval'])}) beyond both "
+                            "intervals: the wafer alone pays more per prompt token than per decode token, or the split "
+                            "serves from cache prompts the wafer alone recomputes." if apart else
+                            f"at the physics ceiling ({T.xi(ceil['ceiling'], ceil['interval'])}) within their "
+                            "intervals: the split gains all that taking the prompts off the wafer can give there."))
     at = res.get("at", "a_knee")
     head_name = ("at the split's knee (tok/s/user)" if at == "a_knee" else "highest over the overlap (tok/s/user)"
                  if at == "up_to" else f"at {at:g} tok/s/user")
-    lines += [md_table(["workload", "pair", head_name, "ratio [90%]", "ceiling", "at 1,000 tok/s/user [90%]",
-                        "at the other's knee [90%]", "highest over the overlap", "lowest over the overlap"],
+    lines += [md_table(["workload", "pair", head_name, "ratio [interval]", "ceiling", "at 1,000 tok/s/user [interval]",
+                        "at the other's knee [interval]", "highest over the overlap", "lowest over the overlap"],
                        table), ""]
     for label, curves in res["workloads"].items():
         lines.append(f"- {label}: " + "; ".join(_stop_text(n, d) for n, d in curves["deployments"].items()) + ".")
