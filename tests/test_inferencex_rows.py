@@ -163,3 +163,33 @@ def test_wide_ep_public_figure_within_35_percent():
     assert est["instance"]["tp"] == 32 and est["instance"]["dp_attention"]
     per_node = est["prefill"]["batch"]["tokens_per_s"] / 4
     assert per_node == pytest.approx(52.3e3, rel=0.35)
+
+
+def test_the_benchmark_clients_synchronized_start_spreads_out_after_one_wave(rows):
+    """InferenceX's client (benchmark_serving.py: 10 x C prompts, --max-concurrency C,
+    --request-rate inf) sends C prompts at once: the first wave's prompts queue for
+    prefill behind one another. Their completions then come back spaced by those
+    passes, so later waves arrive spread out and wait little: the row's median TTFT is
+    the steady state's, which the closed-loop estimate prices."""
+    from rack.experiments.validation_runs import replay_row
+
+    row = rows["ixapp-fix-0019"].row                  # H200 TensorRT-LLM TP8, 8k prompts, 64 users
+    rr = replay_row(row)
+    waves = rr.details["ttft_by_wave_s"]
+    assert len(waves) == 10 and rr.details["requests"] == 640
+    assert waves[0] > 5 * max(waves[1:])             # the bunched start, then spread out
+    est = closed_loop_estimate(deployment(row))
+    assert rr.predicted["ttft_s"] == pytest.approx(est["ttft_s"], rel=0.35)
+
+
+def test_validate_replays_inferencex_rows_on_request(tmp_path):
+    path = _subset(tmp_path, {"ixapp-fix-0019", "ixapp-powerx-440439"})
+    res = CliRunner().invoke(app, ["validate", "--rows", str(path), "--json", "--replay"])
+    assert res.exit_code in (0, 1), res.output
+    out = json.loads(res.output)
+    assert out["summary"]["priced_by"] == "engine replay of the benchmark client"
+    r = {x["id"]: x for x in out["rows"]}["ixapp-fix-0019"]
+    p = r["predicted"]
+    assert p["tokens_per_joule"] == pytest.approx(p["throughput_per_gpu"] / p["power_w_per_gpu"])
+    res = CliRunner().invoke(app, ["validate", "--replay"])
+    assert res.exit_code == 2 and "InferenceX rows" in res.output

@@ -84,6 +84,17 @@ def row_requests(dep: Deployment, per_user: int | None = None, seed: int = 0) ->
             for i, (p, o) in enumerate(zip(prompts, outputs))]
 
 
+def ttft_by_wave(cols: dict, concurrency: int) -> list[float]:
+    """Median TTFT (s) of each wave of `concurrency` requests in the order the client
+    sent them (`cols`: a run's per-request columns, "t_arrival" and "ttft_s"). The
+    first wave is the users' synchronized start (every user sends at 0, their prompts
+    queue for prefill behind one another); later waves show whether the users stayed
+    bunched or spread out."""
+    order = np.argsort(cols["t_arrival"], kind="stable")
+    ttft = np.asarray(cols["ttft_s"], float)[order]
+    return [float(np.median(ttft[i:i + concurrency])) for i in range(0, ttft.size, concurrency)]
+
+
 @dataclass
 class RowReplay:
     """A row replayed: `predicted` and `measured` {metric: value} (METRICS), with the
@@ -123,10 +134,11 @@ def replay_row(row: ServingRow, per_user: int | None = None) -> RowReplay:
     predicted = {"tpot_s": res["latency"]["tpot_s"]["p50"], "ttft_s": res["latency"]["ttft_s"]["p50"],
                  "throughput_per_gpu": tokens / span / dep.gpus}
     details = {"requests": int(done.size), "gpus": dep.gpus, "duration_s": span,
+               "ttft_by_wave_s": ttft_by_wave(cols, dep.concurrency),
                "stack": {p: u.get("stack") for p, u in res["utilization"].items()},
                "batch_mean": {n: s.get("batch_mean_busy") for n, s in out.stats.items() if "batch_mean_busy" in s}}
     return RowReplay(row, predicted, measured(row), details)
 
 
 __all__ = ["KV_LINK_GBPS", "METRICS", "RowReplay", "replay_row", "row_requests",
-           "row_scenario"]
+           "row_scenario", "ttft_by_wave"]
