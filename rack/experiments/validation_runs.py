@@ -58,8 +58,11 @@ def row_scenario(row: ServingRow, dep: Deployment | None = None) -> Scenario:
     data = {"name": f"row-{row.id}", "description": f"{row.id}: {row.curve}, {row.concurrency_requests} users",
             "model": dep.model, "weight_dtype": dep.weight_dtype, "kv_dtype": dep.kv_dtype, "pools": pools,
             "slo": {"ttft_ms": 2000.0, "tpot_ms": 80.0}, "seed": 0}
-    front = resolve_stack(dep.device, dep.stack).request_latency_s
-    if front > 0:        # the serving front end's time in the client's TTFT (HardwareSpec.request_latency_s)
+    spec = resolve_stack(dep.device, dep.stack)
+    # the serving front end's time in the client's TTFT (HardwareSpec.request_latency_s),
+    # with a disaggregated deployment's routing and handoff (disagg_request_latency_s)
+    front = spec.request_latency_s + (spec.disagg_request_latency_s if len(pools) == 2 else 0.0)
+    if front > 0:
         data["fixed_stages"] = [{"name": "api_server", "latency_ms": front * 1e3, "where": "before"}]
     if len(pools) == 2:
         bw = KV_LINK_GBPS.get(dep.device, KV_LINK_GBPS["default"])
