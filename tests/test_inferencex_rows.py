@@ -193,3 +193,23 @@ def test_validate_replays_inferencex_rows_on_request(tmp_path):
     assert p["tokens_per_joule"] == pytest.approx(p["throughput_per_gpu"] / p["power_w_per_gpu"])
     res = CliRunner().invoke(app, ["validate", "--replay"])
     assert res.exit_code == 2 and "InferenceX rows" in res.output
+
+
+def test_the_disaggregated_path_adds_its_handoff_to_disaggregated_rows_only(rows):
+    """`disagg_request_latency_s` (the disaggregated front end's routing and handoff)
+    is in every request's TTFT of a disaggregated deployment, in the closed form and in
+    the replay's front-end stage, and nowhere in a colocated one."""
+    from devices.borrow import resolve_stack
+    from rack.experiments.validation_runs import row_scenario
+
+    dis, col = deployment(rows["ixapp-fix-0238"].row), deployment(rows["ixapp-fix-0008"].row)   # B200 TRT-LLM
+    for dep, extra in ((dis, 0.25), (col, 0.0)):
+        spec = resolve_stack(dep.device, dep.stack)
+        slow = spec.model_copy(update={"disagg_request_latency_s": spec.disagg_request_latency_s + 0.25})
+        a, b = closed_loop_estimate(dep, device=spec), closed_loop_estimate(dep, device=slow)
+        assert b["ttft_s"] - a["ttft_s"] == pytest.approx(extra, abs=0.02)
+    spec = resolve_stack(dis.device, dis.stack)
+    stage = row_scenario(rows["ixapp-fix-0238"].row).fixed_stages[0]
+    assert stage.latency_ms == pytest.approx((spec.request_latency_s + spec.disagg_request_latency_s) * 1e3)
+    stage = row_scenario(rows["ixapp-fix-0008"].row).fixed_stages[0]
+    assert stage.latency_ms == pytest.approx(spec.request_latency_s * 1e3)
