@@ -127,7 +127,7 @@ def _raw_entries(kind: str) -> dict[str, tuple[Path, dict]]:
 SOFTWARE_FIELDS = (
     "software_stack", "stack", "efficiency", "layer_latency_s", "moe_layer_latency_s",
     "prefill_layer_latency_s", "pipeline_hop_latency_s", "iteration_overhead_s", "request_latency_s",
-    "max_num_seqs",
+    "disagg_request_latency_s", "max_num_seqs",
     "mixed_prefill", "attention_dtype", "moe_tile_tokens", "attention_context_half_tokens",
     "activation_reserve_fraction",
 )

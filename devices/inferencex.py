@@ -246,13 +246,20 @@ def _why(m: MeasuredRow, errors: dict, lender: str) -> str:
     return "; ".join(notes) or "no known cause: the stack's fitted terms miss this deployment"
 
 
-def check_rows(rows: list[MeasuredRow], worst: int = 10) -> dict:
+def check_rows(rows: list[MeasuredRow], worst: int = 10, replay=None) -> dict:
     """Every row priced by the closed-loop estimate against what it measured.
+
+    `replay`: None, or a function ServingRow -> {"ttft_s", "tpot_s",
+    "throughput_per_gpu"} that runs the row as its benchmark ran it (e.g.
+    rack.experiments.validation_runs.replay_figures: the benchmark client's closed loop
+    through the engines); its figures replace the closed form's, and power per GPU
+    stays the closed form's (its load shares), tokens per joule the replayed
+    throughput over it.
 
     Returns {"rows": [{"id", "model", "hardware", "framework", "curve", "concurrency",
     "saturated", "borrowed_from", "predicted", "measured", "relative_error"} or {"id",
     "model", ..., "unanswered": reason}], "summary": {"answered", "unanswered" (by
-    reason), "criteria_rows", "median_abs_error" {metric: e} over the criteria's rows,
+    reason), "priced_by", "criteria_rows", "median_abs_error" {metric: e} over the criteria's rows,
     "n" {metric: rows}, "limits", "met" {metric: bool}}, "worst": [{"id", "curve",
     "metric", "error", "why"}] (the `worst` largest |log error| among criteria rows)}.
     """
@@ -271,6 +278,9 @@ def check_rows(rows: list[MeasuredRow], worst: int = 10) -> dict:
         dep = deployment(m.row)
         lender = resolve_stack(dep.device, dep.stack).borrowed_from
         est, meas = closed_loop_estimate(dep), measured_figures(m)
+        if replay is not None:
+            est = {**est, **replay(m.row)}
+            est["tokens_per_joule"] = est["throughput_per_gpu"] / est["power_w_per_gpu"]
         pred = {k: est[k] for k in METRICS}
         rel = {k: pred[k] / meas[k] - 1.0 for k in METRICS if k in meas}
         out.append({**base, "curve": m.row.curve, "borrowed_from": lender or None, "predicted": pred,
@@ -288,6 +298,7 @@ def check_rows(rows: list[MeasuredRow], worst: int = 10) -> dict:
     crit = [m for m in rows if m.model == CRITERIA_MODEL]
     return {"rows": out, "worst": worst_rows[:worst], "summary": {
         "answered": sum(1 for o in out if "unanswered" not in o), "unanswered": unanswered,
+        "priced_by": "closed-loop estimate" if replay is None else "engine replay of the benchmark client",
         "criteria_model": CRITERIA_MODEL, "criteria_rows": len(crit),
         "criteria_unanswered": [m.id for m in crit if m.row is None],
         "median_abs_error": med, "n": {k: len(v) for k, v in errs.items()}, "limits": LIMITS,

@@ -320,7 +320,8 @@ def closed_loop_estimate(dep: Deployment, device=None, iterations: int = 60) -> 
       instead of s / 2, and the prompts that arrived over those N steps are prefilled
       together: k = max(1, X (N s + pf(k))); with mixed prefill the wait is N t / 2.
     Disaggregated: prefill instances serve X prompts/s (TTFT = pf + an M/D/1 queue
-      wait + the decode engine's first step); decode steps are not interrupted. The
+      wait + the decode engine's first step + the stack's `disagg_request_latency_s`,
+      the disaggregated front end's routing and prefill-to-decode handoff); decode steps are not interrupted. The
       pool's capacity bounds X: an instance packs its chunk budget (the harness's, else
       DEFAULT_CHUNK_TOKENS) with k = budget / P waiting prompts per pass, k / pf(k)
       prompts/s; when the users would ask for more, X is that capacity and the closed
@@ -408,6 +409,8 @@ def closed_loop_estimate(dep: Deployment, device=None, iterations: int = 60) -> 
             busy = min(1.0, X * pool.instances / cap) if cap else 0.0
             shares = (busy, pf_roof, _roof(sc))
         ttft += pf_cost.device.request_latency_s      # the front end's share of the client's TTFT
+        if "prefill" in by_role:                       # and the disaggregated path's routing and handoff
+            ttft += pf_cost.device.disagg_request_latency_s
         e2e = ttft + (O - 1) * tpot
         X_new = n_users / e2e
         # An instance holds a request from admission to its last token: at most

@@ -198,7 +198,12 @@ class HardwareSpec(_Spec):
     efficiency; 1: one stream at a time, the prompts' tokens queue behind one another);
     `request_latency_s` per request, outside the GPUs: the serving front end's HTTP,
     tokenisation and streaming of the first token, which a client's TTFT holds (a
-    fixed stage, `rack.measure.breakdown`, in the replays of measured rows).
+    fixed stage, `rack.measure.breakdown`, in the replays of measured rows);
+    `disagg_request_latency_s` per request of a disaggregated deployment on top of it:
+    the disaggregated front end (Dynamo's, MoRI's) routes the request to a prefill
+    worker and hands it to a decode worker (KV-transfer setup, the decode side's
+    admission and first step's dispatch) beyond the KV bytes the link model moves;
+    fitted on the disaggregated rows of a stack (0 where a stack has none: unmeasured).
     Collectives come from `collectives` (measured tables, per fabric and group size)
     within the scale-up domain, else from the alpha-beta link figures.
 
@@ -265,6 +270,9 @@ class HardwareSpec(_Spec):
     pipeline_hop_latency_s: float = Field(0.0, ge=0, description="latency per pipeline hop between devices (s)")
     iteration_overhead_s: float = Field(0.0, ge=0, description="fixed cost per iteration (s)")
     request_latency_s: float = Field(0.0, ge=0, description="API server time in every request's TTFT (s)")
+    disagg_request_latency_s: float = Field(
+        0.0, ge=0, description="extra time in every request's TTFT when prefill and decode run on separate "
+        "instances: the disaggregated front end's routing and the prefill-to-decode handoff (s)")
     max_num_seqs: Optional[int] = Field(None, ge=1, description="stack's default cap on requests per instance")
     mixed_prefill: bool = Field(True, description="prompt chunks fused with the decode step in one iteration")
     attention_dtype: Optional[Dtype] = Field(None, description="dtype attention computes in (None: weights', >= fp8)")

@@ -92,7 +92,7 @@ def _set_busy_power(spec: HardwareSpec, watts: float) -> dict:
 
 #: Software terms a borrowed stack carries (scaled together by a `stack_time_factor`).
 _LATENCY_FIELDS = ("layer_latency_s", "moe_layer_latency_s", "prefill_layer_latency_s",
-                   "iteration_overhead_s", "request_latency_s")
+                   "iteration_overhead_s", "request_latency_s", "disagg_request_latency_s")
 _EFFICIENCY_FIELDS = ("prefill_compute", "prefill_memory", "decode_compute", "decode_memory")
 
 

@@ -163,3 +163,53 @@ def test_wide_ep_public_figure_within_35_percent():
     assert est["instance"]["tp"] == 32 and est["instance"]["dp_attention"]
     per_node = est["prefill"]["batch"]["tokens_per_s"] / 4
     assert per_node == pytest.approx(52.3e3, rel=0.35)
+
+
+def test_the_benchmark_clients_synchronized_start_spreads_out_after_one_wave(rows):
+    """InferenceX's client (benchmark_serving.py: 10 x C prompts, --max-concurrency C,
+    --request-rate inf) sends C prompts at once: the first wave's prompts queue for
+    prefill behind one another. Their completions then come back spaced by those
+    passes, so later waves arrive spread out and wait little: the row's median TTFT is
+    the steady state's, which the closed-loop estimate prices."""
+    from rack.experiments.validation_runs import replay_row
+
+    row = rows["ixapp-fix-0019"].row                  # H200 TensorRT-LLM TP8, 8k prompts, 64 users
+    rr = replay_row(row)
+    waves = rr.details["ttft_by_wave_s"]
+    assert len(waves) == 10 and rr.details["requests"] == 640
+    assert waves[0] > 5 * max(waves[1:])             # the bunched start, then spread out
+    est = closed_loop_estimate(deployment(row))
+    assert rr.predicted["ttft_s"] == pytest.approx(est["ttft_s"], rel=0.35)
+
+
+def test_validate_replays_inferencex_rows_on_request(tmp_path):
+    path = _subset(tmp_path, {"ixapp-fix-0019", "ixapp-powerx-440439"})
+    res = CliRunner().invoke(app, ["validate", "--rows", str(path), "--json", "--replay"])
+    assert res.exit_code in (0, 1), res.output
+    out = json.loads(res.output)
+    assert out["summary"]["priced_by"] == "engine replay of the benchmark client"
+    r = {x["id"]: x for x in out["rows"]}["ixapp-fix-0019"]
+    p = r["predicted"]
+    assert p["tokens_per_joule"] == pytest.approx(p["throughput_per_gpu"] / p["power_w_per_gpu"])
+    res = CliRunner().invoke(app, ["validate", "--replay"])
+    assert res.exit_code == 2 and "InferenceX rows" in res.output
+
+
+def test_the_disaggregated_path_adds_its_handoff_to_disaggregated_rows_only(rows):
+    """`disagg_request_latency_s` (the disaggregated front end's routing and handoff)
+    is in every request's TTFT of a disaggregated deployment, in the closed form and in
+    the replay's front-end stage, and nowhere in a colocated one."""
+    from devices.borrow import resolve_stack
+    from rack.experiments.validation_runs import row_scenario
+
+    dis, col = deployment(rows["ixapp-fix-0238"].row), deployment(rows["ixapp-fix-0008"].row)   # B200 TRT-LLM
+    for dep, extra in ((dis, 0.25), (col, 0.0)):
+        spec = resolve_stack(dep.device, dep.stack)
+        slow = spec.model_copy(update={"disagg_request_latency_s": spec.disagg_request_latency_s + 0.25})
+        a, b = closed_loop_estimate(dep, device=spec), closed_loop_estimate(dep, device=slow)
+        assert b["ttft_s"] - a["ttft_s"] == pytest.approx(extra, abs=0.02)
+    spec = resolve_stack(dis.device, dis.stack)
+    stage = row_scenario(rows["ixapp-fix-0238"].row).fixed_stages[0]
+    assert stage.latency_ms == pytest.approx((spec.request_latency_s + spec.disagg_request_latency_s) * 1e3)
+    stage = row_scenario(rows["ixapp-fix-0008"].row).fixed_stages[0]
+    assert stage.latency_ms == pytest.approx(spec.request_latency_s * 1e3)

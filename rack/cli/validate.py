@@ -132,7 +132,8 @@ def _measured_tables(con, res: dict, lodo: dict) -> None:
 
     from devices.inferencex import LIMITS
 
-    t = Table(title="Measured serving points (InferenceX layout): closed-loop estimate, predicted / measured (error)")
+    t = Table(title=f"Measured serving points (InferenceX layout): {res['summary']['priced_by']}, "
+                    "predicted / measured (error)")
     labels = {"ttft_s": "TTFT", "tpot_s": "TPOT", "throughput_per_gpu": "tok/s/GPU", "power_w_per_gpu": "W/GPU",
               "tokens_per_joule": "tok/J"}
     fmt = {"ttft_s": lambda v: f"{v:.3g} s", "tpot_s": lambda v: f"{v * 1e3:.1f} ms",
@@ -199,6 +200,9 @@ def validate(
     details: bool = typer.Option(False, "--details", help="with --json: add each row's details"),
     inferencex: bool = typer.Option(False, "--inferencex", help="check the packaged InferenceX measured rows "
                                     "(devices/catalog/inferencex/measured_rows.csv), as --rows with that file"),
+    replay: bool = typer.Option(False, "--replay", help="InferenceX rows: replay each row's benchmark client "
+                                "(10 x concurrency prompts, all users starting together) through the engines "
+                                "instead of the closed-loop estimate (minutes for the packaged file)"),
 ) -> None:
     """Predicted vs measured for every calibration row; exits 1 when a criterion fails
     (published figures: each within --tolerance, wafer prompt rows within 35 %; serving
@@ -221,8 +225,12 @@ def validate(
     from devices.inferencex import PACKAGED_ROWS, is_inferencex_csv
 
     if inferencex or (rows_file is not None and rows_file.suffix.lower() == ".csv" and is_inferencex_csv(rows_file)):
-        _validate_measured(rows_file or PACKAGED_ROWS, json_out)
+        _validate_measured(rows_file or PACKAGED_ROWS, json_out, replay)
         return
+    if replay:
+        typer.echo("error: --replay applies to InferenceX rows (--inferencex or --rows with that layout); "
+                   "gpu-calibration rows are always replayed", err=True)
+        raise typer.Exit(2)
     try:
         if rows_file is not None and rows_file.suffix.lower() != ".csv":
             figures, replays = run_figures(load_rows(rows_file)), []
@@ -293,19 +301,27 @@ def validate(
         raise typer.Exit(1)
 
 
-def _validate_measured(path: Path, json_out: bool) -> None:
+def _validate_measured(path: Path, json_out: bool, replay: bool = False) -> None:
     """`rack validate --rows` on a CSV in InferenceX's layout: every row priced by the
-    closed-loop estimate (devices.inferencex.check_rows), the leave-one-device-out table
-    on its rows; exits 1 when a criterion of `devices.inferencex.LIMITS` fails."""
+    closed-loop estimate (devices.inferencex.check_rows; with `replay`, by the engine
+    replay of its benchmark client, rack.experiments.validation_runs.replay_row), the
+    leave-one-device-out table on its rows; exits 1 when a criterion of
+    `devices.inferencex.LIMITS` fails."""
     from devices.catalog import CatalogError
     from devices.inferencex import check_rows, load_inferencex_rows
     from devices.lodo import leave_one_device_out
+    from rack.wiring.scenario import ScenarioError
 
     try:
         rows = load_inferencex_rows(path)
-        res = check_rows(rows)
+        if replay:
+            from rack.experiments.validation_runs import replay_row
+
+            res = check_rows(rows, replay=lambda r: replay_row(r).predicted)
+        else:
+            res = check_rows(rows)
         lodo = leave_one_device_out([m.row for m in rows if m.row is not None])
-    except (CatalogError, ValueError) as e:
+    except (CatalogError, ScenarioError, ValueError, RuntimeError) as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2)
     if json_out:

@@ -58,8 +58,11 @@ def row_scenario(row: ServingRow, dep: Deployment | None = None) -> Scenario:
     data = {"name": f"row-{row.id}", "description": f"{row.id}: {row.curve}, {row.concurrency_requests} users",
             "model": dep.model, "weight_dtype": dep.weight_dtype, "kv_dtype": dep.kv_dtype, "pools": pools,
             "slo": {"ttft_ms": 2000.0, "tpot_ms": 80.0}, "seed": 0}
-    front = resolve_stack(dep.device, dep.stack).request_latency_s
-    if front > 0:        # the serving front end's time in the client's TTFT (HardwareSpec.request_latency_s)
+    spec = resolve_stack(dep.device, dep.stack)
+    # the serving front end's time in the client's TTFT (HardwareSpec.request_latency_s),
+    # with a disaggregated deployment's routing and handoff (disagg_request_latency_s)
+    front = spec.request_latency_s + (spec.disagg_request_latency_s if len(pools) == 2 else 0.0)
+    if front > 0:
         data["fixed_stages"] = [{"name": "api_server", "latency_ms": front * 1e3, "where": "before"}]
     if len(pools) == 2:
         bw = KV_LINK_GBPS.get(dep.device, KV_LINK_GBPS["default"])
@@ -82,6 +85,17 @@ def row_requests(dep: Deployment, per_user: int | None = None, seed: int = 0) ->
     prompts, outputs = lengths(dep.isl), lengths(dep.osl)
     return [Request(id=i, arrival_s=0.0, prompt_tokens=int(p), output_tokens=int(o))
             for i, (p, o) in enumerate(zip(prompts, outputs))]
+
+
+def ttft_by_wave(cols: dict, concurrency: int) -> list[float]:
+    """Median TTFT (s) of each wave of `concurrency` requests in the order the client
+    sent them (`cols`: a run's per-request columns, "t_arrival" and "ttft_s"). The
+    first wave is the users' synchronized start (every user sends at 0, their prompts
+    queue for prefill behind one another); later waves show whether the users stayed
+    bunched or spread out."""
+    order = np.argsort(cols["t_arrival"], kind="stable")
+    ttft = np.asarray(cols["ttft_s"], float)[order]
+    return [float(np.median(ttft[i:i + concurrency])) for i in range(0, ttft.size, concurrency)]
 
 
 @dataclass
@@ -123,10 +137,11 @@ def replay_row(row: ServingRow, per_user: int | None = None) -> RowReplay:
     predicted = {"tpot_s": res["latency"]["tpot_s"]["p50"], "ttft_s": res["latency"]["ttft_s"]["p50"],
                  "throughput_per_gpu": tokens / span / dep.gpus}
     details = {"requests": int(done.size), "gpus": dep.gpus, "duration_s": span,
+               "ttft_by_wave_s": ttft_by_wave(cols, dep.concurrency),
                "stack": {p: u.get("stack") for p, u in res["utilization"].items()},
                "batch_mean": {n: s.get("batch_mean_busy") for n, s in out.stats.items() if "batch_mean_busy" in s}}
     return RowReplay(row, predicted, measured(row), details)
 
 
 __all__ = ["KV_LINK_GBPS", "METRICS", "RowReplay", "replay_row", "row_requests",
-           "row_scenario"]
+           "row_scenario", "ttft_by_wave"]
