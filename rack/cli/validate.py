@@ -294,8 +294,14 @@ def validate(
             _lodo_table(con, lodo)
         if sat:
             _saturated_table(con, sat, sat_summary)
+        # the saturated rows' criteria are reported beside the enforced ones, not enforced:
+        # the closing line names those still unmet rather than saying "every criterion"
+        names = {"input_per_prefill_gpu": "input tok/s per prefill GPU", "ttft_s": "TTFT"}
+        unmet = [names.get(m, m) for m, ok in (sat_summary or {}).get("met", {}).items() if not ok] if sat else []
+        reported = (f" (reported, not enforced: the saturated rows' {', '.join(unmet)} criterion NOT met)"
+                    if unmet else "")
         con.print(f"{len(figures)} published figures, {len(replays)} serving rows: "
-                  + ("[green]every criterion met[/green]" if not summary.failures
+                  + ("[green]every enforced criterion met[/green]" + reported if not summary.failures
                      else "[red]" + "; ".join(summary.failures) + "[/red]"))
     if summary.failures:
         raise typer.Exit(1)
