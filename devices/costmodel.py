@@ -410,6 +410,20 @@ def _larger_line(a0: float, a1: float, b0: float, b1: float, n: int) -> np.ndarr
     return j
 
 
+def _counts_key(*counts) -> tuple | None:
+    """A hashable key of token-count lists or 1-D arrays (their values as tuples), None
+    for anything else (scalars, other shapes)."""
+    key = []
+    for x in counts:
+        if type(x) is list:
+            key.append(tuple(x))
+        elif type(x) is np.ndarray and x.ndim == 1:
+            key.append(tuple(x.tolist()))
+        else:
+            return None
+    return tuple(key)
+
+
 def _as_counts(x, name: str) -> np.ndarray:
     if type(x) is np.ndarray and x.ndim == 1 and x.size <= 64 and x.dtype.kind in "iuf":
         # the engines' short token-count arrays: Python's min and sum are cheaper than
@@ -838,11 +852,10 @@ class CostModel:
         """
         # A prefill engine's iterations repeat the same few (chunk, cached) shapes (the
         # full chunk budget over 0, 1, 2... chunks of a prompt): the cost of the same
-        # counts is looked up, not computed again (the same object, bit for bit).
-        key = None
-        if type(new_tokens) is np.ndarray and type(cached_tokens) is np.ndarray \
-                and new_tokens.ndim == 1 and cached_tokens.ndim == 1:
-            key = (tuple(new_tokens.tolist()), tuple(cached_tokens.tolist()))
+        # counts (lists, or 1-D arrays) is looked up, not computed again (the same
+        # object, bit for bit).
+        key = _counts_key(new_tokens, cached_tokens)
+        if key is not None:
             hit = self._prefill_costs.get(key)
             if hit is not None:
                 return hit

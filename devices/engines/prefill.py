@@ -506,10 +506,8 @@ class PrefillEngine(Core):
             return
         t0 = now if self._t_free is None else self._t_free
         self._sample(t0)
-        new = np.fromiter((take for _, take in plan), dtype=np.int64, count=len(plan))
-        cached = np.fromiter((j.cached + j.computed for j, _ in plan), dtype=np.int64,
-                             count=len(plan))
-        c = self.cost.prefill(new, cached)
+        new = [take for _, take in plan]        # (lists: the cost model's lookup key as they are)
+        c = self.cost.prefill(new, [j.cached + j.computed for j, _ in plan])
         t1 = t0 + host_load_s(plan) + c.time_s
         starts = [(j.req.id, "prefill_start", t0) for j, _ in plan if not j.started]
         for j, _ in plan:
@@ -525,7 +523,7 @@ class PrefillEngine(Core):
         self.lateness.note(t1, now)
         self._t_free = t1
         self.util.add(c.time_s, c.flops, c.bytes, device_busy_s=c.device_busy_s)
-        self.tokens_computed += int(new.sum())
+        self.tokens_computed += sum(new)
         done: list[_Job] = []
         for j, take in plan:
             j.computed += take
