@@ -920,6 +920,8 @@ class DecodeEngine(Core):
 
     def _compact_log(self) -> None:
         """Forget logged steps no running request refers to."""
+        if len(self._t_end) - self._t_end.base <= (1 << 14):
+            return                  # (every request starts at or before the log's end)
         low = min((s.start for s in self._batch), default=len(self._t_end))
         if low - self._t_end.base > (1 << 14):
             self._t_start.drop_before(low)
