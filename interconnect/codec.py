@@ -997,18 +997,36 @@ class KVDescription:
     `build()` makes the real frames (`make_kv_frames` with the same arguments), e.g.
     for a fault that corrupts one. There are no bodies, so nothing can fail a checksum:
     `scan_kv_frames` returns the entries as they are.
+
+    `layout_key`: the arguments the frames' layout depends on (all but the request id
+    and the seed): two descriptions with the same key have the same entries but for
+    their request id, so a check of their headers that passes for one passes for the
+    other (the interconnect and the decode engine check a layout once).
     """
 
-    __slots__ = ("args", "entries", "sizes", "nbytes")
+    __slots__ = ("args", "sizes", "nbytes", "_groups", "_entries")
 
-    def __init__(self, args: tuple, entries: tuple, sizes: tuple) -> None:
+    def __init__(self, args: tuple, groups: tuple, sizes: tuple) -> None:
         self.args = args
-        self.entries = entries
+        self._groups = groups       # `_kv_layout`'s groups: the entries without the request id
+        self._entries: tuple | None = None
         self.sizes = sizes
         self.nbytes = sum(sizes)
 
+    @property
+    def entries(self) -> tuple:
+        # built when first read: a payload whose layout was checked before is not read
+        if self._entries is None:
+            rid = self.args[0]
+            self._entries = tuple((rid, *g[3]) for g in self._groups)
+        return self._entries
+
+    @property
+    def layout_key(self) -> tuple:
+        return self.args[1:7]
+
     def __len__(self) -> int:
-        return len(self.entries)
+        return len(self._groups)
 
     def build(self) -> "KVFrames":
         """The real frames this describes."""
@@ -1041,10 +1059,9 @@ def describe_kv_frames(
                                  kv_dtype, seed)[2]
     n_rid = len(_pack_uint(request_id))
     groups, _ = layout
-    entries = tuple((request_id, *g[3]) for g in groups)
     sizes = tuple(g[4] + n_rid + _TAIL_BYTES + g[2] for g in groups)
     return KVDescription((request_id, n_tokens, kv_bytes_per_token, n_layers, layer_group, payload_scale,
-                          kv_dtype, seed), entries, sizes)
+                          kv_dtype, seed), groups, sizes)
 
 
 def check_description(desc: KVDescription, frames: list) -> None:
