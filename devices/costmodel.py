@@ -808,9 +808,11 @@ class CostModel:
         return tokens, flops, att, kv
 
     @staticmethod
-    def _decode_work(t: _Terms, c: np.ndarray, shift: np.ndarray, q: int) -> tuple:
+    def _decode_work(t: _Terms, c: np.ndarray, shift: np.ndarray | float, q: int) -> tuple:
         """(tokens, FLOPs, attention FLOPs, KV bytes) per step of a decode batch with
-        contexts c + shift (shift: array over steps), q query tokens per request (k + 1
+        contexts c + shift (shift: array over steps; a scalar for one step, which keeps
+        the work and its pass in Python floats: the same values without a ufunc call
+        per term), q query tokens per request (k + 1
         when verifying). Each request's attention is charged `t.ctx_pad` more tokens of
         context (the fixed cost of a split-KV decode kernel, `HardwareSpec.
         attention_context_half_tokens`) on its full-attention layers."""
@@ -1095,7 +1097,7 @@ class CostModel:
                          lines=(fl0 + fl1 * x0, fl1 * dx, b0 + b1 * x0, b1 * dx, comm),
                          busy_line=(busy_a, busy_b))
 
-    def _decode_dict(self, c: np.ndarray, shift: np.ndarray, lean: bool = False) -> dict:
+    def _decode_dict(self, c: np.ndarray, shift: np.ndarray | float, lean: bool = False) -> dict:
         q = 1 if self.speculative is None else int(self.speculative.draft_tokens) + 1
         tok, fl, att, kv = self._decode_work(self._t, c, shift, q)
         pp = self.parallelism.pp
@@ -1112,7 +1114,7 @@ class CostModel:
         keys): from the batch size's `_decode_line` when it applies (no speculative
         decoding, no sliding-window layers), else `_decode_dict`."""
         if self.speculative is not None or self._t.n_slide:
-            return {k: float(_at(v)) for k, v in self._decode_dict(c, np.zeros(1)).items()}
+            return {k: float(_at(v)) for k, v in self._decode_dict(c, 0.0).items()}
         c0, c1, m0, m1, rest, fl0, fl1, b0, b1, comm, comm_bw, lat, busy_a, busy_b, fixed = self._decode_line(c.size)
         x = float(sum(c.tolist())) if c.size < 8 else float(c.sum())
         compute, memory = c0 + c1 * x, m0 + m1 * x
@@ -1149,7 +1151,7 @@ class CostModel:
             return self._cost(d, tok_p + ctx.size * q)
         if not self._fused:
             parts = ([self._prefill_dict(n, c)] if tok_p else []) + \
-                ([self._decode_dict(ctx, np.zeros(1))] if ctx.size else [])
+                ([self._decode_dict(ctx, 0.0)] if ctx.size else [])
             return self._cost(self._combine(parts), tok_p + ctx.size * q)
         tok_p, fl_p, att_p, kv_p = self._prefill_work(self._t, n, c)
         if ctx.size:
@@ -1168,7 +1170,7 @@ class CostModel:
                        kv_p=kv_p, kv_d=kv_d, m=max(m, 1), pp=pp, steady=True)
         if self.speculative is not None:
             if ctx.size:
-                d = self._combine([d, self._draft_passes(ctx, np.zeros(1))])
+                d = self._combine([d, self._draft_passes(ctx, 0.0)])
             if tok_p:
                 d = self._combine([d, self._draft_prefill(n, c, tok_p)])
         return self._cost(d, tok_p + tok_d)
@@ -1264,7 +1266,7 @@ class CostModel:
         if c.size == 0:
             raise ValueError("decode_step: empty batch (no context_lens)")
         q = 1 if self.speculative is None else int(self.speculative.draft_tokens) + 1
-        return self._cost(self._decode_dict(c, np.zeros(1)), c.size * q)
+        return self._cost(self._decode_dict(c, 0.0), c.size * q)
 
     def describe(self) -> dict:
         """The instance's configuration and derived rates as a plain dict."""
