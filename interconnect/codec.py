@@ -1004,22 +1004,29 @@ class KVDescription:
     other (the interconnect and the decode engine check a layout once).
     """
 
-    __slots__ = ("args", "sizes", "nbytes", "_groups", "_entries")
+    __slots__ = ("args", "nbytes", "_groups", "_n_rid", "_entries")
 
-    def __init__(self, args: tuple, groups: tuple, sizes: tuple) -> None:
+    def __init__(self, args: tuple, layout: tuple) -> None:
         self.args = args
-        self._groups = groups       # `_kv_layout`'s groups: the entries without the request id
+        # `_kv_layout`'s (groups, size): the frames without their request id, whose
+        # packed length each frame adds
+        self._groups, size = layout
+        self._n_rid = len(_pack_uint(args[0]))
         self._entries: tuple | None = None
-        self.sizes = sizes
-        self.nbytes = sum(sizes)
+        self.nbytes = size + len(self._groups) * self._n_rid
 
+    # entries and sizes are built when first read: a payload whose layout was checked
+    # before is not read
     @property
     def entries(self) -> tuple:
-        # built when first read: a payload whose layout was checked before is not read
         if self._entries is None:
             rid = self.args[0]
             self._entries = tuple((rid, *g[3]) for g in self._groups)
         return self._entries
+
+    @property
+    def sizes(self) -> tuple:
+        return tuple(g[4] + self._n_rid + _TAIL_BYTES + g[2] for g in self._groups)
 
     @property
     def layout_key(self) -> tuple:
@@ -1057,11 +1064,8 @@ def describe_kv_frames(
         # without building the frames
         layout = _checked_layout(request_id, n_tokens, kv_bytes_per_token, n_layers, layer_group, payload_scale,
                                  kv_dtype, seed)[2]
-    n_rid = len(_pack_uint(request_id))
-    groups, _ = layout
-    sizes = tuple(g[4] + n_rid + _TAIL_BYTES + g[2] for g in groups)
     return KVDescription((request_id, n_tokens, kv_bytes_per_token, n_layers, layer_group, payload_scale,
-                          kv_dtype, seed), groups, sizes)
+                          kv_dtype, seed), layout)
 
 
 def check_description(desc: KVDescription, frames: list) -> None:
