@@ -425,6 +425,8 @@ def _counts_key(*counts) -> tuple | None:
 
 
 def _as_counts(x, name: str) -> np.ndarray:
+    if type(x) is list:
+        x = np.array(x)         # (an engine's counts: ints, so the checks below for arrays)
     if type(x) is np.ndarray and x.ndim == 1 and x.size <= 64 and x.dtype.kind in "iuf":
         # the engines' short token-count arrays: Python's min and sum are cheaper than
         # ufunc reductions (a nan or inf makes the sum fail `< inf`)
