@@ -998,10 +998,9 @@ class KVDescription:
     for a fault that corrupts one. There are no bodies, so nothing can fail a checksum:
     `scan_kv_frames` returns the entries as they are.
 
-    `layout_key`: the arguments the frames' layout depends on (all but the request id
-    and the seed): two descriptions with the same key have the same entries but for
-    their request id, so a check of their headers that passes for one passes for the
-    other (the interconnect and the decode engine check a layout once).
+    `passes_transfer_checks` and `verifies_for` answer the interconnect's and the
+    receiver's header checks from the arguments the layout was made of (no header
+    read): a described payload is checked in O(1).
     """
 
     __slots__ = ("args", "nbytes", "_groups", "_n_rid", "_entries")
@@ -1028,9 +1027,23 @@ class KVDescription:
     def sizes(self) -> tuple:
         return tuple(g[4] + self._n_rid + _TAIL_BYTES + g[2] for g in self._groups)
 
-    @property
-    def layout_key(self) -> tuple:
-        return self.args[1:7]
+    def passes_transfer_checks(self, request_id: int, payload_scale: float, logical_bytes: int) -> bool:
+        """True when the real frames pass the interconnect's header checks: every frame
+        names `request_id`, carries a body of payload_size(logical, payload_scale) for
+        its logical bytes, and the logical bytes sum to `logical_bytes`. The layout's
+        bodies are payload_size(logical, its own payload_scale) and its groups' logical
+        bytes sum to n_tokens x kv_bytes_per_token (`_kv_layout`), so equal arguments
+        suffice; False means: check the headers (a different scale may round alike)."""
+        rid, n_tokens, kv_bytes_per_token, _, _, scale = self.args[:6]
+        return rid == request_id and scale == payload_scale and n_tokens * kv_bytes_per_token == logical_bytes
+
+    def verifies_for(self, request_id: int, kv_tokens: int, n_layers: int) -> bool:
+        """True when a receiver finds no bad frame: every frame names `request_id` and
+        tokens [0, kv_tokens), and the frames cover layers [0, n_layers). The layout's
+        groups cover [0, its n_layers) one after another, for tokens [0, n_tokens)
+        (`_kv_layout`), and a description has no bytes to fail a checksum."""
+        rid, n_tokens, _, layers = self.args[:4]
+        return rid == request_id and n_tokens == kv_tokens and layers >= n_layers
 
     def __len__(self) -> int:
         return len(self._groups)

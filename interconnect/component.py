@@ -47,11 +47,6 @@ if TYPE_CHECKING:
 __all__ = ["Interconnect", "InterconnectConfigError", "PeerLost", "TransferError", "TransferResult"]
 
 
-#: Layouts whose described headers `Interconnect._check_frames` remembers as checked
-#: (one per prompt length and engine configuration); cleared when full.
-_LAYOUTS_CHECKED_MAX = 4096
-
-
 class InterconnectConfigError(ValueError):
     """The links, routes or receivers given to `Interconnect` do not fit together."""
 
@@ -198,7 +193,6 @@ class Interconnect(Core):
         self._corrupted_rids: dict[int, dict] = {}
         self._frames_corrupted = 0
         self._described = 0         # transfers whose payload was described, not built
-        self._layouts_checked: dict[tuple, int] = {}    # see `_check_frames`: layout -> its logical bytes
         self._lost_transfers = 0
         self._late_replies = 0      # receivers' replies to transfers already counted lost
         self._released = 0          # transfers dropped because their request had ended
@@ -543,11 +537,8 @@ class Interconnect(Core):
             raise TransferError(f"request {req.id}: frames must be a list of uint8 arrays, got {type(frames).__name__}")
         if described:
             self._described += 1
-            # its headers are its layout's with its request id (`KVDescription`): a
-            # layout whose headers passed the checks below once passes them again
-            key = (frames.layout_key, self.payload_scale)
-            if frames.args[0] == req.id and self._layouts_checked.get(key) == logical_bytes:
-                return frames.nbytes
+            if frames.passes_transfer_checks(req.id, self.payload_scale, logical_bytes):
+                return frames.nbytes        # (what the headers below would show)
         shipped = frames.nbytes if described else 0
         for i, f in enumerate(() if described else frames):
             if isinstance(f, np.ndarray):
@@ -576,10 +567,6 @@ class Interconnect(Core):
                         "disagree on payload_scale)"
                     )
                 total += logical
-            if described:
-                if len(self._layouts_checked) >= _LAYOUTS_CHECKED_MAX:
-                    self._layouts_checked.clear()
-                self._layouts_checked[key] = total
             if total != logical_bytes:
                 raise TransferError(
                     f"request {rid}: frames carry {total} logical bytes but the transfer "

@@ -95,10 +95,6 @@ if TYPE_CHECKING:
 AdmissionPolicy = Literal["reserve", "preempt"]
 #: Who sends the client a split request's first output token (DecodeEngine docstring).
 FirstToken = Literal["decode", "prefill"]
-#: Described payloads' verdicts a decode engine keeps (`_count_bad_frames`: one per
-#: prompt length); cleared when full.
-_VERDICTS_MAX = 4096
-
 #: `_first_end` of an empty batch: a step index no run reaches.
 _NEVER = 1 << 62
 
@@ -247,7 +243,6 @@ class DecodeEngine(Core):
         self._set_columns(np.zeros((4, 0), np.int64))
         self._first_end = _NEVER
         self._waiting_ids: set[int] = set()
-        self._layout_verdicts: dict[tuple, int] = {}    # see `_count_bad_frames`
         self._order = 0
         self._pending_events: list[tuple] = []
         self._t_free: float | None = None     # end of the last step while busy
@@ -349,7 +344,7 @@ class DecodeEngine(Core):
         if w is None:
             self.send(reply_to, "kv_received", tag, -1)
             return
-        bad = _count_bad_frames(req.id, w.kv_tokens, self.n_layers, frames, self._layout_verdicts)
+        bad = _count_bad_frames(req.id, w.kv_tokens, self.n_layers, frames)
         if bad:
             self.counts["bad_frames"] += bad
             self.send(reply_to, "kv_received", tag, bad)
@@ -933,21 +928,11 @@ class DecodeEngine(Core):
             self._t_end.drop_before(low)
 
 
-def _count_bad_frames(request_id: int, kv_tokens: int, n_layers: int, frames: list,
-                      verdicts: dict | None = None) -> int:
+def _count_bad_frames(request_id: int, kv_tokens: int, n_layers: int, frames: list) -> int:
     """Bad frames of a KV payload: failing decode (checksum/structure), naming another
-    request or token range; plus 1 if the good frames leave layers uncovered.
-
-    verdicts: the counts of described payloads (`KVDescription`) by layout and token
-    range (for one `n_layers`), read and filled here when given: a description's
-    headers are its layout's with its request id, so for the right request its count
-    depends on those alone."""
-    described = verdicts is not None and type(frames) is KVDescription and frames.args[0] == request_id
-    if described:
-        key = (frames.layout_key, kv_tokens)
-        bad = verdicts.get(key)
-        if bad is not None:
-            return bad
+    request or token range; plus 1 if the good frames leave layers uncovered."""
+    if type(frames) is KVDescription and frames.verifies_for(request_id, kv_tokens, n_layers):
+        return 0                    # (what the headers below would show)
     # One batched decode (header tuples, every body hashed) instead of a FrameHeader
     # per frame: this runs for every transfer.
     bad = 0
@@ -967,8 +952,4 @@ def _count_bad_frames(request_id: int, kv_tokens: int, n_layers: int, frames: li
             pos = max(pos, b)
         if pos < n_layers:
             bad += 1
-    if described:
-        if len(verdicts) >= _VERDICTS_MAX:
-            verdicts.clear()
-        verdicts[key] = bad
     return bad
