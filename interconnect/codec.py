@@ -847,6 +847,7 @@ def _kv_layout(request_id: int, n_tokens: int, kv_bytes_per_token: int, n_layers
     k_logical, k_payload = _K["logical"], _K["payload"]
     n_key_head = len(_KEY_HEAD)
     packed: dict[int, bytes] = {}               # the groups share a few byte counts
+    bodies: dict[int, int] = {}                 # and a few logical sizes: their body sizes
     groups = []
     size = 0
     done = 0                                    # logical bytes of the groups before
@@ -854,7 +855,9 @@ def _kv_layout(request_id: int, n_tokens: int, kv_bytes_per_token: int, n_layers
         upto = total * b // n_layers            # `group_logical_bytes` as a running sum
         logical = upto - done
         done = upto
-        n_body = payload_size(logical, payload_scale)
+        n_body = bodies.get(logical)
+        if n_body is None:
+            n_body = bodies[logical] = payload_size(logical, payload_scale)
         if n_body > MAX_BODY_BYTES:
             raise FrameError(
                 f"frame body of request {request_id} is {n_body} bytes; a msgpack bin32 "

@@ -878,11 +878,9 @@ class DecodeEngine(Core):
         if steps == 1:               # a mixed iteration or a step finished after an admission
             self._t_start.append(t0)
             self._t_end.append(t_last)
-        else:
-            starts = np.empty(steps)
-            starts[0] = t0
-            starts[1:] = ends[: steps - 1]
-            self._t_start.extend(starts)
+        else:                        # step i starts where step i - 1 ended
+            self._t_start.append(t0)
+            self._t_start.extend(ends[: steps - 1])
             self._t_end.extend(ends[:steps])
         self._batch_seconds += len(batch) * (t_last - t0)
         self._step_seconds += t_last - t0
