@@ -447,8 +447,11 @@ class PrefillEngine(Core):
     # ------------------------------------------------------------------ iterations
     def _poke(self, now: float) -> None:
         """New work or freed memory: form the next iteration at `now` (after this
-        instant's messages; weights first if still loading) unless one is running."""
-        if self._iter is None:
+        instant's messages; weights first if still loading) unless one is running or
+        nothing waits for one (freed memory with an empty queue: planning would find
+        nothing, and the engine is idle already, `_t_free` None, since the last
+        iteration's end planned nothing)."""
+        if self._iter is None and (self._queue or self._running):
             t = now if self.loading_until_s is None else max(now, self.loading_until_s)
             self._plan_at = min(self._plan_at, t)
             self._set_wake()
