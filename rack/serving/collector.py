@@ -223,14 +223,19 @@ class Collector(Core):
         open-loop replays), in the order sent: as the handlers of the same messages."""
         items = self.inbox[:]
         self.inbox.clear()
-        record = self._record
+        batch: list = []        # consecutive lifecycle events: recorded in one call
         for method, args in items:
             if method == "events":
-                record(args[0])
+                batch.extend(args[0])
             elif method == "event":
-                record((args,))
+                batch.append(args)
             else:
+                if batch:
+                    self._record(batch)
+                    batch = []
                 getattr(self, method)(now, *args)
+        if batch:
+            self._record(batch)
 
     # ----------------------------------------------------------------- driver reads
     def all_ended(self) -> bool:
