@@ -410,7 +410,23 @@ def _larger_line(a0: float, a1: float, b0: float, b1: float, n: int) -> np.ndarr
     return j
 
 
+def _counts_key(*counts) -> tuple | None:
+    """A hashable key of token-count lists or 1-D arrays (their values as tuples), None
+    for anything else (scalars, other shapes)."""
+    key = []
+    for x in counts:
+        if type(x) is list:
+            key.append(tuple(x))
+        elif type(x) is np.ndarray and x.ndim == 1:
+            key.append(tuple(x.tolist()))
+        else:
+            return None
+    return tuple(key)
+
+
 def _as_counts(x, name: str) -> np.ndarray:
+    if type(x) is list:
+        x = np.array(x)         # (an engine's counts: ints, so the checks below for arrays)
     if type(x) is np.ndarray and x.ndim == 1 and x.size <= 64 and x.dtype.kind in "iuf":
         # the engines' short token-count arrays: Python's min and sum are cheaper than
         # ufunc reductions (a nan or inf makes the sum fail `< inf`)
@@ -493,6 +509,7 @@ class CostModel:
         self._lines: dict[int, tuple] = {}     # batch size -> `_decode_line`
         self._token_terms: dict[tuple, tuple] = {}   # see `_terms_of_tokens`
         self._mixed_slopes: dict[tuple[int, int], tuple] = {}   # see `mixed_steps`
+        self._prefill_costs: dict[tuple, IterationCost] = {}   # see `prefill`
 
         self.draft: ModelSpec | None = None
         extra_w = extra_kv = 0
@@ -656,9 +673,10 @@ class CostModel:
         }
 
     _TOKEN_TERMS_MAX = 4096
-    # Entries of `_token_terms` (a pass's terms by token count; a prefill engine's
-    # iterations mostly carry the full chunk budget, so a few hundred keys cover most
-    # of a trace); cleared when full.
+    # Entries of `_token_terms` (a pass's terms by token count) and of `_prefill_costs`
+    # (a prefill iteration's cost by its counts): a prefill engine's iterations mostly
+    # carry the full chunk budget, so a few hundred keys cover most of a trace (Azure
+    # conversation: 2,361 distinct of 19,341); cleared when full.
 
     def _terms_of_tokens(self, t: _Terms, tok_mb, m: int, pp: int, prompt: bool = False) -> tuple:
         """The terms of `_pass` that depend only on the micro-batch's token count (and
@@ -792,9 +810,11 @@ class CostModel:
         return tokens, flops, att, kv
 
     @staticmethod
-    def _decode_work(t: _Terms, c: np.ndarray, shift: np.ndarray, q: int) -> tuple:
+    def _decode_work(t: _Terms, c: np.ndarray, shift: np.ndarray | float, q: int) -> tuple:
         """(tokens, FLOPs, attention FLOPs, KV bytes) per step of a decode batch with
-        contexts c + shift (shift: array over steps), q query tokens per request (k + 1
+        contexts c + shift (shift: array over steps; a scalar for one step, which keeps
+        the work and its pass in Python floats: the same values without a ufunc call
+        per term), q query tokens per request (k + 1
         when verifying). Each request's attention is charged `t.ctx_pad` more tokens of
         context (the fixed cost of a split-KV decode kernel, `HardwareSpec.
         attention_context_half_tokens`) on its full-attention layers."""
@@ -834,6 +854,23 @@ class CostModel:
         Args: arrays (or scalars) of token counts, broadcast together.
         Raises: ValueError on negative counts or an iteration with no new tokens.
         """
+        # A prefill engine's iterations repeat the same few (chunk, cached) shapes (the
+        # full chunk budget over 0, 1, 2... chunks of a prompt): the cost of the same
+        # counts (lists, or 1-D arrays) is looked up, not computed again (the same
+        # object, bit for bit).
+        key = _counts_key(new_tokens, cached_tokens)
+        if key is not None:
+            hit = self._prefill_costs.get(key)
+            if hit is not None:
+                return hit
+        cost = self._prefill_cost(new_tokens, cached_tokens)
+        if key is not None:
+            if len(self._prefill_costs) >= self._TOKEN_TERMS_MAX:
+                self._prefill_costs.clear()
+            self._prefill_costs[key] = cost
+        return cost
+
+    def _prefill_cost(self, new_tokens, cached_tokens) -> IterationCost:
         n = _as_counts(new_tokens, "new_tokens")
         c = _as_counts(cached_tokens, "cached_tokens")
         if n.shape != c.shape:
@@ -1062,7 +1099,7 @@ class CostModel:
                          lines=(fl0 + fl1 * x0, fl1 * dx, b0 + b1 * x0, b1 * dx, comm),
                          busy_line=(busy_a, busy_b))
 
-    def _decode_dict(self, c: np.ndarray, shift: np.ndarray, lean: bool = False) -> dict:
+    def _decode_dict(self, c: np.ndarray, shift: np.ndarray | float, lean: bool = False) -> dict:
         q = 1 if self.speculative is None else int(self.speculative.draft_tokens) + 1
         tok, fl, att, kv = self._decode_work(self._t, c, shift, q)
         pp = self.parallelism.pp
@@ -1079,7 +1116,7 @@ class CostModel:
         keys): from the batch size's `_decode_line` when it applies (no speculative
         decoding, no sliding-window layers), else `_decode_dict`."""
         if self.speculative is not None or self._t.n_slide:
-            return {k: float(_at(v)) for k, v in self._decode_dict(c, np.zeros(1)).items()}
+            return {k: float(_at(v)) for k, v in self._decode_dict(c, 0.0).items()}
         c0, c1, m0, m1, rest, fl0, fl1, b0, b1, comm, comm_bw, lat, busy_a, busy_b, fixed = self._decode_line(c.size)
         x = float(sum(c.tolist())) if c.size < 8 else float(c.sum())
         compute, memory = c0 + c1 * x, m0 + m1 * x
@@ -1116,7 +1153,7 @@ class CostModel:
             return self._cost(d, tok_p + ctx.size * q)
         if not self._fused:
             parts = ([self._prefill_dict(n, c)] if tok_p else []) + \
-                ([self._decode_dict(ctx, np.zeros(1))] if ctx.size else [])
+                ([self._decode_dict(ctx, 0.0)] if ctx.size else [])
             return self._cost(self._combine(parts), tok_p + ctx.size * q)
         tok_p, fl_p, att_p, kv_p = self._prefill_work(self._t, n, c)
         if ctx.size:
@@ -1135,7 +1172,7 @@ class CostModel:
                        kv_p=kv_p, kv_d=kv_d, m=max(m, 1), pp=pp, steady=True)
         if self.speculative is not None:
             if ctx.size:
-                d = self._combine([d, self._draft_passes(ctx, np.zeros(1))])
+                d = self._combine([d, self._draft_passes(ctx, 0.0)])
             if tok_p:
                 d = self._combine([d, self._draft_prefill(n, c, tok_p)])
         return self._cost(d, tok_p + tok_d)
@@ -1231,7 +1268,7 @@ class CostModel:
         if c.size == 0:
             raise ValueError("decode_step: empty batch (no context_lens)")
         q = 1 if self.speculative is None else int(self.speculative.draft_tokens) + 1
-        return self._cost(self._decode_dict(c, np.zeros(1)), c.size * q)
+        return self._cost(self._decode_dict(c, 0.0), c.size * q)
 
     def describe(self) -> dict:
         """The instance's configuration and derived rates as a plain dict."""

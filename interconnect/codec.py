@@ -847,6 +847,7 @@ def _kv_layout(request_id: int, n_tokens: int, kv_bytes_per_token: int, n_layers
     k_logical, k_payload = _K["logical"], _K["payload"]
     n_key_head = len(_KEY_HEAD)
     packed: dict[int, bytes] = {}               # the groups share a few byte counts
+    bodies: dict[int, int] = {}                 # and a few logical sizes: their body sizes
     groups = []
     size = 0
     done = 0                                    # logical bytes of the groups before
@@ -854,7 +855,9 @@ def _kv_layout(request_id: int, n_tokens: int, kv_bytes_per_token: int, n_layers
         upto = total * b // n_layers            # `group_logical_bytes` as a running sum
         logical = upto - done
         done = upto
-        n_body = payload_size(logical, payload_scale)
+        n_body = bodies.get(logical)
+        if n_body is None:
+            n_body = bodies[logical] = payload_size(logical, payload_scale)
         if n_body > MAX_BODY_BYTES:
             raise FrameError(
                 f"frame body of request {request_id} is {n_body} bytes; a msgpack bin32 "
@@ -997,18 +1000,56 @@ class KVDescription:
     `build()` makes the real frames (`make_kv_frames` with the same arguments), e.g.
     for a fault that corrupts one. There are no bodies, so nothing can fail a checksum:
     `scan_kv_frames` returns the entries as they are.
+
+    `passes_transfer_checks` and `verifies_for` answer the interconnect's and the
+    receiver's header checks from the arguments the layout was made of (no header
+    read): a described payload is checked in O(1).
     """
 
-    __slots__ = ("args", "entries", "sizes", "nbytes")
+    __slots__ = ("args", "nbytes", "_groups", "_n_rid", "_entries")
 
-    def __init__(self, args: tuple, entries: tuple, sizes: tuple) -> None:
+    def __init__(self, args: tuple, layout: tuple) -> None:
         self.args = args
-        self.entries = entries
-        self.sizes = sizes
-        self.nbytes = sum(sizes)
+        # `_kv_layout`'s (groups, size): the frames without their request id, whose
+        # packed length each frame adds
+        self._groups, size = layout
+        self._n_rid = len(_pack_uint(args[0]))
+        self._entries: tuple | None = None
+        self.nbytes = size + len(self._groups) * self._n_rid
+
+    # entries and sizes are built when first read: a payload whose layout was checked
+    # before is not read
+    @property
+    def entries(self) -> tuple:
+        if self._entries is None:
+            rid = self.args[0]
+            self._entries = tuple((rid, *g[3]) for g in self._groups)
+        return self._entries
+
+    @property
+    def sizes(self) -> tuple:
+        return tuple(g[4] + self._n_rid + _TAIL_BYTES + g[2] for g in self._groups)
+
+    def passes_transfer_checks(self, request_id: int, payload_scale: float, logical_bytes: int) -> bool:
+        """True when the real frames pass the interconnect's header checks: every frame
+        names `request_id`, carries a body of payload_size(logical, payload_scale) for
+        its logical bytes, and the logical bytes sum to `logical_bytes`. The layout's
+        bodies are payload_size(logical, its own payload_scale) and its groups' logical
+        bytes sum to n_tokens x kv_bytes_per_token (`_kv_layout`), so equal arguments
+        suffice; False means: check the headers (a different scale may round alike)."""
+        rid, n_tokens, kv_bytes_per_token, _, _, scale = self.args[:6]
+        return rid == request_id and scale == payload_scale and n_tokens * kv_bytes_per_token == logical_bytes
+
+    def verifies_for(self, request_id: int, kv_tokens: int, n_layers: int) -> bool:
+        """True when a receiver finds no bad frame: every frame names `request_id` and
+        tokens [0, kv_tokens), and the frames cover layers [0, n_layers). The layout's
+        groups cover [0, its n_layers) one after another, for tokens [0, n_tokens)
+        (`_kv_layout`), and a description has no bytes to fail a checksum."""
+        rid, n_tokens, _, layers = self.args[:4]
+        return rid == request_id and n_tokens == kv_tokens and layers >= n_layers
 
     def __len__(self) -> int:
-        return len(self.entries)
+        return len(self._groups)
 
     def build(self) -> "KVFrames":
         """The real frames this describes."""
@@ -1039,12 +1080,8 @@ def describe_kv_frames(
         # without building the frames
         layout = _checked_layout(request_id, n_tokens, kv_bytes_per_token, n_layers, layer_group, payload_scale,
                                  kv_dtype, seed)[2]
-    n_rid = len(_pack_uint(request_id))
-    groups, _ = layout
-    entries = tuple((request_id, *g[3]) for g in groups)
-    sizes = tuple(g[4] + n_rid + _TAIL_BYTES + g[2] for g in groups)
     return KVDescription((request_id, n_tokens, kv_bytes_per_token, n_layers, layer_group, payload_scale,
-                          kv_dtype, seed), entries, sizes)
+                          kv_dtype, seed), layout)
 
 
 def check_description(desc: KVDescription, frames: list) -> None:

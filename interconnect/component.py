@@ -119,6 +119,8 @@ class Interconnect(Core):
     payload_scale: fraction of logical KV bytes the senders ship, in (0, 1]; frames
         whose body size disagrees with it are rejected (TransferError).
     name: the core's name ("interconnect").
+    timeseries: record each link's utilisation over time (stats' links' "series"); False:
+        not recorded (`run_scenario(timeseries=False)`); every other figure is the same.
     Raises InterconnectConfigError naming the bad route, link or endpoint.
     """
 
@@ -130,6 +132,7 @@ class Interconnect(Core):
         receivers: Sequence[str],
         payload_scale: float,
         name: str = "interconnect",
+        timeseries: bool = True,
     ) -> None:
         super().__init__(name)
         specs = list(links)
@@ -169,7 +172,7 @@ class Interconnect(Core):
         self._specs = by_name
         self.payload_scale = float(payload_scale)
         self._t0 = 0.0
-        self._net = FairShareNetwork(specs, t0=self._t0)
+        self._net = FairShareNetwork(specs, t0=self._t0, series=timeseries)
         self._transfers: dict[int, _Transfer] = {}     # in flight, by transfer id (= flow id)
         self._timers: list[tuple[float, int, int, str]] = []   # (t, seq, transfer id, phase)
         self._seq = 0
@@ -534,6 +537,8 @@ class Interconnect(Core):
             raise TransferError(f"request {req.id}: frames must be a list of uint8 arrays, got {type(frames).__name__}")
         if described:
             self._described += 1
+            if frames.passes_transfer_checks(req.id, self.payload_scale, logical_bytes):
+                return frames.nbytes        # (what the headers below would show)
         shipped = frames.nbytes if described else 0
         for i, f in enumerate(() if described else frames):
             if isinstance(f, np.ndarray):

@@ -201,13 +201,16 @@ class FairShareNetwork:
     """Flows over shared links with max-min fair rates, advanced event by event.
 
     links: the links (unique names). t0: start time (s) for utilisation.
+    series: record each link's utilisation over time (`LinkUsage.series`); False: the
+    series stay empty (every other figure is the same), for runs that read none.
     Flows are identified by any hashable id chosen by the caller. Times are seconds,
     sizes bytes, rates bytes/s. Methods that take a time `t` first advance the model
     to `t`; `t` must not go backwards (ValueError).
     """
 
-    def __init__(self, links: Iterable[LinkSpec], t0: float = 0.0):
+    def __init__(self, links: Iterable[LinkSpec], t0: float = 0.0, series: bool = True):
         self._links: dict[str, _Link] = {}
+        self._series = bool(series)
         for spec in links:
             if spec.name in self._links:
                 raise ValueError(f"duplicate link name {spec.name!r}")
@@ -497,6 +500,8 @@ class FairShareNetwork:
 
     def _note_utilisation(self) -> None:
         """Append each link's utilisation to its series when it changed."""
+        if not self._series:
+            return
         for ln in self._links.values():
             util = sum(f.rate for f in ln.flows.values()) / ln.nominal
             last = ln.series.last()

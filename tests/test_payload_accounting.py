@@ -29,6 +29,38 @@ def test_description_matches_the_real_frames(args):
         check_description(desc, other)
 
 
+@pytest.mark.parametrize("args", [(7, 1, 64, 1, 1, 1.0, "fp8", 0), (12345, 3000, 70_272, 61, 8, 1e-3, "fp8", 2),
+                                  (2**40, 517, 327_680, 80, 3, 0.25, "bf16", 1)])
+def test_description_answers_the_header_checks_as_its_real_frames(args):
+    """`passes_transfer_checks` / `verifies_for` (O(1), from the arguments) never accept
+    what the interconnect's header checks or the receiver's bad-frame count reject on
+    the real frames."""
+    from devices.engines.decode import _count_bad_frames
+    from interconnect.component import Interconnect, TransferError
+    from interconnect.link import LinkSpec
+    from workloads.request import Request
+
+    desc, real = describe_kv_frames(*args), make_kv_frames(*args)
+    rid, n_tokens, per_token, n_layers, _, scale = args[:6]
+    logical = n_tokens * per_token
+    for r, sc, lb in [(rid, scale, logical), (rid + 1, scale, logical), (rid, scale * 0.5, logical),
+                      (rid, scale, logical + 1)]:
+        ic = Interconnect(links=[LinkSpec(name="l", bandwidth_GBps=1.0)], routes={("a", "b"): ["l"]}, receivers=["b"], payload_scale=sc)
+        req = Request(id=r, arrival_s=0.0, prompt_tokens=n_tokens, output_tokens=2)
+        try:
+            ic._check_frames(req, real, lb)
+            ok = True
+        except TransferError:
+            ok = False
+        assert desc.passes_transfer_checks(r, sc, lb) <= ok
+        assert desc.passes_transfer_checks(r, sc, lb) == (r == rid and sc == scale and lb == logical)
+    for r, kv, layers in [(rid, n_tokens, n_layers), (rid + 1, n_tokens, n_layers), (rid, n_tokens + 1, n_layers),
+                          (rid, n_tokens, n_layers + 1), (rid, n_tokens, max(1, n_layers - 1))]:
+        bad = _count_bad_frames(r, kv, layers, real)
+        assert desc.verifies_for(r, kv, layers) == (bad == 0)
+        assert _count_bad_frames(r, kv, layers, desc) == bad
+
+
 def test_describe_checks_its_arguments_like_make():
     with pytest.raises(ValueError, match="payload_scale"):
         describe_kv_frames(1, 10, 64, 4, 2, 0.0)

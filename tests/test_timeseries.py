@@ -205,3 +205,10 @@ def test_run_without_timeseries_gives_the_same_figures():
     eng = [s for s in off.stats.values() if "timeseries" in s]
     assert eng and all(len(s["timeseries"]["t_s"]) == 0 for s in eng)
     assert all(len(s["timeseries"]["t_s"]) > 0 for s in on.stats.values() if "timeseries" in s)
+    # the links' utilisation over time too; their totals stay
+    links_on, links_off = on.stats["interconnect"]["links"], off.stats["interconnect"]["links"]
+    assert links_on and all(len(ln["series"]) > 0 for ln in links_on.values())
+    assert all(ln["series"] == [] for ln in links_off.values())
+    for name, ln in links_on.items():
+        assert {k: v for k, v in ln.items() if k != "series"} == \
+            {k: v for k, v in links_off[name].items() if k != "series"}

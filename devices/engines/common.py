@@ -118,6 +118,14 @@ def step_token_times(starts: np.ndarray, ends: np.ndarray, done: int, remaining:
 
 def steps_for(tokens, tokens_per_step: float):
     """Fewest steps S with emitted_after(S, inf) >= tokens (ints or int arrays; 0 for 0)."""
+    if type(tokens) is int:
+        # one request (an admission): plain ints, the same formula and repairs
+        if tokens_per_step == 1.0:
+            return max(tokens, 0)
+        out = math.ceil(tokens / tokens_per_step)
+        out += math.floor(out * tokens_per_step + _EPS) < tokens
+        out -= out > 0 and math.floor((out - 1) * tokens_per_step + _EPS) >= tokens
+        return max(out, 0)
     t = np.asarray(tokens, dtype=np.int64)
     if tokens_per_step == 1.0:
         out = t.copy()

@@ -86,7 +86,7 @@ from devices.engines.common import (
     steps_for,
 )
 from devices.memory import KVBlockPool
-from interconnect.codec import scan_kv_frames
+from interconnect.codec import KVDescription, scan_kv_frames
 from workloads.core import Core
 
 if TYPE_CHECKING:
@@ -238,10 +238,9 @@ class DecodeEngine(Core):
         # the stint), its stint's first global step, tokens of the stint and the global
         # step at which the stint ends; `_first_end`: the earliest of those ends (no
         # request can finish before it, so a run that stops short needs no check).
-        self._a_base = np.zeros(0, np.int64)
-        self._a_start = np.zeros(0, np.int64)
-        self._a_rem = np.zeros(0, np.int64)
-        self._a_end = np.zeros(0, np.int64)
+        # They are the rows of one (4, B) array (`_set_columns`): an admission or a
+        # completion changes it with one numpy call instead of one per column.
+        self._set_columns(np.zeros((4, 0), np.int64))
         self._first_end = _NEVER
         self._waiting_ids: set[int] = set()
         self._order = 0
@@ -743,13 +742,9 @@ class DecodeEngine(Core):
                 self.counts["admitted"] += 1
                 self._pending_events.append((s.req.id, "decode_admit", t))
         if len(self._batch) > first:
-            new = self._batch[first:]
-            n = len(new)
-            self._a_base = np.concatenate((self._a_base, np.fromiter((s.ctx0 + s.emitted for s in new), np.int64, n)))
-            self._a_start = np.concatenate((self._a_start, np.fromiter((s.start for s in new), np.int64, n)))
-            self._a_rem = np.concatenate((self._a_rem, np.fromiter((s.rem for s in new), np.int64, n)))
-            self._a_end = np.concatenate((self._a_end, np.fromiter((s.start + s.steps for s in new), np.int64, n)))
-            self._first_end = min(self._first_end, min(s.start + s.steps for s in new))
+            rows = [(s.ctx0 + s.emitted, s.start, s.rem, s.start + s.steps) for s in self._batch[first:]]
+            self._set_columns(np.concatenate((self._columns, np.array(rows, np.int64).T), axis=1))
+            self._first_end = min(self._first_end, min(r[3] for r in rows))
         self.batch_peak = max(self.batch_peak, len(self._batch))
         if not recompute:
             return False
@@ -855,11 +850,13 @@ class DecodeEngine(Core):
     def _batch_keep(self, keep: np.ndarray) -> None:
         """Keep the requests of the batch where `keep` is True (order kept)."""
         self._batch = [s for s, k in zip(self._batch, keep.tolist()) if k]
-        self._a_base = self._a_base[keep]
-        self._a_start = self._a_start[keep]
-        self._a_rem = self._a_rem[keep]
-        self._a_end = self._a_end[keep]
+        self._set_columns(self._columns[:, keep])
         self._first_end = int(self._a_end.min()) if self._a_end.shape[0] else _NEVER
+
+    def _set_columns(self, columns: np.ndarray) -> None:
+        """The batch's arrays (`__init__`) from their (4, B) array, as row views."""
+        self._columns = columns
+        self._a_base, self._a_start, self._a_rem, self._a_end = columns
 
     def _finish(self, finished: list) -> None:
         if not finished:
@@ -881,11 +878,9 @@ class DecodeEngine(Core):
         if steps == 1:               # a mixed iteration or a step finished after an admission
             self._t_start.append(t0)
             self._t_end.append(t_last)
-        else:
-            starts = np.empty(steps)
-            starts[0] = t0
-            starts[1:] = ends[: steps - 1]
-            self._t_start.extend(starts)
+        else:                        # step i starts where step i - 1 ended
+            self._t_start.append(t0)
+            self._t_start.extend(ends[: steps - 1])
             self._t_end.extend(ends[:steps])
         self._batch_seconds += len(batch) * (t_last - t0)
         self._step_seconds += t_last - t0
@@ -923,6 +918,8 @@ class DecodeEngine(Core):
 
     def _compact_log(self) -> None:
         """Forget logged steps no running request refers to."""
+        if len(self._t_end) - self._t_end.base <= (1 << 14):
+            return                  # (every request starts at or before the log's end)
         low = min((s.start for s in self._batch), default=len(self._t_end))
         if low - self._t_end.base > (1 << 14):
             self._t_start.drop_before(low)
@@ -932,6 +929,8 @@ class DecodeEngine(Core):
 def _count_bad_frames(request_id: int, kv_tokens: int, n_layers: int, frames: list) -> int:
     """Bad frames of a KV payload: failing decode (checksum/structure), naming another
     request or token range; plus 1 if the good frames leave layers uncovered."""
+    if type(frames) is KVDescription and frames.verifies_for(request_id, kv_tokens, n_layers):
+        return 0                    # (what the headers below would show)
     # One batched decode (header tuples, every body hashed) instead of a FrameHeader
     # per frame: this runs for every transfer.
     bad = 0

@@ -447,8 +447,11 @@ class PrefillEngine(Core):
     # ------------------------------------------------------------------ iterations
     def _poke(self, now: float) -> None:
         """New work or freed memory: form the next iteration at `now` (after this
-        instant's messages; weights first if still loading) unless one is running."""
-        if self._iter is None:
+        instant's messages; weights first if still loading) unless one is running or
+        nothing waits for one (freed memory with an empty queue: planning would find
+        nothing, and the engine is idle already, `_t_free` None, since the last
+        iteration's end planned nothing)."""
+        if self._iter is None and (self._queue or self._running):
             t = now if self.loading_until_s is None else max(now, self.loading_until_s)
             self._plan_at = min(self._plan_at, t)
             self._set_wake()
@@ -506,10 +509,8 @@ class PrefillEngine(Core):
             return
         t0 = now if self._t_free is None else self._t_free
         self._sample(t0)
-        new = np.fromiter((take for _, take in plan), dtype=np.int64, count=len(plan))
-        cached = np.fromiter((j.cached + j.computed for j, _ in plan), dtype=np.int64,
-                             count=len(plan))
-        c = self.cost.prefill(new, cached)
+        new = [take for _, take in plan]        # (lists: the cost model's lookup key as they are)
+        c = self.cost.prefill(new, [j.cached + j.computed for j, _ in plan])
         t1 = t0 + host_load_s(plan) + c.time_s
         starts = [(j.req.id, "prefill_start", t0) for j, _ in plan if not j.started]
         for j, _ in plan:
@@ -525,7 +526,7 @@ class PrefillEngine(Core):
         self.lateness.note(t1, now)
         self._t_free = t1
         self.util.add(c.time_s, c.flops, c.bytes, device_busy_s=c.device_busy_s)
-        self.tokens_computed += int(new.sum())
+        self.tokens_computed += sum(new)
         done: list[_Job] = []
         for j, take in plan:
             j.computed += take

@@ -260,7 +260,8 @@ def run_scenario(scenario: Scenario, requests: Sequence[Any], *, runtime: str = 
         the same results; `kv_transfer.payload` says which was used.
     timeseries: record every engine's gauges over time at each of its events (stats'
         "timeseries", "memory_t_s", "batch_t_s": `rack run`'s timeseries.csv and plots,
-        `rack compare`'s); False: not recorded (their arrays are empty), for runs that
+        `rack compare`'s) and each link's utilisation (the interconnect's links'
+        "series"); False: not recorded (their arrays are empty), for runs that
         read none of them (sweeps, capacity searches, the study, `rack bench`'s
         replays): ~10% less work per event, every other figure the same.
     Returns a RunOutput whose `results["status"]` is "complete".
@@ -302,7 +303,7 @@ def run_scenario(scenario: Scenario, requests: Sequence[Any], *, runtime: str = 
             spec.kwargs["records_dir"] = str(records_dir)
         if spec.kind == "prefill" and kv_payload == "account":
             spec.kwargs["kv_verify_every"] = int(kv_verify_every)
-        if not timeseries and spec.kind in ("prefill", "decode", "both"):
+        if not timeseries and spec.kind in ("prefill", "decode", "both", "interconnect"):
             spec.kwargs["timeseries"] = False
     wall0 = time.perf_counter()
     load = {"max_concurrency": max_concurrency, "think_time_s": think_time_s, "kv_payload": kv_payload,

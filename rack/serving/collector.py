@@ -87,6 +87,7 @@ class Collector(Core):
         self._end = np.full(cap, np.nan)
         self._free = list(range(cap - 1, -1, -1))
         self._reason: dict[int, str] = {}            # by slot
+        self._pos_of_slot: dict[int, int] = {}       # by slot: the request's position in ids
         self._itl: dict[int, np.ndarray] = {}        # by slot
         self._ended: list[int] = []                  # slots of ended rows, in order of their ends
         self._ended_samples = 0
@@ -134,7 +135,8 @@ class Collector(Core):
         `itl_s`: the request's inter-token gaps (s), shape (output_tokens - 1,).
         """
         rid = int(request_id)
-        pos = self._position(rid)
+        slot = self._slot.get(rid)
+        pos = self._position(rid) if slot is None else self._pos_of_slot[slot]
         if pos is None:
             self.violations.append(f"finish for unknown request {request_id}")
             return
@@ -150,9 +152,8 @@ class Collector(Core):
             return
         if outcome != "completed" and not reason:
             reason = "unspecified"
-        slot = self._slot.get(rid)
         if slot is None:
-            slot = self._take_slot(rid)
+            slot = self._take_slot(rid, pos)
         self.outcome[pos] = OUTCOMES.index(outcome) + 1
         if reason:
             self._reason[slot] = reason
@@ -222,14 +223,19 @@ class Collector(Core):
         open-loop replays), in the order sent: as the handlers of the same messages."""
         items = self.inbox[:]
         self.inbox.clear()
-        record = self._record
+        batch: list = []        # consecutive lifecycle events: recorded in one call
         for method, args in items:
             if method == "events":
-                record(args[0])
+                batch.extend(args[0])
             elif method == "event":
-                record((args,))
+                batch.append(args)
             else:
+                if batch:
+                    self._record(batch)
+                    batch = []
                 getattr(self, method)(now, *args)
+        if batch:
+            self._record(batch)
 
     # ----------------------------------------------------------------- driver reads
     def all_ended(self) -> bool:
@@ -337,7 +343,9 @@ class Collector(Core):
         self._open += 1
         return n
 
-    def _take_slot(self, rid: int) -> int:
+    def _take_slot(self, rid: int, pos: int) -> int:
+        """A slot for request `rid` (its position in `ids`: `pos`, kept with the slot so
+        that its end needs no search)."""
         if not self._free:
             cap = len(self._slot_id)
             self._slot_id = np.concatenate([self._slot_id, np.zeros(cap, np.int64)])
@@ -347,6 +355,7 @@ class Collector(Core):
             self._free = list(range(2 * cap - 1, cap - 1, -1))
         slot = self._free.pop()
         self._slot[rid] = slot
+        self._pos_of_slot[slot] = pos
         self._slot_id[slot] = rid
         return slot
 
@@ -379,6 +388,7 @@ class Collector(Core):
         self.sink.add(self._chunk(slots, self._slot_id[np.asarray(slots, dtype=np.int64)]))
         for slot in slots:
             del self._slot[int(self._slot_id[slot])]
+            del self._pos_of_slot[slot]
             self._reason.pop(slot, None)
             self._itl.pop(slot, None)
         sl = np.asarray(slots, dtype=np.int64)
@@ -404,7 +414,7 @@ class Collector(Core):
                 if self.outcome[pos]:                # its row has left with an earlier chunk
                     self.late_events[name] += 1
                     continue
-                slot = self._take_slot(rid)
+                slot = self._take_slot(rid, pos)
                 times = self._times                  # grown, perhaps
             if name == "preempted":
                 self._pre[slot] += 1

@@ -235,9 +235,11 @@ def _itl_by_id(parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> dict[s
     ids, lengths, starts = ids[has], lengths[has], starts[has]
     order = np.argsort(ids, kind="stable")
     ids, lengths, starts = ids[order], lengths[order], starts[order]
-    # gather each request's segment in id order without a Python loop
-    index = np.repeat(starts - np.concatenate([[0], np.cumsum(lengths)[:-1]]), lengths) + np.arange(lengths.sum())
-    return {"itl_ids": ids, "itl_lengths": lengths, "itl_flat": flat[index]}
+    # each request's segment, in id order: one copy of the samples (an index array of
+    # every sample's position cost ~1.6x the time and 8 bytes per sample)
+    segments = [flat[a: a + n] for a, n in zip(starts.tolist(), lengths.tolist())]
+    return {"itl_ids": ids, "itl_lengths": lengths,
+            "itl_flat": np.concatenate(segments) if segments else np.zeros(0)}
 
 
 __all__ = ["CHUNK_ROWS", "CHUNK_SAMPLES", "COLUMNS", "DiskRecordSet", "DiskRecords", "FORMAT",
