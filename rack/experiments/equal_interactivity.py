@@ -360,7 +360,7 @@ def pair_readings(ba: Branches, bb: Branches, metric: str = DEFAULT_METRIC, *,
 
 
 def interval_text(r: Optional[Mapping]) -> str:
-    """"4.2x [3.9-4.6x]" (ratio and 90 % interval), "4.2x [no interval]", or "-"."""
+    """"4.2x [3.9-4.6x]" (ratio and its interval, `ratio_at`), "4.2x [no interval]", or "-"."""
     if not r or r.get("ratio") is None:
         return "-"
     iv = r.get("interval")

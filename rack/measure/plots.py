@@ -359,7 +359,7 @@ def interactivity_curves(curves: Mapping[str, Sequence[Mapping[str, Any]]], path
 def ratio_curves(pairs: Mapping[str, Mapping[str, Any]], path: Path | str, *, title: str,
                  lines: Sequence[tuple[float, str]] = ((1.0, "1x"), (5.0, "5x"))) -> Path:
     """Ratios of two curves read at equal tokens/s per user, one line per pair, with
-    their 90 % interval as a band (`rack.experiments.equal_interactivity.ratio_curve`).
+    their interval (`ratio_at`: bootstrap and ladder) as a band (`rack.experiments.equal_interactivity.ratio_curve`).
 
     pairs: label -> {"readings": [{"x", "ratio", "interval"}], "named": [{"name", "x",
     "ratio"}] (marked and labelled)}; lines: horizontal reference ratios (value, label).
@@ -394,7 +394,7 @@ def ratio_curves(pairs: Mapping[str, Mapping[str, Any]], path: Path | str, *, ti
         axis.set_minor_formatter(plain)
     ax.tick_params(which="minor", labelsize=6)
     ax.set_xlabel("tokens/s per user (p50 of 1/TPOT), both curves read at the same value")
-    ax.set_ylabel("ratio of tokens/s per kW (band: 90 % interval)")
+    ax.set_ylabel("ratio of tokens/s per kW (band: interval)")
     ax.grid(alpha=0.3, which="both")
     if pairs:
         ax.legend(fontsize=7)

@@ -29,7 +29,7 @@ def _term_value(t: dict, v: Optional[float]) -> str:
 
 
 def _range_text(tr: dict) -> str:
-    """The span of a ratio over the uncertain terms' ends, each end with its own 90 %
+    """The span of a ratio over the uncertain terms' ends, each end with its own
     interval where it has one ("-" when none)."""
     ends = tr.get("range_ends")
     if not ends:
@@ -73,7 +73,7 @@ def _stop_text(name: str, d: dict) -> str:
 def equal_interactivity(res: dict, s, figures: dict, fig_dir: str) -> list[str]:
     """An interactivity section read at exactly equal tokens/s per user: the ratio at
     the split's knee, at 1,000 tokens/s per user, at the other's knee and its highest
-    over the overlap, each with its 90 % interval; the physics ceiling beside the
+    over the overlap, each with its interval; the physics ceiling beside the
     headline; why each ladder stopped; which curve ends first."""
     from rack.experiments.study.ceiling import physics_ceiling
 
@@ -600,7 +600,7 @@ def claim_verdict(results: dict, sections: list) -> Optional[dict]:
     Kimi-K2.6), read at equal interactivity.
 
     rack's range: the highest ratio over the curves' overlap (the vendors' "up to"),
-    from its 90 % interval's low end to the highest end of the uncertain terms' range
+    from its interval's low end to the highest end of the uncertain terms' range
     of that pair (its tornado on that workload, where one ran; else the interval alone).
     Returns {"position": "inside" | "above" | "below", "low", "high", "term" (the term
     whose range carries the reading across 5x, or the most sensitive one), "text",
@@ -633,10 +633,10 @@ def claim_verdict(results: dict, sections: list) -> Optional[dict]:
     where = {"above": "above rack's range", "below": "below rack's range", "inside": "inside rack's range"}[pos]
     decides = (f"; the term that decides it: {term['label']} (documented range {_term_value(term, term['low'])} "
                f"to {_term_value(term, term['high'])})" if term else
-               "; no uncertain term of this pair was swept, so its range is the reading's 90 % interval only"
+               "; no uncertain term of this pair was swept, so its range is the reading's interval only"
                if not tr else "; its tornado read no ratio" + (f" ({tr['baseline']['why']})"
                                                              if tr["baseline"].get("why") else "")
-               + ", so its range is the reading's 90 % interval only")
+               + ", so its range is the reading's interval only")
     text = (f"**The vendors' claim** (\"up to {B.CLAIM:g}x\" tokens/s per kW at comparable interactivity on "
             f"Kimi 2.6) is **{where}**: {_pair_label(r['a'], r['b'])} on {r['workload']} reaches at most "
             f"{T.xi(up['ratio'], up.get('interval'))} at {up['x']:,.0f} tokens/s per user (the highest ratio over the "

@@ -35,8 +35,8 @@ Kinds (`KINDS`; the fields each needs in `REQUIRED`):
   per-user speed for throughput (chunk size, batch cap), the deployment's curve being
   the best of them (`rack.experiments.equal_interactivity`);
 - readings at equal interactivity: `reading = "equal_interactivity"` reads both curves
-  at the same tokens/s per user, with 90 % intervals from the points' bootstrap
-  replicates; `at` picks the headline: "a_knee" (at the first deployment's knee),
+  at the same tokens/s per user, with intervals from the points' bootstrap
+  replicates widened by the ladder's bracket; `at` picks the headline: "a_knee" (at the first deployment's knee),
   "up_to" (the highest ratio over the overlap) or a number (tokens/s per user);
   "a_best" is the older "at least" reading at the first deployment's best point;
 - "tornado": a pair's ratio at equal interactivity with each uncertain term at the ends
