@@ -32,7 +32,7 @@ import math
 
 import numpy as np
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from .catalog import CATALOG_DIR, CatalogError, resolve_model
@@ -87,7 +87,17 @@ class MeasuredRow:
 
     @property
     def saturated(self) -> bool:
-        return self.isl == 8192 and (self.concurrency or 0) >= 64
+        return is_saturated(self.isl, self.concurrency)
+
+
+#: The issue's check set of saturated rows: 8k-token prompts and at least 64 users.
+SATURATED_ISL, SATURATED_USERS = 8192, 64
+
+
+def is_saturated(isl: int | None, concurrency: int | None) -> bool:
+    """Whether a row of `isl` prompt tokens at `concurrency` users is a saturated row
+    (`SATURATED_ISL` prompts, at least `SATURATED_USERS` users)."""
+    return isl == SATURATED_ISL and (concurrency or 0) >= SATURATED_USERS
 
 
 def _num(path: Path, line: int, col: str, text: str, kind=float):
@@ -306,4 +316,4 @@ def check_rows(rows: list[MeasuredRow], worst: int = 10, replay=None) -> dict:
 
 
 __all__ = ["COLUMNS", "CRITERIA_MODEL", "LIMITS", "METRICS", "check_rows", "measured_figures", "FRAMEWORKS", "MODEL_NAMES", "MeasuredRow", "PACKAGED_ROWS", "is_inferencex_csv",
-           "load_inferencex_rows"]
+           "SATURATED_ISL", "SATURATED_USERS", "is_saturated", "load_inferencex_rows"]

@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 from devices.borrow import FIT_SIBLINGS, resolve_stack  # noqa: E402
 from devices.catalog import CATALOG_DIR, _raw_entries, get_device  # noqa: E402
 from devices.serving_rows import closed_loop_estimate, deployment, load_serving_rows, measured  # noqa: E402
-from devices.inferencex import load_inferencex_rows  # noqa: E402
+from devices.inferencex import is_saturated, load_inferencex_rows  # noqa: E402
 from devices.lodo import hardware_tdp_w, leave_one_device_out, write_lodo  # noqa: E402
 from devices.validation import load_rows, predict  # noqa: E402
 
@@ -118,7 +118,7 @@ def fitted_metrics(row) -> tuple[str, ...]:
     client through the engines (`rack validate --replay`) leaves that wait where the
     closed form puts it, so the rest of its TTFT is a cost no term models, and fitting
     it would push the front end and the per-prompt-layer latency up for every row."""
-    if row.isl_tokens == 8192 and row.concurrency_requests >= 64:
+    if is_saturated(row.isl_tokens, row.concurrency_requests):
         return tuple(k for k in WEIGHTS if k != "ttft_s")
     return tuple(WEIGHTS)
 

@@ -118,24 +118,17 @@ def step_token_times(starts: np.ndarray, ends: np.ndarray, done: int, remaining:
 
 def steps_for(tokens, tokens_per_step: float):
     """Fewest steps S with emitted_after(S, inf) >= tokens (ints or int arrays; 0 for 0)."""
-    if type(tokens) is int:
-        # one request (an admission): plain ints, the same formula and repairs
-        if tokens_per_step == 1.0:
-            return max(tokens, 0)
-        out = math.ceil(tokens / tokens_per_step)
-        out += math.floor(out * tokens_per_step + _EPS) < tokens
-        out -= out > 0 and math.floor((out - 1) * tokens_per_step + _EPS) >= tokens
-        return max(out, 0)
-    t = np.asarray(tokens, dtype=np.int64)
+    one = type(tokens) is int          # one request (an admission): plain ints throughout
+    t = tokens if one else np.asarray(tokens, dtype=np.int64)
     if tokens_per_step == 1.0:
-        out = t.copy()
+        out = t if one else t.copy()
     else:
-        out = np.ceil(t / tokens_per_step).astype(np.int64)
-        # Repair the float rounding both ways with the same formula emitted_after uses.
-        low = np.floor(out * tokens_per_step + _EPS).astype(np.int64) < t
-        out = out + low
-        high = (out > 0) & (np.floor((out - 1) * tokens_per_step + _EPS).astype(np.int64) >= t)
-        out = out - high
+        out = math.ceil(t / tokens_per_step) if one else np.ceil(t / tokens_per_step).astype(np.int64)
+        # Repair the float rounding both ways with emitted_after's own formula.
+        out = out + (emitted_after(out, t, tokens_per_step) < t)
+        out = out - ((out > 0) & (emitted_after(out - 1, t, tokens_per_step) >= t))
+    if one:
+        return max(out, 0)
     out = np.maximum(out, 0)
     return int(out) if out.ndim == 0 else out
 

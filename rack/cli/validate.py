@@ -68,6 +68,10 @@ def _lodo_table(con, lodo: dict) -> None:
               f"{lodo['median_abs_error']['ttft_s']:.0%} TTFT (devices/lodo.py)")
 
 
+#: The saturated rows' figures, as the table and the closing line name them.
+SATURATED_LABELS = {"input_per_prefill_gpu": "input tok/s/prefill GPU", "ttft_s": "TTFT", "tpot_s": "TPOT"}
+
+
 def _saturated_table(con, sat, sat_summary) -> None:
     from rich.table import Table
 
@@ -75,7 +79,7 @@ def _saturated_table(con, sat, sat_summary) -> None:
 
     t = Table(title="Saturated-prefill rows (devices/catalog/saturated-prefill.csv, InferenceX): closed-loop "
               "estimate (predicted / measured, error)")
-    labels = {"input_per_prefill_gpu": "input tok/s/prefill GPU", "ttft_s": "TTFT", "tpot_s": "TPOT"}
+    labels = SATURATED_LABELS
     for col in ("row", "deployment", "users", *labels.values()):
         t.add_column(col, justify="left" if col in ("row", "deployment") else "right")
     fmt = {"input_per_prefill_gpu": lambda v: f"{v:,.0f}", "ttft_s": lambda v: f"{v * 1e3:,.0f} ms",
@@ -296,8 +300,7 @@ def validate(
             _saturated_table(con, sat, sat_summary)
         # the saturated rows' criteria are reported beside the enforced ones, not enforced:
         # the closing line names those still unmet rather than saying "every criterion"
-        names = {"input_per_prefill_gpu": "input tok/s per prefill GPU", "ttft_s": "TTFT"}
-        unmet = [names.get(m, m) for m, ok in (sat_summary or {}).get("met", {}).items() if not ok] if sat else []
+        unmet = [SATURATED_LABELS[m] for m, ok in sat_summary["met"].items() if not ok] if sat else []
         reported = (f" (reported, not enforced: the saturated rows' {', '.join(unmet)} criterion NOT met)"
                     if unmet else "")
         con.print(f"{len(figures)} published figures, {len(replays)} serving rows: "

@@ -167,6 +167,24 @@ def _bracket(x: np.ndarray, y: np.ndarray, at: float, i: int, j: int) -> tuple[f
     return max(low, min(cands)), min(high, max(cands))
 
 
+def ratio_bracket(a: Sequence[float], b: Sequence[float]) -> Optional[tuple[float, float]]:
+    """Where a / b lies when a lies in [a0, a1] and b in [b0, b1]: (a0 / b1, a1 / b0),
+    a's low end over b's high end and back; None when b0 <= 0."""
+    return (a[0] / b[1], a[1] / b[0]) if b[0] > 0 else None
+
+
+def widen(ratio: float, sampled: Optional[Sequence[float]], bracket: Optional[Sequence[float]]) -> Optional[list[float]]:
+    """A ratio's interval from its two parts taken together at their worst: `sampled`
+    (the bootstrap's [lo, hi], or None) scaled out by `bracket` ([lo, hi] of the ratio
+    over what was not measured, `ratio_bracket`, or None). None when neither exists."""
+    if sampled is None and bracket is None:
+        return None
+    lo, hi = (ratio, ratio) if sampled is None else (min(ratio, sampled[0]), max(ratio, sampled[1]))
+    if bracket is not None:
+        lo, hi = lo * bracket[0] / ratio, hi * bracket[1] / ratio
+    return [float(lo), float(hi)]
+
+
 def bracket_at(branches: Branches, at: float, metric: str = DEFAULT_METRIC) -> Optional[tuple[float, float]]:
     """The curve's value at `at` as a (lo, hi) bracket over what the ladder leaves
     unmeasured (`_bracket`), on the branch and segment `value_at` reads; None outside
@@ -282,10 +300,10 @@ def ratio_at(ba: Branches, bb: Branches, at: float, metric: str = DEFAULT_METRIC
     if short or not vb:
         return out
     out["ratio"] = va / vb
-    (alo, ahi), (blo, bhi) = bracket_at(ba, xa, metric), bracket_at(bb, xb, metric)
-    # the ladder's share: a's value at its bracket's ends over b's at the other ends
-    ladder = [alo / bhi / out["ratio"], ahi / blo / out["ratio"]] if blo > 0 else None
-    sampled = [out["ratio"], out["ratio"]]
+    # the ladder's share (nil where both curves are read at measured points)
+    ladder = ratio_bracket(bracket_at(ba, xa, metric), bracket_at(bb, xb, metric))
+    if ladder is not None and ladder[0] != ladder[1]:
+        out["ladder"] = list(ladder)
     ra, rb = value_at(ba, xa, metric, boot=True), value_at(bb, xb, metric, boot=True)
     if ra is not None and rb is not None:
         n = min(len(ra), len(rb))
@@ -295,12 +313,9 @@ def ratio_at(ba: Branches, bb: Branches, at: float, metric: str = DEFAULT_METRIC
         out["replicates"] = int(r.size)
         if n and r.size >= MIN_REPLICATES * n:
             tail = (1.0 - coverage) / 2 * 100
-            sampled = [float(np.percentile(r, tail)), float(np.percentile(r, 100 - tail))]
-            out["sampled"] = list(sampled)
-    if ladder is not None and (ladder != [1.0, 1.0] or "sampled" in out):
-        out["ladder"] = [out["ratio"] * ladder[0], out["ratio"] * ladder[1]]
-        # both at once, worst case: the requests drawn and the rungs not measured
-        out["interval"] = [min(out["ratio"], sampled[0]) * ladder[0], max(out["ratio"], sampled[1]) * ladder[1]]
+            out["sampled"] = [float(np.percentile(r, tail)), float(np.percentile(r, 100 - tail))]
+    # both at once, worst case: the requests drawn and the rungs not measured
+    out["interval"] = widen(out["ratio"], out.get("sampled"), out.get("ladder"))
     return out
 
 
@@ -395,5 +410,6 @@ def rescale_energy(points: Sequence[Mapping], watts: Mapping[str, Mapping[str, f
     return out
 
 
-__all__ = ["COVERAGE", "EQUAL_WITHIN", "GRID", "NAMED_X", "bracket_at", "branches_of", "curve_range", "interval_text", "knee", "pair_readings",
-           "ratio_at", "ratio_curve", "rescale_energy", "snap_x", "value_at"]
+__all__ = ["COVERAGE", "EQUAL_WITHIN", "GRID", "NAMED_X", "bracket_at", "branches_of", "curve_range",
+           "interval_text", "knee", "pair_readings", "ratio_at", "ratio_bracket", "ratio_curve", "rescale_energy",
+           "snap_x", "value_at", "widen"]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from typing import Iterable, Optional
 
+from rack.experiments.equal_interactivity import ratio_bracket, widen
 from rack.experiments.study.config import GPU72, GPU_ONLY, SPLIT, SPLIT72, WAFER
 
 #: (split deployment, deployment it is held against).
@@ -31,7 +32,7 @@ def at_capacity(cap: dict, name: str) -> dict:
     if p is None:
         return {"rate": None, "held_all": False, "goodput": None, "attainment": None, "tokens_per_joule": None,
                 "usd_per_mtok": None, "output_tokens_per_s": None, "mean_power_w": None, "boot_tokens": None,
-                "next_rung": None}
+                "next_rung": None, "next": None}
     above = sorted((q for q in cap["points"]
                     if q.get("scenario") == name and "error" not in q and q["rate_scale"] > p["rate_scale"]),
                    key=lambda q: q["rate_scale"])
@@ -41,8 +42,7 @@ def at_capacity(cap: dict, name: str) -> dict:
             "usd_per_mtok": p["usd_per_mtok"], "output_tokens_per_s": p["output_tokens_per_s"],
             "mean_power_w": p["mean_power_w"], "boot_tokens": p.get("boot_tokens"),
             "next_rung": nxt["rate_scale"] / p["rate_scale"] if nxt else None,
-            "next": {m: nxt.get(k) for m, k in (("tokens_per_joule", "tokens_per_joule"),
-                                                 ("usd_per_mtok", "usd_per_mtok"))} if nxt else None}
+            "next": {m: nxt.get(m) for m in ("tokens_per_joule", "usd_per_mtok")} if nxt else None}
 
 
 #: Two-sided coverage of the intervals of ratios of tokens/J and $/Mtok at capacity.
@@ -70,26 +70,21 @@ def ratio_interval(ratio: float, a: dict, b: dict, metric: str) -> Optional[list
         if not fa and not fb:
             return None
         return [ratio / fb if fb else 0.0, ratio * fa if fa else math.inf]
-    lo = hi = ratio
-    have = False
+    sampled = None
     ta, tb = a.get("boot_tokens"), b.get("boot_tokens")
     if ta and tb:
         n = min(len(ta), len(tb))
         r = ratio * np.asarray(ta[:n]) / np.asarray(tb[:n])
         tail = (1 - COVERAGE) / 2 * 100
-        lo, hi = min(lo, float(np.percentile(r, tail))), max(hi, float(np.percentile(r, 100 - tail)))
-        have = True
-    ends = []
-    for side in (a, b):
-        v, nxt = side.get(metric), (side.get("next") or {}).get(metric)
-        ends.append((min(v, nxt), max(v, nxt)) if v and nxt else (v, v))
-    (alo, ahi), (blo, bhi) = ends
-    if ends != [(a.get(metric), a.get(metric)), (b.get(metric), b.get(metric))] and all((alo, ahi, blo, bhi)):
+        sampled = [float(np.percentile(r, tail)), float(np.percentile(r, 100 - tail))]
+    # each figure between its values at the rung held and at the next one (if measured)
+    ends = [(v, v) if not v or not nxt else (min(v, nxt), max(v, nxt))
+            for v, nxt in ((side.get(metric), (side.get("next") or {}).get(metric)) for side in (a, b))]
+    rung = None
+    if any(lo != hi for lo, hi in ends) and all(x for e in ends for x in e):
         # more is better (tokens/J): a / b; less is better ($/Mtok): b / a
-        wide = (alo / bhi, ahi / blo) if METRICS[metric] else (blo / ahi, bhi / alo)
-        lo, hi = lo * wide[0] / ratio, hi * wide[1] / ratio
-        have = True
-    return [float(lo), float(hi)] if have else None
+        rung = ratio_bracket(*(ends if METRICS[metric] else ends[::-1]))
+    return widen(ratio, sampled, rung)
 
 
 def verdict(ratio: Optional[float], tol: Optional[float] = None) -> str:
@@ -260,10 +255,12 @@ def goodput_per_power(cap: dict, a: str, b: str) -> list[dict]:
         ratio = ga / gb if gb > 0 else None
         iv = None
         if ratio and row["a"]["slo_attainment"] and row["b"]["slo_attainment"]:
-            (alo, ahi), (blo, bhi) = (attainment_interval(row[k]["slo_attainment"], int(row[k].get("submitted") or 0))
-                                      for k in ("a", "b"))
-            sa, sb = row["a"]["slo_attainment"], row["b"]["slo_attainment"]
-            iv = [ratio * (alo / sa) / (bhi / sb), ratio * (ahi / sa) / (blo / sb)] if blo > 0 else None
+            # each goodput per MW with its attainment at the ends of its Wilson interval
+            ends = [tuple(g * e / row[k]["slo_attainment"]
+                          for e in attainment_interval(row[k]["slo_attainment"], int(row[k].get("submitted") or 0)))
+                    for g, k in ((ga, "a"), (gb, "b"))]
+            iv = ratio_bracket(*ends)
+            iv = list(iv) if iv is not None else None
         out.append({"rate_scale": row["rate_scale"], "rate_per_s": row["rate_per_s"], "a": ga, "b": gb,
                     "ratio": ratio, "interval": iv})
     return out
@@ -286,5 +283,6 @@ def pd_gains(case: dict) -> list[dict]:
     return out
 
 
-__all__ = ["METRICS", "PAIRS", "Z90", "at_capacity", "attainment_interval", "axis_rows", "equal_load", "goodput_per_power", "pair_metric",
-           "pd_gains", "present_pairs", "ratio_interval", "ratio_range", "vendor_ratios", "verdict", "where"]
+__all__ = ["METRICS", "PAIRS", "Z90", "at_capacity", "attainment_interval", "axis_rows", "equal_load",
+           "goodput_per_power", "pair_metric", "pd_gains", "present_pairs", "ratio_interval", "ratio_range",
+           "vendor_ratios", "verdict", "where"]
