@@ -41,7 +41,7 @@ from starlette.routing import Match
 
 from rack.serve import openai_api as oa
 from rack.serve.frontend import LiveFront
-from rack.serve.limits import Guard, HttpLimits, RequestRefused, parse_json
+from rack.serve.limits import RECEIVED_KEY, Guard, HttpLimits, RequestRefused, parse_json
 from rack.serve.vllm_routes import add_vllm_routes
 
 #: The API's endpoints (the requests that reach the rack), as results.json's
@@ -102,7 +102,8 @@ def build_app(front: LiveFront, host: Any, info: dict, limits: HttpLimits | None
         if not authorised(request):
             return _unauthorised()
         try:
-            plan, rid = await front.open_request(kind, await body_of(request))
+            plan, rid = await front.open_request(kind, await body_of(request),
+                                                  received_wall=request.scope.get(RECEIVED_KEY))
             if not plan.stream:
                 out = await front.complete(rid)
                 return JSONResponse(out, headers={"x-request-id": str(rid)})

@@ -131,9 +131,13 @@ class LiveFront:
         return len(self._active)
 
     # ------------------------------------------------------------------ requests
-    async def open_request(self, kind: str, body: Any) -> tuple[oa.Plan, int]:
+    async def open_request(self, kind: str, body: Any, received_wall: float | None = None) -> tuple[oa.Plan, int]:
         """Parse, send to the rack and wait for the router's verdict: (plan, request id).
+        `received_wall`: the request's HTTP receipt (wall s, `time.time()`; default now),
+        where its intake starts, so the record's `intake_s` holds the front's own work
+        (body, parse, tokens) before the router's arrival.
         Raises ApiError (400/404 bad input, 429/400/503 refused by the rack, 503 draining)."""
+        received_wall = time.time() if received_wall is None else received_wall
         if self.state != "serving":
             raise oa.ApiError(503, "the server is shutting down", None, "server_error", "shutting_down")
         rid = next(self._ids)
@@ -147,7 +151,7 @@ class LiveFront:
         req = Request(id=rid, arrival_s=max(0.0, self.host.now()), prompt_tokens=plan.prompt_tokens,
                       output_tokens=plan.output_tokens, block_hashes=plan.block_hashes,
                       block_size=plan.block_size)
-        resp = _Response(rid, plan, time.time())
+        resp = _Response(rid, plan, received_wall)
         self._active[rid] = resp
         ev = self._events[rid] = asyncio.Event()
         try:
@@ -224,6 +228,9 @@ class LiveFront:
                         resp.chunk_wall.append(time.time())
                         sent = end
                         yield data
+                        # resumed once the server handed the chunk to the socket: that
+                        # is when it left (a busy loop's delay in the write is lateness)
+                        resp.chunk_wall[-1] = time.time()
                         continue
                 if sent >= n:
                     if plan.include_usage:

@@ -33,6 +33,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import time
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
@@ -45,6 +46,8 @@ MAX_BODY_BYTES = 8 * 1024 * 1024
 MAX_JSON_DEPTH = 64
 HEADER_TIMEOUT_S = 10.0
 READ_TIMEOUT_S = 30.0
+#: The ASGI scope's key of a request's receipt (wall s, `time.time()`), set by `Guard`.
+RECEIVED_KEY = "rack.received_wall"
 
 
 @dataclass(frozen=True)
@@ -128,6 +131,9 @@ class Guard:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        # the request's receipt (wall s), before its body is read and parsed: the
+        # front's intake (`LiveFront.open_request`) starts here, not after its own work
+        scope[RECEIVED_KEY] = time.time()
         where = self.endpoint(scope)
         limit = self.max_body_bytes
         declared = _content_length(scope)
@@ -263,4 +269,5 @@ def timed_h11(limits: HttpLimits) -> type:
 
 
 __all__ = ["Guard", "HEADER_TIMEOUT_S", "HttpLimits", "MAX_BODY_BYTES", "MAX_JSON_DEPTH", "READ_TIMEOUT_S",
+           "RECEIVED_KEY",
            "RequestRefused", "json_depth", "parse_json", "timed_h11"]
