@@ -22,7 +22,7 @@ def test_killed_decode_actor_is_restarted_and_its_requests_recovered(ray_session
         "links": [{"name": "kv", "src": "prefill", "dst": "decode", "bandwidth_GBps": 50.0}],
         # at 0.4 s about ten requests are decoding (the virtual run below says how many)
         "faults": [{"kind": "decode_crash", "at_s": 0.4, "target": "decode-0"}]}, "<test>")
-    reqs = [Request(id=i, arrival_s=i * 0.01, prompt_tokens=3000, output_tokens=150) for i in range(40)]
+    reqs = [Request(id=i, arrival_s=i * 0.01, prompt_tokens=1000, output_tokens=150) for i in range(40)]
     virtual = run_scenario(sc, reqs, runtime="virtual")
     out = run_scenario(sc, reqs, runtime="ray", timeout_s=240)
 

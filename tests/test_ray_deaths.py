@@ -37,7 +37,7 @@ def _scenario(**extra):
 
 
 def _requests() -> list[Request]:
-    return [Request(id=i, arrival_s=i * 0.01, prompt_tokens=3000, output_tokens=150) for i in range(40)]
+    return [Request(id=i, arrival_s=i * 0.01, prompt_tokens=1000, output_tokens=150) for i in range(40)]
 
 
 class Topologies:
