@@ -322,9 +322,8 @@ def closed_loop_estimate(dep: Deployment, device=None, iterations: int = 60) -> 
       --scheduler-recv-interval) a prompt waits N s / 2 on average for the next receive
       instead of s / 2, and the prompts that arrived over those N steps are prefilled
       together: k = max(1, X (N s + pf(k))); with mixed prefill the wait is N t / 2.
-    Disaggregated: prefill instances serve X prompts/s (TTFT = the prompt's time at the
-      prefill pool, queue and pass, of the closed loop (`closed_prefill_time`) + the
-      decode engine's first step + the stack's `disagg_request_latency_s`,
+    Disaggregated: prefill instances serve X prompts/s (TTFT = pf + an M/D/1 queue
+      wait + the decode engine's first step + the stack's `disagg_request_latency_s`,
       the disaggregated front end's routing and prefill-to-decode handoff); decode steps are not interrupted. The
       pool's capacity bounds X: an instance packs its chunk budget (the harness's, else
       DEFAULT_CHUNK_TOKENS) with k = budget / P waiting prompts per pass, k / pf(k)
@@ -402,18 +401,15 @@ def closed_loop_estimate(dep: Deployment, device=None, iterations: int = 60) -> 
                 shares = (frac, _roof(pf_cost.prefill(np.full(max(1, int(min(k, k_max))), P), 0)), _roof(sc))
             ttft += adp_balance_wait(dep.adp_timeout_iters, cost.parallelism, X, tpot * tps)
         else:
+            pf = prefill(1.0)
+            rho = min(0.95, X * pf / by_role["prefill"].instances)
+            ttft = pf + rho * pf / (2 * (1 - rho)) + s
             tpot = s / tps
             if cap is None:
                 # the prefill pool's capacity: each instance packs the chunk budget with
                 # waiting prompts, k of them per pass (requests/s per decode instance)
-                pass_s = prefill(k_max)
-                slots = by_role["prefill"].instances * k_max / pool.instances
-                cap = slots / pass_s
+                cap = by_role["prefill"].instances * k_max / prefill(k_max) / pool.instances
                 pf_roof = _roof(pf_cost.prefill(np.full(max(1, int(k_max)), P), 0))
-            # the closed loop's users cycle between the prefill pool (a queue) and the
-            # rest of a request's life (decode, front end: a delay), `closed_prefill_time`
-            front = pf_cost.device.request_latency_s + pf_cost.device.disagg_request_latency_s
-            ttft = closed_prefill_time(n_users, pass_s, slots, s + front + (O - 1) * tpot) + s
             busy = min(1.0, X * pool.instances / cap) if cap else 0.0
             shares = (busy, pf_roof, _roof(sc))
         ttft += pf_cost.device.request_latency_s      # the front end's share of the client's TTFT
@@ -440,50 +436,6 @@ def closed_loop_estimate(dep: Deployment, device=None, iterations: int = 60) -> 
         out["input_per_prefill_gpu"] = out["requests_per_s"] * P / (pre.instances * pre.parallelism.n_devices)
     out.update(_power(dep, by_role, shares, pf_cost.device, dec_cost.device, out["throughput_per_gpu"]))
     return out
-
-
-def closed_prefill_time(users: float, pass_s: float, slots: float, think_s: float) -> float:
-    """Mean time (s) a prompt spends at a disaggregated prefill pool (queue + its own
-    pass) when `users` closed-loop users cycle between that pool and `think_s` of
-    everything else (decode, front end, handoff).
-
-    The pool runs passes of `pass_s` carrying `slots` prompts at once (instances x
-    prompts per pass, per decode instance's share), so it serves at most slots / pass_s
-    prompts/s. It is treated as a `slots`-server station (Seidmann's approximation: a
-    delay of pass_s (slots - 1) / slots plus one server of pass_s / slots) in a closed
-    network with a delay station, solved by Schweitzer's approximate mean-value
-    analysis (the queue seen on arrival is (N - 1) / N of the time-average queue;
-    Reiser & Lavenberg, J. ACM 27 (1980); Schweitzer (1979); Seidmann, Schweitzer &
-    Shalev-Oren, Perf. Eval. 7 (1987)), with deterministic passes (fixed-length
-    prompts: the prompt in service has half a pass left on average, as in the
-    Pollaczek-Khinchine M/D/1 wait). Unlike an open queue capped at the pool's
-    capacity, it passes smoothly from no queue (few users: one pass) to Little's law
-    (many users: users / capacity - think_s), as the benchmark's closed loop does.
-
-    users >= 1, pass_s > 0, slots > 0, think_s >= 0 (seconds); returns >= pass_s.
-    """
-    n = max(1.0, float(users))
-    serve = pass_s / slots                              # one server's share of a pass
-    delay = pass_s - serve                              # the rest of a prompt's own pass
-    shrink = (n - 1.0) / n
-    lo, hi = 0.0, min(1.0 / serve, n / (pass_s + think_s))
-
-    def at_server(x: float) -> float:
-        # wait + own service at the server: the arrival finds u = X serve (N - 1) / N of
-        # it busy, half a pass left of the prompt in service (deterministic passes, the
-        # Pollaczek-Khinchine residual) and whole passes for those queued
-        u = min(1.0 - 1e-9, serve * x * shrink)
-        return serve * (1.0 - u / 2) / (1.0 - u)
-
-    for _ in range(60):                                 # throughput X: X (R(X) + Z) = N
-        x = 0.5 * (lo + hi)
-        if x * (delay + at_server(x) + think_s) > n:
-            hi = x
-        else:
-            lo = x
-    # past the pool's capacity the throughput is the capacity (Schweitzer's queue would
-    # let it exceed it by N / (N - 1)): the users wait as Little's law says
-    return max(delay + at_server(lo), n * serve - think_s)
 
 
 def adp_balance_wait(timeout_iters: int | None, par: Parallelism, rate: float, iteration_s: float) -> float:
@@ -578,6 +530,6 @@ def measured(row: ServingRow) -> dict:
 
 
 __all__ = [
-    "COLUMNS", "Deployment", "LENGTH_LOW", "PoolPlan", "adp_balance_wait", "closed_prefill_time",
+    "COLUMNS", "Deployment", "LENGTH_LOW", "PoolPlan", "adp_balance_wait",
     "ServingRow", "closed_loop_estimate", "deployment", "load_serving_rows", "mean_lengths", "measured",
 ]

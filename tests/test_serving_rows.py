@@ -144,22 +144,3 @@ def test_adp_balance_lengthens_a_trtllm_dp_attention_ttft():
     on, off = closed_loop_estimate(dep), closed_loop_estimate(dataclasses.replace(dep, adp_timeout_iters=None))
     assert on["ttft_s"] > off["ttft_s"] + 0.3
     assert on["tpot_s"] == pytest.approx(off["tpot_s"], rel=0.05)
-
-
-def test_closed_prefill_time_invariants():
-    """The disaggregated prefill pool in the closed loop: one user never waits (its own
-    pass); the time never falls as users are added; at many users it tends to Little's
-    law (users / capacity - think time) from above the capacity's bound."""
-    from devices.serving_rows import closed_prefill_time
-
-    pass_s, slots, think = 0.3, 2.0, 20.0
-    cap = slots / pass_s
-    assert closed_prefill_time(1, pass_s, slots, think) == pytest.approx(pass_s)
-    times = [closed_prefill_time(n, pass_s, slots, think) for n in (1, 10, 50, 100, 140, 200, 400, 1000)]
-    assert all(b >= a - 1e-9 for a, b in zip(times, times[1:]))
-    assert all(t >= pass_s - 1e-12 for t in times)
-    for n in (400, 1000):
-        little = n / cap - think
-        assert closed_prefill_time(n, pass_s, slots, think) == pytest.approx(little, rel=0.05)
-    # well below capacity the wait is a small share of a pass
-    assert closed_prefill_time(20, pass_s, slots, think) < 1.2 * pass_s
