@@ -36,7 +36,8 @@ HARNESS_FILE = Path(__file__).resolve().parent / "catalog" / "serving-harness.to
 #: requests_per_user when no entry gives it: InferenceX's --num-prompts $((CONC * 10))
 #: (see the harness file's first entry).
 DEFAULT_REQUESTS_PER_USER = 10
-_SETTINGS = ("requests_per_user", "scheduler_recv_interval", "chunk_tokens", "max_num_seqs", "speculative")
+_SETTINGS = ("requests_per_user", "scheduler_recv_interval", "chunk_tokens", "max_num_seqs", "speculative",
+             "attention_dp_timeout_iters")
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,10 @@ class RowHarness:
         chunk_tokens: chunked-prefill tokens per iteration, or None (the pool's default).
         max_num_seqs: requests an instance runs at once, or None (the stack's default).
         speculative: {"draft_tokens", "acceptance_rate"} for a speculative row, or None.
+        attention_dp_timeout_iters: TensorRT-LLM's attention-DP balance
+            (`attention_dp_config: enable_balance, timeout_iters`): a colocated
+            instance with data-parallel attention holds new prompts until every
+            attention rank has one or this many iterations have passed; None: off.
         sources: where each applied entry's facts come from.
     """
 
@@ -58,6 +63,7 @@ class RowHarness:
     chunk_tokens: int | None = None
     max_num_seqs: int | None = None
     speculative: dict | None = None
+    attention_dp_timeout_iters: int | None = None
     sources: tuple[str, ...] = ()
 
     def recv_interval(self, concurrency: int) -> int:

@@ -256,6 +256,16 @@ def _why(m: MeasuredRow, errors: dict, lender: str) -> str:
     return "; ".join(notes) or "no known cause: the stack's fitted terms miss this deployment"
 
 
+def saturated_ttft_by_stack(errors: dict[tuple[str, str], list[float]]) -> list[dict]:
+    """The saturated rows' TTFT errors grouped by (hardware, framework): [{"hardware",
+    "framework", "rows", "signed_median" (relative error), "within" (rows within the
+    TTFT criterion)}], most rows first. A systematic signed median names a mechanism a
+    stack's terms miss (one sign) rather than noise (both signs around 0)."""
+    out = [{"hardware": h, "framework": f, "rows": len(v), "signed_median": float(np.median(v)),
+            "within": sum(abs(e) <= LIMITS["ttft_s"] for e in v)} for (h, f), v in errors.items()]
+    return sorted(out, key=lambda d: (-d["rows"], d["hardware"], d["framework"]))
+
+
 def check_rows(rows: list[MeasuredRow], worst: int = 10, replay=None) -> dict:
     """Every row priced by the closed-loop estimate against what it measured.
 
@@ -277,6 +287,7 @@ def check_rows(rows: list[MeasuredRow], worst: int = 10, replay=None) -> dict:
     from .serving_rows import closed_loop_estimate, deployment
 
     out, errs, worst_rows = [], {k: [] for k in LIMITS}, []
+    by_stack: dict[tuple[str, str], list[float]] = {}     # saturated TTFT errors per (hardware, framework)
     unanswered: dict[str, int] = {}
     for m in rows:
         base = {"id": m.id, "model": m.model, "hardware": m.hardware, "framework": m.framework,
@@ -300,6 +311,8 @@ def check_rows(rows: list[MeasuredRow], worst: int = 10, replay=None) -> dict:
         for k in LIMITS:
             if k in rel and (k != "ttft_s" or m.saturated):
                 errs[k].append(abs(rel[k]))
+        if m.saturated and "ttft_s" in rel:
+            by_stack.setdefault((m.hardware, m.framework), []).append(rel["ttft_s"])
         k_bad = max(rel, key=lambda k: abs(math.log1p(rel[k])))
         worst_rows.append({"id": m.id, "curve": m.row.curve, "concurrency": m.concurrency, "metric": k_bad,
                            "error": rel[k_bad], "why": _why(m, rel, lender)})
@@ -312,8 +325,9 @@ def check_rows(rows: list[MeasuredRow], worst: int = 10, replay=None) -> dict:
         "criteria_model": CRITERIA_MODEL, "criteria_rows": len(crit),
         "criteria_unanswered": [m.id for m in crit if m.row is None],
         "median_abs_error": med, "n": {k: len(v) for k, v in errs.items()}, "limits": LIMITS,
+        "saturated_ttft_by_stack": saturated_ttft_by_stack(by_stack),
         "met": {k: med[k] is not None and med[k] <= lim for k, lim in LIMITS.items()}}}
 
 
 __all__ = ["COLUMNS", "CRITERIA_MODEL", "LIMITS", "METRICS", "check_rows", "measured_figures", "FRAMEWORKS", "MODEL_NAMES", "MeasuredRow", "PACKAGED_ROWS", "is_inferencex_csv",
-           "SATURATED_ISL", "SATURATED_USERS", "is_saturated", "load_inferencex_rows"]
+           "SATURATED_ISL", "SATURATED_USERS", "is_saturated", "load_inferencex_rows", "saturated_ttft_by_stack"]

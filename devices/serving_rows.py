@@ -226,6 +226,8 @@ class Deployment:
     recv_interval: int = 1
     chunk_tokens: int | None = None
     max_num_seqs: int | None = None
+    #: TensorRT-LLM's attention-DP balance timeout (iterations), None when off
+    adp_timeout_iters: int | None = None
 
     @property
     def gpus(self) -> int:
@@ -293,7 +295,8 @@ def deployment(row: ServingRow) -> Deployment:
                       speculative=spec, concurrency=row.concurrency_requests, isl=row.isl_tokens,
                       osl=row.osl_tokens, requests_per_user=harness.requests_per_user,
                       recv_interval=harness.recv_interval(row.concurrency_requests),
-                      chunk_tokens=harness.chunk_tokens, max_num_seqs=harness.max_num_seqs)
+                      chunk_tokens=harness.chunk_tokens, max_num_seqs=harness.max_num_seqs,
+                      adp_timeout_iters=harness.attention_dp_timeout_iters)
 
 
 def mean_lengths(dep: Deployment) -> tuple[float, float]:
@@ -396,6 +399,7 @@ def closed_loop_estimate(dep: Deployment, device=None, iterations: int = 60) -> 
                 # plus the wait for a prefill pass in progress (M/D/1 at the prefill share)
                 ttft = N * s / 2 + (passes + 1) / 2 * pf + frac * pf / (2 * (1 - frac))
                 shares = (frac, _roof(pf_cost.prefill(np.full(max(1, int(min(k, k_max))), P), 0)), _roof(sc))
+            ttft += adp_balance_wait(dep.adp_timeout_iters, cost.parallelism, X, tpot * tps)
         else:
             pf = prefill(1.0)
             rho = min(0.95, X * pf / by_role["prefill"].instances)
@@ -432,6 +436,33 @@ def closed_loop_estimate(dep: Deployment, device=None, iterations: int = 60) -> 
         out["input_per_prefill_gpu"] = out["requests_per_s"] * P / (pre.instances * pre.parallelism.n_devices)
     out.update(_power(dep, by_role, shares, pf_cost.device, dec_cost.device, out["throughput_per_gpu"]))
     return out
+
+
+def adp_balance_wait(timeout_iters: int | None, par: Parallelism, rate: float, iteration_s: float) -> float:
+    """Mean wait (s) of a new prompt for TensorRT-LLM's attention-DP balance to release it.
+
+    With `attention_dp_config: {enable_balance: true, timeout_iters: T,
+    batching_wait_iters: 0}` (InferenceX's TensorRT-LLM launch scripts with DP
+    attention) the executor schedules no context request while some attention rank
+    has none and every rank is generating; it releases them when all ranks hold one
+    or after T iterations of waiting, the counter restarting at each release
+    (tensorrt_llm/_torch/pyexecutor/py_executor.py `_balance_adp_requests`; NVIDIA's
+    "ADP Balance Strategy" blog: "increased TTFT due to strategic waiting"). A
+    finished request frees a slot on its own rank, where the router sends the next
+    prompt: ranks fill in random order, R H_R prompts on average to cover all R ranks
+    (coupon collector, H_R the R-th harmonic number). Releases come every D =
+    min(R H_R / rate, T x iteration_s) and a prompt arriving at a uniform phase waits
+    D / 2.
+
+    timeout_iters: T, or None (balance off: no wait); par: the instance's parallelism
+    (R = its tp ranks with data-parallel attention, else no wait); rate: prompts/s
+    arriving at the instance (0: the timeout alone); iteration_s: mean iteration time.
+    """
+    if not timeout_iters or not par.dp_attention or par.tp < 2:
+        return 0.0
+    ranks = par.tp
+    fill = ranks * sum(1.0 / i for i in range(1, ranks + 1)) / rate if rate > 0 else math.inf
+    return min(fill, timeout_iters * iteration_s) / 2
 
 
 def _prompts_per_pass(dep: Deployment, par: Parallelism, prompt: float) -> float:
@@ -499,6 +530,6 @@ def measured(row: ServingRow) -> dict:
 
 
 __all__ = [
-    "COLUMNS", "Deployment", "LENGTH_LOW", "PoolPlan",
+    "COLUMNS", "Deployment", "LENGTH_LOW", "PoolPlan", "adp_balance_wait",
     "ServingRow", "closed_loop_estimate", "deployment", "load_serving_rows", "mean_lengths", "measured",
 ]

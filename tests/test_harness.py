@@ -28,8 +28,9 @@ def test_shipped_harness_of_the_b300_rows(rows):
     assert (c35.chunk_tokens, c35.max_num_seqs, c09.chunk_tokens, c09.max_num_seqs) == (16384, 512, 32768, 128)
     assert c35.speculative.draft_tokens == 2
     assert c35.speculative.tokens_per_step == pytest.approx(2.5, abs=0.01)       # InferenceX PR 649
-    # H200 SGLang: no --scheduler-recv-interval in its script, the pool's and stack's defaults
-    assert (c01.recv_interval, c01.chunk_tokens, c01.max_num_seqs, c01.requests_per_user) == (1, None, None, 10)
+    # H200 SGLang: no --scheduler-recv-interval in its script; --chunked-prefill-size 32768,
+    # --max-running-requests 512 at 1k / 1k (256 at 8k prompts)
+    assert (c01.recv_interval, c01.chunk_tokens, c01.max_num_seqs, c01.requests_per_user) == (1, 32768, 512, 10)
     assert all(d.requests_per_user == 10 for d in (c33, c35, c09))
     h = harness_for(rows["C35"])
     assert any("dsr1_fp8_b300_mtp.sh" in s for s in h.sources)

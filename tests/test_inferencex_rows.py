@@ -118,6 +118,10 @@ def test_check_rows_reports_errors_criteria_and_reasons(rows):
     assert s["n"]["tokens_per_joule"] == 1 and set(s["met"]) == {"tpot_s", "throughput_per_gpu", "ttft_s",
                                                                  "tokens_per_joule"}
     assert all(w["why"] for w in res["worst"])
+    (g,) = s["saturated_ttft_by_stack"]           # 0290's (hardware, framework) alone
+    assert (g["hardware"], g["framework"], g["rows"]) == ("B200", "TensorRT-LLM", 1)
+    assert g["signed_median"] == pytest.approx(by["ixapp-fix-0290"]["relative_error"]["ttft_s"])
+    assert g["within"] == int(abs(g["signed_median"]) <= 0.25)
 
 
 def test_validate_cli_on_the_inferencex_layout(tmp_path):

@@ -108,3 +108,39 @@ def test_validate_cli_reads_a_csv_and_plots(tmp_path):
 def test_columns_match_the_reference_header():
     with open(SERVING_ROWS, newline="") as f:
         assert tuple(next(csv.reader(f))) == COLUMNS
+
+
+def test_adp_balance_wait_invariants():
+    """TensorRT-LLM's attention-DP balance: no wait without it or without DP attention;
+    at most half the timeout; half the coupon-collector fill time when arrivals fill
+    every rank before the timeout; more ranks or fewer arrivals never wait less."""
+    from devices.costmodel import Parallelism
+    from devices.serving_rows import adp_balance_wait
+
+    dp8, dp4 = (Parallelism.deployed(tp=n, ep=n, dp_attention=True) for n in (8, 4))
+    tp8 = Parallelism.deployed(tp=8, ep=8, dp_attention=False)
+    assert adp_balance_wait(None, dp8, 5.0, 0.03) == 0.0
+    assert adp_balance_wait(60, tp8, 5.0, 0.03) == 0.0
+    assert adp_balance_wait(60, dp8, 0.0, 0.03) == pytest.approx(60 * 0.03 / 2)     # the timeout alone
+    h4 = 1 + 1 / 2 + 1 / 3 + 1 / 4
+    assert adp_balance_wait(60, dp4, 100.0, 0.03) == pytest.approx(4 * h4 / 100.0 / 2)
+    for rate in (0.5, 2.0, 8.0, 50.0):
+        w = adp_balance_wait(60, dp8, rate, 0.03)
+        assert 0.0 < w <= 60 * 0.03 / 2 + 1e-12
+        assert adp_balance_wait(60, dp8, rate / 2, 0.03) >= w
+        assert adp_balance_wait(60, dp8, rate, 0.03) >= adp_balance_wait(60, dp4, rate, 0.03)
+
+
+def test_adp_balance_lengthens_a_trtllm_dp_attention_ttft():
+    """A TensorRT-LLM colocated row with DP attention gets the balance wait from its
+    launch script (harness); the same row without it is faster by about that wait."""
+    import dataclasses
+
+    from devices.inferencex import load_inferencex_rows
+
+    (m,) = [m for m in load_inferencex_rows() if m.id == "ixapp-fix-0017"]
+    dep = deployment(m.row)
+    assert dep.adp_timeout_iters == 60
+    on, off = closed_loop_estimate(dep), closed_loop_estimate(dataclasses.replace(dep, adp_timeout_iters=None))
+    assert on["ttft_s"] > off["ttft_s"] + 0.3
+    assert on["tpot_s"] == pytest.approx(off["tpot_s"], rel=0.05)

@@ -172,6 +172,12 @@ def _measured_tables(con, res: dict, lodo: dict) -> None:
         con.print(f"{labels[m]}: median |error| " + (f"{med:.1%}" if med is not None else "n/a")
                   + f" over {s['n'][m]} {s['criteria_model']} {scope} (criterion {lim:.0%}: "
                   + ("met" if s["met"][m] else "NOT met") + ")")
+    by = Table(title=f"Saturated TTFT by hardware and framework ({s['criteria_model']}): signed median error")
+    for col in ("hardware", "framework", "rows", "signed median", f"within {LIMITS['ttft_s']:.0%}"):
+        by.add_column(col, justify="left" if col in ("hardware", "framework") else "right")
+    for g in s["saturated_ttft_by_stack"]:
+        by.add_row(g["hardware"], g["framework"], str(g["rows"]), f"{g['signed_median']:+.0%}", str(g["within"]))
+    con.print(by)
     w = Table(title="Worst rows (largest |log error| of any metric) and why")
     for col in ("row", "deployment", "users", "metric", "error", "why"):
         w.add_column(col)
