@@ -274,7 +274,8 @@ def check_rows(rows: list[MeasuredRow], worst: int = 10, replay=None) -> dict:
     rack.experiments.validation_runs.replay_figures: the benchmark client's closed loop
     through the engines); its figures replace the closed form's, and power per GPU
     stays the closed form's (its load shares), tokens per joule the replayed
-    throughput over it.
+    throughput over it. A replay that raises RuntimeError (requests that did not
+    complete) leaves its row unanswered with that reason; the other rows go on.
 
     Returns {"rows": [{"id", "model", "hardware", "framework", "curve", "concurrency",
     "saturated", "borrowed_from", "predicted", "measured", "relative_error"} or {"id",
@@ -300,7 +301,13 @@ def check_rows(rows: list[MeasuredRow], worst: int = 10, replay=None) -> dict:
         lender = resolve_stack(dep.device, dep.stack).borrowed_from
         est, meas = closed_loop_estimate(dep), measured_figures(m)
         if replay is not None:
-            est = {**est, **replay(m.row)}
+            try:
+                est = {**est, **replay(m.row)}
+            except RuntimeError as e:       # a replay that cannot be read: this row is unanswered
+                reason = f"replay: {e}"
+                out.append({**base, "unanswered": reason})
+                unanswered[reason] = unanswered.get(reason, 0) + 1
+                continue
             est["tokens_per_joule"] = est["throughput_per_gpu"] / est["power_w_per_gpu"]
         pred = {k: est[k] for k in METRICS}
         rel = {k: pred[k] / meas[k] - 1.0 for k in METRICS if k in meas}

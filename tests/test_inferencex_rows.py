@@ -217,3 +217,30 @@ def test_the_disaggregated_path_adds_its_handoff_to_disaggregated_rows_only(rows
     assert stage.latency_ms == pytest.approx((spec.request_latency_s + spec.disagg_request_latency_s) * 1e3)
     stage = row_scenario(rows["ixapp-fix-0008"].row).fixed_stages[0]
     assert stage.latency_ms == pytest.approx(spec.request_latency_s * 1e3)
+
+
+def test_a_replay_that_cannot_complete_leaves_its_row_unanswered_and_the_rest_go_on(rows):
+    """`rack validate --replay`: one row whose replay raises (requests that did not
+    complete) is unanswered with the reason; every other row is still priced."""
+    picked = [rows["ixapp-fix-0019"], rows["ixapp-fix-0008"]]
+
+    def replay(row):
+        if row is picked[0].row:
+            raise RuntimeError("row ixapp-fix-0019: 3 of 640 requests did not complete ({'rejected': 3})")
+        return {"ttft_s": 1.0, "tpot_s": 0.03, "throughput_per_gpu": 2000.0}
+
+    res = check_rows(picked, replay=replay)
+    by_id = {r["id"]: r for r in res["rows"]}
+    assert by_id["ixapp-fix-0019"]["unanswered"].startswith("replay: row ixapp-fix-0019: 3 of 640")
+    assert by_id["ixapp-fix-0008"]["predicted"]["ttft_s"] == 1.0
+    assert res["summary"]["answered"] == 1
+
+
+def test_a_replay_never_refuses_what_the_benchmark_client_can_have_waiting(rows):
+    """The serving front end queues every prompt the client sends: the replay's router
+    limit is above concurrency x isl (a 16,130-user row was refused at the default)."""
+    from rack.experiments.validation_runs import row_scenario
+
+    for rid in ("ixapp-fix-0029", "ixapp-fix-0019"):
+        dep = deployment(rows[rid].row)
+        assert row_scenario(rows[rid].row, dep).router.max_outstanding_tokens > dep.concurrency * dep.isl

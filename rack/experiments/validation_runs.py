@@ -57,7 +57,11 @@ def row_scenario(row: ServingRow, dep: Deployment | None = None) -> Scenario:
         pools.append(pool)
     data = {"name": f"row-{row.id}", "description": f"{row.id}: {row.curve}, {row.concurrency_requests} users",
             "model": dep.model, "weight_dtype": dep.weight_dtype, "kv_dtype": dep.kv_dtype, "pools": pools,
-            "slo": {"ttft_ms": 2000.0, "tpot_ms": 80.0}, "seed": 0}
+            "slo": {"ttft_ms": 2000.0, "tpot_ms": 80.0}, "seed": 0,
+            # the benchmark client keeps at most `concurrency` prompts outstanding and the
+            # serving front end queues them all (none is refused): the router's queue
+            # limit is set above what the client can ever have waiting
+            "router": {"max_outstanding_tokens": max(4_000_000, dep.concurrency * dep.isl + 1)}}
     spec = resolve_stack(dep.device, dep.stack)
     # the serving front end's time in the client's TTFT (HardwareSpec.request_latency_s),
     # with a disaggregated deployment's routing and handoff (disagg_request_latency_s)
