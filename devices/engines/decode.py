@@ -231,6 +231,10 @@ class DecodeEngine(Core):
         self._waiters: deque[_Waiter] = deque()
         self._n_internal = 0                   # preempted waiters at the deque's front
         self._reservations: dict[int, _Waiter] = {}
+        # A recovery asked this engine what it holds (`holding`): from then on a second
+        # copy of a request may come (see `reserve_kv`), so reservations are checked
+        # against the KV already here (an O(batch) check the hot path skips otherwise).
+        self._recovery_seen = False
         self._ready: deque[_Seq] = deque()
         self._batch: list[_Seq] = []
         # The batch as arrays, in the order of `_batch` (advanced per event, not per
@@ -310,9 +314,15 @@ class DecodeEngine(Core):
             if held is not None:
                 self.send(src, "kv_reserved", rid, "granted")
             return
-        if self.counts.get("reservations_dropped") and rid in self._decoding_ids():
-            # After a recovery dropped reservations, a stale payload of this request may
-            # have been admitted already: its KV is here, so there is nothing to reserve.
+        if self._recovery_seen and rid in self._decoding_ids():
+            # After a recovery, a second copy of a request whose KV is here already may
+            # ask: a stale payload admitted after its reservation was dropped, or a
+            # re-dispatched copy of a request that moved from its prefill instance to
+            # this engine between the recovery's two questions (this engine, then the
+            # others: on Ray, a restarted engine granted it after answering). Its KV is
+            # here, so there is nothing to reserve: the copy is refused and the request
+            # ends once.
+            self.counts["reserve_duplicate_refused"] = self.counts.get("reserve_duplicate_refused", 0) + 1
             self.send(src, "kv_reserved", rid, "refused")
             return
         if self.max_reserve_queue is not None and \
@@ -388,6 +398,7 @@ class DecodeEngine(Core):
         are dropped instead (their sender lost its state and the router re-dispatches
         them): memory freed, a waiting reservation's sender told "lost". For the
         router's recovery."""
+        self._recovery_seen = True
         want = set(int(i) for i in ids)
         held = [i for i in self._decoding_ids() if i in want]
         if drop_reserved:
