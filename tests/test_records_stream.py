@@ -15,7 +15,7 @@ from rack.measure import quantiles
 from rack.measure.metrics import summarize
 from rack.measure.results import to_json
 from rack.serving.collector import Collector
-from rack.serving.records import DiskRecordSet, MemoryRecords, SampleChunks
+from rack.serving.records import DiskRecordSet, ITLSamples, MemoryRecords, SampleChunks
 from rack.wiring.faults import parse_fault_option
 from rack.run.runner import run_scenario
 from rack.wiring.load import load_scenario
@@ -99,11 +99,15 @@ def test_streamed_records_give_the_in_memory_results(name, faults, tmp_path, mon
         part["emulation"].pop("records")
     assert ja == jb
     assert ja["latency"]["itl_s"]["n"] > 1000
-    # what the folder holds: every request once, the ITL samples in chunks
+    # what the folder holds: every request once, the ITL samples in chunks (explicit ones
+    # and step ranges over the decode engines' step logs), which expand to the in-memory ones
     rec = DiskRecordSet(tmp_path / "records")
     assert rec.meta["parts"] >= len(reqs) // 7
     assert sum(len(c["id"]) for c in rec.chunks(("id",))) == len(reqs)
-    assert sum(len(c["itl_s"]) for c in rec.chunks(("itl_s",))) == ja["latency"]["itl_s"]["n"]
+    on_disk = ITLSamples(rec)
+    assert len(on_disk) == ja["latency"]["itl_s"]["n"] == on_disk.per_request()["itl_flat"].size
+    for key, a in mem.snapshot["itl"].per_request().items():
+        np.testing.assert_array_equal(a, on_disk.per_request()[key], err_msg=key)
 
 
 def test_in_memory_snapshot_keeps_its_arrays(monkeypatch):
@@ -112,8 +116,9 @@ def test_in_memory_snapshot_keeps_its_arrays(monkeypatch):
     out = run_scenario(load_scenario(), reqs, runtime="virtual")
     snap = out.snapshot
     assert snap["times"].shape == (40, len(snap["events"]))
-    assert snap["itl_ids"].tolist() == sorted(snap["itl_ids"].tolist())
-    assert int(snap["itl_lengths"].sum()) == snap["itl_flat"].size == out.results["latency"]["itl_s"]["n"]
+    per = snap["itl"].per_request()
+    assert per["itl_ids"].tolist() == sorted(per["itl_ids"].tolist())
+    assert int(per["itl_lengths"].sum()) == per["itl_flat"].size == out.results["latency"]["itl_s"]["n"]
 
 
 # ----------------------------------------------------------------- the collector's rows

@@ -74,6 +74,7 @@ import numpy as np
 from devices.engines.common import (
     EventSeries,
     GrowingArray,
+    ITLRef,
     Lateness,
     TimeSeries,
     Utilisation,
@@ -83,6 +84,7 @@ from devices.engines.common import (
     model_layers,
     step_token_times,
     record_series,
+    step_log_key,
     steps_for,
 )
 from devices.memory import KVBlockPool
@@ -97,6 +99,7 @@ AdmissionPolicy = Literal["reserve", "preempt"]
 FirstToken = Literal["decode", "prefill"]
 #: `_first_end` of an empty batch: a step index no run reaches.
 _NEVER = 1 << 62
+_NO_GAPS = np.zeros(0)
 
 
 class _Waiter:
@@ -258,6 +261,9 @@ class DecodeEngine(Core):
 
         self._t_start = GrowingArray(4096)     # global step log (emulated s)
         self._t_end = GrowingArray(4096)
+        # the step log's gaps as the collector has them (`ITLRef`): sent up to this step
+        self._itl_log = step_log_key(name)
+        self._gaps_sent = 0
         self.util = Utilisation()
         self.lateness = Lateness()
         self.memory = TimeSeries(timeseries)
@@ -887,17 +893,26 @@ class DecodeEngine(Core):
         finished = []
         if len(self._t_end) >= self._first_end:
             over = len(self._t_end) >= self._a_end
+            linked = False
             for i in np.flatnonzero(over).tolist():
                 s = batch[i]
-                self._end_stint(s)
-                if s.first_token_s is None:      # the client's first token was this engine's
-                    times = np.concatenate(s.times)
-                    self._pending_events.append((s.req.id, "first_token", float(times[0])))
+                if self.tps == 1.0 and not s.times:
+                    # one stint of one token per step: its gaps are the step log's over its
+                    # steps (`ITLRef`), shared with the batch; no array per request
+                    itl = self._linked_itl(s)
+                    linked = True
+                    n = itl.head.shape[0] + itl.stop - itl.start
                 else:
-                    times = np.concatenate([[s.first_token_s], *s.times])
-                itl = times[1:] - times[:-1]     # np.diff's result, without its dispatch
-                if itl.shape[0] != s.n_out - 1:  # pragma: no cover - internal invariant
-                    raise AssertionError(f"{self.name}: request {s.req.id} has {itl.shape[0]} "
+                    self._end_stint(s)
+                    if s.first_token_s is None:      # the client's first token was this engine's
+                        times = np.concatenate(s.times)
+                        self._pending_events.append((s.req.id, "first_token", float(times[0])))
+                    else:
+                        times = np.concatenate([[s.first_token_s], *s.times])
+                    itl = times[1:] - times[:-1]     # np.diff's result, without its dispatch
+                    n = itl.shape[0]
+                if n != s.n_out - 1:  # pragma: no cover - internal invariant
+                    raise AssertionError(f"{self.name}: request {s.req.id} has {n} "
                                          f"ITL samples for {s.n_out} tokens")
                 self._release_kv(s)
                 self.counts["completed"] += 1
@@ -905,10 +920,39 @@ class DecodeEngine(Core):
                 self._pending_events.append((s.req.id, "completion", t_last))
                 finished.append((s, t_last, itl))
             self._batch_keep(~over)
+            if linked:
+                self._send_gaps()
         self._shrink(self._batch)
         if finished or len(self._t_end) - self._t_end.base > (1 << 16):
             self._compact_log()
         return finished
+
+    def _linked_itl(self, s: _Seq) -> ITLRef:
+        """End `s`'s only stint (one token per step, at each step's end) and return its
+        ITL as a reference to the step log: the gap from the prefill side's first token
+        to its first step's end (`first_token` "prefill"), then the gaps of its other
+        steps. The same floats `_end_stint`'s token times give."""
+        a = s.start
+        d = len(self._t_end) - a
+        t0 = self._t_end.at(a)
+        s.emitted += min(s.rem, d)
+        s.rem = s.steps = 0
+        if s.first_token_s is None:              # the client's first token was this engine's
+            self._pending_events.append((s.req.id, "first_token", t0))
+            head = _NO_GAPS
+        else:
+            head = np.array([t0 - s.first_token_s])
+        return ITLRef(head, self._itl_log, a + 1, a + d)
+
+    def _send_gaps(self) -> None:
+        """Send the collector the step log's gaps it does not have yet (before the
+        finishes that refer to them; steps dropped from the log unsent are referred to
+        by no request)."""
+        lo = max(self._gaps_sent, self._t_end.base + 1)
+        hi = len(self._t_end)
+        if hi > lo:
+            self.send(self.collector, "itl_steps", self._itl_log, lo, self._t_end.gaps(lo, hi))
+        self._gaps_sent = hi
 
     def _shrink(self, batch: list[_Seq]) -> None:
         """Under "preempt", return blocks booked for steps that did not run."""

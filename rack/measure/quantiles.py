@@ -18,6 +18,12 @@ default method) and a correctly rounded mean give on the whole array in memory.
   the result is bit for bit `np.percentile`'s (checked by tests/test_records_stream.py).
 - Mean: `math.fsum` (correctly rounded, so independent of the samples' order and of the
   chunking) divided by n, for arrays in memory too (`rack.measure.metrics.summarize`).
+- Runs: a chunk may be a pair (values, counts), value i standing for counts[i] equal
+  samples (`rack.serving.records.ITLSamples`: a decode step's gap shared by every
+  request in the batch). Every result is the one of the expanded samples, bit for bit:
+  ranks count samples, not values; the sum adds each value * count exactly (Dekker's
+  two-product: value * count = p + e with both float64, exact for |value| within
+  [2^-900, 2^900] and counts below 2^53; a value outside that range is expanded).
 """
 
 from __future__ import annotations
@@ -48,11 +54,42 @@ def _value(key: int) -> float:
     return float(np.array([u], dtype=np.uint64).view(np.float64)[0])
 
 
-def _blocks(chunks: Iterable[np.ndarray]) -> Iterable[np.ndarray]:
-    """The samples of `chunks` in pieces of at most BLOCK."""
+def _pairs(chunks: Iterable) -> Iterable[tuple[np.ndarray, np.ndarray | None]]:
+    """(values, counts or None: one each) of every chunk: an array or a (values, counts) pair."""
     for c in chunks:
-        for start in range(0, len(c), BLOCK):
-            yield c[start:start + BLOCK]
+        if type(c) is tuple:
+            yield np.asarray(c[0], dtype=np.float64), np.asarray(c[1], dtype=np.int64)
+        else:
+            yield c, None
+
+
+def _blocks(chunks: Iterable) -> Iterable[tuple[np.ndarray, np.ndarray | None]]:
+    """The (values, counts or None) of `chunks` in pieces of at most BLOCK values."""
+    for v, c in _pairs(chunks):
+        for start in range(0, len(v), BLOCK):
+            yield v[start:start + BLOCK], None if c is None else c[start:start + BLOCK]
+
+
+def sample_count(chunks: Iterable) -> int:
+    """How many samples `chunks` hold (runs counted by their counts)."""
+    return sum(len(v) if c is None else int(c.sum()) for v, c in _pairs(chunks))
+
+
+#: Values whose products with a count are split exactly by `_two_product` (module docstring).
+_TWO_PRODUCT_RANGE = (2.0 ** -900, 2.0 ** 900)
+
+
+def _two_product(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(p, e) with p + e == a * b exactly (Dekker 1971; no overflow or underflow for
+    |a| in `_TWO_PRODUCT_RANGE`, b an integer below 2^53)."""
+    p = a * b
+    t = 134217729.0 * a                      # 2^27 + 1: Veltkamp's split
+    ah = t - (t - a)
+    al = a - ah
+    t = 134217729.0 * b
+    bh = t - (t - b)
+    bl = b - bh
+    return p, ((ah * bh - p) + ah * bl + al * bh) + al * bl
 
 
 def exact_fsum(chunks: Iterable[np.ndarray]) -> float:
@@ -65,14 +102,29 @@ def exact_fsum(chunks: Iterable[np.ndarray]) -> float:
     an intermediate overflow of finite samples whose sum fits, this returns that sum.)"""
     parts: list[tuple[int, int]] = []
     special: list[float] = []
-    for b in _blocks(chunks):
+    for b, c in _blocks(chunks):
         b = np.asarray(b, dtype=np.float64)
         if not b.size:
             continue
         finite = np.isfinite(b)
         if not finite.all():
-            special.extend(b[~finite].tolist())
+            special.extend(b[~finite].tolist())     # any number of copies: the same inf / NaN
             b = b[finite]
+            c = None if c is None else c[finite]
+        if c is not None:                           # runs: value * count as p + e, exactly
+            many = c != 1
+            mag = np.abs(b)
+            wide = many & ((mag < _TWO_PRODUCT_RANGE[0]) | (mag > _TWO_PRODUCT_RANGE[1])) & (b != 0)
+            terms = [b[~many]] if not many.all() else []
+            if wide.any():
+                terms.append(np.repeat(b[wide], c[wide]))
+            keep = many & ~wide
+            if keep.any():
+                terms.extend(_two_product(b[keep], c[keep].astype(np.float64)))
+            b = np.concatenate(terms) if terms else np.zeros(0)
+            for start in range(0, len(b), BLOCK):
+                parts.append(_exact_block(b[start:start + BLOCK]))
+            continue
         if b.size:
             parts.append(_exact_block(b))
     if special:
@@ -86,6 +138,8 @@ def exact_fsum(chunks: Iterable[np.ndarray]) -> float:
 
 def _exact_block(b: np.ndarray) -> tuple[int, int]:
     """(n, e) with n * 2**e the exact sum of `b`, finite float64 of at most BLOCK samples."""
+    if not b.size:
+        return 0, 0
     m, ex = np.frexp(b)                         # b = m * 2**ex, 0.5 <= |m| < 1 (or 0)
     q = (m * 9007199254740992.0).astype(np.int64)   # m * 2**53: an exact 53-bit integer
     lo = int(ex.min())
@@ -100,57 +154,76 @@ def _exact_block(b: np.ndarray) -> tuple[int, int]:
     return total, lo - 53
 
 
-def order_statistics(chunks: Iterable[np.ndarray], ranks: Sequence[int], n: int | None = None) -> dict[int, float]:
+def order_statistics(chunks: Iterable, ranks: Sequence[int], n: int | None = None) -> dict[int, float]:
     """{rank: the rank-th smallest sample (0-based)} over the samples of `chunks`, an
     iterable that can be iterated several times (e.g. `rack.serving.records.SampleChunks`),
-    of float64 arrays without NaN; `n`: their number if known (else counted).
-    Raises IndexError for a rank outside [0, n)."""
+    of float64 arrays or (values, counts) runs (module docstring), without NaN; `n`:
+    their number of samples if known (else counted). Raises IndexError for a rank
+    outside [0, n)."""
     wanted = sorted(set(int(r) for r in ranks))
     if n is None:
-        n = sum(len(c) for c in chunks)
+        n = sample_count(chunks)
     for r in wanted:
         if not 0 <= r < n:
             raise IndexError(f"rank {r} outside [0, {n})")
-    # per wanted rank: (known leading bits, how many bits are known, rank within the group)
+    # per wanted rank: (known leading bits, how many bits are known, rank within the group);
+    # a group is collected once it holds few values (runs count once: memory, not samples)
     state = {r: (0, 0, r) for r in wanted}
     found: dict[int, float] = {}
-    group_size = {r: n for r in wanted}
+    values = sum(len(v) for v, _ in _pairs(chunks))
+    group_values = {r: values for r in wanted}
     while len(found) < len(wanted):
         todo = [r for r in wanted if r not in found]
-        collect = [r for r in todo if group_size[r] <= COLLECT_MAX]
+        collect = [r for r in todo if group_values[r] <= COLLECT_MAX]
         count = [r for r in todo if r not in collect]
         hist: dict[tuple[int, int], np.ndarray] = {}
-        groups: dict[tuple[int, int], list[np.ndarray]] = {}
-        for block in _blocks(chunks):
+        entries: dict[tuple[int, int], np.ndarray] = {}
+        groups: dict[tuple[int, int], list[tuple[np.ndarray, np.ndarray | None]]] = {}
+        for block, mult in _blocks(chunks):
             keys = sortable_keys(block)
             for prefix, bits in {state[r][:2] for r in todo}:
-                sel = keys if bits == 0 else keys[(keys >> np.uint64(64 - bits)) == np.uint64(prefix)]
+                if bits == 0:
+                    sel, sel_mult = keys, mult
+                else:
+                    inside = (keys >> np.uint64(64 - bits)) == np.uint64(prefix)
+                    sel, sel_mult = keys[inside], None if mult is None else mult[inside]
                 if any(state[r][:2] == (prefix, bits) for r in count):
-                    digit = (sel >> np.uint64(64 - bits - _DIGIT_BITS)) & np.uint64((1 << _DIGIT_BITS) - 1)
-                    h = np.bincount(digit.astype(np.int64), minlength=1 << _DIGIT_BITS)
-                    hist[(prefix, bits)] = hist[(prefix, bits)] + h if (prefix, bits) in hist else h
+                    digit = ((sel >> np.uint64(64 - bits - _DIGIT_BITS)) & np.uint64((1 << _DIGIT_BITS) - 1)).astype(np.int64)
+                    e = np.bincount(digit, minlength=1 << _DIGIT_BITS)
+                    # samples per digit: exact in float64 below 2^53 samples
+                    h = e if sel_mult is None else np.bincount(digit, weights=sel_mult, minlength=1 << _DIGIT_BITS).astype(np.int64)
+                    key = (prefix, bits)
+                    hist[key] = hist[key] + h if key in hist else h
+                    entries[key] = entries[key] + e if key in entries else e
                 if any(state[r][:2] == (prefix, bits) for r in collect):
-                    groups.setdefault((prefix, bits), []).append(sel)
+                    groups.setdefault((prefix, bits), []).append((sel, sel_mult))
         for r in collect:
             prefix, bits, k = state[r]
-            g = np.concatenate(groups[(prefix, bits)])
-            found[r] = _value(int(np.partition(g, k)[k]))
+            parts = groups[(prefix, bits)]
+            g = np.concatenate([p for p, _ in parts])
+            if all(m is None for _, m in parts):
+                found[r] = _value(int(np.partition(g, k)[k]))
+            else:
+                mult = np.concatenate([np.ones(len(p), np.int64) if m is None else m for p, m in parts])
+                order = np.argsort(g, kind="stable")
+                cum = np.cumsum(mult[order])
+                found[r] = _value(int(g[order][int(np.searchsorted(cum, k, side="right"))]))
         for r in count:
             prefix, bits, k = state[r]
             cum = np.cumsum(hist[(prefix, bits)])
             d = int(np.searchsorted(cum, k, side="right"))
             before = int(cum[d - 1]) if d else 0
+            group_values[r] = int(entries[(prefix, bits)][d])
             prefix, bits, k = (prefix << _DIGIT_BITS) | d, bits + _DIGIT_BITS, k - before
-            group_size[r] = int(cum[d]) - before
             if bits == 64:                  # every bit known: the key is the sample
                 found[r] = _value(prefix)
             state[r] = (prefix, bits, k)
     return {r: found[r] for r in ranks}
 
 
-def linear_percentiles(chunks: Iterable[np.ndarray], n: int, q: Sequence[float]) -> list[float]:
+def linear_percentiles(chunks: Iterable, n: int, q: Sequence[float]) -> list[float]:
     """Percentiles `q` (in [0, 100]) of the `n` samples of `chunks` (re-iterable, no
-    NaN), as `np.percentile(all_samples, q)` computes them (module docstring).
+    NaN; arrays or (values, counts) runs), as `np.percentile(all_samples, q)` computes them (module docstring).
     Raises ValueError for n < 1."""
     if n < 1:
         raise ValueError("percentiles of no samples")
@@ -176,4 +249,4 @@ def linear_percentiles(chunks: Iterable[np.ndarray], n: int, q: Sequence[float])
     return out.tolist()
 
 
-__all__ = ["COLLECT_MAX", "exact_fsum", "linear_percentiles", "order_statistics", "sortable_keys"]
+__all__ = ["COLLECT_MAX", "exact_fsum", "linear_percentiles", "order_statistics", "sample_count", "sortable_keys"]
