@@ -21,9 +21,8 @@ default method) and a correctly rounded mean give on the whole array in memory.
 - Runs: a chunk may be a pair (values, counts), value i standing for counts[i] equal
   samples (`rack.serving.records.ITLSamples`: a decode step's gap shared by every
   request in the batch). Every result is the one of the expanded samples, bit for bit:
-  ranks count samples, not values; the sum adds each value * count exactly (Dekker's
-  two-product: value * count = p + e with both float64, exact for |value| within
-  [2^-900, 2^900] and counts below 2^53; a value outside that range is expanded).
+  ranks count samples, not values; the exact integer sum weighs each value's integer
+  mantissa by its count.
 """
 
 from __future__ import annotations
@@ -75,23 +74,6 @@ def sample_count(chunks: Iterable) -> int:
     return sum(len(v) if c is None else int(c.sum()) for v, c in _pairs(chunks))
 
 
-#: Values whose products with a count are split exactly by `_two_product` (module docstring).
-_TWO_PRODUCT_RANGE = (2.0 ** -900, 2.0 ** 900)
-
-
-def _two_product(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(p, e) with p + e == a * b exactly (Dekker 1971; no overflow or underflow for
-    |a| in `_TWO_PRODUCT_RANGE`, b an integer below 2^53)."""
-    p = a * b
-    t = 134217729.0 * a                      # 2^27 + 1: Veltkamp's split
-    ah = t - (t - a)
-    al = a - ah
-    t = 134217729.0 * b
-    bh = t - (t - b)
-    bl = b - bh
-    return p, ((ah * bh - p) + ah * bl + al * bh) + al * bl
-
-
 def exact_fsum(chunks: Iterable[np.ndarray]) -> float:
     """The correctly rounded sum of every sample of `chunks` (math.fsum's result: the
     correctly rounded sum is unique, and math.fsum's errors). Samples are taken as
@@ -111,22 +93,8 @@ def exact_fsum(chunks: Iterable[np.ndarray]) -> float:
             special.extend(b[~finite].tolist())     # any number of copies: the same inf / NaN
             b = b[finite]
             c = None if c is None else c[finite]
-        if c is not None:                           # runs: value * count as p + e, exactly
-            many = c != 1
-            mag = np.abs(b)
-            wide = many & ((mag < _TWO_PRODUCT_RANGE[0]) | (mag > _TWO_PRODUCT_RANGE[1])) & (b != 0)
-            terms = [b[~many]] if not many.all() else []
-            if wide.any():
-                terms.append(np.repeat(b[wide], c[wide]))
-            keep = many & ~wide
-            if keep.any():
-                terms.extend(_two_product(b[keep], c[keep].astype(np.float64)))
-            b = np.concatenate(terms) if terms else np.zeros(0)
-            for start in range(0, len(b), BLOCK):
-                parts.append(_exact_block(b[start:start + BLOCK]))
-            continue
         if b.size:
-            parts.append(_exact_block(b))
+            parts.append(_exact_block(b, c))
     if special:
         return math.fsum(special)               # inf or NaN: the finite samples do not matter
     if not parts:
@@ -136,8 +104,14 @@ def exact_fsum(chunks: Iterable[np.ndarray]) -> float:
     return float(total << lo) if lo >= 0 else total / (1 << -lo)
 
 
-def _exact_block(b: np.ndarray) -> tuple[int, int]:
-    """(n, e) with n * 2**e the exact sum of `b`, finite float64 of at most BLOCK samples."""
+#: Largest count a run's value is multiplied by inside `_exact_block`'s float64 sums
+#: (a 27-bit half times it, summed over BLOCK values, stays an integer below 2^53).
+_COUNT_IN_FLOAT = 1 << 10
+
+
+def _exact_block(b: np.ndarray, counts: np.ndarray | None = None) -> tuple[int, int]:
+    """(n, e) with n * 2**e the exact sum of `b`, finite float64 of at most BLOCK
+    values, each taken counts[i] times (None: once)."""
     if not b.size:
         return 0, 0
     m, ex = np.frexp(b)                         # b = m * 2**ex, 0.5 <= |m| < 1 (or 0)
@@ -145,10 +119,18 @@ def _exact_block(b: np.ndarray) -> tuple[int, int]:
     lo = int(ex.min())
     k = ex - lo
     total = 0
-    # halves below 2**27 in magnitude: their float64 sums per exponent over at most
-    # BLOCK samples stay integers below 2**53, so exact
+    w = None
+    if counts is not None:
+        big = counts > _COUNT_IN_FLOAT
+        if big.any():                           # rare: such runs summed as Python ints
+            total += sum(int(x) * int(c) << int(e) for x, c, e in zip(q[big], counts[big], k[big]))
+            q = np.where(big, 0, q)
+        w = counts.astype(np.float64)
+    # halves below 2**27 in magnitude (times a count of at most _COUNT_IN_FLOAT): their
+    # float64 sums per exponent over at most BLOCK samples stay integers below 2**53, so exact
     for half, shift in ((q >> 26, 26), (q & ((1 << 26) - 1), 0)):
-        for j, x in enumerate(np.bincount(k, weights=half.astype(np.float64)).tolist()):
+        h = half.astype(np.float64)
+        for j, x in enumerate(np.bincount(k, weights=h if w is None else h * w).tolist()):
             if x:
                 total += int(x) << (j + shift)
     return total, lo - 53

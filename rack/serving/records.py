@@ -286,8 +286,9 @@ class ITLSamples(SampleChunks):
                 continue
             for i in np.unique(log[linked]).tolist():
                 mine = linked & (log == i)
-                np.add.at(diff[i], c["itl_from"][mine], 1)
-                np.add.at(diff[i], c["itl_to"][mine], -1)
+                size = diff[i].shape[0]
+                diff[i] += np.bincount(c["itl_from"][mine], minlength=size)
+                diff[i] -= np.bincount(c["itl_to"][mine], minlength=size)
         out = []
         for g, d in zip(logs, diff):
             counts = np.cumsum(d[:-1])
