@@ -217,6 +217,8 @@ class DecodeEngine(Core):
         if not tps >= 1.0:
             raise ValueError(f"DecodeEngine {name!r}: cost.tokens_per_step must be >= 1, got {tps}")
         self.cost = cost
+        # the cost model's pricing of a run from its context sum (`_start_run`), if it has one
+        self._steps_of_sum = getattr(cost, "decode_steps_of_sum", None)
         self.collector = collector
         self.max_batch = int(max_batch)
         self.policy: AdmissionPolicy = admission_policy
@@ -794,7 +796,14 @@ class DecodeEngine(Core):
         """Start a run of up to k decode steps of the current batch (cut short at the
         step boundary after an admission, `_kick`)."""
         batch = list(self._batch)
-        sc = self.cost.decode_steps(self._contexts(batch), k)
+        sc = None
+        if self._steps_of_sum is not None and self.tps == 1.0:
+            # one token per step: every request of the batch has taken done = steps - start
+            # steps of its stint (< its tokens left, or it would have completed), so the
+            # contexts sum to sum(base - start) + B * steps (`_set_columns`)
+            sc = self._steps_of_sum(len(batch), self._base_less_start + len(batch) * len(self._t_end), k)
+        if sc is None:
+            sc = self.cost.decode_steps(self._contexts(batch), k)
         # While busy, the next step starts where the last one ended.
         t0 = t if self._t_free is None else self._t_free
         ends = t0 + sc.time_s.cumsum()      # (the method: np.cumsum's result, without its dispatch)
@@ -863,6 +872,7 @@ class DecodeEngine(Core):
         """The batch's arrays (`__init__`) from their (4, B) array, as row views."""
         self._columns = columns
         self._a_base, self._a_start, self._a_rem, self._a_end = columns
+        self._base_less_start = int(self._a_base.sum()) - int(self._a_start.sum())
 
     def _finish(self, finished: list) -> None:
         if not finished:
