@@ -9,6 +9,7 @@ import weakref
 
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 import rack.serving.collector as collector_mod
 from rack.measure import quantiles
@@ -53,6 +54,55 @@ def test_chunked_summary_equals_numpy_bit_for_bit(seed, monkeypatch):
     got = summarize(SampleChunks(_Chunks(v, rng)))
     assert got == want
     assert want["p50"] == float(np.percentile(v, 50))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.floats(-1e6, 1e6, allow_nan=False), st.integers(1, 3000)), min_size=1, max_size=60),
+       st.integers(0, 4), st.sampled_from([1, 5, 1 << 20]))
+def test_runs_summarize_as_their_expanded_samples_bit_for_bit(pairs, cut, collect_max):
+    """A (value, count) run stands for count equal samples (`ITLSamples`' step gaps): its
+    percentiles (numpy's linear method), correctly rounded mean, extremes and count are
+    those of the expanded samples, to the last bit, with explicit samples alongside and
+    however the runs are cut into chunks (counts above 1024 take the Python-int sum)."""
+    v = np.array([p[0] for p in pairs])
+    c = np.array([p[1] for p in pairs], np.int64)
+    k = len(v) * cut // 4
+    explicit = v[::3]
+    chunks = [explicit, (v[:k], c[:k]), (v[k:], c[k:])]
+    expanded = np.concatenate([explicit, np.repeat(v, c)])
+
+    class _Runs(SampleChunks):
+        def __init__(self):
+            self.size = quantiles.sample_count(chunks)
+
+        def __iter__(self):
+            return iter([x for x in chunks if len(x) and (type(x) is not tuple or len(x[0]))])
+
+    old = quantiles.COLLECT_MAX
+    quantiles.COLLECT_MAX = collect_max             # small: several radix passes first
+    try:
+        got = summarize(_Runs())
+    finally:
+        quantiles.COLLECT_MAX = old
+    want = summarize(expanded)
+    assert {k: float(x).hex() for k, x in got.items()} == {k: float(x).hex() for k, x in want.items()}
+
+
+def test_run_summaries_by_hand():
+    """Explicit cases: two runs and one sample, against the expanded samples."""
+    runs = [(np.array([0.002, 0.001]), np.array([3, 2])), np.array([0.004])]
+
+    class _Runs(SampleChunks):
+        def __init__(self):
+            self.size = 6
+
+        def __iter__(self):
+            return iter(runs)
+
+    got = summarize(_Runs())
+    samples = [0.002] * 3 + [0.001] * 2 + [0.004]
+    assert got == summarize(np.array(samples))
+    assert got["p50"] == 0.002 and got["min"] == 0.001 and got["max"] == 0.004 and got["n"] == 6
 
 
 def test_empty_chunks_summarize_to_nulls():
