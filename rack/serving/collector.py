@@ -18,6 +18,7 @@ are cut at the same moments whichever the sink, so both give the same records.
 
 from __future__ import annotations
 
+import bisect
 from collections import Counter
 from typing import Any, Iterable, Sequence
 
@@ -470,28 +471,41 @@ class Collector(Core):
 
 
 class _StepLog:
-    """A decode engine's step gaps by global step index (`Collector.itl_steps`): a
-    float64 array grown by doubling; steps never sent are NaN (no request refers to
-    them). One float per decode step, not per token."""
+    """A decode engine's step gaps by global step index (`Collector.itl_steps`), kept as
+    the arrays the engine sent (one float per decode step, not per token; no copy per
+    message: fresh memory is what a large array costs most). Steps never sent are NaN
+    in `array()` (no request refers to them)."""
 
-    __slots__ = ("_buf", "_n")
+    __slots__ = ("_firsts", "_parts", "_n")
 
     def __init__(self) -> None:
-        self._buf = np.full(1024, np.nan)
+        self._firsts: list[int] = []
+        self._parts: list[np.ndarray] = []
         self._n = 0
 
     def put(self, first: int, gaps: np.ndarray) -> None:
-        stop = first + gaps.shape[0]
-        if stop > self._buf.shape[0]:
-            new = np.full(max(stop, 2 * self._buf.shape[0]), np.nan)
-            new[: self._n] = self._buf[: self._n]
-            self._buf = new
-        self._buf[first:stop] = gaps
-        self._n = max(self._n, stop)
+        """Steps first, first + 1, ... (after those sent before: an engine sends in order)."""
+        if first < self._n:
+            raise ValueError(f"step log: steps from {first} sent again (have {self._n})")
+        self._firsts.append(first)
+        self._parts.append(gaps)
+        self._n = first + gaps.shape[0]
 
     def get(self, start: int, stop: int) -> np.ndarray:
-        return self._buf[start:stop]
+        """The gaps of steps [start, stop) (all sent)."""
+        k = max(0, bisect.bisect_right(self._firsts, start) - 1)
+        pieces = []
+        while start < stop:
+            first, part = self._firsts[k], self._parts[k]
+            take = part[max(0, start - first): stop - first]
+            pieces.append(take)
+            start = first + part.shape[0]
+            k += 1
+        return np.concatenate(pieces) if pieces else np.zeros(0)
 
     def array(self) -> np.ndarray:
-        """A copy of the steps sent so far."""
-        return self._buf[: self._n].copy()
+        """Every step sent so far as one array (NaN where none was)."""
+        out = np.full(self._n, np.nan)
+        for first, part in zip(self._firsts, self._parts):
+            out[first:first + part.shape[0]] = part
+        return out

@@ -274,27 +274,29 @@ class ITLSamples(SampleChunks):
 
     def _runs(self) -> list[tuple[np.ndarray, np.ndarray]]:
         """(gaps, counts) of each step log: how many requests' ranges cover each step
-        (a difference array over the ranges), steps no request covers left out."""
+        (a difference array over the ranges, summed in place: one array per log, as
+        fresh memory is what a large array costs most), steps no request covers left out."""
         logs = self._source.logs()
         if not logs:
             return []
-        diff = [np.zeros(len(g) + 1, np.int64) for g in logs]
+        ranges: list[list[tuple[np.ndarray, np.ndarray]]] = [[] for _ in logs]
         for c in self._source.chunks(("itl_log", "itl_from", "itl_to")):
             log = c["itl_log"]
             linked = (log >= 0) & (c["itl_to"] > c["itl_from"])
-            if not linked.any():
-                continue
-            for i in np.unique(log[linked]).tolist():
-                mine = linked & (log == i)
-                size = diff[i].shape[0]
-                diff[i] += np.bincount(c["itl_from"][mine], minlength=size)
-                diff[i] -= np.bincount(c["itl_to"][mine], minlength=size)
+            if linked.any():
+                for i in np.unique(log[linked]).tolist():
+                    mine = linked & (log == i)
+                    ranges[i].append((c["itl_from"][mine], c["itl_to"][mine]))
         out = []
-        for g, d in zip(logs, diff):
-            counts = np.cumsum(d[:-1])
-            keep = (counts > 0) & ~np.isnan(g)
-            if keep.any():
-                out.append((g[keep], counts[keep]))
+        for g, r in zip(logs, ranges):
+            if not r:
+                continue
+            counts = np.zeros(len(g) + 1, np.int64)
+            np.add.at(counts, np.concatenate([a for a, _ in r]), 1)
+            np.add.at(counts, np.concatenate([b for _, b in r]), -1)
+            np.cumsum(counts, out=counts)
+            keep = counts[:-1] > 0          # (a covered step's gap was sent: never NaN)
+            out.append((g[keep], counts[:-1][keep]))
         return out
 
     def __iter__(self) -> Iterator[np.ndarray | tuple[np.ndarray, np.ndarray]]:
