@@ -179,17 +179,22 @@ def order_statistics(chunks: Iterable, ranks: Sequence[int], n: int | None = Non
                     entries[key] = entries[key] + e if key in entries else e
                 if any(state[r][:2] == (prefix, bits) for r in collect):
                     groups.setdefault((prefix, bits), []).append((sel, sel_mult))
+        by_group: dict[tuple[int, int], list[int]] = {}
         for r in collect:
-            prefix, bits, k = state[r]
-            parts = groups[(prefix, bits)]
+            by_group.setdefault(state[r][:2], []).append(r)
+        for key, rs in by_group.items():       # one selection per group, for all its ranks
+            parts = groups[key]
             g = np.concatenate([p for p, _ in parts])
+            ks = [state[r][2] for r in rs]
             if all(m is None for _, m in parts):
-                found[r] = _value(int(np.partition(g, k)[k]))
+                picked = np.partition(g, ks)[ks]
             else:
                 mult = np.concatenate([np.ones(len(p), np.int64) if m is None else m for p, m in parts])
-                order = np.argsort(g, kind="stable")
+                order = np.argsort(g)          # equal keys are equal samples: any order
                 cum = np.cumsum(mult[order])
-                found[r] = _value(int(g[order][int(np.searchsorted(cum, k, side="right"))]))
+                picked = g[order][np.searchsorted(cum, ks, side="right")]
+            for r, key_r in zip(rs, picked.tolist()):
+                found[r] = _value(int(key_r))
         for r in count:
             prefix, bits, k = state[r]
             cum = np.cumsum(hist[(prefix, bits)])
