@@ -152,8 +152,7 @@ def order_statistics(chunks: Iterable, ranks: Sequence[int], n: int | None = Non
     # a group is collected once it holds few values (runs count once: memory, not samples)
     state = {r: (0, 0, r) for r in wanted}
     found: dict[int, float] = {}
-    values = sum(len(v) for v, _ in _pairs(chunks))
-    group_values = {r: values for r in wanted}
+    group_values = {r: n for r in wanted}     # (at most n values: no pass to count them)
     while len(found) < len(wanted):
         todo = [r for r in wanted if r not in found]
         collect = [r for r in todo if group_values[r] <= COLLECT_MAX]
