@@ -1038,7 +1038,11 @@ class CostModel:
             z = np.zeros(0)
             return StepCosts(z, z, z, z, "memory", self.tokens_per_step)
         if self.speculative is None and not self._t.n_slide:
-            return self._decode_steps_affine(c, n_steps)
+            # contexts are whole token counts (no speculative decoding on this path), so
+            # every order of summation gives the same, exact sum; Python's sum is cheaper
+            # than numpy's for a few items
+            return self._decode_steps_affine(c.size, float(sum(c.tolist())) if c.size < 8 else float(c.sum()),
+                                             n_steps)
         shift = np.arange(n_steps, dtype=float) * self.tokens_per_step
         d = self._decode_dict(c, shift, lean=True)
         return StepCosts(time_s=d["time"], flops=d["flops"], bytes=d["bytes"], comm_s=d["comm"],
@@ -1082,16 +1086,23 @@ class CostModel:
         self._lines[B] = line
         return line
 
-    def _decode_steps_affine(self, c: np.ndarray, n_steps: int) -> StepCosts:
+    def decode_steps_of_sum(self, batch_size: int, context_sum: int, n_steps: int) -> StepCosts | None:
+        """`decode_steps` of a batch of `batch_size` requests (>= 1) whose contexts sum
+        to `context_sum` tokens at the first step, n_steps >= 1; None when a step's cost
+        depends on more than that sum (speculative decoding, sliding-window layers): ask
+        `decode_steps` with the contexts then. The same StepCosts, bit for bit, as
+        `decode_steps` on contexts with that sum (a decode engine keeps the sum as it
+        admits and completes requests instead of building the contexts per run)."""
+        if self.speculative is not None or self._t.n_slide:
+            return None
+        return self._decode_steps_affine(int(batch_size), float(context_sum), int(n_steps))
+
+    def _decode_steps_affine(self, B: int, x0: float, n_steps: int) -> StepCosts:
         """`decode_steps` from the batch size's `_decode_line` (the hot path of every
-        decode engine). Step j has context sum x_j = x_0 + B tps j, so each quantity is
-        v0 + v1 x_0 + (v1 B tps) j: one multiply-add over j per array."""
-        B = c.size
+        decode engine): B requests whose contexts sum to x0 at the first step. Step j has
+        context sum x_j = x_0 + B tps j, so each quantity is v0 + v1 x_0 + (v1 B tps) j:
+        one multiply-add over j per array."""
         c0, c1, m0, m1, rest, fl0, fl1, b0, b1, comm, comm_bw, lat, busy_a, busy_b, _ = self._decode_line(B)
-        # contexts are whole token counts (no speculative decoding on this path), so every
-        # order of summation gives the same, exact sum; Python's sum is cheaper than
-        # numpy's for a few items
-        x0 = float(sum(c.tolist())) if B < 8 else float(c.sum())
         dx = B * self.tokens_per_step
         cx, mx = c0 + c1 * x0, m0 + m1 * x0
         time = _larger_line(cx + rest, c1 * dx, mx + rest, m1 * dx, n_steps)

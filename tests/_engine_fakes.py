@@ -13,7 +13,7 @@ from typing import Callable, Mapping
 import numpy as np
 
 from devices.costmodel import StepCosts
-from devices.engines.common import model_layers
+from devices.engines.common import ITLRef, model_layers
 from devices.engines.decode import DecodeEngine
 from interconnect.codec import corrupt_frame, make_kv_frames, verify_kv_frames
 from rack.runtime.virtual import VirtualDriver
@@ -33,6 +33,7 @@ class FakeCollector(Core):
         self.events_log: list[tuple[int, str, float]] = []
         self.outcomes: dict[int, dict] = {}
         self.recomputed: dict[int, int] = {}      # tokens recomputed after preemptions
+        self.step_gaps: dict[str, dict[int, float]] = {}   # decode engines' step logs (`itl_steps`)
 
     def event(self, now, request_id, name, t):
         self.events_log.append((request_id, name, t))
@@ -41,9 +42,15 @@ class FakeCollector(Core):
         for rid, name, t in items:
             self.events_log.append((rid, name, t))
 
+    def itl_steps(self, now, log, first, gaps):
+        self.step_gaps.setdefault(log, {}).update(zip(range(first, first + len(gaps)), gaps.tolist()))
+
     def finish(self, now, request_id, outcome, reason=None, itl_s=None, t=None):
         assert request_id not in self.outcomes, f"request {request_id} ended twice"
         assert t is not None
+        if type(itl_s) is ITLRef:                 # the samples as one array, as the collector's records give
+            gaps = self.step_gaps.get(itl_s.log, {})
+            itl_s = np.concatenate((itl_s.head, [gaps[j] for j in range(itl_s.start, itl_s.stop)]))
         self.outcomes[request_id] = {"outcome": outcome, "reason": reason, "itl_s": itl_s, "t": t}
 
     def open_among(self, now, ids, reply_to, tag):

@@ -61,7 +61,8 @@ def test_truncate_serves_limit_minus_prompt_tokens(llama2):
     assert out.results["requests"]["truncated"] == 1
     # TPOT divides by the tokens actually produced, and equals the mean ITL
     assert c["tpot_s"][0] == pytest.approx((c["e2e_s"][0] - c["ttft_s"][0]) / 99)
-    itl = out.snapshot["itl_flat"][: out.snapshot["itl_lengths"][0]]
+    per = out.snapshot["itl"].per_request()
+    itl = per["itl_flat"][: per["itl_lengths"][0]]
     assert len(itl) == 99 and itl.mean() == pytest.approx(c["tpot_s"][0])
 
 

@@ -253,6 +253,13 @@ def test_decode_steps_affine_path_equals_the_general_pass(model, device, par):
             assert fast.bound == cm._bound(full)
         for m in (0, 1, n // 2, n):
             np.testing.assert_allclose(fast.work(m), (fast.flops[:m].sum(), fast.bytes[:m].sum()), rtol=1e-12)
+        # priced from the contexts' sum alone (a decode engine's runs): the same, bit for bit
+        by_sum = cm.decode_steps_of_sum(ctx.size, int(ctx.sum()), n)
+        if cm._t.n_slide:           # sliding windows: a step's cost needs every context
+            assert by_sum is None
+            continue
+        np.testing.assert_array_equal(by_sum.time_s, fast.time_s)
+        assert by_sum.bound == fast.bound and by_sum.work(n) == fast.work(n) and by_sum.busy(n) == fast.busy(n)
 
 
 def test_decode_steps_when_the_compute_and_memory_lines_cross():

@@ -34,3 +34,16 @@ def test_peer_section_without_the_peer_still_replays_rack(tmp_path):
     assert row["requests"] > 0 and row["cpu_s"]["current"] > 0 and "peer" not in row["cpu_s"]
     checks = BP.peer_checks(sec)
     assert checks["peer.mooncake-excerpt.gpu-only-kimi-k2.cpu_ratio_to_mocker"]["ok"] is None
+
+
+def test_peer_section_checks_the_itl_summary_against_the_baseline(tmp_path):
+    from rack.experiments.bench_baseline import project_root
+
+    sec = BP.peer_section(["mooncake-excerpt"], pairs=[("gpu-pd-kimi-k2", "pd", (2, 2))], repeat=1,
+                          baseline=str(project_root()), python=str(tmp_path / "no-such-python"),
+                          output_scales=(1.0,), window=(0.0, 10.0))
+    m = sec["traces"]["mooncake-excerpt"]["x1"]["gpu-pd-kimi-k2"]["metrics"]
+    assert m["max_abs_diff_s"] == 0.0 and m["itl_summary_equal"] is True
+    assert m["itl_s"]["current"]["n"] > 0
+    checks = BP.peer_checks(sec)
+    assert checks["peer.mooncake-excerpt.gpu-pd-kimi-k2.itl_summary_equal"]["ok"] is True

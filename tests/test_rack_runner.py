@@ -125,14 +125,14 @@ def test_virtual_runtime_is_deterministic(scenario):
     b = run_scenario(scenario, reqs, runtime="virtual")
     for key in ("ttft_s", "tpot_s", "e2e_s"):
         np.testing.assert_array_equal(a.columns[key], b.columns[key])
-    np.testing.assert_array_equal(a.snapshot["itl_flat"], b.snapshot["itl_flat"])
+    np.testing.assert_array_equal(a.snapshot["itl"].per_request()["itl_flat"], b.snapshot["itl"].per_request()["itl_flat"])
     strip = lambda r: {k: v for k, v in r.items() if k not in ("emulation", "provenance")}
     assert to_json(strip(a.results)) == to_json(strip(b.results))
 
 
 def test_tpot_is_mean_itl_per_request(excerpt_run):
     _, out = excerpt_run
-    snap = out.snapshot
+    snap = out.snapshot["itl"].per_request()
     starts = np.concatenate([[0], np.cumsum(snap["itl_lengths"])])
     tpot = dict(zip(out.columns["id"].tolist(), out.columns["tpot_s"].tolist()))
     for k, rid in enumerate(snap["itl_ids"].tolist()):

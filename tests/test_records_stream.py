@@ -9,13 +9,14 @@ import weakref
 
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 import rack.serving.collector as collector_mod
 from rack.measure import quantiles
 from rack.measure.metrics import summarize
 from rack.measure.results import to_json
 from rack.serving.collector import Collector
-from rack.serving.records import DiskRecordSet, MemoryRecords, SampleChunks
+from rack.serving.records import DiskRecordSet, ITLSamples, MemoryRecords, SampleChunks
 from rack.wiring.faults import parse_fault_option
 from rack.run.runner import run_scenario
 from rack.wiring.load import load_scenario
@@ -53,6 +54,55 @@ def test_chunked_summary_equals_numpy_bit_for_bit(seed, monkeypatch):
     got = summarize(SampleChunks(_Chunks(v, rng)))
     assert got == want
     assert want["p50"] == float(np.percentile(v, 50))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.floats(-1e6, 1e6, allow_nan=False), st.integers(1, 3000)), min_size=1, max_size=60),
+       st.integers(0, 4), st.sampled_from([1, 5, 1 << 20]))
+def test_runs_summarize_as_their_expanded_samples_bit_for_bit(pairs, cut, collect_max):
+    """A (value, count) run stands for count equal samples (`ITLSamples`' step gaps): its
+    percentiles (numpy's linear method), correctly rounded mean, extremes and count are
+    those of the expanded samples, to the last bit, with explicit samples alongside and
+    however the runs are cut into chunks (counts above 1024 take the Python-int sum)."""
+    v = np.array([p[0] for p in pairs])
+    c = np.array([p[1] for p in pairs], np.int64)
+    k = len(v) * cut // 4
+    explicit = v[::3]
+    chunks = [explicit, (v[:k], c[:k]), (v[k:], c[k:])]
+    expanded = np.concatenate([explicit, np.repeat(v, c)])
+
+    class _Runs(SampleChunks):
+        def __init__(self):
+            self.size = quantiles.sample_count(chunks)
+
+        def __iter__(self):
+            return iter([x for x in chunks if len(x) and (type(x) is not tuple or len(x[0]))])
+
+    old = quantiles.COLLECT_MAX
+    quantiles.COLLECT_MAX = collect_max             # small: several radix passes first
+    try:
+        got = summarize(_Runs())
+    finally:
+        quantiles.COLLECT_MAX = old
+    want = summarize(expanded)
+    assert {k: float(x).hex() for k, x in got.items()} == {k: float(x).hex() for k, x in want.items()}
+
+
+def test_run_summaries_by_hand():
+    """Explicit cases: two runs and one sample, against the expanded samples."""
+    runs = [(np.array([0.002, 0.001]), np.array([3, 2])), np.array([0.004])]
+
+    class _Runs(SampleChunks):
+        def __init__(self):
+            self.size = 6
+
+        def __iter__(self):
+            return iter(runs)
+
+    got = summarize(_Runs())
+    samples = [0.002] * 3 + [0.001] * 2 + [0.004]
+    assert got == summarize(np.array(samples))
+    assert got["p50"] == 0.002 and got["min"] == 0.001 and got["max"] == 0.004 and got["n"] == 6
 
 
 def test_empty_chunks_summarize_to_nulls():
@@ -99,11 +149,15 @@ def test_streamed_records_give_the_in_memory_results(name, faults, tmp_path, mon
         part["emulation"].pop("records")
     assert ja == jb
     assert ja["latency"]["itl_s"]["n"] > 1000
-    # what the folder holds: every request once, the ITL samples in chunks
+    # what the folder holds: every request once, the ITL samples in chunks (explicit ones
+    # and step ranges over the decode engines' step logs), which expand to the in-memory ones
     rec = DiskRecordSet(tmp_path / "records")
     assert rec.meta["parts"] >= len(reqs) // 7
     assert sum(len(c["id"]) for c in rec.chunks(("id",))) == len(reqs)
-    assert sum(len(c["itl_s"]) for c in rec.chunks(("itl_s",))) == ja["latency"]["itl_s"]["n"]
+    on_disk = ITLSamples(rec)
+    assert len(on_disk) == ja["latency"]["itl_s"]["n"] == on_disk.per_request()["itl_flat"].size
+    for key, a in mem.snapshot["itl"].per_request().items():
+        np.testing.assert_array_equal(a, on_disk.per_request()[key], err_msg=key)
 
 
 def test_in_memory_snapshot_keeps_its_arrays(monkeypatch):
@@ -112,8 +166,9 @@ def test_in_memory_snapshot_keeps_its_arrays(monkeypatch):
     out = run_scenario(load_scenario(), reqs, runtime="virtual")
     snap = out.snapshot
     assert snap["times"].shape == (40, len(snap["events"]))
-    assert snap["itl_ids"].tolist() == sorted(snap["itl_ids"].tolist())
-    assert int(snap["itl_lengths"].sum()) == snap["itl_flat"].size == out.results["latency"]["itl_s"]["n"]
+    per = snap["itl"].per_request()
+    assert per["itl_ids"].tolist() == sorted(per["itl_ids"].tolist())
+    assert int(per["itl_lengths"].sum()) == per["itl_flat"].size == out.results["latency"]["itl_s"]["n"]
 
 
 # ----------------------------------------------------------------- the collector's rows

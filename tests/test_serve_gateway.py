@@ -114,8 +114,9 @@ def test_live_requests_match_replay_and_planned_times_match_the_record(case):
     assert len(completed) >= len(uniq) - 2
     first = list(snap["events"]).index("first_token")
     row = {int(r): i for i, r in enumerate(snap["ids"].tolist())}
-    ends = np.cumsum(snap["itl_lengths"])
-    itls = {int(r): snap["itl_flat"][e - n:e] for r, n, e in zip(snap["itl_ids"], snap["itl_lengths"], ends)}
+    per = snap["itl"].per_request()
+    ends = np.cumsum(per["itl_lengths"])
+    itls = {int(r): per["itl_flat"][e - n:e] for r, n, e in zip(per["itl_ids"], per["itl_lengths"], ends)}
     for rid in completed:
         itl = itls.get(rid, np.zeros(0))         # one output token: no gap
         truth = snap["times"][row[rid], first] + np.concatenate(([0.0], np.cumsum(itl)))

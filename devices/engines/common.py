@@ -6,8 +6,10 @@ Nothing here reads a clock; the engines (cores) own their scheduling.
 
 from __future__ import annotations
 
+import itertools
 import math
-from typing import Any
+import os
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -59,6 +61,18 @@ class GrowingArray:
         self._buf[n] = value
         self._n = n + 1
 
+    def at(self, index: int) -> float:
+        """Global entry `index` (>= `base`) as a Python float."""
+        return float(self._buf[index - self.base])
+
+    def gaps(self, start: int, stop: int) -> np.ndarray:
+        """entry[j] - entry[j - 1] for global j in [start, stop) (a new array; start - 1
+        must be at or after `base`)."""
+        if start - 1 < self.base or stop > len(self) or stop < start:
+            raise IndexError(f"GrowingArray: gaps [{start}, {stop}) outside [{self.base + 1}, {len(self)})")
+        b, o = self._buf, self.base
+        return b[start - o: stop - o] - b[start - 1 - o: stop - 1 - o]
+
     def slice(self, start: int, stop: int) -> np.ndarray:
         """Copy of global entries [start, stop); raises IndexError below `base`."""
         if start < self.base or stop > len(self) or stop < start:
@@ -72,6 +86,30 @@ class GrowingArray:
             self._buf[: self._n - cut] = self._buf[cut : self._n]
             self._n -= cut
             self.base += cut
+
+
+class ITLRef(NamedTuple):
+    """A completed request's inter-token gaps without a float per token: `head` (its own
+    samples, first) then the gaps of steps [start, stop) of the decode engine's step
+    log `log` (step j's gap: its end minus step j - 1's end, the same subtraction the
+    request's token times give, so the same floats). The engine sends the log's gaps
+    to the collector once per run of steps (`itl_steps`), shared by every request of
+    the batch: the collector keeps one float per step and per request these four
+    fields (`rack.serving.records.ITLSamples`)."""
+
+    head: np.ndarray
+    log: str
+    start: int
+    stop: int
+
+
+_LOG_SERIAL = itertools.count()
+
+
+def step_log_key(name: str) -> str:
+    """A key for an engine's step log unique to this engine object (a restarted
+    instance starts its step count again: its log is another)."""
+    return f"{name}#{os.getpid()}.{next(_LOG_SERIAL)}"
 
 
 def emitted_after(steps, remaining, tokens_per_step: float):
@@ -459,6 +497,6 @@ def ceil_div(a: int, b: int) -> int:
 
 __all__ = [
     "HOST_KV_JOULES_PER_BYTE", "attach_host_tier", "host_load_s", "host_prefix",
-    "EventSeries", "SERIES_COLUMNS", "GrowingArray", "record_series", "Lateness", "TimeSeries", "Utilisation", "ceil_div", "emitted_after",
+    "EventSeries", "ITLRef", "SERIES_COLUMNS", "GrowingArray", "step_log_key", "record_series", "Lateness", "TimeSeries", "Utilisation", "ceil_div", "emitted_after",
     "enqueue_batch", "instance_ledger", "memory_label", "model_layers", "step_token_times", "steps_for",
 ]

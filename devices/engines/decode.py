@@ -74,6 +74,7 @@ import numpy as np
 from devices.engines.common import (
     EventSeries,
     GrowingArray,
+    ITLRef,
     Lateness,
     TimeSeries,
     Utilisation,
@@ -83,6 +84,7 @@ from devices.engines.common import (
     model_layers,
     step_token_times,
     record_series,
+    step_log_key,
     steps_for,
 )
 from devices.memory import KVBlockPool
@@ -97,6 +99,7 @@ AdmissionPolicy = Literal["reserve", "preempt"]
 FirstToken = Literal["decode", "prefill"]
 #: `_first_end` of an empty batch: a step index no run reaches.
 _NEVER = 1 << 62
+_NO_GAPS = np.zeros(0)
 
 
 class _Waiter:
@@ -214,6 +217,8 @@ class DecodeEngine(Core):
         if not tps >= 1.0:
             raise ValueError(f"DecodeEngine {name!r}: cost.tokens_per_step must be >= 1, got {tps}")
         self.cost = cost
+        # the cost model's pricing of a run from its context sum (`_start_run`), if it has one
+        self._steps_of_sum = getattr(cost, "decode_steps_of_sum", None)
         self.collector = collector
         self.max_batch = int(max_batch)
         self.policy: AdmissionPolicy = admission_policy
@@ -262,6 +267,9 @@ class DecodeEngine(Core):
 
         self._t_start = GrowingArray(4096)     # global step log (emulated s)
         self._t_end = GrowingArray(4096)
+        # the step log's gaps as the collector has them (`ITLRef`): sent up to this step
+        self._itl_log = step_log_key(name)
+        self._gaps_sent = 0
         self.util = Utilisation()
         self.lateness = Lateness()
         self.memory = TimeSeries(timeseries)
@@ -799,7 +807,14 @@ class DecodeEngine(Core):
         """Start a run of up to k decode steps of the current batch (cut short at the
         step boundary after an admission, `_kick`)."""
         batch = list(self._batch)
-        sc = self.cost.decode_steps(self._contexts(batch), k)
+        sc = None
+        if self._steps_of_sum is not None and self.tps == 1.0:
+            # one token per step: every request of the batch has taken done = steps - start
+            # steps of its stint (< its tokens left, or it would have completed), so the
+            # contexts sum to sum(base - start) + B * steps (`_set_columns`)
+            sc = self._steps_of_sum(len(batch), self._base_less_start + len(batch) * len(self._t_end), k)
+        if sc is None:
+            sc = self.cost.decode_steps(self._contexts(batch), k)
         # While busy, the next step starts where the last one ended.
         t0 = t if self._t_free is None else self._t_free
         ends = t0 + sc.time_s.cumsum()      # (the method: np.cumsum's result, without its dispatch)
@@ -868,6 +883,7 @@ class DecodeEngine(Core):
         """The batch's arrays (`__init__`) from their (4, B) array, as row views."""
         self._columns = columns
         self._a_base, self._a_start, self._a_rem, self._a_end = columns
+        self._base_less_start = int(self._a_base.sum()) - int(self._a_start.sum())
 
     def _finish(self, finished: list) -> None:
         if not finished:
@@ -898,17 +914,26 @@ class DecodeEngine(Core):
         finished = []
         if len(self._t_end) >= self._first_end:
             over = len(self._t_end) >= self._a_end
+            linked = False
             for i in np.flatnonzero(over).tolist():
                 s = batch[i]
-                self._end_stint(s)
-                if s.first_token_s is None:      # the client's first token was this engine's
-                    times = np.concatenate(s.times)
-                    self._pending_events.append((s.req.id, "first_token", float(times[0])))
+                if self.tps == 1.0 and not s.times:
+                    # one stint of one token per step: its gaps are the step log's over its
+                    # steps (`ITLRef`), shared with the batch; no array per request
+                    itl = self._linked_itl(s)
+                    linked = True
+                    n = itl.head.shape[0] + itl.stop - itl.start
                 else:
-                    times = np.concatenate([[s.first_token_s], *s.times])
-                itl = times[1:] - times[:-1]     # np.diff's result, without its dispatch
-                if itl.shape[0] != s.n_out - 1:  # pragma: no cover - internal invariant
-                    raise AssertionError(f"{self.name}: request {s.req.id} has {itl.shape[0]} "
+                    self._end_stint(s)
+                    if s.first_token_s is None:      # the client's first token was this engine's
+                        times = np.concatenate(s.times)
+                        self._pending_events.append((s.req.id, "first_token", float(times[0])))
+                    else:
+                        times = np.concatenate([[s.first_token_s], *s.times])
+                    itl = times[1:] - times[:-1]     # np.diff's result, without its dispatch
+                    n = itl.shape[0]
+                if n != s.n_out - 1:  # pragma: no cover - internal invariant
+                    raise AssertionError(f"{self.name}: request {s.req.id} has {n} "
                                          f"ITL samples for {s.n_out} tokens")
                 self._release_kv(s)
                 self.counts["completed"] += 1
@@ -916,10 +941,39 @@ class DecodeEngine(Core):
                 self._pending_events.append((s.req.id, "completion", t_last))
                 finished.append((s, t_last, itl))
             self._batch_keep(~over)
+            if linked:
+                self._send_gaps()
         self._shrink(self._batch)
         if finished or len(self._t_end) - self._t_end.base > (1 << 16):
             self._compact_log()
         return finished
+
+    def _linked_itl(self, s: _Seq) -> ITLRef:
+        """End `s`'s only stint (one token per step, at each step's end) and return its
+        ITL as a reference to the step log: the gap from the prefill side's first token
+        to its first step's end (`first_token` "prefill"), then the gaps of its other
+        steps. The same floats `_end_stint`'s token times give."""
+        a = s.start
+        d = len(self._t_end) - a
+        t0 = self._t_end.at(a)
+        s.emitted += min(s.rem, d)
+        s.rem = s.steps = 0
+        if s.first_token_s is None:              # the client's first token was this engine's
+            self._pending_events.append((s.req.id, "first_token", t0))
+            head = _NO_GAPS
+        else:
+            head = np.array([t0 - s.first_token_s])
+        return ITLRef(head, self._itl_log, a + 1, a + d)
+
+    def _send_gaps(self) -> None:
+        """Send the collector the step log's gaps it does not have yet (before the
+        finishes that refer to them; steps dropped from the log unsent are referred to
+        by no request)."""
+        lo = max(self._gaps_sent, self._t_end.base + 1)
+        hi = len(self._t_end)
+        if hi > lo:
+            self.send(self.collector, "itl_steps", self._itl_log, lo, self._t_end.gaps(lo, hi))
+        self._gaps_sent = hi
 
     def _shrink(self, batch: list[_Seq]) -> None:
         """Under "preempt", return blocks booked for steps that did not run."""

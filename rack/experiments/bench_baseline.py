@@ -81,6 +81,7 @@ if int(calls_n):
     calls = pstats.Stats(prof).total_calls / len(part)
 print(json.dumps({"wall_s": wall, "cpu_s": cpu, "requests": len(reqs), "completed": r["requests"]["completed"],
                   "ttft_p50_s": r["latency"]["ttft_s"]["p50"], "tpot_p50_s": r["latency"]["tpot_s"]["p50"],
+                  "itl_s": r["latency"]["itl_s"],
                   "mode": "sweep (KV payload accounted)" if kw else "run (KV payload built)",
                   "events_per_request": None if events is None else events / len(reqs),
                   "calls_per_request": calls}))
@@ -167,7 +168,8 @@ def replay_in(root: Path, trace: str, scenario: str | None, *, output_scale: flo
     where the code at `root` can) or "run" (`rack run --runtime virtual`: built).
     columns_to: write the per-request columns (ids, TTFT, TPOT, E2E, event times) there
     (.npz). count_calls: also replay the first that many requests under cProfile.
-    Returns {"wall_s", "requests", "completed", "ttft_p50_s", "tpot_p50_s", "mode",
+    Returns {"wall_s", "requests", "completed", "ttft_p50_s", "tpot_p50_s", "itl_s" (the
+    results' ITL summary: mean, min, p50, p90, p99, max, n), "mode",
     "events_per_request" (None before the driver counted them), "calls_per_request"
     (None without count_calls)}. Raises RuntimeError with the subprocess's last lines
     if it fails or times out."""

@@ -133,7 +133,8 @@ def peer_section(traces: Sequence[str] = PEER_TRACES, pairs: Sequence[tuple] = P
     "wall_us_per_request" {side}, "cpu_ratio_to_peer" {rack side: rack / mocker},
     "wall_ratio_to_peer", "cpu_speedup" (baseline / current, with a baseline),
     "events_per_request" {rack side}, "metrics" (`columns_diff` of baseline and current,
-    first round), "runs" {side: [...]}}}}}}; sides are "current", "baseline" and "peer".
+    first round, with "itl_summary_equal": their results' ITL summaries equal to the
+    last bit, and both as "itl_s"), "runs" {side: [...]}}}}}}; sides are "current", "baseline" and "peer".
     Without the peer installed, the rack sides still run and "peer" says why.
     Raises RuntimeError if a replay fails.
     """
@@ -191,6 +192,10 @@ def peer_section(traces: Sequence[str] = PEER_TRACES, pairs: Sequence[tuple] = P
                     if base is not None:
                         row["cpu_speedup"] = cpu["baseline"] / cpu["current"]
                         row["metrics"] = columns_diff(cols["baseline"], cols["current"])
+                        # the ITL summary (mean, extremes, percentiles, count): equal to the last bit
+                        itl = {s: runs[s][0].get("itl_s") for s, _ in sides}
+                        row["metrics"]["itl_summary_equal"] = itl["baseline"] == itl["current"]
+                        row["metrics"]["itl_s"] = itl
                     per[scenario] = row
                 rows[f"x{scale:g}"] = per
             out["traces"][trace] = rows
@@ -214,6 +219,10 @@ def peer_checks(sec: dict, targets_s: float = 1e-9) -> dict:
             if m:
                 out[f"{key}.per_request_max_diff_s"] = {"value": m["max_abs_diff_s"], "target": f"<= {targets_s:g} s",
                                                         "ok": m["max_abs_diff_s"] <= targets_s}
+                if "itl_summary_equal" in m:
+                    out[f"{key}.itl_summary_equal"] = {"value": m["itl_summary_equal"],
+                                                       "target": "the baseline's ITL mean, min, p50, p90, p99, max, n",
+                                                       "ok": m["itl_summary_equal"]}
             ev = row.get("events_per_request", {})
             if ev.get("baseline") and ev.get("current") is not None:
                 out[f"{key}.events_per_request"] = {"value": ev["current"],
@@ -237,7 +246,7 @@ def render_peer(sec: dict, con: Any, table: Callable[..., Any]) -> None:
     t = table(f"rack beside NVIDIA Dynamo's mocker {st.get('version') or ''} (whole traces, same run, alternating; "
               "CPU = the child's process_time, us per request; ratio = rack / mocker)",
               ("trace", "outputs", "scenario", "mocker", "rack CPU us/req", "mocker CPU us/req", "CPU ratio",
-               "wall ratio", *(("previous CPU us/req", "speed-up", "max diff s", "events/req prev / now")
+               "wall ratio", *(("previous CPU us/req", "speed-up", "max diff s", "ITL summary", "events/req prev / now")
                                if base else ("events/req",))),
               left=("trace", "outputs", "scenario", "mocker"))
     for trace, rows in sec["traces"].items():
@@ -250,6 +259,7 @@ def render_peer(sec: dict, con: Any, table: Callable[..., Any]) -> None:
                 mk = f"{r['mocker']['mode']} {'+'.join(map(str, r['mocker']['workers']))}"
                 extra = ((f"{cpu['baseline']:,.0f}", f"{r['cpu_speedup']:.2f}",
                           f"{r['metrics']['max_abs_diff_s']:.1e}",
+                          "same" if r["metrics"].get("itl_summary_equal") else "DIFFERS",
                           f"{ev.get('baseline') or 0:.1f} / {ev.get('current') or 0:.1f}") if base
                          else (f"{ev.get('current') or 0:.1f}",))
                 t.add_row(trace, scale, scenario, mk, f"{cpu['current']:,.0f}",

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
 from rack.measure.energy import pool_rates
+from rack.measure.metrics import itl_array
 from rack.wiring.scenario import Scenario, ScenarioError
 from rack.wiring.load import load_scenario
 
@@ -517,7 +518,7 @@ def write_compare(result: CompareResult, out_dir: Any, *, plots: bool = True, tr
         pd = out / "plots"
         colours = P.palette([e.name for e in result.entries])    # one colour per deployment
         P.latency_cdfs(labels, pd / "latency_cdf.png",
-                       itl={e.name: e.output.snapshot["itl_flat"] for e in result.entries}, colours=colours)
+                       itl={e.name: itl_array(e.output.snapshot) for e in result.entries}, colours=colours)
         pngs["Latency CDFs"] = "plots/latency_cdf.png"
         P.stage_breakdown(breakdowns, pd / "stage_breakdown.png")
         pngs["Where the time goes"] = "plots/stage_breakdown.png"

@@ -40,7 +40,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from rack.measure import quantiles
-from rack.serving.records import SampleChunks
+from rack.serving.records import ITLSamples, SampleChunks
 
 PERCENTILES = (50, 90, 99)
 #: Share of the arrival span at each end left out of the steady-state window (warm-up,
@@ -52,15 +52,16 @@ STEADY_MIN_REQUESTS = 10
 
 def summarize(values: np.ndarray | SampleChunks) -> dict:
     """{"mean", "min", "p50", "p90", "p99", "max", "n"} of `values` (NaN left out; nulls
-    when empty): an array, or samples in chunks (`rack.serving.records.SampleChunks`),
-    which give the same numbers without being loaded at once."""
+    when empty): an array, or samples in chunks (`rack.serving.records.SampleChunks`,
+    `ITLSamples`: arrays and (values, counts) runs), which give the same numbers as the
+    expanded samples in one array, without being loaded at once."""
     if isinstance(values, SampleChunks):
         n = len(values)
         if n == 0:
             return summarize(np.zeros(0))
         p = quantiles.linear_percentiles(values, n, PERCENTILES)
-        lo = min(float(c.min()) for c in values)
-        hi = max(float(c.max()) for c in values)
+        lo = min(float((c if type(c) is not tuple else c[0]).min()) for c in values)
+        hi = max(float((c if type(c) is not tuple else c[0]).max()) for c in values)
         return {"mean": quantiles.exact_fsum(values) / n, "min": lo, "p50": p[0], "p90": p[1],
                 "p99": p[2], "max": hi, "n": n}
     v = np.asarray(values, dtype=np.float64)
@@ -70,6 +71,20 @@ def summarize(values: np.ndarray | SampleChunks) -> dict:
     p = np.percentile(v, PERCENTILES)
     return {"mean": quantiles.exact_fsum([v]) / v.size, "min": float(v.min()), "p50": float(p[0]),
             "p90": float(p[1]), "p99": float(p[2]), "max": float(v.max()), "n": int(v.size)}
+
+
+def itl_samples(snapshot: dict) -> np.ndarray | SampleChunks:
+    """The inter-token latency samples of a collector snapshot: its "itl"
+    (`rack.serving.records.ITLSamples`), or "itl_flat" (an array: a client-side
+    snapshot, `rack.serve.loadgen`)."""
+    return snapshot["itl"] if "itl" in snapshot else snapshot["itl_flat"]
+
+
+def itl_array(snapshot: dict) -> np.ndarray:
+    """Every inter-token latency sample of a collector snapshot in one array (plots;
+    `itl_samples` summarizes them without expanding)."""
+    v = itl_samples(snapshot)
+    return v.expanded() if isinstance(v, ITLSamples) else np.asarray(v, dtype=np.float64)
 
 
 def completed_mask(snapshot: dict) -> np.ndarray:
@@ -275,7 +290,7 @@ def compute(snapshot: dict, requests: Sequence[Any], slo_ttft_s: float, slo_tpot
         "latency": {
             "ttft_s": summarize(ttft),
             "tpot_s": summarize(tpot),
-            "itl_s": summarize(snapshot["itl_flat"]),
+            "itl_s": summarize(itl_samples(snapshot)),
             "e2e_s": summarize(cols["e2e_s"]),
         },
         "throughput": {

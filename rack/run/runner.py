@@ -351,7 +351,7 @@ def assemble(scenario: Scenario, specs: Sequence[ComponentSpec], requests: Seque
     if raw["snapshot"].get("records_dir"):       # streamed: read the rows back (not the ITL samples)
         n_events = len(raw["snapshot"]["events"])
         raw["snapshot"] = {**raw["snapshot"], **assemble_records(DiskRecordSet(raw["snapshot"]["records_dir"]),
-                                                         raw["snapshot"]["ids"], n_events, flat_itl=False)}
+                                                         raw["snapshot"]["ids"], n_events)}
     # a crashed instance's work before its crash still counts (energy, utilisation)
     raw["stats"] = with_work_before_crashes(raw["stats"], raw["snapshot"])
     snapshot = apply_fixed_stages(raw["snapshot"], scenario.fixed_stages)

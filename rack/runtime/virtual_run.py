@@ -99,7 +99,7 @@ def run_topology_virtual(specs: Sequence[ComponentSpec], requests: Sequence[Any]
                 "loop_type": f"{type(driver).__module__}.{type(driver).__name__} (no event loop)"}
 
     try:
-        with stop.replaying() if stop is not None else contextlib.nullcontext():
+        with stop.replaying() if stop is not None else contextlib.nullcontext(), _no_hugepage_advice():
             driver.run(done)
     except ComponentError as exc:
         exc.partial = records(salvage=True, failed=exc.component)
@@ -116,7 +116,28 @@ def run_topology_virtual(specs: Sequence[ComponentSpec], requests: Sequence[Any]
             + "; ".join(filter(None, (_open_requests(cores["collector"]), driver.waiting()))))
         err.partial = records(salvage=True)
         raise err
-    return records()
+    with _no_hugepage_advice():
+        return records()
+
+
+@contextlib.contextmanager
+def _no_hugepage_advice():
+    """numpy's advice to back large arrays with huge pages (`madvise(MADV_HUGEPAGE)`,
+    its default on Linux; the environment variable NUMPY_MADVISE_HUGEPAGE=0 turns it
+    off at import) switched off for a replay, then restored. Where the kernel's THP
+    defrag setting is "madvise" (e.g. this project's 2-core test machine), an advised
+    page fault compacts memory first: 10-20% of a whole-trace replay's CPU time, which
+    allocates its arrays afresh (measured with rack bench, docs/bench.md). Results are
+    the same either way (an allocation hint). Does nothing if numpy has no switch."""
+    switch = getattr(getattr(getattr(np, "_core", None), "multiarray", None), "_set_madvise_hugepage", None)
+    if switch is None:
+        yield
+        return
+    before = switch(False)
+    try:
+        yield
+    finally:
+        switch(before)
 
 
 def _has_turns(requests: Any) -> bool:

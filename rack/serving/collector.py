@@ -18,11 +18,13 @@ are cut at the same moments whichever the sink, so both give the same records.
 
 from __future__ import annotations
 
+import bisect
 from collections import Counter
 from typing import Any, Iterable, Sequence
 
 import numpy as np
 
+from devices.engines.common import ITLRef
 from rack.serving import records
 from rack.serving.records import DiskRecords, MemoryRecords, assemble
 from workloads.core import Core
@@ -54,7 +56,7 @@ class Collector(Core):
             (`rack.serving.records.DiskRecords`); None: keep them in memory.
         chunk_rows, chunk_samples: a chunk's limits (None: `rack.serving.records`'s
             CHUNK_ROWS and CHUNK_SAMPLES).
-    Handlers (messages): `event`, `events`, `finish`, `note_fault`, `note_recovery`,
+    Handlers (messages): `event`, `events`, `finish`, `itl_steps`, `note_fault`, `note_recovery`,
     `note_truncated`, `open_among` (replies `open_ids`), `end_open`. The driver reads `snapshot()`,
     `all_ended()`, `open_requests()` and `open_examples()` directly.
     Raises ValueError for duplicate request ids, or chunk limits below 1.
@@ -88,7 +90,10 @@ class Collector(Core):
         self._free = list(range(cap - 1, -1, -1))
         self._reason: dict[int, str] = {}            # by slot
         self._pos_of_slot: dict[int, int] = {}       # by slot: the request's position in ids
-        self._itl: dict[int, np.ndarray] = {}        # by slot
+        self._itl: dict[int, np.ndarray | ITLRef] = {}    # by slot
+        # decode engines' step logs (`itl_steps`): key -> gaps by global step index
+        self._logs: dict[str, _StepLog] = {}
+        self._log_index: dict[str, int] = {}       # key -> its index in the chunks' itl_log
         self._ended: list[int] = []                  # slots of ended rows, in order of their ends
         self._ended_samples = 0
         self.chunk_rows, self.chunk_samples = int(chunk_rows), int(chunk_samples)
@@ -132,7 +137,8 @@ class Collector(Core):
         """End request `request_id` with `outcome` in OUTCOMES at emulated time `t`
         (default `now`); rejected/failed need a reason (else "unspecified").
 
-        `itl_s`: the request's inter-token gaps (s), shape (output_tokens - 1,).
+        `itl_s`: the request's inter-token gaps (s), shape (output_tokens - 1,), or a
+        `devices.engines.common.ITLRef` to a step log sent before (`itl_steps`).
         """
         rid = int(request_id)
         slot = self._slot.get(rid)
@@ -162,7 +168,11 @@ class Collector(Core):
             c = _COL["completion"]
             if self._times[slot, c] != self._times[slot, c]:
                 self._times[slot, c] = when
-            if itl_s is not None:
+            if type(itl_s) is ITLRef:
+                self._log_index.setdefault(itl_s.log, len(self._log_index))
+                self._itl[slot] = itl_s
+                self._ended_samples += itl_s.head.shape[0]
+            elif itl_s is not None:
                 itl = np.asarray(itl_s, dtype=np.float64)
                 self._itl[slot] = itl
                 self._ended_samples += itl.size
@@ -175,11 +185,27 @@ class Collector(Core):
         self._ended.append(slot)
         if self.live_front is not None:
             self.send(self.live_front, "request_ended", rid, outcome, reason, float(when),
-                      self._times[slot].copy(), self._itl.get(slot))
+                      self._times[slot].copy(), self._expanded(self._itl.get(slot)))
         if len(self._ended) >= self.chunk_rows or self._ended_samples >= self.chunk_samples:
             self._flush()
         for dst in self.notify:
             self.send(dst, "ended", rid, float(when))
+
+    def itl_steps(self, now: float, log: str, first: int, gaps: np.ndarray) -> None:
+        """A decode engine's step gaps (s) for its steps first, first + 1, ... of step
+        log `log` (`devices.engines.common.ITLRef`), before any request refers to them."""
+        steps = self._logs.get(log)
+        if steps is None:
+            steps = self._logs[log] = _StepLog()
+        steps.put(int(first), gaps)
+
+    def _expanded(self, itl: np.ndarray | ITLRef | None) -> np.ndarray | None:
+        """A request's ITL samples as one array (an `ITLRef` looked up in its log)."""
+        if type(itl) is not ITLRef:
+            return itl
+        if itl.start == itl.stop:
+            return itl.head
+        return np.concatenate((itl.head, self._logs[itl.log].get(itl.start, itl.stop)))
 
     def end_open(self, now: float, reason: str) -> None:
         """End every open request as failed with `reason` (a live front shutting down:
@@ -296,6 +322,8 @@ class Collector(Core):
                 "open": int(open_pos.size)}
         self.sink.set_open(self._chunk([self._slot.get(r, -1) for r in self.ids[open_pos].tolist()],
                                        self.ids[open_pos]), meta)
+        names = sorted(self._log_index, key=self._log_index.get)
+        self.sink.set_logs([self._logs[k].array() if k in self._logs else np.zeros(0) for k in names])
         out = {
             "ids": self.ids, "events": list(EVENTS), "outcomes": list(OUTCOMES),
             "violations": list(self.violations), "unknown_events": dict(self.unknown_events),
@@ -307,7 +335,7 @@ class Collector(Core):
         if isinstance(self.sink, DiskRecords):
             out["records_dir"] = str(self.sink.folder)
         else:
-            out.update(assemble(self.sink, self.ids, _E, flat_itl=True))
+            out.update(assemble(self.sink.frozen(), self.ids, _E))
         return out
 
     # ----------------------------------------------------------------- internals
@@ -372,13 +400,17 @@ class Collector(Core):
         end = np.full(k, np.nan)
         end[held] = self._end[sl[held]]
         itl = [self._itl.get(x) for x in sl.tolist()]
-        lengths = np.array([0 if v is None else v.size for v in itl], dtype=np.int64)
+        explicit = [v.head if type(v) is ITLRef else v for v in itl]
+        lengths = np.array([0 if v is None else v.size for v in explicit], dtype=np.int64)
+        linked = [(self._log_index[v.log], v.start, v.stop) if type(v) is ITLRef else (-1, 0, 0) for v in itl]
+        refs = np.array(linked, dtype=np.int64).reshape(-1, 3)
         ids = np.asarray(ids, np.int64)
         pos = self._positions(ids)
         return {"id": ids, "times": times, "outcome": self.outcome[pos],
                 "reason": np.array([self._reason.get(x, "") for x in sl.tolist()], dtype=str),
                 "preemptions": pre, "end_s": end, "itl_len": lengths,
-                "itl_s": np.concatenate([v for v in itl if v is not None] or [np.zeros(0)])}
+                "itl_s": np.concatenate([v for v in explicit if v is not None] or [np.zeros(0)]),
+                "itl_log": refs[:, 0].astype(np.int32), "itl_from": refs[:, 1], "itl_to": refs[:, 2]}
 
     def _flush(self) -> None:
         """Hand the ended rows held to the sink as one chunk and free their slots."""
@@ -436,3 +468,44 @@ class Collector(Core):
             elif name in _REDONE:
                 # ...except the end of a stage that was redone, whose latest time counts.
                 times[slot, col] = t
+
+
+class _StepLog:
+    """A decode engine's step gaps by global step index (`Collector.itl_steps`), kept as
+    the arrays the engine sent (one float per decode step, not per token; no copy per
+    message: fresh memory is what a large array costs most). Steps never sent are NaN
+    in `array()` (no request refers to them)."""
+
+    __slots__ = ("_firsts", "_parts", "_n")
+
+    def __init__(self) -> None:
+        self._firsts: list[int] = []
+        self._parts: list[np.ndarray] = []
+        self._n = 0
+
+    def put(self, first: int, gaps: np.ndarray) -> None:
+        """Steps first, first + 1, ... (after those sent before: an engine sends in order)."""
+        if first < self._n:
+            raise ValueError(f"step log: steps from {first} sent again (have {self._n})")
+        self._firsts.append(first)
+        self._parts.append(gaps)
+        self._n = first + gaps.shape[0]
+
+    def get(self, start: int, stop: int) -> np.ndarray:
+        """The gaps of steps [start, stop) (all sent)."""
+        k = max(0, bisect.bisect_right(self._firsts, start) - 1)
+        pieces = []
+        while start < stop:
+            first, part = self._firsts[k], self._parts[k]
+            take = part[max(0, start - first): stop - first]
+            pieces.append(take)
+            start = first + part.shape[0]
+            k += 1
+        return np.concatenate(pieces) if pieces else np.zeros(0)
+
+    def array(self) -> np.ndarray:
+        """Every step sent so far as one array (NaN where none was)."""
+        out = np.full(self._n, np.nan)
+        for first, part in zip(self._firsts, self._parts):
+            out[first:first + part.shape[0]] = part
+        return out
