@@ -44,6 +44,16 @@ def test_no_page_names_a_machines_folders():
         assert not bad, f"{path.relative_to(ROOT)}: {bad[:3]}"
 
 
+def test_every_code_fence_stands_on_its_own_line():
+    """A fence with text after it (other than an info string such as `bash`) is no
+    closing fence in CommonMark: the block runs on and the rest of the page renders
+    swapped (docs/serve.md did)."""
+    for path in [*PAGES, ROOT / "README.md"]:
+        for i, line in enumerate(path.read_text().splitlines(), 1):
+            if line.lstrip().startswith("```"):
+                assert re.fullmatch(r"\s*```+[\w+-]*\s*", line), f"{path.relative_to(ROOT)}:{i}: {line[:60]}"
+
+
 def test_recorded_blocks_are_well_formed():
     n = 0
     for path in PAGES:
