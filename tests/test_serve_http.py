@@ -284,3 +284,10 @@ def test_http_replay_of_a_trace_slice_agrees_with_rack_run_on_ray(ray_session):
     assert out["http"]["completed"] == out["ray"]["completed"] == len(reqs)
     for k in ("ttft_p50_s", "tpot_p50_s"):
         assert out["ratio"][k] == pytest.approx(1.0, abs=0.05), out
+
+
+def test_a_record_asked_for_an_id_never_given_says_so(server):
+    r = httpx.get(server["srv"].url + "/rack/requests/99999?wait=0", timeout=10,
+                  headers={"Authorization": f"Bearer {KEY}"})
+    assert r.status_code == 404
+    assert "no request with this id was received (ids so far: 0-" in r.json()["error"]["message"]

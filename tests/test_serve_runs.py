@@ -111,3 +111,8 @@ def test_client_agreement_compares_what_a_client_sees_with_rack_records():
     assert a["compared"] == 1 and a["ttft_dev"] == pytest.approx(0.02) and a["tpot_dev"] == pytest.approx(0.0)
     assert a["tpot_wall_s"] == pytest.approx(0.2)
     assert client_agreement([], 20.0) == {"compared": 0, "ttft_dev": None, "tpot_dev": None, "tpot_wall_s": None}
+    # a client that went away after 2 of 11 tokens: its TTFT compares, its time per
+    # output token (2 tokens' chunks over rack's 11) does not
+    gone = {**row, "last_chunk_wall_s": 101.22, "tokens_sent": 2, "client_disconnected": True}
+    b = client_agreement([gone], 20.0)
+    assert b["compared"] == 1 and b["ttft_dev"] == pytest.approx(0.02) and b["tpot_dev"] is None

@@ -152,10 +152,11 @@ def build_app(front: LiveFront, host: Any, info: dict, limits: HttpLimits | None
                                       "cmpl-rack-N) or a number", "id"))
         if not math.isfinite(wait):
             return _error(oa.ApiError(400, f"wait: expected a finite number of seconds, got {wait}", "wait"))
-        rec = await front.wait_record(rid, min(max(wait, 0.0), 300.0))
+        waited = min(max(wait, 0.0), 300.0)
+        rec = await front.wait_record(rid, waited)
         if rec is None:
-            return _error(oa.ApiError(404, f"request {key}: not recorded (never received, or still in flight "
-                                      f"after {wait:g} s)", "id", "NotFoundError"))
+            return _error(oa.ApiError(404, f"request {key}: not recorded: {front.why_unrecorded(rid, waited)}",
+                                      "id", "NotFoundError"))
         return rec
 
     def no_window(key: str) -> JSONResponse:

@@ -106,6 +106,7 @@ class LiveFront:
         self.requests: list[Request] = []
         self.state = "serving"
         self._ids = itertools.count()
+        self._issued = 0                          # request ids given out so far
         self._events: dict[int, asyncio.Event] = {}
         self._active: dict[int, _Response] = {}
         self._ttft_ewma: float | None = None      # emulated s, for Retry-After
@@ -141,6 +142,7 @@ class LiveFront:
         if self.state != "serving":
             raise oa.ApiError(503, "the server is shutting down", None, "server_error", "shutting_down")
         rid = next(self._ids)
+        self._issued = rid + 1
         plan = oa.parse_request(kind, body, served=self.config.served_model_names,
                                 max_model_len=self.config.max_model_len,
                                 eos_mean_tokens=self.config.eos_mean_tokens, request_id=rid,
@@ -430,6 +432,17 @@ class LiveFront:
             if rec is not None or rid not in self._active or time.time() >= deadline:
                 return rec
             await asyncio.sleep(0.01)
+
+    def why_unrecorded(self, rid: int, waited_s: float) -> str:
+        """Why request `rid` has no record (for `/rack/requests/{id}`'s 404): never
+        received, still in flight after `waited_s` wall s, or answered with an error
+        before it reached the rack (a refused request keeps its id but has no record)."""
+        if rid >= self._issued:
+            return f"no request with this id was received (ids so far: 0-{self._issued - 1})" if self._issued \
+                else "no request was received yet"
+        if rid in self._active:
+            return f"still in flight after {waited_s:g} s (ask again, or with ?wait=S)"
+        return "answered with an error before it reached the rack (e.g. a 400 for a bad request): never recorded"
 
     def record_of(self, rid: int) -> dict | None:
         """The front's row of request `rid` with the rack's ITL samples (emulated s; kept

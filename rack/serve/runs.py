@@ -110,7 +110,8 @@ def client_agreement(rows: Sequence[dict], dilation: float) -> dict:
     per output token x dilation)}. A client's side is measured at the front as the
     chunks leave: TTFT from the HTTP receipt to the first chunk, time per output token
     from the first chunk to the last over the tokens after the first (as GuideLLM,
-    AIPerf and inference-perf compute them; the network adds the same on both ends)."""
+    AIPerf and inference-perf compute them; the network adds the same on both ends).
+    A stream whose client went away before its last token counts for TTFT only."""
     obs_ttft, rec_ttft, obs_tpot, rec_tpot = [], [], [], []
     for r in rows:
         first, last = r.get("first_chunk_wall_s"), r.get("last_chunk_wall_s")
@@ -120,7 +121,10 @@ def client_agreement(rows: Sequence[dict], dilation: float) -> dict:
         obs_ttft.append(first - r["received_wall_s"])
         rec_ttft.append((f - a) * dilation)
         n = int(r.get("output_tokens") or 0)
-        if n > 1 and c is not None:
+        # a client that went away saw only the first `tokens_sent` tokens: its time per
+        # output token is not that of the whole response rack recorded
+        whole = int(r.get("tokens_sent", n) or 0) >= n and not r.get("client_disconnected")
+        if n > 1 and c is not None and whole:
             obs_tpot.append((last - first) / (n - 1))
             rec_tpot.append((c - f) * dilation / (n - 1))
     return {"compared": len(obs_ttft), "ttft_dev": _deviation(obs_ttft, rec_ttft),
