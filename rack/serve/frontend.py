@@ -136,7 +136,8 @@ class LiveFront:
         """Parse, send to the rack and wait for the router's verdict: (plan, request id).
         `received_wall`: the request's HTTP receipt (wall s, `time.time()`; default now),
         where its intake starts, so the record's `intake_s` holds the front's own work
-        (body, parse, tokens) before the router's arrival.
+        (body, parse, tokens) before the router's arrival; no earlier than the rack's
+        emulated time 0 (a request sent while the server starts waits for it).
         Raises ApiError (400/404 bad input, 429/400/503 refused by the rack, 503 draining)."""
         received_wall = time.time() if received_wall is None else received_wall
         if self.state != "serving":
@@ -150,6 +151,9 @@ class LiveFront:
         wait = self.host.wall_of(0.0) - time.time()
         if wait > 0:                                  # before emulated time 0
             await asyncio.sleep(wait)
+        # a request sent before the rack's clock started is received when it starts: the
+        # server's start-up is not the front's intake (nor a token's lateness)
+        received_wall = max(received_wall, self.host.wall_of(0.0))
         req = Request(id=rid, arrival_s=max(0.0, self.host.now()), prompt_tokens=plan.prompt_tokens,
                       output_tokens=plan.output_tokens, block_hashes=plan.block_hashes,
                       block_size=plan.block_size)
