@@ -164,6 +164,13 @@ def test_a_non_streamed_response_is_due_at_its_last_token(server):
     assert rec["early_s"] == 0.0 and 0.0 <= rec["lateness_s"] < decode_wall / 2, rec
 
 
+def test_a_record_asked_for_an_id_never_given_says_so(server):
+    r = httpx.get(server["srv"].url + "/rack/requests/99999?wait=0", timeout=10,
+                  headers={"Authorization": f"Bearer {KEY}"})
+    assert r.status_code == 404
+    assert "no request with this id was received (ids so far: 0-" in r.json()["error"]["message"]
+
+
 @pytest.mark.parametrize("body, status, param", [
     ({"model": "kimi-k2", "prompt": "x", "max_tokens": "many"}, 400, "max_tokens"),
     ({"model": "kimi-k2", "prompt": "x", "max_tokens": 2, "n": 2}, 400, "n"),
@@ -284,10 +291,3 @@ def test_http_replay_of_a_trace_slice_agrees_with_rack_run_on_ray(ray_session):
     assert out["http"]["completed"] == out["ray"]["completed"] == len(reqs)
     for k in ("ttft_p50_s", "tpot_p50_s"):
         assert out["ratio"][k] == pytest.approx(1.0, abs=0.05), out
-
-
-def test_a_record_asked_for_an_id_never_given_says_so(server):
-    r = httpx.get(server["srv"].url + "/rack/requests/99999?wait=0", timeout=10,
-                  headers={"Authorization": f"Bearer {KEY}"})
-    assert r.status_code == 404
-    assert "no request with this id was received (ids so far: 0-" in r.json()["error"]["message"]
