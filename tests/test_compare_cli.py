@@ -138,6 +138,7 @@ def test_compare_cli_table_and_errors(cli, tmp_path):
     assert "arrivals:" not in r.output          # refused before the trace is read
     r = cli(["compare", "--iso", "watts", "--window", "0:4", "--out", str(tmp_path / "e")])
     assert r.exit_code == 2 and "--iso" in r.output
+    assert "arrivals:" not in r.output and not (tmp_path / "e").exists()    # nothing read, nothing made
 
 
 def test_compare_warns_when_deployments_serve_different_models():

@@ -77,6 +77,12 @@ def test_estimate_trillion_parameter_model_on_wafers():
     assert est["prefill"]["single"]["tokens_per_s"] > 0
 
 
+def test_estimate_names_the_option_of_a_count_below_one():
+    for flag in ("-n", "--tp", "--pp", "--ep"):
+        r = runner.invoke(app, ["estimate", "-m", "kimi-k2", "-d", "cs3", flag, "0"])
+        assert r.exit_code == 2 and flag in r.output, (flag, r.output)
+
+
 def test_estimate_tables_and_gpu_defaults():
     r = runner.invoke(app, ["estimate", "-m", "llama-3.1-70b", "-d", "mi455x", "-n", "8", "-b", "64", "-c", "4096"])
     assert r.exit_code == 0, r.output

@@ -136,8 +136,9 @@ def test_sweep_rate_cli(tmp_path):
     vr = doc["summary"]["vendor_ratio"]
     assert vr["split"] == "helios-cs3-kimi-k2" and vr["wafer_only"] == "wafer-only-kimi-k2"
     assert (out / "sweep.csv").read_text().count("\n") == 5
-    r = CliRunner().invoke(app, ["sweep", "rate", "--rates", "1,-2", "--out", str(tmp_path / "x")])
-    assert r.exit_code == 2 and "--rates" in r.output
+    for bad in ("1,-2", "1,,2", "", "1,inf", "one"):
+        r = CliRunner().invoke(app, ["sweep", "rate", "--rates", bad, "--out", str(tmp_path / "x")])
+        assert r.exit_code == 2 and "--rates" in r.output, (bad, r.output)
 
 
 def test_an_interrupted_sweep_gives_no_verdict_where_nothing_ran():

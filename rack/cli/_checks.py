@@ -31,6 +31,22 @@ def check_positive(option: str, value: Optional[float]) -> None:
         fail(f"{option}: expected a finite number > 0, got {value:g}")
 
 
+def positive_numbers(text: str, option: str) -> list[float]:
+    """A comma-separated list of finite numbers > 0 (`--rates 1,2,4`), in the order
+    given; fails naming `option` on an empty list, an empty entry (`1,,2`), a word,
+    or a number that is not finite and > 0."""
+    parts = [x.strip() for x in text.split(",")]
+    if not text.strip() or any(not x for x in parts):
+        fail(f"{option}: expected comma-separated numbers, e.g. 1,2,4, got {text!r}")
+    try:
+        vals = [float(x) for x in parts]
+    except ValueError:
+        fail(f"{option}: expected comma-separated numbers, e.g. 1,2,4, got {text!r}")
+    if not all(math.isfinite(v) and v > 0 for v in vals):
+        fail(f"{option}: expected finite positive numbers, got {text!r}")
+    return vals
+
+
 def out_path(value) -> Path:
     """Typer `parser` of a path option (`--out`): an empty value is refused (typer would
     read "" as ".", the current folder). Raises typer.BadParameter."""

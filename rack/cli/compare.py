@@ -53,8 +53,11 @@ def compare(
         stages = [parse_stage(s) for s in (stage or [])]
     except ValueError as exc:
         fail(str(exc))
-    from rack.experiments.compare import load_scenarios
+    from rack.experiments.compare import ISO_MODES, load_scenarios
     from workloads import TraceError
+
+    if iso not in ISO_MODES:        # before the trace is read and the results folder made
+        fail(f"--iso: expected one of {', '.join(ISO_MODES)}, got {iso!r}")
 
     try:
         # the scenarios first: a misspelt name is refused before the trace is read

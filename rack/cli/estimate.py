@@ -284,10 +284,10 @@ def estimate(
     device: str = typer.Option(..., "--device", "-d", help="catalog device (e.g. cs3, mi455x) or TOML path"),
     stack: Optional[str] = typer.Option(None, "--stack", "-s", help="software stack of the device (e.g. sglang, "
                                         "trtllm, vllm, 2024q4; default: the device's default stack)"),
-    count: int = typer.Option(1, "--count", "-n", help="devices in the instance (= tp x pp)"),
-    tp: Optional[int] = typer.Option(None, "--tp", help="tensor parallel degree (default: count on GPUs)"),
-    pp: Optional[int] = typer.Option(None, "--pp", help="pipeline stages (default: count on wafer systems)"),
-    ep: int = typer.Option(1, "--ep", help="expert parallel degree (divides tp)"),
+    count: int = typer.Option(1, "--count", "-n", min=1, help="devices in the instance (= tp x pp)"),
+    tp: Optional[int] = typer.Option(None, "--tp", min=1, help="tensor parallel degree (default: count on GPUs)"),
+    pp: Optional[int] = typer.Option(None, "--pp", min=1, help="pipeline stages (default: count on wafer systems)"),
+    ep: int = typer.Option(1, "--ep", min=1, help="expert parallel degree (divides tp)"),
     dp_attention: bool = typer.Option(False, "--dp-attention", help="data-parallel attention over the tp devices "
                                       "(with --ep above --tp: attention replicated on each of the ep devices)"),
     two_batch_overlap: bool = typer.Option(False, "--two-batch-overlap", help="overlap the expert-parallel "

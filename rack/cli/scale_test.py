@@ -36,6 +36,7 @@ from typing import Optional
 import typer
 
 from rack.cli.app import app
+from rack.cli._checks import positive_numbers
 from rack.cli.run import DEFAULT_TRACE, fail
 
 AGREEMENT_TOLERANCE = 0.05   # Ray vs virtual medians (the split-rack issue's tolerance)
@@ -171,16 +172,6 @@ def actor_table(p: dict):
     return t
 
 
-def _floats(text: str, option: str) -> list[float]:
-    try:
-        out = [float(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        fail(f"{option}: expected comma-separated numbers, got {text!r}")
-    if not out or any(x <= 0 for x in out):
-        fail(f"{option}: expected positive numbers, got {text!r}")
-    return out
-
-
 @app.command("scale-test")
 def scale_test(
     workers: str = typer.Option("1,2,3", "--workers", help="worker-node counts K to try (a local cluster each)"),
@@ -206,8 +197,8 @@ def scale_test(
     from rack.wiring.load import load_scenario
     from workloads import TraceError, load_requests
 
-    ks = [int(k) for k in _floats(workers, "--workers")]
-    rs = sorted(_floats(rate_scales, "--rate-scales"))
+    ks = [int(k) for k in positive_numbers(workers, "--workers")]
+    rs = sorted(positive_numbers(rate_scales, "--rate-scales"))
     try:
         sc = scale_scenario(load_scenario(scenario), prefill, decode, dilation)
         loads = {r: load_requests(trace, window=(0, span * r), rate_scale=r, output_scale=output_scale)

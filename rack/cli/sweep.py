@@ -14,7 +14,7 @@ from typing import Iterator, List, Optional
 import typer
 
 from rack.cli.app import app, command_group
-from rack.cli._checks import check_positive, interruptible, out_path, prepare_out_dir
+from rack.cli._checks import check_positive, interruptible, out_path, positive_numbers, prepare_out_dir
 from rack.cli.load import LoadOptions, load_options
 from rack.cli._routing import POLICY_OPTION, WEIGHT_OPTION, with_routing
 from rack.cli._terms import BOUNDARY_OPTION, with_boundary
@@ -25,16 +25,6 @@ app.add_typer(sweep_app, name="sweep")
 
 DEFAULT_SPLIT = "helios-cs3-kimi-k2"
 DEFAULT_COLOCATED = ("gpu-only-kimi-k2", "wafer-only-kimi-k2")
-
-
-def _floats(text: str, option: str) -> list[float]:
-    try:
-        vals = [float(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        fail(f"{option}: expected comma-separated numbers, e.g. 1,2,4, got {text!r}")
-    if not vals or not all(math.isfinite(v) and v > 0 for v in vals):
-        fail(f"{option}: expected finite positive numbers, got {text!r}")
-    return vals
 
 
 def _scenarios(names: list[str]):
@@ -159,8 +149,8 @@ def sweep_rate(
     if rates is not None and rate_scales is not None:
         fail("give --rates (req/s) or --rate-scales (multipliers of the source's rate), not both")
     load = load or LoadOptions()
-    asked = _floats(rates, "--rates") if rates is not None else None
-    scales = _floats(rate_scales or "0.5,1,2,4,8", "--rate-scales") if asked is None else None
+    asked = positive_numbers(rates, "--rates") if rates is not None else None
+    scales = positive_numbers(rate_scales or "0.5,1,2,4,8", "--rate-scales") if asked is None else None
     synthetic_rate = load.request_rate is not None and math.isfinite(load.request_rate)
     if load.dataset and not synthetic_rate:
         if asked is None:
@@ -225,7 +215,7 @@ def sweep_bandwidth(
     wl = _workload(trace, window, max_requests, prompt_tokens, output_tokens, rate, n, seed, load)
     prepare_out_dir("--out", out)
     with _stoppable(out):
-        result = bandwidth_sweep(sp, cos, wl, _floats(bandwidths, "--bandwidths"), link=link, metric=metric,
+        result = bandwidth_sweep(sp, cos, wl, positive_numbers(bandwidths, "--bandwidths"), link=link, metric=metric,
                                  workers=workers, address=address, progress=not as_json)
         _finish(result, out, as_json, no_plots)
 
@@ -247,7 +237,7 @@ def sweep_prompt(
     from rack.experiments.sweep import prompt_sweep
 
     scs = _scenarios(list(scenarios or []))
-    Ls = [int(x) for x in _floats(lengths, "--lengths")]
+    Ls = [int(x) for x in positive_numbers(lengths, "--lengths")]
     check_positive("--rate", rate)
     prepare_out_dir("--out", out)
     with _stoppable(out):
@@ -298,7 +288,7 @@ def sweep_interactivity(
              "--concurrency (every request ready at 0 s); give the ladder with --concurrency")
     if metric not in METRICS:
         fail(f"--metric: expected one of {', '.join(METRICS)}, got {metric!r}")
-    ladder = _floats(concurrency, "--concurrency")
+    ladder = positive_numbers(concurrency, "--concurrency")
     if any(c != int(c) for c in ladder):
         fail(f"--concurrency: expected whole numbers, e.g. 1,4,16,64, got {concurrency!r}")
     scs = with_boundary(with_routing(_scenarios(list(scenarios or INTERACTIVITY_SCENARIOS)), router_policy,

@@ -91,7 +91,7 @@ def _saturated_table(con, sat, sat_summary) -> None:
     con.print(t)
     med = sat_summary["median_abs_error"]
     con.print("saturated rows, median |error|: " + ", ".join(
-        f"{labels[m]} {med[m]:.0%} (issue 22 criterion {lim:.0%}: {'met' if sat_summary['met'][m] else 'NOT met'})"
+        f"{labels[m]} {med[m]:.0%} (criterion {lim:.0%}: {'met' if sat_summary['met'][m] else 'NOT met'})"
         for m, lim in SATURATED_LIMITS.items()) + f"; TPOT {med['tpot_s']:.0%} (reported, not enforced)")
 
 

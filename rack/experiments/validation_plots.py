@@ -135,7 +135,7 @@ def write_extra_plots(figures, lodo: dict | None, out_dir: str | Path) -> list[P
         fig, ax = plt.subplots(figsize=(11, 3.2))
         y = np.arange(len(prompt))
         ax.barh(y, [100 * f.relative_error for f in prompt], color="tab:orange")
-        ax.axvspan(-35, 35, color="0.9", zorder=0, label="+-35 % (issue 22)")
+        ax.axvspan(-35, 35, color="0.9", zorder=0, label="+-35 % (the criterion)")
         ax.set_yticks(y, [f"{f.name} ({f.published:g} {f.unit})" for f in prompt], fontsize=6)
         ax.set_xlabel("rack / published - 1 (%)")
         written.append(_finish(plt, fig, ax, "Wafer prompt rows: prompts streamed through the layers",
