@@ -309,12 +309,14 @@ def test_a_decode_engine_answers_a_repeated_reservation_once_held():
         run_cores([col, eng, other], idle=False)
 
 
-def test_after_a_recovery_a_second_copy_of_a_request_decoding_here_is_refused():
+@pytest.mark.parametrize("asked", [True, False], ids=["after-recovery", "re-sent"])
+def test_a_second_copy_of_a_request_decoding_here_is_refused(asked):
     """On Ray a request can move from its prefill instance to a restarted decode engine
     between the recovery's two questions (the engine answers first, the prefill
     instance after its KV left): nobody holds it when asked, so it is re-dispatched
     while it decodes. The re-dispatched copy's reservation is refused (its KV is here)
-    and the request ends once, not twice (the collector's "ended twice")."""
+    and the request ends once, not twice (the collector's "ended twice"). The same
+    without a recovery's question (a copy re-sent across a restart)."""
     from _engine_fakes import GB, Client, FakeCollector, FakeCost, plan, run_cores
     from devices.engines.decode import DecodeEngine
 
@@ -323,9 +325,9 @@ def test_after_a_recovery_a_second_copy_of_a_request_decoding_here_is_refused():
     eng = DecodeEngine(name="d", cost=cost, collector=col.name, max_batch=4,
                        memory_plan=plan(40 * GB, cost.weight_bytes))
     req = Request(id=3, arrival_s=0, prompt_tokens=300, output_tokens=400)
-    client = Client([(0.0, "d", "reserve_kv", req, 300, 0.0, "client"),
-                     (0.01, "d", "holding", [3], False, "client", "recover"),    # the recovery asks
-                     (0.02, "d", "reserve_kv", req, 300, 0.0, "client")],        # the re-dispatched copy
+    ask = [(0.01, "d", "holding", [3], False, "client", "recover")] if asked else []   # the recovery asks
+    client = Client([(0.0, "d", "reserve_kv", req, 300, 0.0, "client"), *ask,
+                     (0.02, "d", "reserve_kv", req, 300, 0.0, "client")],        # the second copy
                     deliver={3: ("d", cost)})
     run_cores([col, eng, client])       # FakeCollector.finish fails on a second end
     assert client.of("kv_reserved") == [(3, "granted"), (3, "refused")]

@@ -322,7 +322,7 @@ class DecodeEngine(Core):
             if held is not None:
                 self.send(src, "kv_reserved", rid, "granted")
             return
-        if self._recovery_seen and rid in self._decoding_ids():
+        if self.pool.held_blocks(rid) or (self._recovery_seen and rid in self._decoding_ids()):
             # After a recovery, a second copy of a request whose KV is here already may
             # ask: a stale payload admitted after its reservation was dropped, or a
             # re-dispatched copy of a request that moved from its prefill instance to
@@ -368,6 +368,16 @@ class DecodeEngine(Core):
             self.send(reply_to, "kv_received", tag, bad)
             return
         del self._reservations[req.id]
+        if self.pool.held_blocks(req.id):
+            # A second copy of a request already decoding here (re-sent across a restart
+            # or re-dispatched by a recovery while its first copy moved here): the KV is
+            # here once, the request decodes and ends once; the copy's reservation is
+            # freed and its sender told it arrived, so it lets its copy go.
+            self.ledger.free("reserved", w.blocks * self.pool.block_bytes)
+            self.counts["kv_duplicate_dropped"] = self.counts.get("kv_duplicate_dropped", 0) + 1
+            self.send(reply_to, "kv_received", tag, 0)
+            self._grant(now)
+            return
         t_first = None
         if self.first_token == "prefill":
             t_first = first_token_s if first_token_s is not None else w.first_token_s
