@@ -157,3 +157,14 @@ def test_an_interrupted_sweep_gives_no_verdict_where_nothing_ran():
     assert any(x.startswith("a: sustains") for x in lines)
     assert "b: no verdict (interrupted: no rate finished)" in lines
     assert "b: ladder, 0 of 1 rungs run (1 more not run: interrupted)" in lines
+
+
+def test_a_points_table_on_a_pipe_keeps_every_digit(capsys):
+    """stdout is no terminal here (a pipe, as under CliRunner): the table is printed as
+    wide as its columns need, not cut to 80 columns with an ellipsis."""
+    from rack.cli.sweep import _print_table
+
+    heads = ["scenario"] + [f"column number {i}" for i in range(12)]
+    _print_table("t", heads, [["conditional-split-kimi-k2"] + [f"0.00{i}123456" for i in range(12)]])
+    out = capsys.readouterr().out
+    assert "\u2026" not in out and "0.009123456" in out

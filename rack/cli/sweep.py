@@ -73,7 +73,10 @@ def _print_table(title: str, heads: list[str], rows: list[list[str]], min_width:
         t.add_column(h, justify="left" if i == 0 else "right")
     for r in rows:
         t.add_row(*r)
-    Console(width=max(min_width, Console().width)).print(t)
+    # as wide as the table needs (a pipe or a file has no terminal width: rich would cut
+    # the numbers to fit 80 columns)
+    natural = Console(width=100_000).measure(t).maximum
+    Console(width=max(min_width, Console().width, natural)).print(t)
 
 
 @contextlib.contextmanager
