@@ -65,6 +65,7 @@ TPOT = (E2E - TTFT) / (n - 1) (DESIGN.md metric definitions).
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import deque
 from typing import TYPE_CHECKING, Any, Literal
@@ -236,10 +237,6 @@ class DecodeEngine(Core):
         self._waiters: deque[_Waiter] = deque()
         self._n_internal = 0                   # preempted waiters at the deque's front
         self._reservations: dict[int, _Waiter] = {}
-        # A recovery asked this engine what it holds (`holding`): from then on a second
-        # copy of a request may come (see `reserve_kv`), so reservations are checked
-        # against the KV already here (an O(batch) check the hot path skips otherwise).
-        self._recovery_seen = False
         self._ready: deque[_Seq] = deque()
         self._batch: list[_Seq] = []
         # The batch as arrays, in the order of `_batch` (advanced per event, not per
@@ -322,14 +319,13 @@ class DecodeEngine(Core):
             if held is not None:
                 self.send(src, "kv_reserved", rid, "granted")
             return
-        if self.pool.held_blocks(rid) or (self._recovery_seen and rid in self._decoding_ids()):
-            # After a recovery, a second copy of a request whose KV is here already may
-            # ask: a stale payload admitted after its reservation was dropped, or a
-            # re-dispatched copy of a request that moved from its prefill instance to
-            # this engine between the recovery's two questions (this engine, then the
-            # others: on Ray, a restarted engine granted it after answering). Its KV is
-            # here, so there is nothing to reserve: the copy is refused and the request
-            # ends once.
+        if self._kv_here(rid):
+            # A second copy of a request whose KV is here already: a stale payload
+            # admitted after a recovery dropped its reservation, a copy re-sent across a
+            # restart, or a re-dispatched copy of a request that moved from its prefill
+            # instance to this engine between a recovery's two questions (this engine,
+            # then the others). There is nothing to reserve: the copy is refused and the
+            # request ends once.
             self.counts["reserve_duplicate_refused"] = self.counts.get("reserve_duplicate_refused", 0) + 1
             self.send(src, "kv_reserved", rid, "refused")
             return
@@ -368,11 +364,11 @@ class DecodeEngine(Core):
             self.send(reply_to, "kv_received", tag, bad)
             return
         del self._reservations[req.id]
-        if self.pool.held_blocks(req.id):
-            # A second copy of a request already decoding here (re-sent across a restart
-            # or re-dispatched by a recovery while its first copy moved here): the KV is
-            # here once, the request decodes and ends once; the copy's reservation is
-            # freed and its sender told it arrived, so it lets its copy go.
+        if self._kv_here(req.id):
+            # A second copy of a request already decoding here (`reserve_kv`'s case, its
+            # reservation granted before the first copy's KV arrived): the request
+            # decodes and ends once; the copy's reservation is freed and its sender told
+            # it arrived, so it lets its copy go.
             self.ledger.free("reserved", w.blocks * self.pool.block_bytes)
             self.counts["kv_duplicate_dropped"] = self.counts.get("kv_duplicate_dropped", 0) + 1
             self.send(reply_to, "kv_received", tag, 0)
@@ -416,7 +412,6 @@ class DecodeEngine(Core):
         are dropped instead (their sender lost its state and the router re-dispatches
         them): memory freed, a waiting reservation's sender told "lost". For the
         router's recovery."""
-        self._recovery_seen = True
         want = set(int(i) for i in ids)
         held = [i for i in self._decoding_ids() if i in want]
         if drop_reserved:
@@ -517,6 +512,13 @@ class DecodeEngine(Core):
         u.add(self.util.busy_s, self.util.flops, self.util.bytes, self.util.iterations, self.util.device_busy_s)
         u.add(float(ends[n - 1]) - t0, *sc.work(n), iterations=n, device_busy_s=sc.busy(n))
         return u
+
+    def _kv_here(self, rid: int) -> bool:
+        """Whether request `rid`'s KV is here (`_decoding_ids` without building the set:
+        ready and batched requests own pool blocks, preempted ones wait at the front of
+        the waiters), for the reservation path, which runs for every request."""
+        return self.pool.held_blocks(rid) > 0 or any(
+            w.req.id == rid for w in itertools.islice(self._waiters, self._n_internal))
 
     def _decoding_ids(self) -> set[int]:
         """Ids whose KV is here: ready, in the batch, preempted (waiting)."""

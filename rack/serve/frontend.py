@@ -32,7 +32,6 @@ call (what `rack serve` prints while it runs, `rack.serve.pacing.lateness_line`)
 from __future__ import annotations
 
 import asyncio
-import itertools
 import json
 import math
 import time
@@ -105,8 +104,7 @@ class LiveFront:
         self.records: list[dict] = []
         self.requests: list[Request] = []
         self.state = "serving"
-        self._ids = itertools.count()
-        self._issued = 0                          # request ids given out so far
+        self._issued = 0                          # request ids given out so far (the next id)
         self._events: dict[int, asyncio.Event] = {}
         self._active: dict[int, _Response] = {}
         self._ttft_ewma: float | None = None      # emulated s, for Retry-After
@@ -142,8 +140,8 @@ class LiveFront:
         received_wall = time.time() if received_wall is None else received_wall
         if self.state != "serving":
             raise oa.ApiError(503, "the server is shutting down", None, "server_error", "shutting_down")
-        rid = next(self._ids)
-        self._issued = rid + 1
+        rid = self._issued
+        self._issued += 1
         plan = oa.parse_request(kind, body, served=self.config.served_model_names,
                                 max_model_len=self.config.max_model_len,
                                 eos_mean_tokens=self.config.eos_mean_tokens, request_id=rid,
