@@ -50,16 +50,26 @@ def test_an_answer_from_the_dying_incarnation_is_not_taken_for_the_restart():
     assert inj.records[0]["restarted"] and inj.records[0]["incarnations"] == [111, 222]
 
 
-def test_a_recovery_question_that_cannot_be_delivered_counts_as_holding_nothing():
-    # The restarted decode engine dies again before it answers `holding`: the recovery
-    # goes on (a down instance holds nothing) instead of waiting for ever.
+def _router_with_two_requests(prefill=("prefill-0",)):
     reqs = [Request(id=i, arrival_s=0.0, prompt_tokens=100, output_tokens=5) for i in range(2)]
-    router = Router(collector="collector", prefill=["prefill-0"], decode_targets=["decode-0"],
+    router = Router(collector="collector", prefill=list(prefill), decode_targets=["decode-0"],
                     decoders=["decode-0"])
-    router.load(0.0, "prefill-0", 0)
+    for name in prefill:
+        router.load(0.0, name, 0)
     router.start(0.0, reqs, None, 0.0)
     router.on_wake(0.0)
     take(router)
+    return router
+
+
+def test_an_undelivered_recovery_question_counts_its_routed_requests_as_held():
+    # The restarted decode engine dies again before it answers `holding`. The recovery
+    # goes on instead of waiting for ever, but must not re-dispatch the requests routed
+    # to it: Ray reports the failure up to seconds late, and the engine's next
+    # incarnation may have received one of them meanwhile (a KV its prefill instance
+    # still held and re-sent): re-dispatched, it was decoded twice (Ray fault storm,
+    # "request 0 ended twice"). Its own recovery, once it is back, asks about them.
+    router = _router_with_two_requests()
     router.recover(1.0, "decode-0", "faults", 0)
     (_, m, (ids, _, tag)), = take(router)
     assert m == "open_among" and sorted(ids) == [0, 1]
@@ -67,9 +77,44 @@ def test_a_recovery_question_that_cannot_be_delivered_counts_as_holding_nothing(
     (dst, m, args), = take(router)
     assert (dst, m) == ("decode-0", "holding")
     router.send_failed(1.1, dst, m, args)
-    (dst, m, _), = take(router)
-    assert (dst, m) == ("prefill-0", "holding")          # the other holders are asked next
-    assert router.waiting_for() == "1 recovery(ies) waiting for replies"
+    # both are routed to decode-0, which counts as holding them: nothing left to ask
+    (dst, m, (ids, _, tag)), = take(router)
+    assert (dst, m, ids) == ("collector", "open_among", [])
+    router.open_ids(1.2, tag, [])
+    sent = take(router)
+    assert [m for _, m, _ in sent] == ["recovered"] and sent[0][2][1]["redispatched"] == []
+    assert router.waiting_for() == ""
+    # the next recovery of decode-0 (it died again, so one follows) asks its new incarnation
+    router.recover(2.0, "decode-0", "faults", 1)
+    (_, m, (ids, _, _)), = take(router)
+    assert m == "open_among" and sorted(ids) == [0, 1]
+
+
+def test_an_undelivered_question_to_another_instance_leaves_it_only_its_own_requests():
+    # A prefill instance that never received a request cannot hold it: when the question
+    # to it fails, the requests lost with the decode engine are still re-dispatched.
+    router = _router_with_two_requests(prefill=("prefill-0", "prefill-1"))
+    on = {rid: name for name in ("prefill-0", "prefill-1") for rid in router.routed_to(name)}
+    assert sorted(on) == [0, 1] and set(on.values()) == {"prefill-0", "prefill-1"}
+    router.recover(1.0, "decode-0", "faults", 0)
+    (_, _, (_, _, tag)), = take(router)
+    router.open_ids(1.0, tag, [0, 1])
+    (dst, m, args), = take(router)
+    router.held(1.0, args[-1], "decode-0", [])                   # restarted empty
+    asked = take(router)
+    assert sorted(d for d, m, _ in asked) == ["prefill-0", "prefill-1"]
+    (_, _, args), = [a for a in asked if a[0] == "prefill-1"]
+    router.held(1.1, args[-1], "prefill-0", [])
+    router.send_failed(1.2, "prefill-1", "holding", args)          # prefill-1 died meanwhile
+    (dst, m, (ids, _, tag)), = take(router)
+    assert (dst, m) == ("collector", "open_among")
+    (lost,) = [i for i in (0, 1) if on[i] == "prefill-0"]
+    assert ids == [lost]                                          # prefill-1's one counts as held
+    router.open_ids(1.3, tag, ids)
+    sent = take(router)
+    (resent,) = [args for d, m, args in sent if m == "submit_many"]
+    assert [d for d, m, _ in sent if m == "submit_many"] == ["prefill-0"]
+    assert [(r.id, target) for r, target in resent[0]] == [(lost, "decode-0")]
 
 
 def test_a_crash_aimed_at_an_instance_still_down_applies_once_it_is_back():

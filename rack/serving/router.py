@@ -300,13 +300,23 @@ class Router(Core):
                 self._index.clear(name)
 
     def send_failed(self, now: float, dst: str, method: str, args: tuple) -> None:
-        """A message could not be delivered (its destination is down, Ray driver). A
-        recovery's `holding` question then has its answer: a down instance holds nothing
-        (it restarts empty); without it the recovery would wait for ever. A lost
-        submission needs nothing here: its request is still open and routed to the dead
-        instance, so that instance's recovery re-dispatches it."""
+        """A message could not be delivered (its destination died, Ray driver).
+
+        A recovery's `holding` question then gets its answer here, or the recovery would
+        wait for ever: `dst` counts as holding the asked requests routed to it, and
+        none of the others (an instance only ever holds requests routed to it). Not
+        "nothing": Ray reports the failure up to seconds after the death, and by then
+        `dst`'s next incarnation may have received some of them (a prefill instance
+        re-sends a KV it still holds to a restarted decode engine); re-dispatching
+        those would decode them twice. Every death is followed by a recovery of `dst`
+        once it is back (`rack.serving.fault_injector`), which asks that incarnation
+        about every open request routed to it, so none is left behind. A lost
+        submission needs nothing here either: its request is still open and routed to
+        the dead instance, whose recovery re-dispatches it."""
         if method == "holding":
-            self.held(now, args[-1], dst, [])
+            ids, tag = args[0], args[-1]
+            routed = set(self.routed_to(dst))
+            self.held(now, tag, dst, [i for i in ids if int(i) in routed])
 
     def is_idle(self) -> bool:
         return self._next >= self._n_replay and not self._pending
