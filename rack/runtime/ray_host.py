@@ -47,6 +47,7 @@ import math
 import os
 import socket
 import time
+import uuid
 from typing import Any, Sequence
 
 import numpy as np
@@ -56,6 +57,7 @@ from workloads.core import BROADCAST
 
 from .errors import ComponentError, RayRunError, locate
 from .placement import construct, load_factory
+from .ray_order import InOrder, Outgoing
 from .virtual import work_of
 
 #: Messages whose array arguments are KV frames (the prefill engine sends
@@ -178,6 +180,11 @@ class CoreHost:
         self.failure: ComponentError | None = None   # the first error of this core
         self.calls_in = 0
         self.sent: dict[str, list[int]] = {}
+        # per-peer FIFO (rack.runtime.ray_order): this process's calls are numbered per
+        # destination under an id of this incarnation (a restarted actor is a new sender)
+        self._incarnation = uuid.uuid4().hex
+        self._out: dict[str, Outgoing] = {}
+        self._in = InOrder()
         self.lateness: list[float] = []
         self._epoch = 0.0
         self._dilation = 1.0
@@ -292,15 +299,23 @@ class CoreHost:
         """One message for this host's core (the driver's; peers use `deliver_many`)."""
         await self.deliver_many([(method, args)])
 
-    async def deliver_many(self, messages: list) -> None:
+    async def deliver_many(self, messages: list, sender: str | None = None, incarnation: str = "",
+                           seq: int = 0, low: int = 0) -> None:
         """Messages [(method, args), ...] a peer sent this core in one turn (one Ray call
         per destination and turn, `_after`): handled in order, as `deliver` would, and
-        what the core sends meanwhile leaves after the last of them."""
-        ran = False
-        for method, args in messages:
-            ran = await self._take(method, args) or ran
-        if ran and self.failure is None:
-            self._after()
+        what the core sends meanwhile leaves after the last of them. A peer's calls
+        (`sender` given: its incarnation, the call's number and the low-water mark,
+        `rack.runtime.ray_order`) are handled in the order it made them."""
+        stream = None if sender is None else await self._in.turn(sender, incarnation, seq, low)
+        try:
+            ran = False
+            for method, args in messages:
+                ran = await self._take(method, args) or ran
+            if ran and self.failure is None:
+                self._after()
+        finally:
+            if stream is not None:
+                self._in.done(stream, seq)
 
     async def _take(self, method: str, args: tuple) -> bool:
         """Hand one message to the core; True when a handler ran (its sends are due)."""
@@ -367,14 +382,15 @@ class CoreHost:
         self._send_many(dst, [(method, args)])
 
     def _send_many(self, dst: str, messages: list) -> None:
-        """Send `messages` [(method, args)] to core `dst`, counted one by one: KV payloads
-        of OFFLOAD_BYTES or more each from the submitter thread by object-store
-        reference, the rest in one `deliver_many` call."""
-        actor = self.peers[dst]
+        """Send `messages` [(method, args)] to core `dst`, counted one by one, in order:
+        KV payloads of OFFLOAD_BYTES or more each in a call of its own from the
+        submitter thread by object-store reference, the runs of other messages between
+        them each in one `deliver_many` call. Every call is numbered for the receiver's
+        FIFO (`rack.runtime.ray_order`)."""
         c = self.sent.get(dst)
         if c is None:
             c = self.sent[dst] = [0, 0, 0]
-        inline = []
+        inline: list = []
         for method, args in messages:
             nbytes = payload_bytes(args)
             c[0] += 1
@@ -382,37 +398,65 @@ class CoreHost:
             if method in KV_METHODS:
                 c[2] += nbytes
                 if nbytes >= OFFLOAD_BYTES:
-                    fut = asyncio.get_running_loop().run_in_executor(
-                        _submitter(), lambda a=args, m=method: actor.deliver_many.remote([(m, _store_payloads(a))]))
-                    asyncio.ensure_future(self._watch_offloaded(fut, dst, [(method, args)]))
+                    if inline:
+                        self._call(dst, inline)
+                        inline = []
+                    self._call(dst, [(method, args)], offload=True)
                     continue
             inline.append((method, args))
-        if not inline:
+        if inline:
+            self._call(dst, inline)
+
+    def _call(self, dst: str, messages: list, offload: bool = False) -> None:
+        """One numbered `deliver_many` call to `dst` (from the submitter thread, its KV
+        payloads put in the object store there, when `offload`)."""
+        actor = self.peers[dst]
+        out = self._out.get(dst)
+        if out is None:
+            out = self._out[dst] = Outgoing()
+        seq, low = out.stamp(empty=not messages)
+        stamp = (self.name, self._incarnation, seq, low)
+        if offload:
+            (method, args), = messages
+            fut = asyncio.get_running_loop().run_in_executor(
+                _submitter(), lambda: actor.deliver_many.remote([(method, _store_payloads(args))], *stamp))
+            asyncio.ensure_future(self._watch_offloaded(fut, dst, messages, seq))
             return
         try:
-            ref = actor.deliver_many.remote(inline)
+            ref = actor.deliver_many.remote(messages, *stamp)
         except ray_api().exceptions.RayActorError:
-            self._failed_sends(dst, inline)
+            self._settle(dst, seq, messages, failed=True)
             return
-        asyncio.ensure_future(self._watch(ref, dst, inline))
+        asyncio.ensure_future(self._watch(ref, dst, messages, seq))
 
-    async def _watch_offloaded(self, fut, dst: str, messages: list) -> None:
+    async def _watch_offloaded(self, fut, dst: str, messages: list, seq: int) -> None:
         try:
             ref = await fut
         except ray_api().exceptions.RayActorError:
-            self._failed_sends(dst, messages)
+            self._settle(dst, seq, messages, failed=True)
             return
-        await self._watch(ref, dst, messages)
+        await self._watch(ref, dst, messages, seq)
 
-    async def _watch(self, ref, dst: str, messages: list) -> None:
+    async def _watch(self, ref, dst: str, messages: list, seq: int) -> None:
         """The delivery of one call; a dead destination makes its messages `send_failed`."""
         ray = ray_api()
         try:
             await ref
         except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError):
-            self._failed_sends(dst, messages)
+            self._settle(dst, seq, messages, failed=True)
+            return
         except Exception:  # noqa: BLE001 - the destination's own failure: its host reports it
             pass
+        self._settle(dst, seq, messages, failed=False)
+
+    def _settle(self, dst: str, seq: int, messages: list, failed: bool) -> None:
+        """Call `seq` to `dst` answered or failed. A failed one's messages come back to
+        the core (`send_failed`); if later calls are still open, an empty call follows,
+        whose low-water mark lets the receiver's next incarnation go on past it."""
+        if self._out[dst].done(seq, failed):
+            self._call(dst, [])
+        if failed:
+            self._failed_sends(dst, messages)
 
     def _failed_sends(self, dst: str, messages: list) -> None:
         for method, args in messages:
@@ -494,8 +538,10 @@ class CoreHost:
         return getattr(self.core, method)(*args)
 
     async def report(self) -> dict:
-        """{"lateness": [emulated s], "calls_in": n, "sent": {peer: {"calls", "bytes", "kv_bytes"}}}."""
-        return {"lateness": list(self.lateness), "calls_in": self.calls_in,
+        """{"lateness": [emulated s], "calls_in": n, "calls_held": calls from peers that
+        arrived before an earlier one and waited for it (`rack.runtime.ray_order`),
+        "sent": {peer: {"calls", "bytes", "kv_bytes"}}}."""
+        return {"lateness": list(self.lateness), "calls_in": self.calls_in, "calls_held": self._in.held,
                 "sent": {p: {"calls": c[0], "bytes": c[1], "kv_bytes": c[2]} for p, c in self.sent.items()}}
 
     # ------------------------------------------------------------------ registry role

@@ -333,7 +333,9 @@ def run_topology_ray(specs: Sequence[ComponentSpec], requests: Sequence[Any], *,
     Returns the same dict as `run_topology_virtual` plus "loop_type", "nodes"
     (component -> Ray node id, read inside each actor) and "ray": {"actors": {name:
     {"node_id", "node_ip", "pid", "calls_in", "calls_in_per_s", "calls_out",
-    "calls_out_per_s", "sent": {peer: {"calls", "bytes", "kv_bytes"}}}}, "cross_node":
+    "calls_out_per_s", "calls_held_for_order" (peers' calls Ray started before an
+    earlier one of the same peer, held until it ran: `rack.runtime.ray_order`), "sent":
+    {peer: {"calls", "bytes", "kv_bytes"}}}}, "cross_node":
     {"kv_bytes", "kv_bytes_all_hops", "payload_bytes", "calls", "calls_all"},
     "replay_wall_s", "clock": {"epoch_wall", "hosts": {ip: {"offset_s", "rtt_s",
     "corrected"}}}, "pools": {pool: placement}}. Bytes are the bytes handed to Ray (KV
@@ -627,7 +629,8 @@ def _ray_section(specs, infos, nodes, reports, replay_wall, epoch, hosts, pools)
         actors[s.name] = {"node_id": nodes[s.name], "node_ip": infos[s.name]["node_ip"],
                           "pid": infos[s.name]["pid"], "calls_in": r["calls_in"],
                           "calls_in_per_s": per_s(r["calls_in"]), "calls_out": calls_out,
-                          "calls_out_per_s": per_s(calls_out), "sent": r["sent"]}
+                          "calls_out_per_s": per_s(calls_out), "calls_held_for_order": r["calls_held"],
+                          "sent": r["sent"]}
         for peer, v in r["sent"].items():
             cross["kv_bytes_all_hops"] += v["kv_bytes"]
             cross["calls_all"] += v["calls"]
