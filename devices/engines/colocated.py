@@ -336,9 +336,7 @@ class ColocatedEngine(DecodeEngine):
             if not j.started:
                 j.started = True
                 self._pending_events.append((j.req.id, "prefill_start", t0))
-        self.memory.add(t0, self.ledger.used)
-        self.batch_series.add(t0, len(batch))
-        self._sample(t0)
+        self._gauges(t0, len(batch))
         self._flush_events()
         self._mixed = (t0, ends, sc, c, batch, plan, n)
         if n > 1:

@@ -131,7 +131,7 @@ class _Seq:
     """
 
     __slots__ = ("req", "first_token_s", "prompt", "n_out", "total", "ctx0", "kv0", "emitted",
-                 "rem", "steps", "start", "order", "times", "recompute", "shared")
+                 "rem", "steps", "start", "order", "times", "recompute", "shared", "base_less_start")
 
     def __init__(self, req, first_token_s: float | None) -> None:
         self.req = req
@@ -151,6 +151,7 @@ class _Seq:
         self.times: list[np.ndarray] = []   # token times of ended stints
         self.recompute = False
         self.shared = 0           # prompt tokens whose KV lives in (pinned) prefix-cache entries
+        self.base_less_start = 0  # in the batch: its columns' base - start (`_admit_ready`)
 
 
 class DecodeEngine(Core):
@@ -246,6 +247,9 @@ class DecodeEngine(Core):
         # request can finish before it, so a run that stops short needs no check).
         # They are the rows of one (4, B) array (`_set_columns`): an admission or a
         # completion changes it with one numpy call instead of one per column.
+        # `_base_less_start`: sum(base - start) over the batch, kept in Python ints as
+        # requests join and leave (two array sums per batch change cost more).
+        self._base_less_start = 0
         self._set_columns(np.zeros((4, 0), np.int64))
         self._first_end = _NEVER
         self._waiting_ids: set[int] = set()
@@ -269,6 +273,7 @@ class DecodeEngine(Core):
         self._gaps_sent = 0
         self.util = Utilisation()
         self.lateness = Lateness()
+        self._timeseries = bool(timeseries)
         self.memory = TimeSeries(timeseries)
         self.batch_series = TimeSeries(timeseries)
         self.series = EventSeries(timeseries)  # gauges at batch boundaries (rack.measure.timeseries)
@@ -733,9 +738,7 @@ class DecodeEngine(Core):
         k = self._plan(t, self._run_limit())
         self._grant(t)
         self._flush_events()
-        self.memory.add(t, self.ledger.used)
-        self.batch_series.add(t, len(self._batch))
-        self._sample(t)
+        self._gauges(t, len(self._batch))
         if k == 0:
             self._t_free = None
             self._phase = "idle"
@@ -744,6 +747,15 @@ class DecodeEngine(Core):
             return False
         self._start_run(t, k)
         return True
+
+    def _gauges(self, t: float, batch_size: int) -> None:
+        """The gauges over time at a batch boundary: memory held, the batch's size and
+        a row of `series` (`_sample`); nothing without them (`timeseries=False`, one
+        check instead of three calls per batch change)."""
+        if self._timeseries:
+            self.memory.add(t, self.ledger.used)
+            self.batch_series.add(t, batch_size)
+            self._sample(t)
 
     def _sample(self, t: float) -> None:
         """A row of the time series: waiting = reservations waiting for memory or for
@@ -773,7 +785,11 @@ class DecodeEngine(Core):
                 self.counts["admitted"] += 1
                 self._pending_events.append((s.req.id, "decode_admit", t))
         if len(self._batch) > first:
-            rows = [(s.ctx0 + s.emitted, s.start, s.rem, s.start + s.steps) for s in self._batch[first:]]
+            joined = self._batch[first:]
+            rows = [(s.ctx0 + s.emitted, s.start, s.rem, s.start + s.steps) for s in joined]
+            for s, r in zip(joined, rows):
+                s.base_less_start = r[0] - r[1]
+                self._base_less_start += r[0] - r[1]
             self._set_columns(np.concatenate((self._columns, np.array(rows, np.int64).T), axis=1))
             self._first_end = min(self._first_end, min(r[3] for r in rows))
         self.batch_peak = max(self.batch_peak, len(self._batch))
@@ -887,7 +903,13 @@ class DecodeEngine(Core):
 
     def _batch_keep(self, keep: np.ndarray) -> None:
         """Keep the requests of the batch where `keep` is True (order kept)."""
-        self._batch = [s for s, k in zip(self._batch, keep.tolist()) if k]
+        kept = []
+        for s, k in zip(self._batch, keep.tolist()):
+            if k:
+                kept.append(s)
+            else:
+                self._base_less_start -= s.base_less_start
+        self._batch = kept
         self._set_columns(self._columns[:, keep])
         self._first_end = int(self._a_end.min()) if self._a_end.shape[0] else _NEVER
 
@@ -895,7 +917,6 @@ class DecodeEngine(Core):
         """The batch's arrays (`__init__`) from their (4, B) array, as row views."""
         self._columns = columns
         self._a_base, self._a_start, self._a_rem, self._a_end = columns
-        self._base_less_start = int(self._a_base.sum()) - int(self._a_start.sum())
 
     def _finish(self, finished: list) -> None:
         if not finished:
