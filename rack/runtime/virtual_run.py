@@ -7,6 +7,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from rack.serving.collector import DEFERRABLE
 from rack.wiring.topology import ComponentSpec
 
 from .errors import ComponentError
@@ -16,7 +17,8 @@ from .quiescence import ended_holds
 from .virtual import VirtualDriver, VirtualTimeDeadlock
 
 #: The router's handlers that only book what its next placement reads (an instance's
-#: outstanding prompt tokens, its prefix-cache changes): fed by inbox in open-loop replays.
+#: outstanding prompt tokens, its prefix-cache changes), whenever they run: fed by a
+#: deferred inbox in open-loop replays (taken before the router's next call).
 INBOX_ROUTER = ("load", "kv_events")
 
 #: Components whose stats a run reports.
@@ -60,7 +62,13 @@ def run_topology_virtual(specs: Sequence[ComponentSpec], requests: Sequence[Any]
         # at its wake-ups only, and `Router.ended` does nothing without a closed loop or
         # sessions), so they go by inbox: no queue delivery per record or report.
         cores["collector"].notify = ()
-        driver.feed_inboxes({"collector": None, "router": INBOX_ROUTER})
+        # Both inboxes are deferred (taken in batches, not at every instant): the
+        # router's until its next call; the collector's, without an SLO watch (which
+        # reads each record as it comes), until the done check could end the run
+        # (`Collector.all_ended`) or it is full.
+        watched = stop is not None and hasattr(stop, "attach")
+        driver.feed_inboxes({"collector": DEFERRABLE, "router": INBOX_ROUTER},
+                            deferred=("router",) if watched else ("collector", "router"))
     # a RequestTable (workloads.table) goes as it is: its requests are built as the router reaches them
     driver.post("router", "start", requests if hasattr(requests, "overlay") else list(requests),
                 max_concurrency, think_time_s)
@@ -110,6 +118,7 @@ def run_topology_virtual(specs: Sequence[ComponentSpec], requests: Sequence[Any]
                               callbacks=driver.messages + driver.wakeups, virtual_s=driver.now)
     if stop is not None and stop.requested and not finished():
         raise RunStopped(stop.signal_name, driver.now, records(salvage=True))
+    driver.take_inboxes()                       # (deferred records) before reading the collector
     if not cores["collector"].all_ended():
         err = VirtualTimeDeadlock(
             "virtual-time deadlock: nothing is left to happen but "
