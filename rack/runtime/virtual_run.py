@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 from typing import Any, Sequence
 
 import numpy as np
@@ -107,7 +108,8 @@ def run_topology_virtual(specs: Sequence[ComponentSpec], requests: Sequence[Any]
                 "loop_type": f"{type(driver).__module__}.{type(driver).__name__} (no event loop)"}
 
     try:
-        with stop.replaying() if stop is not None else contextlib.nullcontext(), _no_hugepage_advice():
+        with stop.replaying() if stop is not None else contextlib.nullcontext(), _no_hugepage_advice(), \
+                _young_gc_only():
             driver.run(done)
     except ComponentError as exc:
         exc.partial = records(salvage=True, failed=exc.component)
@@ -127,6 +129,33 @@ def run_topology_virtual(specs: Sequence[ComponentSpec], requests: Sequence[Any]
         raise err
     with _no_hugepage_advice():
         return records()
+
+
+#: Allocations (net, of container objects) between two collections of the youngest
+#: generation during a replay (Python's default: 700). See `_young_gc_only`.
+REPLAY_GC_THRESHOLD = 10_000
+
+
+@contextlib.contextmanager
+def _young_gc_only():
+    """Python's cyclic garbage collector tuned for a replay, then restored: what exists
+    before it (the trace's requests, the cores) is frozen out of the collections
+    (`gc.freeze`: it lives through the replay anyway), and the youngest generation is
+    collected every `REPLAY_GC_THRESHOLD` allocations instead of 700. A replay allocates
+    a few small objects per event, most of them dead before the next collection, and
+    the messages and records waiting in deferred inboxes (`rack.runtime.virtual`) are
+    promoted and traversed again by the older generations' collections at the default
+    thresholds: 0.17-0.38 s of collector time against 0.09-0.16 s with this (whole
+    Mooncake trace, `gpu-only-kimi-k2` and `helios-cs3-kimi-k2`). Garbage is still
+    collected; results are the same."""
+    before = gc.get_threshold()
+    gc.freeze()
+    gc.set_threshold(REPLAY_GC_THRESHOLD, *before[1:])
+    try:
+        yield
+    finally:
+        gc.set_threshold(*before)
+        gc.unfreeze()
 
 
 @contextlib.contextmanager
