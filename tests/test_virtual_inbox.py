@@ -107,3 +107,22 @@ def test_collector_takes_its_deferred_inbox_when_it_could_end_every_request():
     col2.inbox.append(("finish", (7, "rejected", "x")))   # no time: not deferrable
     with pytest.raises(ValueError, match="needs its time"):
         col2.all_ended()
+
+
+def test_replay_gc_tuning_is_restored():
+    import gc
+
+    from rack.runtime.virtual_run import _young_gc_only
+
+    before = gc.get_threshold()
+    with _young_gc_only():
+        assert gc.get_threshold()[0] != before[0] and gc.get_freeze_count() > 0
+    assert gc.get_threshold() == before and gc.get_freeze_count() == 0
+    gc.freeze()                                 # a caller's own frozen objects stay frozen
+    try:
+        frozen = gc.get_freeze_count()
+        with _young_gc_only():
+            pass
+        assert gc.get_freeze_count() == frozen
+    finally:
+        gc.unfreeze()
