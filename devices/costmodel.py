@@ -510,6 +510,7 @@ class CostModel:
         self._token_terms: dict[tuple, tuple] = {}   # see `_terms_of_tokens`
         self._mixed_slopes: dict[tuple[int, int], tuple] = {}   # see `mixed_steps`
         self._prefill_costs: dict[tuple, IterationCost] = {}   # see `prefill`
+        self._prefill_parts: dict[tuple, dict] = {}   # see `_prefill_part`
 
         self.draft: ModelSpec | None = None
         extra_w = extra_kv = 0
@@ -673,10 +674,11 @@ class CostModel:
         }
 
     _TOKEN_TERMS_MAX = 4096
-    # Entries of `_token_terms` (a pass's terms by token count) and of `_prefill_costs`
-    # (a prefill iteration's cost by its counts): a prefill engine's iterations mostly
-    # carry the full chunk budget, so a few hundred keys cover most of a trace (Azure
-    # conversation: 2,361 distinct of 19,341); cleared when full.
+    # Entries of `_token_terms` (a pass's terms by token count), of `_prefill_costs`
+    # (a prefill iteration's cost by its counts) and of `_prefill_parts` (its pass): a
+    # prefill engine's iterations mostly carry the full chunk budget, so a few hundred
+    # keys cover most of a trace (Azure conversation: 2,361 distinct of 19,341); cleared
+    # when full.
 
     def _terms_of_tokens(self, t: _Terms, tok_mb, m: int, pp: int, prompt: bool = False) -> tuple:
         """The terms of `_pass` that depend only on the micro-batch's token count (and
@@ -883,6 +885,20 @@ class CostModel:
     @staticmethod
     def _prefill_tokens(n: np.ndarray) -> float:
         return float(sum(x for x in n.tolist() if x > 0)) if n.size < 8 else float(n[n > 0].sum())
+
+    def _prefill_part(self, n: np.ndarray, c: np.ndarray) -> dict:
+        """`_prefill_dict(n, c)`, looked up by the counts when seen before: an unfused
+        mixed iteration's prompt pass is a pure function of them and repeats as often
+        as `prefill`'s shapes do (the full chunk budget over 0, 1, 2... chunks of a
+        prompt), while its decode part changes every step. Callers only read the dict
+        (`_combine` copies it)."""
+        key = (tuple(n.tolist()), tuple(c.tolist()))
+        d = self._prefill_parts.get(key)
+        if d is None:
+            if len(self._prefill_parts) >= self._TOKEN_TERMS_MAX:
+                self._prefill_parts.clear()
+            d = self._prefill_parts[key] = self._prefill_dict(n, c)
+        return d
 
     def _prefill_dict(self, n: np.ndarray, c: np.ndarray) -> dict:
         """A prefill-only pass (pipeline filled then drained), with the draft's or MTP
@@ -1163,7 +1179,7 @@ class CostModel:
                 d = self._combine([d, self._draft_prefill(n, c, tok_p)])
             return self._cost(d, tok_p + ctx.size * q)
         if not self._fused:
-            parts = ([self._prefill_dict(n, c)] if tok_p else []) + \
+            parts = ([self._prefill_part(n, c)] if tok_p else []) + \
                 ([self._decode_dict(ctx, 0.0)] if ctx.size else [])
             return self._cost(self._combine(parts), tok_p + ctx.size * q)
         tok_p, fl_p, att_p, kv_p = self._prefill_work(self._t, n, c)

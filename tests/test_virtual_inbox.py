@@ -51,3 +51,78 @@ def test_inbox_gives_the_queue_order_and_instants():
         assert all(entry[-1] == entry[-2] for entry in fed if entry[0] == "note")   # at the instant sent
         assert df.messages < dq.messages and df.wakeups == dq.wakeups
     assert _run({"sink": ("note",)})[1].messages == dq.messages - 6    # the bells still queued
+
+
+class Records(Sink):
+    """A sink whose `note` records carry their own time (deferrable) and that reads
+    nothing else: `now` is None when the driver deferred them."""
+
+    def note(self, now, who, t):
+        self.log.append(("note", who, t, "deferred" if now is None else now))
+
+
+def test_deferred_inbox_keeps_the_order_and_is_taken_before_a_call():
+    cores = {"a": Sender("a", [1.0, 2.0, 2.0, 3.0]), "b": Sender("b", [2.0, 2.5]), "sink": Records()}
+    drv = VirtualDriver(cores)
+    drv.feed_inboxes({"sink": ("note",)}, deferred=("sink",))
+    drv.run(lambda: False)
+    log = cores["sink"].log
+    queued, _ = _run(None)
+    # the same records in the same order; the bell (a queued message) still comes after
+    # every note sent before it, which the sink took from its inbox first
+    assert [e[:3] for e in log] == [e[:3] for e in queued]
+    assert all(e[-1] == "deferred" for e in log if e[0] == "note")
+    assert not cores["sink"].inbox
+
+
+def test_deferred_inbox_is_taken_when_full(monkeypatch):
+    import rack.runtime.virtual as V
+
+    monkeypatch.setattr(V, "DEFER_ITEMS", 2)
+    cores = {"a": Sender("a", [1.0, 2.0, 3.0, 4.0, 5.0]), "sink": Records()}
+    taken = []                              # notes handled at each done check
+    drv = VirtualDriver(cores)
+    drv.feed_inboxes({"sink": ("note",)}, deferred=("sink",))
+    drv.run(lambda: taken.append(len(cores["sink"].log)) and False)
+    # two notes wait, then are taken together; the bell (queued) takes the fifth first
+    assert taken[:4] == [0, 0, 2, 2]
+    assert [e[0] for e in cores["sink"].log] == ["note"] * 5 + ["bell"]
+
+
+def test_collector_takes_its_deferred_inbox_when_it_could_end_every_request():
+    import pytest
+
+    from rack.serving.collector import Collector
+
+    col = Collector(request_ids=[1, 2, 3])
+    col.inbox.append(("event", (1, "arrival", 0.5)))
+    col.inbox.append(("finish", (1, "completed", None, None, 1.0)))
+    assert not col.all_ended() and len(col.inbox) == 2    # 2 messages < 3 open: left waiting
+    col.inbox.append(("finish", (2, "rejected", "x", None, 1.5)))
+    assert not col.all_ended() and not col.inbox          # 3 >= 3 open: taken, 1 still open
+    assert col.open_requests() == [3]
+    col.inbox.append(("finish", (3, "rejected", "x", None, 2.0)))
+    assert col.all_ended() and not col.inbox              # ended at their own times
+    col2 = Collector(request_ids=[7])
+    col2.inbox.append(("finish", (7, "rejected", "x")))   # no time: not deferrable
+    with pytest.raises(ValueError, match="needs its time"):
+        col2.all_ended()
+
+
+def test_replay_gc_tuning_is_restored():
+    import gc
+
+    from rack.runtime.virtual_run import _young_gc_only
+
+    before = gc.get_threshold()
+    with _young_gc_only():
+        assert gc.get_threshold()[0] != before[0] and gc.get_freeze_count() > 0
+    assert gc.get_threshold() == before and gc.get_freeze_count() == 0
+    gc.freeze()                                 # a caller's own frozen objects stay frozen
+    try:
+        frozen = gc.get_freeze_count()
+        with _young_gc_only():
+            pass
+        assert gc.get_freeze_count() == frozen
+    finally:
+        gc.unfreeze()

@@ -82,10 +82,11 @@ class Core:
         call: module docstring)."""
         self._sinks = {n: sink for n, sink in peers.items() if n != self.name}
 
-    def take_inbox(self, now: float) -> None:
+    def take_inbox(self, now: float | None) -> None:
         """Handle the messages in `inbox`, in the order they were sent, at emulated time
         `now` (the instant they were sent in: a driver takes a core's inbox before any
-        later call into it and before time moves on)."""
+        later call into it and before time moves on), or None when the driver deferred
+        them to a later instant (only for handlers that do not read the time)."""
         box = self.inbox
         while box:
             items = box[:]

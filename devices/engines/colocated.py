@@ -182,7 +182,7 @@ class ColocatedEngine(DecodeEngine):
         """Prompts wait in the inbox: cut the decode run in progress at the first
         receive point after `now` (the step in progress finishes), if it gets that far."""
         t0, ends, _, _ = self._run
-        g0 = len(self._t_end)                       # the run's first step (not yet logged)
+        g0 = self._t_end.stop                       # the run's first step (not yet logged)
         n = int(np.searchsorted(ends, now, side="right"))
         boundary = g0 + n if (now == t0 or (n > 0 and ends[n - 1] == now)) else g0 + n + 1
         p = self._next_receive(boundary) - g0
@@ -196,7 +196,7 @@ class ColocatedEngine(DecodeEngine):
         receive point, or nothing to decode: an idle scheduler receives at once)."""
         if not self._inbox:
             return
-        now_step = len(self._t_end)
+        now_step = self._t_end.stop
         if self._batch or self._ready:
             if self._next_receive(now_step) != now_step:
                 return
@@ -206,7 +206,7 @@ class ColocatedEngine(DecodeEngine):
     def _run_limit(self) -> int | None:
         if not self._inbox:
             return None
-        now_step = len(self._t_end)
+        now_step = self._t_end.stop
         return max(1, self._next_receive(now_step) - now_step)
 
     def _body(self, t: float) -> None:
@@ -215,7 +215,7 @@ class ColocatedEngine(DecodeEngine):
 
     def _end_stall(self, now: float, t1: float) -> None:
         super()._end_stall(now, t1)
-        self._recv_base = len(self._t_end)          # after a prefill pass the scheduler receives
+        self._recv_base = self._t_end.stop          # after a prefill pass the scheduler receives
 
     def _refusal(self, req, target):
         if self.pool.bytes_for(req.prompt_tokens) > self.kv_capacity_bytes:
@@ -336,9 +336,7 @@ class ColocatedEngine(DecodeEngine):
             if not j.started:
                 j.started = True
                 self._pending_events.append((j.req.id, "prefill_start", t0))
-        self.memory.add(t0, self.ledger.used)
-        self.batch_series.add(t0, len(batch))
-        self._sample(t0)
+        self._gauges(t0, len(batch))
         self._flush_events()
         self._mixed = (t0, ends, sc, c, batch, plan, n)
         if n > 1:
@@ -369,7 +367,7 @@ class ColocatedEngine(DecodeEngine):
             self._finish(finished)
             return t0
         t1 = float(ends[steps - 1])
-        self._recv_base = len(self._t_end)          # after a prefill pass the scheduler receives
+        self._recv_base = self._t_end.stop          # after a prefill pass the scheduler receives
         self.counts["mixed_iterations"] += steps
         self._t_free = t1           # a decode-only run that follows starts here
         if n > 1:

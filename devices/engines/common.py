@@ -29,16 +29,19 @@ class GrowingArray:
     is at or after `base`.
     """
 
-    __slots__ = ("_buf", "_n", "base")
+    __slots__ = ("_buf", "_n", "base", "stop")
 
     def __init__(self, capacity: int = 1024) -> None:
         self._buf = np.empty(max(16, capacity), dtype=np.float64)
         self._n = 0          # live entries in _buf
         self.base = 0        # global index of _buf[0]
+        # global length (`len`) as an attribute: a decode engine reads its step count
+        # ~20 times per request, and a Python-level __len__ call costs several reads
+        self.stop = 0
 
     def __len__(self) -> int:
         """Global length (index one past the last entry)."""
-        return self.base + self._n
+        return self.stop
 
     def extend(self, values: np.ndarray) -> None:
         """Append `values` (1-D)."""
@@ -50,6 +53,7 @@ class GrowingArray:
             self._buf = new
         self._buf[self._n : need] = values
         self._n = need
+        self.stop = self.base + need
 
     def append(self, value: float) -> None:
         """Append one value (the per-event path: no temporary array)."""
@@ -60,6 +64,7 @@ class GrowingArray:
             self._buf = new
         self._buf[n] = value
         self._n = n + 1
+        self.stop += 1
 
     def at(self, index: int) -> float:
         """Global entry `index` (>= `base`) as a Python float."""

@@ -131,7 +131,7 @@ class _Seq:
     """
 
     __slots__ = ("req", "first_token_s", "prompt", "n_out", "total", "ctx0", "kv0", "emitted",
-                 "rem", "steps", "start", "order", "times", "recompute", "shared")
+                 "rem", "steps", "start", "order", "times", "recompute", "shared", "base_less_start")
 
     def __init__(self, req, first_token_s: float | None) -> None:
         self.req = req
@@ -151,6 +151,7 @@ class _Seq:
         self.times: list[np.ndarray] = []   # token times of ended stints
         self.recompute = False
         self.shared = 0           # prompt tokens whose KV lives in (pinned) prefix-cache entries
+        self.base_less_start = 0  # in the batch: its columns' base - start (`_admit_ready`)
 
 
 class DecodeEngine(Core):
@@ -246,6 +247,9 @@ class DecodeEngine(Core):
         # request can finish before it, so a run that stops short needs no check).
         # They are the rows of one (4, B) array (`_set_columns`): an admission or a
         # completion changes it with one numpy call instead of one per column.
+        # `_base_less_start`: sum(base - start) over the batch, kept in Python ints as
+        # requests join and leave (two array sums per batch change cost more).
+        self._base_less_start = 0
         self._set_columns(np.zeros((4, 0), np.int64))
         self._first_end = _NEVER
         self._waiting_ids: set[int] = set()
@@ -269,6 +273,7 @@ class DecodeEngine(Core):
         self._gaps_sent = 0
         self.util = Utilisation()
         self.lateness = Lateness()
+        self._timeseries = bool(timeseries)
         self.memory = TimeSeries(timeseries)
         self.batch_series = TimeSeries(timeseries)
         self.series = EventSeries(timeseries)  # gauges at batch boundaries (rack.measure.timeseries)
@@ -492,7 +497,7 @@ class DecodeEngine(Core):
             "waiting_reservations": len(self._waiters),
             "waiting_peak": self.waiting_peak,
             "wakeups": self.wakeups,
-            "steps": len(self._t_end),
+            "steps": self._t_end.stop,
             **self.counts,
         }
         out.update(self._util_now(now).as_dict(self.cost.peak_flops, self.cost.memory_bandwidth, now))
@@ -566,7 +571,7 @@ class DecodeEngine(Core):
     def _done(self, s: _Seq) -> int:
         """Steps `s` has taken part in since its stint started (the batch moves together,
         so it is the engine's step count since then)."""
-        return len(self._t_end) - s.start
+        return self._t_end.stop - s.start
 
     def _kv_now(self, s: _Seq, extra_steps: int = 0) -> int:
         """KV tokens of `s` held here (not in shared prefix-cache entries) after
@@ -581,7 +586,7 @@ class DecodeEngine(Core):
         kv0 = np.fromiter((s.kv0 - s.shared + s.emitted for s in batch), np.int64, len(batch))
         low = np.fromiter((s.prompt - s.shared for s in batch), np.int64, len(batch))
         rem = self._a_rem
-        done = len(self._t_end) - self._a_start
+        done = self._t_end.stop - self._a_start
         held = np.fromiter((self.pool.held_blocks(s.req.id) for s in batch), np.int64, len(batch))
         need_h = -(-np.maximum(low, kv0 + emitted_after(done + horizon, rem, self.tps)) // B)
         cnt = np.maximum(0, need_h - held)
@@ -626,7 +631,7 @@ class DecodeEngine(Core):
         `limit`; under "preempt" books their KV growth, preempting if even one step
         does not fit."""
         while self._batch:
-            horizon = min(self._first_end - len(self._t_end), self.max_steps_per_wake)
+            horizon = min(self._first_end - self._t_end.stop, self.max_steps_per_wake)
             if limit is not None:
                 horizon = min(horizon, limit)
             if self.policy == "reserve":
@@ -733,9 +738,7 @@ class DecodeEngine(Core):
         k = self._plan(t, self._run_limit())
         self._grant(t)
         self._flush_events()
-        self.memory.add(t, self.ledger.used)
-        self.batch_series.add(t, len(self._batch))
-        self._sample(t)
+        self._gauges(t, len(self._batch))
         if k == 0:
             self._t_free = None
             self._phase = "idle"
@@ -744,6 +747,15 @@ class DecodeEngine(Core):
             return False
         self._start_run(t, k)
         return True
+
+    def _gauges(self, t: float, batch_size: int) -> None:
+        """The gauges over time at a batch boundary: memory held, the batch's size and
+        a row of `series` (`_sample`); nothing without them (`timeseries=False`, one
+        check instead of three calls per batch change)."""
+        if self._timeseries:
+            self.memory.add(t, self.ledger.used)
+            self.batch_series.add(t, batch_size)
+            self._sample(t)
 
     def _sample(self, t: float) -> None:
         """A row of the time series: waiting = reservations waiting for memory or for
@@ -760,7 +772,7 @@ class DecodeEngine(Core):
             s = self._ready.popleft()
             s.rem = s.total - s.emitted
             s.steps = steps_for(s.rem, self.tps)
-            s.start = len(self._t_end)
+            s.start = self._t_end.stop
             self._order += 1
             s.order = self._order
             self._batch.append(s)
@@ -773,7 +785,11 @@ class DecodeEngine(Core):
                 self.counts["admitted"] += 1
                 self._pending_events.append((s.req.id, "decode_admit", t))
         if len(self._batch) > first:
-            rows = [(s.ctx0 + s.emitted, s.start, s.rem, s.start + s.steps) for s in self._batch[first:]]
+            joined = self._batch[first:]
+            rows = [(s.ctx0 + s.emitted, s.start, s.rem, s.start + s.steps) for s in joined]
+            for s, r in zip(joined, rows):
+                s.base_less_start = r[0] - r[1]
+                self._base_less_start += r[0] - r[1]
             self._set_columns(np.concatenate((self._columns, np.array(rows, np.int64).T), axis=1))
             self._first_end = min(self._first_end, min(r[3] for r in rows))
         self.batch_peak = max(self.batch_peak, len(self._batch))
@@ -824,7 +840,7 @@ class DecodeEngine(Core):
             # one token per step: every request of the batch has taken done = steps - start
             # steps of its stint (< its tokens left, or it would have completed), so the
             # contexts sum to sum(base - start) + B * steps (`_set_columns`)
-            sc = self._steps_of_sum(len(batch), self._base_less_start + len(batch) * len(self._t_end), k)
+            sc = self._steps_of_sum(len(batch), self._base_less_start + len(batch) * self._t_end.stop, k)
         if sc is None:
             sc = self.cost.decode_steps(self._contexts(batch), k)
         # While busy, the next step starts where the last one ended.
@@ -858,7 +874,7 @@ class DecodeEngine(Core):
         `step_token_times` needs. A later `run_cut` says how many steps ran."""
         if self.stream_to is None or not batch:
             return
-        done = len(self._t_end) - self._a_start
+        done = self._t_end.stop - self._a_start
         index0 = emitted_after(done, self._a_rem, self.tps) + np.fromiter(
             (s.emitted + (s.first_token_s is not None) for s in batch), np.int64, len(batch))
         self.send(self.stream_to, "tokens_planned", self.name, float(t0), ends, self.tps,
@@ -882,12 +898,15 @@ class DecodeEngine(Core):
     def _contexts(self, batch: list[_Seq]) -> np.ndarray:
         """Context of each request of the batch (`batch` is `_batch`) at its next step:
         prompt + tokens so far (the last one is the step's input; `_Seq.ctx0`)."""
-        done = len(self._t_end) - self._a_start
+        done = self._t_end.stop - self._a_start
         return self._a_base + emitted_after(done, self._a_rem, self.tps)
 
     def _batch_keep(self, keep: np.ndarray) -> None:
         """Keep the requests of the batch where `keep` is True (order kept)."""
-        self._batch = [s for s, k in zip(self._batch, keep.tolist()) if k]
+        batch = self._batch
+        # (the few leaving are found in C: a Python loop over a large batch costs more)
+        self._base_less_start -= sum(batch[i].base_less_start for i in (~keep).nonzero()[0].tolist())
+        self._batch = [s for s, k in zip(batch, keep.tolist()) if k]
         self._set_columns(self._columns[:, keep])
         self._first_end = int(self._a_end.min()) if self._a_end.shape[0] else _NEVER
 
@@ -895,7 +914,6 @@ class DecodeEngine(Core):
         """The batch's arrays (`__init__`) from their (4, B) array, as row views."""
         self._columns = columns
         self._a_base, self._a_start, self._a_rem, self._a_end = columns
-        self._base_less_start = int(self._a_base.sum()) - int(self._a_start.sum())
 
     def _finish(self, finished: list) -> None:
         if not finished:
@@ -924,10 +942,10 @@ class DecodeEngine(Core):
         self._batch_seconds += len(batch) * (t_last - t0)
         self._step_seconds += t_last - t0
         finished = []
-        if len(self._t_end) >= self._first_end:
-            over = len(self._t_end) >= self._a_end
+        if self._t_end.stop >= self._first_end:
+            over = self._t_end.stop >= self._a_end
             linked = False
-            for i in np.flatnonzero(over).tolist():
+            for i in over.nonzero()[0].tolist():
                 s = batch[i]
                 if self.tps == 1.0 and not s.times:
                     # one stint of one token per step: its gaps are the step log's over its
@@ -956,7 +974,7 @@ class DecodeEngine(Core):
             if linked:
                 self._send_gaps()
         self._shrink(self._batch)
-        if finished or len(self._t_end) - self._t_end.base > (1 << 16):
+        if finished or self._t_end.stop - self._t_end.base > (1 << 16):
             self._compact_log()
         return finished
 
@@ -966,7 +984,7 @@ class DecodeEngine(Core):
         to its first step's end (`first_token` "prefill"), then the gaps of its other
         steps. The same floats `_end_stint`'s token times give."""
         a = s.start
-        d = len(self._t_end) - a
+        d = self._t_end.stop - a
         t0 = self._t_end.at(a)
         s.emitted += min(s.rem, d)
         s.rem = s.steps = 0
@@ -982,7 +1000,7 @@ class DecodeEngine(Core):
         finishes that refer to them; steps dropped from the log unsent are referred to
         by no request)."""
         lo = max(self._gaps_sent, self._t_end.base + 1)
-        hi = len(self._t_end)
+        hi = self._t_end.stop
         if hi > lo:
             self.send(self.collector, "itl_steps", self._itl_log, lo, self._t_end.gaps(lo, hi))
         self._gaps_sent = hi
@@ -995,9 +1013,9 @@ class DecodeEngine(Core):
 
     def _compact_log(self) -> None:
         """Forget logged steps no running request refers to."""
-        if len(self._t_end) - self._t_end.base <= (1 << 14):
+        if self._t_end.stop - self._t_end.base <= (1 << 14):
             return                  # (every request starts at or before the log's end)
-        low = min((s.start for s in self._batch), default=len(self._t_end))
+        low = min((s.start for s in self._batch), default=self._t_end.stop)
         if low - self._t_end.base > (1 << 14):
             self._t_start.drop_before(low)
             self._t_end.drop_before(low)

@@ -471,7 +471,8 @@ class PrefillEngine(Core):
             self.send(self.router, "load", self.name, load)
 
     def _sample(self, t: float) -> None:
-        record_series(self, t, len(self._queue), len(self._running))
+        if self.series.enabled:             # (up to four times per request: skip the call)
+            record_series(self, t, len(self._queue), len(self._running))
 
     def _publish_kv_events(self) -> None:
         """Send the router the prefix cache's changes since the last call (if any)."""

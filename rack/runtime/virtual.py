@@ -15,7 +15,12 @@ Order (deterministic, documented so runs repeat bit for bit):
 Inboxes (`feed_inboxes`, `workloads.core`): messages for a core fed by inbox skip the
 queue; the core takes its inbox before any call into it, and whenever the queue runs
 empty (before the done check and before time moves on), so it handles them in the
-order they were sent and at the instant they were sent in.
+order they were sent and at the instant they were sent in. A core whose inbox is
+*deferred* (records whose handling does not depend on when it happens, e.g. a
+collector's lifecycle events with their own times) takes it only before a call into
+it, when `take_inboxes` is called, or once it holds `DEFER_ITEMS` messages: still in
+the order sent, in batches instead of once per instant, and with `now` None (its
+handlers must not read the time: `Core.take_inbox`).
 
 A core asks for a wake-up by setting `wake_at`; the driver reads it after every call
 into the core (a later value replaces the earlier request). A handler that must see
@@ -46,6 +51,10 @@ from .errors import ComponentError, locate
 
 #: Messages the driver handles itself (not a core's handlers).
 DRIVER_METHODS = ("crash", "ping")
+
+#: A deferred inbox (module docstring) is taken once it holds this many messages, so
+#: that it stays small; large enough that its fixed cost per take is spread thin.
+DEFER_ITEMS = 4096
 
 
 class VirtualTimeDeadlock(RuntimeError):
@@ -84,34 +93,49 @@ class VirtualDriver:
         self._handlers: dict[tuple[str, str], Callable] = {}   # bound handlers by (core, method)
         self._feeds: dict[str, Sequence[str] | None] = {}   # `feed_inboxes`' argument
         self._fed: list[str] = []             # cores fed by inbox
-        self._boxes: list[list] = []          # their inboxes
+        self._deferred: tuple[str, ...] = ()  # those whose inbox is deferred (`feed_inboxes`)
+        self._boxes: list[list] = []          # the inboxes of the others
+        self._late: list[list] = []           # the deferred inboxes
         self.messages = 0
         self.wakeups = 0
         for name, core in self.cores.items():
             self._after(name, core)
 
     # ------------------------------------------------------------------ loop
-    def feed_inboxes(self, feeds: Mapping[str, Sequence[str] | None]) -> None:
+    def feed_inboxes(self, feeds: Mapping[str, Sequence[str] | None], deferred: Sequence[str] = ()) -> None:
         """Every core sends its messages for the cores named in `feeds` (name -> the
         methods that go by inbox, None: all) straight to their inboxes
         (`workloads.core.Core.feed_inbox`; module docstring). The caller vouches that
         those handlers only book state the core reads at its next call (e.g. a
         collector's records in an open-loop replay: nothing reads them before the run
-        ends or the done check)."""
+        ends or the done check).
+
+        deferred: those of `feeds` whose inbox waits until something reads the core
+        (module docstring); the caller vouches too that their inbox's handlers give the
+        same state whenever they run (e.g. every record carries its own time) and that
+        the done check takes the inbox when it could change the answer
+        (`rack.serving.collector.Collector.all_ended`)."""
         self._feeds = {n: m for n, m in feeds.items() if n in self.cores}
         self._fed = list(self._feeds)
+        self._deferred = tuple(n for n in deferred if n in self._feeds)
         sinks = {n: (self.cores[n].inbox, None if m is None else frozenset(m)) for n, m in self._feeds.items()}
-        self._boxes[:] = [box for box, _ in sinks.values()]   # the loop's list of them (kept in place)
+        # the loop's lists of them (kept in place: `run` holds them)
+        self._boxes[:] = [box for n, (box, _) in sinks.items() if n not in self._deferred]
+        self._late[:] = [sinks[n][0] for n in self._deferred]
         for core in self.cores.values():
             core.feed_inbox(sinks)
 
-    def take_inboxes(self) -> None:
-        """Let the cores fed by inbox handle what is in it (at the current time)."""
+    def take_inboxes(self, deferred: bool = True) -> None:
+        """Let the cores fed by inbox handle what is in it (at the current time);
+        deferred=False: leave the deferred inboxes (module docstring) waiting."""
         for name in self._fed:
+            late = name in self._deferred
+            if late and not deferred:
+                continue
             core = self.cores[name]
             if core.inbox:
                 try:
-                    core.take_inbox(self.now)
+                    core.take_inbox(None if late else self.now)
                 except Exception as exc:
                     raise self._error(name, exc) from exc
                 self._after(name, core)
@@ -130,7 +154,7 @@ class VirtualDriver:
         popleft, push, pop = queue.popleft, heapq.heappush, heapq.heappop
         handlers = self._handlers
         inf = math.inf
-        boxes = self._boxes
+        boxes, late = self._boxes, self._late
         messages = wakeups = 0
         try:
             while True:
@@ -151,7 +175,7 @@ class VirtualDriver:
                     core = cores[dst]
                     try:
                         if core.inbox:          # what was sent to it before this message
-                            core.take_inbox(self.now)
+                            core.take_inbox(None if dst in self._deferred else self.now)
                         fn(self.now, *args)
                     except Exception as exc:
                         raise self._error(dst, exc) from exc
@@ -165,8 +189,11 @@ class VirtualDriver:
                             push(heap, (t, self._seq, dst))
                         self._seq += 1
                 if any(boxes):                  # (a list of lists: no generator per instant)
-                    self.take_inboxes()
+                    self.take_inboxes(deferred=False)
                     continue                    # what they sent is due now
+                if late and max(map(len, late)) >= DEFER_ITEMS:
+                    self.take_inboxes()
+                    continue
                 if done():
                     return self.now
                 while heap:
@@ -184,6 +211,8 @@ class VirtualDriver:
                 core = cores[name]
                 wakeups += 1
                 try:
+                    if core.inbox:              # a deferred inbox (module docstring)
+                        core.take_inbox(None)
                     core.on_wake(self.now)
                 except Exception as exc:
                     raise self._error(name, exc) from exc
@@ -226,7 +255,7 @@ class VirtualDriver:
         self.incarnation[dst] += 1
         self._asked[dst] = (math.inf, -1)     # the old core's wake-up is void
         if self._fed:                         # the new core sends (and, if fed, receives) by inbox too
-            self.feed_inboxes(self._feeds)
+            self.feed_inboxes(self._feeds, self._deferred)
         self._after(dst, new)
 
     # ------------------------------------------------------------------ reading
@@ -247,4 +276,4 @@ def work_of(core: Core, now: float) -> dict | None:
     return {k: float(st.get(k, 0.0)) for k in WORK_KEYS}
 
 
-__all__ = ["DRIVER_METHODS", "VirtualDriver", "VirtualTimeDeadlock", "work_of"]
+__all__ = ["DEFER_ITEMS", "DRIVER_METHODS", "VirtualDriver", "VirtualTimeDeadlock", "work_of"]

@@ -35,6 +35,11 @@ OUTCOMES = ("completed", "rejected", "failed")
 _COL = {name: i for i, name in enumerate(EVENTS)}
 _E = len(EVENTS)
 _ARRIVAL, _FIRST, _COMPLETION = _COL["arrival"], _COL["first_token"], _COL["completion"]
+#: Handlers whose records carry their own times (`finish` with its `t`, as every engine
+#: and the router send it): handled later, in the same order, they leave the same state,
+#: so a virtual driver may defer them (`rack.runtime.virtual`, `all_ended`).
+DEFERRABLE = ("event", "events", "finish", "itl_steps", "note_recomputed", "note_truncated")
+
 #: Stages that can be redone (a re-sent transfer, a re-admission): their latest time counts.
 _REDONE = ("transfer_end", "decode_admit")
 
@@ -163,6 +168,9 @@ class Collector(Core):
         self.outcome[pos] = OUTCOMES.index(outcome) + 1
         if reason:
             self._reason[slot] = reason
+        if t is None and now is None:
+            raise ValueError(f"finish of request {request_id} from a deferred inbox (no current time) "
+                             "needs its time t")
         when = now if t is None else t
         if outcome == "completed":
             c = _COL["completion"]
@@ -244,9 +252,11 @@ class Collector(Core):
         re-dispatched); returned under "recoveries" by `snapshot`."""
         self.recoveries.append(dict(record))
 
-    def take_inbox(self, now: float) -> None:
+    def take_inbox(self, now: float | None) -> None:
         """Records sent straight to the inbox (`workloads.core`: the virtual driver's
-        open-loop replays), in the order sent: as the handlers of the same messages."""
+        open-loop replays), in the order sent: as the handlers of the same messages.
+        now: None when the driver deferred them (`all_ended`, `DEFERRABLE`): each
+        record then carries its own time."""
         items = self.inbox[:]
         self.inbox.clear()
         batch: list = []        # consecutive lifecycle events: recorded in one call
@@ -265,7 +275,13 @@ class Collector(Core):
 
     # ----------------------------------------------------------------- driver reads
     def all_ended(self) -> bool:
-        """True once every request has ended."""
+        """True once every request has ended. Records waiting in the inbox (a driver
+        that defers it: `rack.runtime.virtual`) are taken first when they could end
+        every open request: a `finish` ends one request, so fewer messages than open
+        requests cannot (the check is then O(1), as a done check is made at every
+        instant)."""
+        if self.inbox and len(self.inbox) >= self._open:
+            self.take_inbox(None)
         return self._open == 0
 
     def open_requests(self) -> list[int]:
