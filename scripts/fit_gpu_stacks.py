@@ -112,14 +112,11 @@ def with_params(dev, values: dict):
 
 
 def fitted_metrics(row) -> tuple[str, ...]:
-    """The measured figures of `row` the fit uses. A saturated row's TTFT (8k prompts,
-    >= 64 users: the issue's check set) is the wait for prefill capacity, which the
-    closed loop predicts from the rates the other figures fit; replaying its benchmark
-    client through the engines (`rack validate --replay`) leaves that wait where the
-    closed form puts it, so the rest of its TTFT is a cost no term models, and fitting
-    it would push the front end and the per-prompt-layer latency up for every row."""
-    if is_saturated(row.isl_tokens, row.concurrency_requests):
-        return tuple(k for k in WEIGHTS if k != "ttft_s")
+    """The measured figures of `row` the fit uses: all of them. A saturated row's TTFT
+    (8k prompts, >= 64 users) is the wait for prefill capacity, N / X - (O - 1) TPOT at
+    the steady state; the closed form now reports what the benchmark measures (the
+    whole run's throughput, the first wave's queue included: `benchmark_run`), as the
+    engine replay of the benchmark client does, so that wait is fitted with the rest."""
     return tuple(WEIGHTS)
 
 
