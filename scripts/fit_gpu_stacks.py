@@ -36,7 +36,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from devices.borrow import FIT_SIBLINGS, resolve_stack  # noqa: E402
+from devices.borrow import FIT_SIBLINGS, forget_cached, resolve_stack  # noqa: E402
 from devices.catalog import CATALOG_DIR, _raw_entries, get_device  # noqa: E402
 from devices.serving_rows import closed_loop_estimate, deployment, load_serving_rows, measured  # noqa: E402
 from devices.inferencex import is_saturated, load_inferencex_rows  # noqa: E402
@@ -181,6 +181,7 @@ def reload_catalog() -> None:
     just written)."""
     _raw_entries.cache_clear()
     get_device.cache_clear()
+    forget_cached()       # the resolved stacks too (the power fit's loads read them)
 
 
 def write_values(key: str, values: dict) -> None:
