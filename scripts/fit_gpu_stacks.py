@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 from devices.borrow import FIT_SIBLINGS, forget_cached, resolve_stack  # noqa: E402
 from devices.catalog import CATALOG_DIR, _raw_entries, get_device  # noqa: E402
 from devices.serving_rows import closed_loop_estimate, deployment, load_serving_rows, measured  # noqa: E402
-from devices.inferencex import is_saturated, load_inferencex_rows  # noqa: E402
+from devices.inferencex import load_inferencex_rows  # noqa: E402
 from devices.lodo import hardware_tdp_w, leave_one_device_out, write_lodo  # noqa: E402
 from devices.validation import load_rows, predict  # noqa: E402
 
@@ -96,7 +96,11 @@ SIBLINGS = FIT_SIBLINGS   # the same SGLang 0.5.x kernels (devices.borrow: LODO 
 #: TTFT weighs 1/2: at saturation it holds queueing beyond what the closed loop models
 #: (admission and prefill capacity, Little's law), which would otherwise pull the front
 #: end's latency up and spoil the low-load rows (weight 1 did: gpu-calibration's TTFT
-#: median went from 14 % to 34 %).
+#: median went from 14 % to 34 %). The saturated rows' TTFTs (8k prompts, >= 64 users: the
+#: wait for prefill capacity) are fitted with the rest since the closed loop prices the
+#: run the benchmark measures (`devices.serving_rows.benchmark_run`, as the engine replay
+#: of its client does); before, a steady state matched to the run's diluted throughput put
+#: that wait where the rows do not, and they were left out.
 WEIGHTS = {"tpot_s": 1.0, "ttft_s": 0.5, "throughput_per_gpu": 1.0, "input_per_prefill_gpu": 1.0}
 
 
@@ -114,20 +118,11 @@ def with_params(dev, values: dict):
     return dev.model_copy(update={**top, "efficiency": dev.efficiency.model_copy(update=eff)})
 
 
-def fitted_metrics(row) -> tuple[str, ...]:
-    """The measured figures of `row` the fit uses: all of them. A saturated row's TTFT
-    (8k prompts, >= 64 users) is the wait for prefill capacity, N / X - (O - 1) TPOT at
-    the steady state; the closed form now reports what the benchmark measures (the
-    whole run's throughput, the first wave's queue included: `benchmark_run`), as the
-    engine replay of the benchmark client does, so that wait is fitted with the rest."""
-    return tuple(WEIGHTS)
-
-
 def loss(dev, deps_rows) -> float:
     total = 0.0
     for dep, row in deps_rows:
         est, meas = closed_loop_estimate(dep, device=dev, iterations=30), measured(row)
-        total += sum(WEIGHTS[k] * _robust(math.log(est[k] / meas[k])) for k in fitted_metrics(row) if k in meas)
+        total += sum(WEIGHTS[k] * _robust(math.log(est[k] / meas[k])) for k in WEIGHTS if k in meas)
     return total
 
 
