@@ -492,7 +492,8 @@ class CostModel:
             if dt not in DTYPES:
                 raise ValueError(f"CostModel {name} must be one of {', '.join(DTYPES)}, got {dt!r}")
         self.model: ModelSpec = resolve_model(model)
-        self.device: HardwareSpec = resolve_device(device)
+        # the stack's kernel path for these weights (B300 SGLang: FP4 and FP8 GEMMs differ)
+        self.device: HardwareSpec = resolve_device(device).for_weights(weight_dtype)
         self.parallelism: Parallelism = parallelism or Parallelism()
         _check_split(self.model, self.parallelism)
         self.weight_dtype = weight_dtype

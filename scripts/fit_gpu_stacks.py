@@ -69,7 +69,12 @@ HELD = {"moe_layer_latency_s": 0.0}
 PARAMS = (("iteration_overhead_s", 1e-4, 5e-3),
           ("prefill_layer_latency_s", 1e-5, 1e-3), ("request_latency_s", 1e-3, 0.3),
           ("disagg_request_latency_s", 1e-3, 0.5),
-          ("decode_memory", 0.5, 0.92), ("prefill_compute", 0.01, 0.8), ("decode_compute", 0.01, 0.8))
+          ("decode_memory", 0.5, 0.92), ("prefill_compute", 0.01, 0.8), ("decode_compute", 0.01, 0.8),
+          ("fp4_compute", 0.01, 0.8))
+#: Fitted only where the entry declares it (a stack whose FP4 weights run another kernel
+#: path than its FP8 ones: `Efficiency.fp4_compute`); elsewhere FP4 rows take the
+#: entry's prefill/decode compute efficiencies.
+PER_ENTRY = ("fp4_compute",)
 LATENCY_ONLY = ("iteration_overhead_s", "prefill_layer_latency_s", "request_latency_s", "disagg_request_latency_s")
 MIN_ROWS = 5
 #: Models whose InferenceX rows the stacks are fitted on (the catalog has their
@@ -104,7 +109,7 @@ SIBLINGS = FIT_SIBLINGS   # the same SGLang 0.5.x kernels (devices.borrow: LODO 
 WEIGHTS = {"tpot_s": 1.0, "ttft_s": 0.5, "throughput_per_gpu": 1.0, "input_per_prefill_gpu": 1.0}
 
 
-EFFICIENCIES = ("decode_memory", "prefill_compute", "decode_compute")
+EFFICIENCIES = ("decode_memory", "prefill_compute", "decode_compute", "fp4_compute")
 
 
 def with_params(dev, values: dict):
@@ -290,7 +295,9 @@ def main() -> None:
     ap.add_argument("--write", action="store_true", help="write the fitted values into the catalog files")
     ap.add_argument("--only", help="fit only these catalog entries (comma-separated, e.g. h200-sglang)")
     ap.add_argument("--power-only", action="store_true", help="fit only the board power and the leave-one-device-"
-                    "out table (the stacks' terms as the catalog has them)")
+                    "out table (the stacks' terms and the MLPerf efficiencies as the catalog has them)")
+    ap.add_argument("--params", help="fit only these parameters (comma-separated, e.g. fp4_compute), the "
+                    "others as the catalog has them")
     ap.add_argument("--rows", help="InferenceX measured rows (measured_rows.csv layout; default: the packaged copy)")
     args = ap.parse_args()
     groups: dict[str, list] = {}
@@ -313,15 +320,19 @@ def main() -> None:
             sib = get_device(SIBLINGS[key])
             names = LATENCY_ONLY
             copied = {p: (getattr(sib, p) if hasattr(sib, p) else getattr(sib.efficiency, p))
-                      for p, _, _ in PARAMS if p not in names}
+                      for p, _, _ in PARAMS if p not in names and p not in PER_ENTRY}
             base = with_params(base, copied)
         else:
             names, copied = tuple(p for p, _, _ in PARAMS), {}
+        names = tuple(p for p in names if p not in PER_ENTRY or getattr(base.efficiency, p) is not None)
+        if args.params:
+            names = tuple(p for p in names if p in args.params.split(","))
         deps_rows = groups[key]
         if not any(row.disaggregated for _, row in deps_rows):     # unmeasured: left at 0
             names = tuple(p for p in names if p != "disagg_request_latency_s")
-        base = with_params(base, HELD)
-        vals = {**fit_stack(key, deps_rows, names, base), **HELD}
+        held = {} if args.params else HELD       # --params: every other term as the catalog has it
+        base = with_params(base, held)
+        vals = {**fit_stack(key, deps_rows, names, base), **held}
         dev = with_params(base, vals)
         print(f"{key}: fitted on {', '.join(r.id for _, r in deps_rows)}")
         for p, v in {**copied, **vals}.items():
@@ -356,7 +367,7 @@ def main() -> None:
         if r.kind in ("offline", "server"):
             mlperf.setdefault(get_device(r.device).key, []).append(r)
     for key, rows in mlperf.items():
-        if args.only and key not in args.only.split(","):
+        if args.power_only or args.params or (args.only and key not in args.only.split(",")):
             continue
         e = fit_mlperf(key, rows)
         print(f"{key}: prefill/decode compute efficiency {e:.3f}, fitted on {len(rows)} MLPerf rows")
