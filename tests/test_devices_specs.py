@@ -209,7 +209,7 @@ def test_fp4_kernel_path_efficiency_applies_to_fp4_weights_only():
     fp4 = dev.for_weights("fp4").efficiency
     assert fp4.prefill_compute == fp4.decode_compute == dev.efficiency.fp4_compute
     assert dev.for_weights("fp8") is dev
-    assert get_device("b200-sglang").for_weights("fp4") is get_device("b200-sglang")
+    assert get_device("h200-sglang").for_weights("fp4") is get_device("h200-sglang")
     with pytest.raises(ValidationError, match="fp4_compute"):
         Efficiency(fp4_compute=0.0)
 
