@@ -620,8 +620,9 @@ class CostModel:
             lin_p = lin_p + pad
         else:
             lin_d = lin_d + pad
+        e_att = eff.prefill_attention_compute or eff.prefill_compute
         compute_s = ((lin_p / eff.prefill_compute + lin_d / eff.decode_compute) / peak
-                     + (att_p / eff.prefill_compute + att_d / eff.decode_compute) / (tp * self._peak_att)) / (m * pp)
+                     + (att_p / e_att + att_d / eff.decode_compute) / (tp * self._peak_att)) / (m * pp)
         memory_s = (w_mb / e_w / pp
                     + t.kv_rep * (kv_p / eff.prefill_memory + kv_d / eff.decode_memory) / (m * pp)) / bw
         comm_s = comm_bw + comm_lat

@@ -83,6 +83,12 @@ class Efficiency(_Spec):
         "it: FP8 without JIT DeepGEMM, FP4 through flashinfer's TRT-LLM kernels); None: prefill_compute and "
         "decode_compute for every dtype")
 
+    prefill_attention_compute: Optional[float] = Field(
+        None, gt=0, le=1, description="prompt-pass attention FLOP/s / the attention dtype's peak, for a stack "
+        "whose prefill attention kernel (FlashInfer, FlashAttention, TRT-LLM MLA) sustains another fraction than "
+        "its GEMMs: the term 8k prompts tell from 1k ones (attention grows with the prompt squared); None: "
+        "prefill_compute")
+
     def for_weights(self, weight_dtype: str) -> "Efficiency":
         """The efficiencies of the kernel path that serves `weight_dtype` weights: with
         FP4 weights and `fp4_compute` set, prefill and decode compute take it; else

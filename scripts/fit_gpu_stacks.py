@@ -70,11 +70,11 @@ PARAMS = (("iteration_overhead_s", 1e-4, 5e-3),
           ("prefill_layer_latency_s", 1e-5, 1e-3), ("request_latency_s", 1e-3, 0.3),
           ("disagg_request_latency_s", 1e-3, 0.5),
           ("decode_memory", 0.5, 0.92), ("prefill_compute", 0.01, 0.8), ("decode_compute", 0.01, 0.8),
-          ("fp4_compute", 0.01, 0.8))
+          ("fp4_compute", 0.01, 0.8), ("prefill_attention_compute", 0.01, 0.8))
 #: Fitted only where the entry declares it (a stack whose FP4 weights run another kernel
 #: path than its FP8 ones: `Efficiency.fp4_compute`); elsewhere FP4 rows take the
 #: entry's prefill/decode compute efficiencies.
-PER_ENTRY = ("fp4_compute",)
+PER_ENTRY = ("fp4_compute", "prefill_attention_compute")
 LATENCY_ONLY = ("iteration_overhead_s", "prefill_layer_latency_s", "request_latency_s", "disagg_request_latency_s")
 MIN_ROWS = 5
 #: Models whose InferenceX rows the stacks are fitted on (the catalog has their
@@ -109,7 +109,7 @@ SIBLINGS = FIT_SIBLINGS   # the same SGLang 0.5.x kernels (devices.borrow: LODO 
 WEIGHTS = {"tpot_s": 1.0, "ttft_s": 0.5, "throughput_per_gpu": 1.0, "input_per_prefill_gpu": 1.0}
 
 
-EFFICIENCIES = ("decode_memory", "prefill_compute", "decode_compute", "fp4_compute")
+EFFICIENCIES = ("decode_memory", "prefill_compute", "decode_compute", "fp4_compute", "prefill_attention_compute")
 
 
 def with_params(dev, values: dict):

@@ -219,3 +219,25 @@ def test_fp4_kernel_path_efficiency_applies_to_fp4_weights_only():
     assert steps[1] < steps[0]
     fp8 = [CostModel("deepseek-r1", d, Parallelism(tp=8), weight_dtype="fp8").prefill(8192).time_s for d in (slow, fast)]
     assert fp8[0] == fp8[1]
+
+
+def test_prefill_attention_efficiency_prices_prompt_attention_only():
+    """Efficiency.prefill_attention_compute prices the attention FLOPs of prompt passes:
+    a slower attention kernel makes a long prompt slower, by more than a short one (its
+    share of the pass grows with the prompt), and leaves decode steps as they were."""
+    from devices.costmodel import CostModel, Parallelism
+
+    dev = get_device("h200-sglang")
+    assert dev.efficiency.prefill_attention_compute is not None
+
+    def with_att(e):
+        return dev.model_copy(update={"efficiency": dev.efficiency.model_copy(
+            update={"prefill_attention_compute": e})})
+
+    slow, fast = (CostModel("deepseek-r1", with_att(e), Parallelism(tp=8)) for e in (0.1, 0.6))
+    long_ = [c.prefill(8192).time_s for c in (slow, fast)]
+    short = [c.prefill(1024).time_s for c in (slow, fast)]
+    assert long_[0] > long_[1] and short[0] >= short[1]
+    assert long_[0] / long_[1] > short[0] / short[1]
+    ctx = np.full(32, 4096)
+    assert slow.decode_step(ctx).time_s == fast.decode_step(ctx).time_s
