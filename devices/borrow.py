@@ -140,5 +140,13 @@ def _catalog_stack(device: str, stack: str) -> HardwareSpec:
     return borrowed_spec(device, nearest_calibrated(device, fam), fam)
 
 
+def forget_cached() -> None:
+    """Forget the stacks resolved so far (`resolve_stack`'s cache and the calibrated
+    entries per family): a caller that rewrites catalog files (the stack fit) reads
+    the new values after this and `devices.catalog`'s own cache clears."""
+    _catalog_stack.cache_clear()
+    calibrated_entries.cache_clear()
+
+
 __all__ = ["FIT_SIBLINGS", "FRAMEWORK_FAMILIES", "FRAMEWORK_NAMES", "borrowed_spec", "calibrated_entries", "family",
-           "hardware_distance", "nearest_calibrated", "resolve_stack"]
+           "forget_cached", "hardware_distance", "nearest_calibrated", "resolve_stack"]

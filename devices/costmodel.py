@@ -492,7 +492,8 @@ class CostModel:
             if dt not in DTYPES:
                 raise ValueError(f"CostModel {name} must be one of {', '.join(DTYPES)}, got {dt!r}")
         self.model: ModelSpec = resolve_model(model)
-        self.device: HardwareSpec = resolve_device(device)
+        # the stack's kernel path for these weights (B300 SGLang: FP4 and FP8 GEMMs differ)
+        self.device: HardwareSpec = resolve_device(device).for_weights(weight_dtype)
         self.parallelism: Parallelism = parallelism or Parallelism()
         _check_split(self.model, self.parallelism)
         self.weight_dtype = weight_dtype
@@ -620,8 +621,9 @@ class CostModel:
             lin_p = lin_p + pad
         else:
             lin_d = lin_d + pad
+        e_att = eff.prefill_attention_compute or eff.prefill_compute
         compute_s = ((lin_p / eff.prefill_compute + lin_d / eff.decode_compute) / peak
-                     + (att_p / eff.prefill_compute + att_d / eff.decode_compute) / (tp * self._peak_att)) / (m * pp)
+                     + (att_p / e_att + att_d / eff.decode_compute) / (tp * self._peak_att)) / (m * pp)
         memory_s = (w_mb / e_w / pp
                     + t.kv_rep * (kv_p / eff.prefill_memory + kv_d / eff.decode_memory) / (m * pp)) / bw
         comm_s = comm_bw + comm_lat

@@ -331,10 +331,17 @@ def closed_loop_estimate(dep: Deployment, device=None, iterations: int = 60) -> 
       loop's users wait in the prefill queue: TTFT = N / X - (O - 1) x TPOT.
     Closed loop: N = X x (TTFT + (O - 1) x TPOT) users, B = X x (O - 1) x TPOT in
     decode (Little's law); solved by damped fixed-point iteration on B.
+    What the benchmark reports of that steady state (`benchmark_run`): its users all
+    send at t = 0 and `dep.requests_per_user` prompts each, so its throughput is the
+    whole run's (the first wave's burst through the prefill capacity and the last
+    prompts' decode included: below the steady state's), and its median TTFT is the
+    steady wait (the first wave, 1 / R of the prompts, waits longer, the mean with it).
 
-    Returns {"tpot_s", "ttft_s", "throughput_per_gpu" (input + output tokens/s per GPU),
-    "batch", "requests_per_s"}, and for a disaggregated deployment
-    "input_per_prefill_gpu" (prompt tokens/s per prefill GPU).
+    Returns {"tpot_s", "ttft_s" (the benchmark's median), "throughput_per_gpu" (input +
+    output tokens/s per GPU over the benchmark's run), "batch", "requests_per_s" (over
+    the run), "steady_requests_per_s", "ttft_mean_s", "duration_s" (per instance: first
+    prompt sent to last token)}, the power terms of `_power`, and for a disaggregated
+    deployment "input_per_prefill_gpu" (prompt tokens/s per prefill GPU).
     """
     P, O = mean_lengths(dep)
     by_role = {p.role: p for p in dep.pools}
@@ -415,6 +422,7 @@ def closed_loop_estimate(dep: Deployment, device=None, iterations: int = 60) -> 
         ttft += pf_cost.device.request_latency_s      # the front end's share of the client's TTFT
         if "prefill" in by_role:                       # and the disaggregated path's routing and handoff
             ttft += pf_cost.device.disagg_request_latency_s
+        ttft_free = ttft                               # a prompt that finds no queue for prefill
         e2e = ttft + (O - 1) * tpot
         X_new = n_users / e2e
         # An instance holds a request from admission to its last token: at most
@@ -430,12 +438,76 @@ def closed_loop_estimate(dep: Deployment, device=None, iterations: int = 60) -> 
         X = X_new if X == 0.0 else 0.5 * (X + X_new)
         B = 0.5 * (B + max(B_new, 1.0))
         out = {"tpot_s": tpot, "ttft_s": ttft, "batch": B, "requests_per_s": X * pool.instances}
+    if cap is None:             # a colocated instance's prefill capacity (requests/s): full budgets back to back
+        cap = k_max / prefill(k_max)
+    run = benchmark_run(out["ttft_s"], out["ttft_s"] + (O - 1) * out["tpot_s"], min(ttft_free, out["ttft_s"]),
+                        max(0.0, n_users - 1) / cap, dep.requests_per_user)
+    out.update(steady_requests_per_s=out["requests_per_s"], ttft_mean_s=run["ttft_mean_s"],
+               ttft_s=run["ttft_median_s"], duration_s=run["duration_s"])
+    out["requests_per_s"] *= run["throughput_ratio"]
     out["throughput_per_gpu"] = out["requests_per_s"] * (P + O) / dep.gpus
     if "prefill" in by_role:
         pre = by_role["prefill"]
         out["input_per_prefill_gpu"] = out["requests_per_s"] * P / (pre.instances * pre.parallelism.n_devices)
     out.update(_power(dep, by_role, shares, pf_cost.device, dec_cost.device, out["throughput_per_gpu"]))
     return out
+
+
+def benchmark_run(ttft_s: float, e2e_s: float, ttft_free_s: float, burst_s: float, requests_per_user: int) -> dict:
+    """What the benchmark client measures of a closed loop whose steady state is known.
+
+    The client (benchmark_serving.py, `devices.harness`) runs C users that all send
+    their first prompt at t = 0 and R prompts each (R x C in all), and reports total
+    tokens over first-sent to last-ended and the median TTFT over all R x C requests.
+    Per instance, with the steady state's TTFT W (`ttft_s`: the prefill-queue wait
+    included) and cycle E = W + (O - 1) TPOT (`e2e_s`):
+
+    - first wave: the C prompts sent at 0 queue for prefill; the pool admits them at
+      its capacity, so the i-th (i = 0 .. C-1) has TTFT W0 + i / cap, W0 the TTFT of
+      a prompt that finds no queue (`ttft_free_s`) and (C - 1) / cap the burst
+      (`burst_s`): the first wave's TTFTs are uniform on [W0, W0 + burst];
+    - later waves: from the second prompt on, a user's prompt finds the steady queue
+      (arrivals and prefills both at the loop's rate, the queue ahead of a prompt is
+      C minus those in decode, whatever the wave; the last wave too: arrivals go on
+      at the steady rate until the last user's last prompt), so their TTFT is W. Its
+      spread comes from the output-length draws (decode time uniform over
+      [LENGTH_LOW, 1] x nominal: how many are still decoding fluctuates by a few, a
+      symmetric spread of a few percent of W), so their median is their mean W;
+    - duration: the user sent last in the first wave starts its cycles W0 + burst - W
+      later than a steady user would: duration = R E + max(0, W0 + burst - W). When
+      prefill is the bottleneck (burst ~ E) that is R C / X + (O - 1) TPOT: the pool
+      prefills all R C prompts back to back and the last one still decodes.
+
+    Args (seconds, >= 0; requests_per_user R >= 1): as above.
+
+    Returns {"duration_s", "throughput_ratio" (R E / duration: the benchmark's
+    throughput over the steady state's, in (0, 1], tending to 1 from below as R grows),
+    "ttft_median_s" (the median of the mixture: 1/R uniform on the first wave's range,
+    (R - 1)/R at W), "ttft_mean_s"}.
+
+    Raises:
+        ValueError: a negative time, e2e_s <= 0 or requests_per_user < 1.
+    """
+    if min(ttft_s, ttft_free_s, burst_s) < 0 or e2e_s <= 0 or requests_per_user < 1:
+        raise ValueError(f"benchmark_run: times must be >= 0 (e2e > 0) and requests_per_user >= 1, got ttft "
+                         f"{ttft_s}, e2e {e2e_s}, ttft_free {ttft_free_s}, burst {burst_s}, R {requests_per_user}")
+    R = requests_per_user
+    lo, hi = ttft_free_s, ttft_free_s + burst_s
+    duration = R * e2e_s + max(0.0, hi - ttft_s)
+    w_first, w_rest = 1.0 / R, (R - 1.0) / R
+
+    def cdf(x: float) -> float:
+        first = (1.0 if x >= hi else 0.0) if hi <= lo else min(1.0, max(0.0, (x - lo) / (hi - lo)))
+        return w_first * first + w_rest * (1.0 if x >= ttft_s else 0.0)
+
+    # the smallest x with cdf(x) >= 1/2 (cdf is monotone: bisection)
+    x0, x1 = min(lo, ttft_s), max(hi, ttft_s)
+    for _ in range(60):
+        mid = (x0 + x1) / 2
+        x0, x1 = (x0, mid) if cdf(mid) >= 0.5 else (mid, x1)
+    median = x1
+    return {"duration_s": duration, "throughput_ratio": R * e2e_s / duration,
+            "ttft_median_s": median, "ttft_mean_s": w_first * (lo + hi) / 2 + w_rest * ttft_s}
 
 
 def adp_balance_wait(timeout_iters: int | None, par: Parallelism, rate: float, iteration_s: float) -> float:
@@ -530,6 +602,6 @@ def measured(row: ServingRow) -> dict:
 
 
 __all__ = [
-    "COLUMNS", "Deployment", "LENGTH_LOW", "PoolPlan", "adp_balance_wait",
+    "COLUMNS", "Deployment", "LENGTH_LOW", "PoolPlan", "adp_balance_wait", "benchmark_run",
     "ServingRow", "closed_loop_estimate", "deployment", "load_serving_rows", "mean_lengths", "measured",
 ]

@@ -77,6 +77,25 @@ class Efficiency(_Spec):
     decode_compute: float = Field(0.55, gt=0, le=1, description="decode FLOP/s / peak")
     decode_memory: float = Field(0.75, gt=0, le=1, description="decode bytes/s / peak bandwidth")
     communication: float = Field(0.80, gt=0, le=1, description="collective bytes/s / link bandwidth")
+    fp4_compute: Optional[float] = Field(
+        None, gt=0, le=1, description="prefill and decode FLOP/s / the FP4 peak when the weights are FP4, for a "
+        "stack whose FP4 GEMMs run another kernel family than its FP8 ones (B300 SGLang as InferenceX launches "
+        "it: FP8 without JIT DeepGEMM, FP4 through flashinfer's TRT-LLM kernels); None: prefill_compute and "
+        "decode_compute for every dtype")
+
+    prefill_attention_compute: Optional[float] = Field(
+        None, gt=0, le=1, description="prompt-pass attention FLOP/s / the attention dtype's peak, for a stack "
+        "whose prefill attention kernel (FlashInfer, FlashAttention, TRT-LLM MLA) sustains another fraction than "
+        "its GEMMs: the term 8k prompts tell from 1k ones (attention grows with the prompt squared); None: "
+        "prefill_compute")
+
+    def for_weights(self, weight_dtype: str) -> "Efficiency":
+        """The efficiencies of the kernel path that serves `weight_dtype` weights: with
+        FP4 weights and `fp4_compute` set, prefill and decode compute take it; else
+        these efficiencies unchanged (self)."""
+        if weight_dtype == "fp4" and self.fp4_compute is not None:
+            return self.model_copy(update={"prefill_compute": self.fp4_compute, "decode_compute": self.fp4_compute})
+        return self
 
 
 #: Collectives a `CollectiveTable` can describe, with the nccl-tests bus-bandwidth
@@ -353,6 +372,13 @@ class HardwareSpec(_Spec):
             elif parts:
                 items.append(" and ".join(parts))
         return head + sep + ", ".join(items) if items else head
+
+    def for_weights(self, weight_dtype: str) -> "HardwareSpec":
+        """This entry as it serves `weight_dtype` weights: its efficiencies those of the
+        stack's kernel path for that dtype (`Efficiency.for_weights`); self when the
+        stack runs one path for every dtype."""
+        eff = self.efficiency.for_weights(weight_dtype)
+        return self if eff is self.efficiency else self.model_copy(update={"efficiency": eff})
 
     def attention_compute_dtype(self, weight_dtype: str) -> str:
         """The dtype attention computes in for `weight_dtype` weights: the stack's

@@ -195,3 +195,49 @@ def test_every_catalog_model_derives_consistently():
         assert 0 < m.params_active <= m.params_total + m.lm_head_params
         s = m.summary()
         assert s["weight_bytes"]["bf16"] == 2 * s["weight_bytes"]["fp8"]
+
+
+def test_fp4_kernel_path_efficiency_applies_to_fp4_weights_only():
+    """A stack whose FP4 GEMMs run another kernel family (Efficiency.fp4_compute) prices
+    FP4 weights at that efficiency and every other dtype at its own; a stack without it
+    is the same entry for every dtype. A faster kernel path never makes a pass slower."""
+    from devices.costmodel import CostModel, Parallelism
+    from devices.specs import Efficiency
+
+    dev = get_device("b300-sglang")
+    assert dev.efficiency.fp4_compute is not None
+    fp4 = dev.for_weights("fp4").efficiency
+    assert fp4.prefill_compute == fp4.decode_compute == dev.efficiency.fp4_compute
+    assert dev.for_weights("fp8") is dev
+    assert get_device("h200-sglang").for_weights("fp4") is get_device("h200-sglang")
+    with pytest.raises(ValidationError, match="fp4_compute"):
+        Efficiency(fp4_compute=0.0)
+
+    slow = dev.model_copy(update={"efficiency": dev.efficiency.model_copy(update={"fp4_compute": 0.02})})
+    fast = dev.model_copy(update={"efficiency": dev.efficiency.model_copy(update={"fp4_compute": 0.2})})
+    steps = [CostModel("deepseek-r1", d, Parallelism(tp=8), weight_dtype="fp4").prefill(8192).time_s for d in (slow, fast)]
+    assert steps[1] < steps[0]
+    fp8 = [CostModel("deepseek-r1", d, Parallelism(tp=8), weight_dtype="fp8").prefill(8192).time_s for d in (slow, fast)]
+    assert fp8[0] == fp8[1]
+
+
+def test_prefill_attention_efficiency_prices_prompt_attention_only():
+    """Efficiency.prefill_attention_compute prices the attention FLOPs of prompt passes:
+    a slower attention kernel makes a long prompt slower, by more than a short one (its
+    share of the pass grows with the prompt), and leaves decode steps as they were."""
+    from devices.costmodel import CostModel, Parallelism
+
+    dev = get_device("h200-sglang")
+    assert dev.efficiency.prefill_attention_compute is not None
+
+    def with_att(e):
+        return dev.model_copy(update={"efficiency": dev.efficiency.model_copy(
+            update={"prefill_attention_compute": e})})
+
+    slow, fast = (CostModel("deepseek-r1", with_att(e), Parallelism(tp=8)) for e in (0.1, 0.6))
+    long_ = [c.prefill(8192).time_s for c in (slow, fast)]
+    short = [c.prefill(1024).time_s for c in (slow, fast)]
+    assert long_[0] > long_[1] and short[0] >= short[1]
+    assert long_[0] / long_[1] > short[0] / short[1]
+    ctx = np.full(32, 4096)
+    assert slow.decode_step(ctx).time_s == fast.decode_step(ctx).time_s

@@ -144,3 +144,48 @@ def test_adp_balance_lengthens_a_trtllm_dp_attention_ttft():
     on, off = closed_loop_estimate(dep), closed_loop_estimate(dataclasses.replace(dep, adp_timeout_iters=None))
     assert on["ttft_s"] > off["ttft_s"] + 0.3
     assert on["tpot_s"] == pytest.approx(off["tpot_s"], rel=0.05)
+
+
+def test_benchmark_run_invariants():
+    """The benchmark client's view of a closed loop (devices.serving_rows.benchmark_run):
+    its throughput is the steady state's diluted by the synchronized start, below it and
+    tending to it from below as the prompts per user grow; in the queue-bound regime
+    (the first wave's mean TTFT above the steady wait) the median TTFT is the steady
+    wait and the mean is above it; one prompt per user gives the first wave alone."""
+    from devices.serving_rows import benchmark_run
+
+    # saturated prefill: cycle 30 s of which TTFT 4.5 s; the burst of C prompts takes a cycle
+    W, E, W0, burst = 4.5, 30.0, 0.5, 29.5
+    ratios = [benchmark_run(W, E, W0, burst, R)["throughput_ratio"] for R in (1, 2, 5, 10, 100, 10_000)]
+    assert all(0 < r < 1 for r in ratios)
+    assert ratios == sorted(ratios) and ratios[-1] == pytest.approx(1.0, abs=1e-3)
+    run = benchmark_run(W, E, W0, burst, 10)
+    assert run["duration_s"] == pytest.approx(10 * E + W0 + burst - W)     # R C / X + (O - 1) TPOT
+    assert run["ttft_median_s"] == pytest.approx(W, rel=1e-6) and run["ttft_mean_s"] > W
+    # a wait above the first wave's mean (over half the cycle): the median is still the
+    # steady wait, the mean now below it
+    long = benchmark_run(20.0, E, W0, burst, 10)
+    assert long["ttft_median_s"] == pytest.approx(20.0, rel=1e-6) and long["ttft_mean_s"] < 20.0
+    one = benchmark_run(W, E, W0, burst, 1)
+    assert one["ttft_median_s"] == pytest.approx(W0 + burst / 2, rel=1e-6)
+    assert one["ttft_mean_s"] == pytest.approx(W0 + burst / 2)
+    # no queue (one user, or a burst shorter than the wait): the steady state as it is
+    calm = benchmark_run(0.2, 10.0, 0.2, 0.0, 10)
+    assert calm["throughput_ratio"] == 1.0 and calm["ttft_median_s"] == pytest.approx(0.2)
+    with pytest.raises(ValueError, match="requests_per_user"):
+        benchmark_run(W, E, W0, burst, 0)
+
+
+def test_closed_loop_reports_the_benchmark_throughput_below_the_steady_state():
+    """A saturated disaggregated row: the estimate's throughput is the whole run's
+    (ramp and drain), below its steady state's: 1 / (1 + (O - 1) TPOT / (R E))."""
+    from devices.inferencex import load_inferencex_rows
+    from devices.serving_rows import mean_lengths
+
+    (m,) = [m for m in load_inferencex_rows() if m.id == "ixapp-fix-0421"]
+    dep = deployment(m.row)
+    est = closed_loop_estimate(dep)
+    _, O = mean_lengths(dep)
+    cycle = est["ttft_s"] + (O - 1) * est["tpot_s"]
+    ratio = est["requests_per_s"] / est["steady_requests_per_s"]
+    assert ratio == pytest.approx(1 / (1 + (O - 1) * est["tpot_s"] / (dep.requests_per_user * cycle)), rel=0.02)
