@@ -289,13 +289,21 @@ def write_mi455x_power() -> None:
     reload_catalog()
 
 
+def mlperf_terms(key: str) -> tuple[str, ...]:
+    """The efficiency an MLPerf entry's one fitted value sets: its FP4 kernel path's
+    where the entry has one (its own or the stack it takes its terms from: b300-trtllm's
+    NVFP4 MLPerf rows run that path and measure nothing else), else its prefill and
+    decode compute."""
+    return ("fp4_compute",) if get_device(key).efficiency.fp4_compute is not None else ("prefill_compute",)
+
+
 def fit_mlperf(key: str, rows) -> float:
     """The compute efficiency that centres the entry's MLPerf throughput rows (their
     error is linear in 1 / efficiency: compute-bound), by bisection on the log mean."""
     lo, hi = 0.1, 0.95
     for _ in range(40):
         mid = (lo + hi) / 2
-        dev = with_params(get_device(key), {"prefill_compute": mid})
+        dev = with_params(get_device(key), {p: mid for p in mlperf_terms(key)})
         err = np.mean([math.log(predict(r, device=dev)[0] / r.published) for r in rows])
         lo, hi = (lo, mid) if err > 0 else (mid, hi)
     return (lo + hi) / 2
@@ -382,7 +390,7 @@ def main() -> None:
         e = fit_mlperf(key, rows)
         print(f"{key}: prefill/decode compute efficiency {e:.3f}, fitted on {len(rows)} MLPerf rows")
         if args.write:
-            write_values(key, {"prefill_compute": e})
+            write_values(key, {p: e for p in mlperf_terms(key)})
             reload_catalog()
 
 
