@@ -372,7 +372,9 @@ def closed_loop_estimate(dep: Deployment, device=None, iterations: int = 60) -> 
     # The running-request cap: the stack's (or the harness's) max_num_seqs and the
     # requests whose KV fits in an instance's memory at their final footprint P + O (the
     # engines' default admission books it, devices.engines.decode "reserve", as
-    # TensorRT-LLM's GUARANTEED_NO_EVICT capacity scheduler does; devices.planner).
+    # TensorRT-LLM's GUARANTEED_NO_EVICT capacity scheduler does; devices.planner), the
+    # cache sized as the launch script's free_gpu_memory_fraction sizes it where the
+    # harness gives one (`dep.kv_free_fraction`).
     seqs_cap = min(seqs_cap, _kv_cap(dec_cost, P + O, dep.kv_free_fraction))
     B = min(n_users, seqs_cap)
     N = dep.recv_interval
