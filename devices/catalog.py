@@ -129,7 +129,7 @@ SOFTWARE_FIELDS = (
     "prefill_layer_latency_s", "pipeline_hop_latency_s", "iteration_overhead_s", "request_latency_s",
     "disagg_request_latency_s", "max_num_seqs",
     "mixed_prefill", "attention_dtype", "moe_tile_tokens", "attention_context_half_tokens",
-    "activation_reserve_fraction",
+    "activation_reserve_fraction", "kv_profile_overhead_gb",
 )
 
 

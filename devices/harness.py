@@ -37,7 +37,7 @@ HARNESS_FILE = Path(__file__).resolve().parent / "catalog" / "serving-harness.to
 #: (see the harness file's first entry).
 DEFAULT_REQUESTS_PER_USER = 10
 _SETTINGS = ("requests_per_user", "scheduler_recv_interval", "chunk_tokens", "max_num_seqs", "speculative",
-             "attention_dp_timeout_iters")
+             "attention_dp_timeout_iters", "kv_cache_free_memory_fraction")
 
 
 @dataclass(frozen=True)
@@ -55,6 +55,10 @@ class RowHarness:
             (`attention_dp_config: enable_balance, timeout_iters`): a colocated
             instance with data-parallel attention holds new prompts until every
             attention rank has one or this many iterations have passed; None: off.
+        kv_cache_free_memory_fraction: TensorRT-LLM's `kv_cache_config.
+            free_gpu_memory_fraction`: the KV cache takes this share of the memory left
+            after the weights and the profiling forward (`devices.planner.plan_memory`
+            `free_fraction`); None: the stack's activation reserve sizes it.
         sources: where each applied entry's facts come from.
     """
 
@@ -64,6 +68,7 @@ class RowHarness:
     max_num_seqs: int | None = None
     speculative: dict | None = None
     attention_dp_timeout_iters: int | None = None
+    kv_cache_free_memory_fraction: float | None = None
     sources: tuple[str, ...] = ()
 
     def recv_interval(self, concurrency: int) -> int:
@@ -100,6 +105,10 @@ def _setting(key: str, v: Any, where: str) -> Any:
             raise CatalogError(f"{where}.acceptance_rate: expected a number in [0, 1), got {a!r}")
         return {"draft_tokens": _positive_int(v["draft_tokens"], f"{where}.draft_tokens"),
                 "acceptance_rate": float(a)}
+    if key == "kv_cache_free_memory_fraction":
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 < v <= 1.0:
+            raise CatalogError(f"{where}: expected a number in (0, 1], got {v!r}")
+        return float(v)
     return _positive_int(v, where)
 
 

@@ -68,7 +68,8 @@ class MemoryPlan:
         return asdict(self)
 
 
-def plan_memory(cost: CostModel, *, reserve_fraction: float | None = None, block_size: int = 16) -> MemoryPlan:
+def plan_memory(cost: CostModel, *, reserve_fraction: float | None = None, block_size: int = 16,
+                free_fraction: float | None = None) -> MemoryPlan:
     """Split an instance's memory into weights, reserve and KV cache.
 
     Args:
@@ -77,16 +78,26 @@ def plan_memory(cost: CostModel, *, reserve_fraction: float | None = None, block
         reserve_fraction: share of each device's memory kept for activations and
             workspace; None: the device's `activation_reserve_fraction`.
         block_size: tokens per KV block (vLLM's default is 16).
+        free_fraction: size the KV cache as TensorRT-LLM does instead (its
+            `kv_cache_config.free_gpu_memory_fraction`): this share of the memory left on
+            each device after the weights and the profiling forward's other memory, the
+            device's `kv_profile_overhead_gb` (tensorrt_llm/_torch/pyexecutor/_util.py
+            `_cal_max_tokens`: (total - peak) x fraction); the rest is the reserve. None:
+            `reserve_fraction` sizes it. Ignored when the device has no
+            `kv_profile_overhead_gb`.
 
     Raises:
         ModelDoesNotFit: e.g. "Kimi-K2 (fp8) needs 1.03 TB of weights; 4 CS-3 hold
             176 GB: use at least 24 systems".
-        ValueError: reserve_fraction outside [0, 1) or block_size < 1.
+        ValueError: reserve_fraction outside [0, 1), free_fraction outside (0, 1] or
+            block_size < 1.
     """
     dev = cost.device
     rf = dev.activation_reserve_fraction if reserve_fraction is None else float(reserve_fraction)
     if not 0.0 <= rf < 1.0:
         raise ValueError(f"reserve_fraction must be in [0, 1), got {reserve_fraction!r}")
+    if free_fraction is not None and not 0.0 < float(free_fraction) <= 1.0:
+        raise ValueError(f"free_fraction must be in (0, 1], got {free_fraction!r}")
     if int(block_size) < 1:
         raise ValueError(f"block_size must be >= 1, got {block_size!r}")
     n = cost.parallelism.n_devices
@@ -95,6 +106,11 @@ def plan_memory(cost: CostModel, *, reserve_fraction: float | None = None, block
     weights = int(cost.weight_bytes) + int(getattr(cost, "replicated_weight_bytes", 0))
     rep = int(getattr(cost, "kv_replication", 1))
     per_dev_reserve = int(per_dev_cap * rf)
+    if free_fraction is not None and dev.kv_profile_overhead_gb is not None:
+        # TensorRT-LLM: KV = fraction x (memory - the profiling peak); the reserve is the rest
+        left = per_dev_cap - math.ceil(weights / n) - dev.kv_profile_overhead_gb * 1e9
+        per_dev_reserve = int(per_dev_cap - math.ceil(weights / n) - max(0.0, float(free_fraction) * left))
+        rf = per_dev_reserve / per_dev_cap
     reserve = n * per_dev_reserve
     usable_per_dev = per_dev_cap - per_dev_reserve
     per_dev_weights = math.ceil(weights / n)

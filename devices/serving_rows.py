@@ -228,6 +228,9 @@ class Deployment:
     max_num_seqs: int | None = None
     #: TensorRT-LLM's attention-DP balance timeout (iterations), None when off
     adp_timeout_iters: int | None = None
+    #: TensorRT-LLM's KV cache share of the memory left after its profiling forward
+    #: (`devices.planner.plan_memory` free_fraction), None: the stack's reserve
+    kv_free_fraction: float | None = None
 
     @property
     def gpus(self) -> int:
@@ -296,7 +299,8 @@ def deployment(row: ServingRow) -> Deployment:
                       osl=row.osl_tokens, requests_per_user=harness.requests_per_user,
                       recv_interval=harness.recv_interval(row.concurrency_requests),
                       chunk_tokens=harness.chunk_tokens, max_num_seqs=harness.max_num_seqs,
-                      adp_timeout_iters=harness.attention_dp_timeout_iters)
+                      adp_timeout_iters=harness.attention_dp_timeout_iters,
+                      kv_free_fraction=harness.kv_cache_free_memory_fraction)
 
 
 def mean_lengths(dep: Deployment) -> tuple[float, float]:
@@ -368,8 +372,10 @@ def closed_loop_estimate(dep: Deployment, device=None, iterations: int = 60) -> 
     # The running-request cap: the stack's (or the harness's) max_num_seqs and the
     # requests whose KV fits in an instance's memory at their final footprint P + O (the
     # engines' default admission books it, devices.engines.decode "reserve", as
-    # TensorRT-LLM's GUARANTEED_NO_EVICT capacity scheduler does; devices.planner).
-    seqs_cap = min(seqs_cap, _kv_cap(dec_cost, P + O))
+    # TensorRT-LLM's GUARANTEED_NO_EVICT capacity scheduler does; devices.planner), the
+    # cache sized as the launch script's free_gpu_memory_fraction sizes it where the
+    # harness gives one (`dep.kv_free_fraction`).
+    seqs_cap = min(seqs_cap, _kv_cap(dec_cost, P + O, dep.kv_free_fraction))
     B = min(n_users, seqs_cap)
     N = dep.recv_interval
     k_max = _prompts_per_pass(dep, pf_cost.parallelism, P)
@@ -554,13 +560,14 @@ def _roof(c) -> float:
     return min(1.0, max(c.compute_s, c.memory_s) / t) if t > 0 else 0.0
 
 
-def _kv_cap(cost: CostModel, ctx: float) -> float:
+def _kv_cap(cost: CostModel, ctx: float, free_fraction: float | None = None) -> float:
     """Requests whose KV of `ctx` tokens fits in one instance at once (inf when the
-    weights leave no room: the planner's error is the engines' to raise)."""
+    weights leave no room: the planner's error is the engines' to raise); with
+    `free_fraction` the cache is sized as TensorRT-LLM sizes it (`plan_memory`)."""
     from .planner import ModelDoesNotFit, plan_memory
 
     try:
-        plan = plan_memory(cost)
+        plan = plan_memory(cost, free_fraction=free_fraction)
     except ModelDoesNotFit:
         return math.inf
     return max(1.0, float(plan.max_batch(int(math.ceil(ctx)))))

@@ -300,6 +300,11 @@ class HardwareSpec(_Spec):
         0.0, ge=0, description="decode attention efficiency ctx / (ctx + this)")
     activation_reserve_fraction: float = Field(
         0.10, ge=0, lt=1, description="share of memory kept for activations/workspace")
+    kv_profile_overhead_gb: Optional[float] = Field(
+        None, ge=0, description="per GPU, the memory beyond the weight bytes a stack that sizes its KV cache "
+        "as a fraction of the memory left after a profiling forward (TensorRT-LLM's free_gpu_memory_fraction) "
+        "finds in use: the forward's activation peak, workspaces, CUDA-graph pools, communication buffers, the "
+        "CUDA context (GB; None: the activation reserve alone sizes the KV cache)")
 
     idle_w: float = Field(ge=0, description="power when idle (W)")
     peak_w: float = Field(gt=0, description="power at full load (W)")

@@ -70,11 +70,17 @@ PARAMS = (("iteration_overhead_s", 1e-4, 5e-3),
           ("prefill_layer_latency_s", 1e-5, 1e-3), ("request_latency_s", 1e-3, 0.3),
           ("disagg_request_latency_s", 1e-3, 0.5),
           ("decode_memory", 0.5, 0.92), ("prefill_compute", 0.01, 0.8), ("decode_compute", 0.01, 0.8),
-          ("fp4_compute", 0.01, 0.8), ("prefill_attention_compute", 0.01, 0.8))
+          ("fp4_compute", 0.01, 0.8), ("prefill_attention_compute", 0.01, 0.8),
+          ("kv_profile_overhead_gb", 1.0, 30.0))
 #: Fitted only where the entry declares it (a stack whose FP4 weights run another kernel
-#: path than its FP8 ones: `Efficiency.fp4_compute`); elsewhere FP4 rows take the
-#: entry's prefill/decode compute efficiencies.
-PER_ENTRY = ("fp4_compute", "prefill_attention_compute")
+#: path than its FP8 ones: `Efficiency.fp4_compute`; a TensorRT-LLM stack whose KV cache
+#: is sized after a profiling forward: `kv_profile_overhead_gb`, which its rows measure
+#: where the cache caps the running requests); elsewhere FP4 rows take the entry's
+#: prefill/decode compute efficiencies and the activation reserve sizes the cache.
+#: kv_profile_overhead_gb in GB per GPU: at least the CUDA context and communication
+#: buffers (~1 GB), at most a sixth of a 180 GB B200 (the profiling forward of an 8.5k-token
+#: batch, its workspaces and CUDA-graph pools).
+PER_ENTRY = ("fp4_compute", "prefill_attention_compute", "kv_profile_overhead_gb")
 LATENCY_ONLY = ("iteration_overhead_s", "prefill_layer_latency_s", "request_latency_s", "disagg_request_latency_s")
 MIN_ROWS = 5
 #: Models whose InferenceX rows the stacks are fitted on (the catalog has their
@@ -121,6 +127,11 @@ def with_params(dev, values: dict):
         eff["decode_compute"] = eff["prefill_compute"]
     top = {k: v for k, v in values.items() if k not in EFFICIENCIES}
     return dev.model_copy(update={**top, "efficiency": dev.efficiency.model_copy(update=eff)})
+
+
+def _term(dev, p: str):
+    """The entry's value of parameter `p` (a HardwareSpec field or an efficiency)."""
+    return getattr(dev, p) if hasattr(dev, p) else getattr(dev.efficiency, p)
 
 
 def loss(dev, deps_rows) -> float:
@@ -172,7 +183,7 @@ def fit_stack(key: str, deps_rows, names: tuple[str, ...], base) -> dict:
         return {p: float(np.clip(math.exp(v), *bounds[p])) for p, v in zip(names, x)}
 
     def start(p):
-        v = getattr(base, p) if hasattr(base, p) else getattr(base.efficiency, p)
+        v = _term(base, p)
         return math.log(min(max(v, bounds[p][0]), bounds[p][1]))
 
     x = nelder_mead(lambda x: loss(with_params(base, values(x)), deps_rows), np.array([start(p) for p in names]))
@@ -278,13 +289,21 @@ def write_mi455x_power() -> None:
     reload_catalog()
 
 
+def mlperf_terms(key: str) -> tuple[str, ...]:
+    """The efficiency an MLPerf entry's one fitted value sets: its FP4 kernel path's
+    where the entry has one (its own or the stack it takes its terms from: b300-trtllm's
+    NVFP4 MLPerf rows run that path and measure nothing else), else its prefill and
+    decode compute."""
+    return ("fp4_compute",) if get_device(key).efficiency.fp4_compute is not None else ("prefill_compute",)
+
+
 def fit_mlperf(key: str, rows) -> float:
     """The compute efficiency that centres the entry's MLPerf throughput rows (their
     error is linear in 1 / efficiency: compute-bound), by bisection on the log mean."""
     lo, hi = 0.1, 0.95
     for _ in range(40):
         mid = (lo + hi) / 2
-        dev = with_params(get_device(key), {"prefill_compute": mid})
+        dev = with_params(get_device(key), {p: mid for p in mlperf_terms(key)})
         err = np.mean([math.log(predict(r, device=dev)[0] / r.published) for r in rows])
         lo, hi = (lo, mid) if err > 0 else (mid, hi)
     return (lo + hi) / 2
@@ -319,12 +338,11 @@ def main() -> None:
         if key in SIBLINGS:
             sib = get_device(SIBLINGS[key])
             names = LATENCY_ONLY
-            copied = {p: (getattr(sib, p) if hasattr(sib, p) else getattr(sib.efficiency, p))
-                      for p, _, _ in PARAMS if p not in names and p not in PER_ENTRY}
+            copied = {p: _term(sib, p) for p, _, _ in PARAMS if p not in names and p not in PER_ENTRY}
             base = with_params(base, copied)
         else:
             names, copied = tuple(p for p, _, _ in PARAMS), {}
-        names = tuple(p for p in names if p not in PER_ENTRY or getattr(base.efficiency, p) is not None)
+        names = tuple(p for p in names if p not in PER_ENTRY or _term(base, p) is not None)
         if args.params:
             names = tuple(p for p in names if p in args.params.split(","))
         deps_rows = groups[key]
@@ -372,7 +390,7 @@ def main() -> None:
         e = fit_mlperf(key, rows)
         print(f"{key}: prefill/decode compute efficiency {e:.3f}, fitted on {len(rows)} MLPerf rows")
         if args.write:
-            write_values(key, {"prefill_compute": e})
+            write_values(key, {p: e for p in mlperf_terms(key)})
             reload_catalog()
 
 

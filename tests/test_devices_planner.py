@@ -38,6 +38,30 @@ def test_budget_adds_up():
     assert plan_memory(c, reserve_fraction=0.0).kv_bytes == p.kv_bytes + p.reserve_bytes
 
 
+def test_trtllm_kv_cache_is_a_fraction_of_the_memory_left_after_profiling():
+    """free_fraction sizes the KV cache as TensorRT-LLM does: fraction x (memory - weights
+    - the stack's kv_profile_overhead_gb), per device; the budget still adds up; a smaller
+    fraction or more profiling memory never leaves more KV; a stack without the
+    overhead term keeps its activation reserve."""
+    dev = get_device("b200-trtllm")
+    assert dev.kv_profile_overhead_gb is not None
+    c = CostModel("deepseek-r1", dev, Parallelism(tp=8), "fp8", "fp8")
+    p = plan_memory(c, free_fraction=0.8)
+    left = dev.memory_bytes - p.per_device_weight_bytes - dev.kv_profile_overhead_gb * 1e9
+    assert p.per_device_kv_bytes == pytest.approx(0.8 * left, abs=2)
+    assert p.weight_bytes + p.reserve_bytes + p.kv_bytes <= p.capacity_bytes
+    kv = [plan_memory(CostModel("deepseek-r1", dev.model_copy(update={"kv_profile_overhead_gb": gb}),
+                                Parallelism(tp=8), "fp8", "fp8"), free_fraction=f).kv_tokens
+          for f, gb in ((0.9, 5.0), (0.8, 5.0), (0.8, 20.0), (0.5, 20.0))]
+    assert kv == sorted(kv, reverse=True) and kv[0] > kv[-1]
+    plain = get_device("h200-sglang")
+    assert plain.kv_profile_overhead_gb is None
+    h = CostModel("deepseek-r1", plain, Parallelism(tp=8), "fp8", "fp8")
+    assert plan_memory(h, free_fraction=0.5).kv_bytes == plan_memory(h).kv_bytes
+    with pytest.raises(ValueError, match="free_fraction"):
+        plan_memory(c, free_fraction=0.0)
+
+
 def test_draft_model_weights_and_kv_count():
     base = plan_memory(CostModel("llama-3.1-70b", "h100", Parallelism(tp=2), "fp8", "fp8"))
     spec = plan_memory(CostModel("llama-3.1-70b", "h100", Parallelism(tp=2), "fp8", "fp8",

@@ -85,6 +85,8 @@ chunk_tokens = 4096
     ('source = "x"\nmatch = {}\nscheduler_recv_interval = { "many" = 3 }', "key 'many' is not a concurrency"),
     ('source = "x"\nmatch = {}\nspeculative = { draft_tokens = 2, acceptance_rate = 1.2 }',
      "acceptance_rate: expected a number in \\[0, 1\\)"),
+    ('source = "x"\nmatch = {}\nkv_cache_free_memory_fraction = 1.5',
+     "kv_cache_free_memory_fraction: expected a number in \\(0, 1\\]"),
 ])
 def test_bad_harness_entries_are_named(tmp_path, body, message):
     f = tmp_path / f"bad-{abs(hash(body))}.toml"

@@ -146,6 +146,28 @@ def test_adp_balance_lengthens_a_trtllm_dp_attention_ttft():
     assert on["tpot_s"] == pytest.approx(off["tpot_s"], rel=0.05)
 
 
+def test_trtllm_kv_cache_caps_the_running_requests_and_the_ttft_never_shrinks():
+    """B200 TensorRT-LLM, 8k prompts, TP 8, 256 users (row 0290): the launch script's
+    free_gpu_memory_fraction (harness) sizes the KV cache, GUARANTEED_NO_EVICT admits
+    fewer requests than users and the others queue (Little's law). The fewer requests
+    fit (a smaller fraction), the fewer run at once and the longer a prompt waits: the
+    TTFT never shrinks and the throughput never grows."""
+    import dataclasses
+
+    from devices.inferencex import load_inferencex_rows
+
+    (m,) = [m for m in load_inferencex_rows() if m.id == "ixapp-fix-0290"]
+    dep = deployment(m.row)
+    assert dep.kv_free_fraction == 0.8
+    runs = [closed_loop_estimate(dataclasses.replace(dep, kv_free_fraction=f)) for f in (1.0, 0.9, 0.8, 0.7, 0.6)]
+    assert runs[2]["batch"] < dep.concurrency - 5           # the cap binds at the script's 0.8
+    for a, b in zip(runs, runs[1:]):
+        assert b["ttft_s"] >= a["ttft_s"] - 1e-9 and b["batch"] <= a["batch"] + 1e-9
+        assert b["throughput_per_gpu"] <= a["throughput_per_gpu"] * (1 + 1e-9)
+    # a queue, not a prompt pass: seconds, against a quarter of a second without the cap
+    assert runs[2]["ttft_s"] > 10 * closed_loop_estimate(dataclasses.replace(dep, kv_free_fraction=None))["ttft_s"]
+
+
 def test_benchmark_run_invariants():
     """The benchmark client's view of a closed loop (devices.serving_rows.benchmark_run):
     its throughput is the steady state's diluted by the synchronized start, below it and
