@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import csv
 import math
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -501,17 +501,10 @@ def benchmark_run(ttft_s: float, e2e_s: float, ttft_free_s: float, burst_s: floa
     lo, hi = ttft_free_s, ttft_free_s + burst_s
     duration = R * e2e_s + max(0.0, hi - ttft_s)
     w_first, w_rest = 1.0 / R, (R - 1.0) / R
-
-    def cdf(x: float) -> float:
-        first = (1.0 if x >= hi else 0.0) if hi <= lo else min(1.0, max(0.0, (x - lo) / (hi - lo)))
-        return w_first * first + w_rest * (1.0 if x >= ttft_s else 0.0)
-
-    # the smallest x with cdf(x) >= 1/2 (cdf is monotone: bisection)
-    x0, x1 = min(lo, ttft_s), max(hi, ttft_s)
-    for _ in range(60):
-        mid = (x0 + x1) / 2
-        x0, x1 = (x0, mid) if cdf(mid) >= 0.5 else (mid, x1)
-    median = x1
+    # The median: below W only the first wave's 1/R counts, uniform on [lo, hi], so a
+    # half is reached there only with R <= 2 (at lo + R/2 (hi - lo)); else it is W.
+    x = lo + R / 2 * (hi - lo)
+    median = x if R == 1 or (R <= 2 and x < ttft_s) else ttft_s
     return {"duration_s": duration, "throughput_ratio": R * e2e_s / duration,
             "ttft_median_s": median, "ttft_mean_s": w_first * (lo + hi) / 2 + w_rest * ttft_s}
 

@@ -3,7 +3,6 @@ mocker, the not-installed path, and one small rack-only round."""
 
 import json
 
-import pytest
 
 from rack.experiments import bench_peer as BP
 from workloads import Request

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from devices.catalog import CatalogError
 from devices.costmodel import Parallelism
-from devices.inferencex import (COLUMNS, CRITERIA_MODEL, PACKAGED_ROWS, check_rows, is_inferencex_csv,
+from devices.inferencex import (CRITERIA_MODEL, PACKAGED_ROWS, check_rows, is_inferencex_csv,
                                 load_inferencex_rows)
 from devices.serving_rows import closed_loop_estimate, deployment
 import rack.cli

@@ -68,7 +68,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections import deque
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -91,9 +91,6 @@ from devices.engines.common import (
 from devices.memory import KVBlockPool
 from interconnect.codec import KVDescription, scan_kv_frames
 from workloads.core import Core
-
-if TYPE_CHECKING:
-    from devices.costmodel import StepCosts
 
 AdmissionPolicy = Literal["reserve", "preempt"]
 #: Who sends the client a split request's first output token (DecodeEngine docstring).

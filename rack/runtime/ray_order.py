@@ -83,7 +83,7 @@ class InOrder:
         st = self._streams.get((sender, incarnation))
         if st is None:
             st = self._streams[(sender, incarnation)] = _Stream(low)
-        if low > st.next:
+        if low > st.next:                # its predecessors below `low` failed: none will come
             st.next = low
             self._wake(st)
         if seq > st.next:                # early: held until its predecessors have run
@@ -91,23 +91,19 @@ class InOrder:
             st.held[seq] = fut
             self.held += 1
             await fut
-            return st
-        if seq == st.next:
-            st.held[seq] = None          # running: a jump of the mark cannot wake another
-        return st                        # (below st.next: a number a jump passed; it runs now)
+        return st
 
     def done(self, st: _Stream, seq: int) -> None:
-        """Call `seq` has been handled: the sender's next call may run."""
-        if st.held.get(seq, 0) is None:
-            del st.held[seq]
+        """Call `seq` has been handled: the sender's next call may run. (While call k
+        runs, `st.next` is k: a jump of the mark cannot pass it, since the sender has
+        no answer for it yet, so no other call of the stream runs meanwhile.)"""
         if seq >= st.next:
             st.next = seq + 1
         self._wake(st)
 
     def _wake(self, st: _Stream) -> None:
-        fut = st.held.get(st.next)
-        if fut is not None and not fut.done():
-            st.held[st.next] = None      # now running
+        fut = st.held.pop(st.next, None)
+        if fut is not None:
             fut.set_result(None)
 
 
