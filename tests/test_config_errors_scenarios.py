@@ -165,13 +165,15 @@ def test_build_topology_refuses_before_anything_starts(monkeypatch, kwargs, patt
 
 
 def test_ray_only_options_on_the_virtual_runtime_warn(tmp_path):
-    """--dilation and --timeout do nothing on the virtual runtime: the run says so
-    instead of ignoring them silently; an invalid value still names only that option."""
+    """--dilation, --timeout and --address do nothing on the virtual runtime: the run
+    says so instead of ignoring them silently; an invalid value still names only that
+    option."""
     rack.cli._register_commands()
     res = CliRunner().invoke(app, ["run", "--runtime", "virtual", "--dilation", "5", "--max-requests", "5",
-                                   "--out", str(tmp_path / "out")])
+                                   "--address", "127.0.0.1:1", "--out", str(tmp_path / "out")])
     assert res.exit_code == 0, res.output
     assert "warning: --dilation applies to the ray runtime only" in res.output
+    assert "warning: --address applies to the ray runtime only" in res.output
     bad = CliRunner().invoke(app, ["run", "--runtime", "virtual", "--dilation", "0", "--max-requests", "5",
                                    "--out", str(tmp_path / "bad")])
     assert bad.exit_code == 2 and "error: --dilation: expected a finite number > 0, got 0" in bad.output, bad.output
