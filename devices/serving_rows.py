@@ -415,15 +415,17 @@ def closed_loop_estimate(dep: Deployment, device=None, iterations: int = 60) -> 
             ttft += adp_balance_wait(dep.adp_timeout_iters, cost.parallelism, X, tpot * tps)
         else:
             pf = prefill(1.0)
-            rho = min(0.95, X * pf / by_role["prefill"].instances)
-            ttft = pf + rho * pf / (2 * (1 - rho)) + s
-            tpot = s / tps
             if cap is None:
                 # the prefill pool's capacity: each instance packs the chunk budget with
                 # waiting prompts, k of them per pass (requests/s per decode instance)
                 cap = by_role["prefill"].instances * k_max / prefill(k_max) / pool.instances
                 pf_roof = _roof(pf_cost.prefill(np.full(max(1, int(k_max)), P), 0))
-            busy = min(1.0, X * pool.instances / cap) if cap else 0.0
+            busy = min(1.0, X / cap) if cap else 0.0
+            # M/D/1 wait at the pool's utilisation (its arrivals over its capacity, prompts
+            # batched as they wait), a lone prompt's pass the service time
+            rho = min(0.95, busy)
+            ttft = pf + rho * pf / (2 * (1 - rho)) + s
+            tpot = s / tps
             shares = (busy, pf_roof, _roof(sc))
         ttft += pf_cost.device.request_latency_s      # the front end's share of the client's TTFT
         if "prefill" in by_role:                       # and the disaggregated path's routing and handoff
