@@ -326,11 +326,13 @@ def closed_loop_estimate(dep: Deployment, device=None, iterations: int = 60) -> 
       --scheduler-recv-interval) a prompt waits N s / 2 on average for the next receive
       instead of s / 2, and the prompts that arrived over those N steps are prefilled
       together: k = max(1, X (N s + pf(k))); with mixed prefill the wait is N t / 2.
-    Disaggregated: prefill instances serve X prompts/s (TTFT = pf + an M/D/1 queue
-      wait + the decode engine's first step + the stack's `disagg_request_latency_s`,
-      the disaggregated front end's routing and prefill-to-decode handoff); decode steps are not interrupted. The
-      pool's capacity bounds X: an instance packs its chunk budget (the harness's, else
-      DEFAULT_CHUNK_TOKENS) with k = budget / P waiting prompts per pass, k / pf(k)
+    Disaggregated: prefill instances serve X prompts/s, those arriving during a pass
+      batched into the next (k = max(1, x pf(k)), x an instance's prompts/s): TTFT =
+      u pf / 2 (the pass in progress, busy a share u = x pf / k) + pf + the decode
+      engine's first step + the stack's `disagg_request_latency_s` (the disaggregated
+      front end's routing and prefill-to-decode handoff); decode steps are not
+      interrupted. The pool's capacity bounds X: an instance packs its chunk budget
+      (`pass_budget`) with k = budget / P waiting prompts per pass, k / pf(k)
       prompts/s; when the users would ask for more, X is that capacity and the closed
       loop's users wait in the prefill queue: TTFT = N / X - (O - 1) x TPOT.
     Closed loop: N = X x (TTFT + (O - 1) x TPOT) users, B = X x (O - 1) x TPOT in
@@ -413,17 +415,22 @@ def closed_loop_estimate(dep: Deployment, device=None, iterations: int = 60) -> 
                 shares = (frac, _roof(pf_cost.prefill(np.full(max(1, int(min(k, k_max))), P), 0)), _roof(sc))
             ttft += adp_balance_wait(dep.adp_timeout_iters, cost.parallelism, X, tpot * tps)
         else:
-            pf = prefill(1.0)
             if cap is None:
                 # the prefill pool's capacity: each instance packs the chunk budget with
                 # waiting prompts, k of them per pass (requests/s per decode instance)
                 cap = by_role["prefill"].instances * k_max / prefill(k_max) / pool.instances
                 pf_roof = _roof(pf_cost.prefill(np.full(max(1, int(k_max)), P), 0))
             busy = min(1.0, X / cap) if cap else 0.0
-            # M/D/1 wait at the pool's utilisation (its arrivals over its capacity, prompts
-            # batched as they wait), a lone prompt's pass the service time
-            rho = min(0.95, busy)
-            ttft = pf + rho * pf / (2 * (1 - rho)) + s
+            # The prompts that arrive at a prefill instance during a pass go together in
+            # the next one: k = max(1, x pf(k)) (x its prompts/s), the pass busy a share
+            # u = x pf / k of the time; a prompt waits for the pass in progress (u pf / 2)
+            # and then takes its own. Beyond k_max the pool's capacity binds (below).
+            x_pf = X * pool.instances / by_role["prefill"].instances
+            pf = prefill(1.0)
+            for _ in range(8):
+                k = max(1.0, x_pf * pf)
+                pf = prefill(min(k, k_max))
+            ttft = min(1.0, x_pf * pf / min(k, k_max)) * pf / 2 + pf + s
             tpot = s / tps
             shares = (busy, pf_roof, _roof(sc))
         ttft += pf_cost.device.request_latency_s      # the front end's share of the client's TTFT
