@@ -240,3 +240,14 @@ def _row(rid: str):
     from devices.catalog import CATALOG_DIR
 
     return next(r for r in load_serving_rows(CATALOG_DIR / "saturated-prefill.csv") if r.id == rid)
+
+
+def test_disaggregated_ttft_grows_with_the_users_and_batches_their_prompts():
+    """A disaggregated pool batches the prompts that arrive during a pass into the next
+    one (bigger passes, then the capacity's queue): the TTFT never falls as users are
+    added."""
+    from dataclasses import replace
+
+    dep = deployment(_row("S03"))
+    ttfts = [closed_loop_estimate(replace(dep, concurrency=c))["ttft_s"] for c in (1, 8, 32, 128, 512)]
+    assert all(b >= a * 0.999 for a, b in zip(ttfts, ttfts[1:]))
