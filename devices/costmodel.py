@@ -582,11 +582,14 @@ class CostModel:
         return 2.0 * t.expert_params * t.n_moe * np.maximum(0.0, t.distinct_experts(tok_mb) * tile - tok_mb * t.top_k)
 
     def _pass(self, t: _Terms, *, tokens, flops_p, flops_d, att_p, att_d, kv_p, kv_d, m: int, pp: int,
-              steady: bool, lean: bool = False) -> dict:
+              steady: bool, lean: bool = False, skew_p: tuple[float, float] = (0.0, 0.0)) -> dict:
         """Time one forward pass (arrays broadcast over steps); see the module docstring.
 
         flops_*: all FLOPs of the prefill (p) and decode (d) parts; att_*: their
         attention share (QK^T and AV), computed at the attention dtype.
+        skew_p: (linear, attention) FLOPs the prompt part's busiest data-parallel
+        attention rank does beyond an even share, in instance FLOPs (`_dp_skew`): the
+        other ranks wait for it, so they add to the compute time, not to the work.
         lean: for `decode_steps` (one pass, no parts to combine): "time", "flops",
         "bytes", "comm", "busy" as computed here, and "compute", "memory", "comm_bw",
         "latency" only at the first step (what `_bound` reads), as scalars.
@@ -622,8 +625,8 @@ class CostModel:
         else:
             lin_d = lin_d + pad
         e_att = eff.prefill_attention_compute or eff.prefill_compute
-        compute_s = ((lin_p / eff.prefill_compute + lin_d / eff.decode_compute) / peak
-                     + (att_p / e_att + att_d / eff.decode_compute) / (tp * self._peak_att)) / (m * pp)
+        compute_s = (((lin_p + skew_p[0]) / eff.prefill_compute + lin_d / eff.decode_compute) / peak
+                     + ((att_p + skew_p[1]) / e_att + att_d / eff.decode_compute) / (tp * self._peak_att)) / (m * pp)
         memory_s = (w_mb / e_w / pp
                     + t.kv_rep * (kv_p / eff.prefill_memory + kv_d / eff.decode_memory) / (m * pp)) / bw
         comm_s = comm_bw + comm_lat
@@ -917,9 +920,10 @@ class CostModel:
         # the m that finishes first (m = min(pp, tokens) made 28 tokens on the 28-stage
         # wafer cost 1.8x one token, and 2 tokens on two GPU stages 1.5x one).
         d = None
+        skew = self._dp_skew(self._t, n, c, tokens, att)
         for m in range(1, max(1, int(min(pp, tokens))) + 1):      # no prompt token: m = 1
             dm = self._pass(self._t, tokens=tokens, flops_p=flops, flops_d=0.0, att_p=att, att_d=0.0, kv_p=kv,
-                            kv_d=0.0, m=m, pp=pp, steady=False)
+                            kv_d=0.0, m=m, pp=pp, steady=False, skew_p=skew)
             if d is None or dm["time"] < d["time"]:
                 d = dm
         if self.speculative is not None:  # the draft (or MTP head) builds its KV of the prompt too
@@ -1034,7 +1038,39 @@ class CostModel:
     def _draft_prefill(self, n: np.ndarray, c: np.ndarray, tokens: float) -> dict:
         _, fl, att, kv = self._prefill_work(self._td, n, c)
         return self._pass(self._td, tokens=tokens, flops_p=fl, flops_d=0.0, att_p=att, att_d=0.0, kv_p=kv,
-                          kv_d=0.0, m=1, pp=1, steady=False)
+                          kv_d=0.0, m=1, pp=1, steady=False, skew_p=self._dp_skew(self._td, n, c, tokens, att))
+
+    def _dp_skew(self, t: _Terms, n: np.ndarray, c: np.ndarray, tokens: float, att: float) -> tuple[float, float]:
+        """(linear, attention) FLOPs by which a prompt pass's busiest attention rank
+        exceeds an even share, with data-parallel attention ((0, 0) without it).
+
+        Each of the R = tp ranks runs the attention block (its projections, in
+        `ModelSpec.attention_weight_params`, and QK^T / AV) for its own requests alone
+        (SGLang --enable-dp-attention: the scheduler of each DP rank batches its own
+        requests; TensorRT-LLM attention DP likewise), and every rank waits for the
+        busiest one at the next MoE all-to-all. A request's chunk is not split over
+        ranks, so the busiest rank carries at least the largest chunk and at least an
+        even share:
+            busiest tokens = max(max_i n_i, sum_i n_i / R)
+        (attention positions likewise), and the pass takes as long as if every rank
+        carried that much. One prompt on R ranks costs its attention block R times an
+        even share; R or more equal prompts, none extra. The expert and dense-FFN
+        GEMMs are unaffected: the MoE layers gather every rank's tokens.
+        n, c: chunk and cached tokens per request (`_prefill_work`'s); tokens: their
+        sum; att: their attention FLOPs.
+        """
+        par = self.parallelism
+        if not par.dp_attention or par.tp < 2 or tokens <= 0:
+            return (0.0, 0.0)
+        ranks = par.tp
+        live = n > 0
+        n_l, c_l = n[live], c[live]
+        busiest = max(float(n_l.max()), tokens / ranks)
+        lin = 2.0 * t.attn_weight_bytes / t.wb * (ranks * busiest - tokens)
+        pos = n_l * c_l + n_l * (n_l + 1) / 2          # full-attention positions per request
+        total = float(pos.sum())
+        att_extra = att * (ranks * max(float(pos.max()), total / ranks) / total - 1.0) if total > 0 else 0.0
+        return (lin, att_extra)
 
     def decode_steps(self, context_lens, n_steps: int) -> StepCosts:
         """The next n_steps decode steps of a fixed batch.
@@ -1198,7 +1234,8 @@ class CostModel:
         # requests shared it (the tokens are spread over m micro-batches).
         m = int(min(pp, tok_p + ctx.size))
         d = self._pass(self._t, tokens=tok_p + tok_d, flops_p=fl_p, flops_d=fl_d, att_p=att_p, att_d=att_d,
-                       kv_p=kv_p, kv_d=kv_d, m=max(m, 1), pp=pp, steady=True)
+                       kv_p=kv_p, kv_d=kv_d, m=max(m, 1), pp=pp, steady=True,
+                       skew_p=self._dp_skew(self._t, n, c, tok_p, att_p))
         if self.speculative is not None:
             if ctx.size:
                 d = self._combine([d, self._draft_passes(ctx, 0.0)])

@@ -326,11 +326,13 @@ def closed_loop_estimate(dep: Deployment, device=None, iterations: int = 60) -> 
       --scheduler-recv-interval) a prompt waits N s / 2 on average for the next receive
       instead of s / 2, and the prompts that arrived over those N steps are prefilled
       together: k = max(1, X (N s + pf(k))); with mixed prefill the wait is N t / 2.
-    Disaggregated: prefill instances serve X prompts/s (TTFT = pf + an M/D/1 queue
-      wait + the decode engine's first step + the stack's `disagg_request_latency_s`,
-      the disaggregated front end's routing and prefill-to-decode handoff); decode steps are not interrupted. The
-      pool's capacity bounds X: an instance packs its chunk budget (the harness's, else
-      DEFAULT_CHUNK_TOKENS) with k = budget / P waiting prompts per pass, k / pf(k)
+    Disaggregated: prefill instances serve X prompts/s, those arriving during a pass
+      batched into the next (k = max(1, x pf(k)), x an instance's prompts/s): TTFT =
+      u pf / 2 (the pass in progress, busy a share u = x pf / k) + pf + the decode
+      engine's first step + the stack's `disagg_request_latency_s` (the disaggregated
+      front end's routing and prefill-to-decode handoff); decode steps are not
+      interrupted. The pool's capacity bounds X: an instance packs its chunk budget
+      (`pass_budget`) with k = budget / P waiting prompts per pass, k / pf(k)
       prompts/s; when the users would ask for more, X is that capacity and the closed
       loop's users wait in the prefill queue: TTFT = N / X - (O - 1) x TPOT.
     Closed loop: N = X x (TTFT + (O - 1) x TPOT) users, B = X x (O - 1) x TPOT in
@@ -363,11 +365,10 @@ def closed_loop_estimate(dep: Deployment, device=None, iterations: int = 60) -> 
     seqs_cap = dep.max_num_seqs or dec_cost.max_num_seqs or 10 ** 9
     ctx = P + O / 2
 
+    rank_budget = pass_budget(dep, pf_cost.parallelism)[1]
+
     def prefill(k: float) -> float:
-        k = max(1.0, k)
-        whole = int(k)
-        chunks = [P] * whole + ([P * (k - whole)] if k > whole else [])
-        return pf_cost.prefill(np.array(chunks), 0).time_s
+        return pf_cost.prefill(*_pass_chunks(max(1.0, k), P, rank_budget)).time_s
 
     # The running-request cap: the stack's (or the harness's) max_num_seqs and the
     # requests whose KV fits in an instance's memory at their final footprint P + O (the
@@ -414,16 +415,23 @@ def closed_loop_estimate(dep: Deployment, device=None, iterations: int = 60) -> 
                 shares = (frac, _roof(pf_cost.prefill(np.full(max(1, int(min(k, k_max))), P), 0)), _roof(sc))
             ttft += adp_balance_wait(dep.adp_timeout_iters, cost.parallelism, X, tpot * tps)
         else:
-            pf = prefill(1.0)
-            rho = min(0.95, X * pf / by_role["prefill"].instances)
-            ttft = pf + rho * pf / (2 * (1 - rho)) + s
-            tpot = s / tps
             if cap is None:
                 # the prefill pool's capacity: each instance packs the chunk budget with
                 # waiting prompts, k of them per pass (requests/s per decode instance)
                 cap = by_role["prefill"].instances * k_max / prefill(k_max) / pool.instances
                 pf_roof = _roof(pf_cost.prefill(np.full(max(1, int(k_max)), P), 0))
-            busy = min(1.0, X * pool.instances / cap) if cap else 0.0
+            busy = min(1.0, X / cap) if cap else 0.0
+            # The prompts that arrive at a prefill instance during a pass go together in
+            # the next one: k = max(1, x pf(k)) (x its prompts/s), the pass busy a share
+            # u = x pf / k of the time; a prompt waits for the pass in progress (u pf / 2)
+            # and then takes its own. Beyond k_max the pool's capacity binds (below).
+            x_pf = X * pool.instances / by_role["prefill"].instances
+            pf = prefill(1.0)
+            for _ in range(8):
+                k = max(1.0, x_pf * pf)
+                pf = prefill(min(k, k_max))
+            ttft = min(1.0, x_pf * pf / min(k, k_max)) * pf / 2 + pf + s
+            tpot = s / tps
             shares = (busy, pf_roof, _roof(sc))
         ttft += pf_cost.device.request_latency_s      # the front end's share of the client's TTFT
         if "prefill" in by_role:                       # and the disaggregated path's routing and handoff
@@ -536,14 +544,51 @@ def adp_balance_wait(timeout_iters: int | None, par: Parallelism, rate: float, i
     return min(fill, timeout_iters * iteration_s) / 2
 
 
+def pass_budget(dep: Deployment, par: Parallelism) -> tuple[float, float | None]:
+    """(tokens one prefill pass of an instance carries, tokens each attention rank
+    carries with data-parallel attention, else None).
+
+    The harness's chunk (`chunk_tokens`, the launch script's flag), else
+    DEFAULT_CHUNK_TOKENS. With data-parallel attention each rank schedules its own
+    requests: SGLang divides --chunked-prefill-size by the DP size (server_args.py
+    `_handle_data_parallelism`: chunked_prefill_size // dp_size, "to avoid MoE kernel
+    issues"), so an SGLang instance's budget is the flag and a rank's its share; other
+    stacks' budget (TensorRT-LLM's max_num_tokens) and the default are per rank, the
+    instance's the rank's times its tp ranks."""
+    ranks = par.tp if par.dp_attention and par.tp > 1 else 1
+    if dep.chunk_tokens and dep.stack == "sglang":
+        budget = float(dep.chunk_tokens)
+    else:
+        budget = float(dep.chunk_tokens or DEFAULT_CHUNK_TOKENS) * ranks
+    return budget, (budget / ranks if ranks > 1 else None)
+
+
 def _prompts_per_pass(dep: Deployment, par: Parallelism, prompt: float) -> float:
-    """Prompts one prefill pass of an instance can carry: its chunked-prefill token
-    budget (the harness's, else DEFAULT_CHUNK_TOKENS) over the prompt length, at least
-    one. With data-parallel attention each attention rank schedules its own chunk
-    (SGLang's --chunked-prefill-size is per DP rank), so the instance's budget is the
-    chunk times its tp ranks."""
-    budget = (dep.chunk_tokens or DEFAULT_CHUNK_TOKENS) * (par.tp if par.dp_attention else 1)
-    return max(1.0, budget / prompt)
+    """Prompts one prefill pass of an instance can carry: its budget (`pass_budget`)
+    over the prompt length, at least one."""
+    return max(1.0, pass_budget(dep, par)[0] / prompt)
+
+
+def _pass_chunks(k: float, prompt: float, rank_budget: float | None) -> tuple[np.ndarray, np.ndarray]:
+    """(new tokens, cached tokens) of the chunks of a prefill pass carrying k prompts'
+    worth of `prompt`-token prompts (k >= 1; a fraction: part of one more prompt).
+
+    Whole prompts, unless data-parallel attention gives each rank fewer tokens than a
+    prompt (`rank_budget` < prompt): a rank then runs its prompt in chunks of its
+    budget, each on top of the earlier ones' KV (cached), and a pass holds k prompts'
+    worth of such chunks, every chunk position of a prompt alike (the ranks are at
+    different points of their prompts)."""
+    step = prompt if rank_budget is None or rank_budget >= prompt else rank_budget
+    starts = np.arange(0.0, prompt, step)
+    one_new, one_cached = np.minimum(step, prompt - starts), starts
+    whole = int(k)
+    new, cached = [np.tile(one_new, whole)], [np.tile(one_cached, whole)]
+    rest = (k - whole) * prompt          # the next prompt's first chunks, up to `rest` tokens
+    if rest > 0:
+        part = np.minimum(one_new, np.maximum(0.0, rest - one_cached))
+        new.append(part[part > 0])
+        cached.append(one_cached[part > 0])
+    return np.concatenate(new), np.concatenate(cached)
 
 
 def _roof(c) -> float:
@@ -602,6 +647,6 @@ def measured(row: ServingRow) -> dict:
 
 
 __all__ = [
-    "COLUMNS", "Deployment", "LENGTH_LOW", "PoolPlan", "adp_balance_wait", "benchmark_run",
+    "COLUMNS", "Deployment", "LENGTH_LOW", "PoolPlan", "adp_balance_wait", "benchmark_run", "pass_budget",
     "ServingRow", "closed_loop_estimate", "deployment", "load_serving_rows", "mean_lengths", "measured",
 ]

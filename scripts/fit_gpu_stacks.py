@@ -95,9 +95,14 @@ POWER_CEILING = 1.05
 #: Why a fitted term at a bound is not a result (printed beside it).
 BOUND_NOTES = {   # (parameter, "low" | "high") -> why the fit sits there
     ("prefill_layer_latency_s", "high"): "the rows' prompt passes take longer than their FLOPs at the fitted "
-                                         "efficiency and a 1 ms eager layer allow: a term the model lacks",
+                                         "efficiency and a 1 ms eager layer allow: a cost per prompt the model "
+                                         "lacks, not a longer layer (b200-sglang: its disaggregated prefill "
+                                         "workers' rows; gb200-sglang: its P48/D24 rows of another build; "
+                                         "docs/devices.md, terms at a bound)",
     ("prefill_layer_latency_s", "low"): "no fixed latency per prompt layer is left beyond the roofline",
-    ("decode_memory", "high"): "HBM reached 92 % of peak in a microbenchmark (hardware.md): decode at the ceiling",
+    ("decode_memory", "high"): "HBM reached 92 % of peak in a microbenchmark (hardware.md): decode at the ceiling, "
+                               "held there by small-batch steps that read fewer experts than uniform top-k "
+                               "routing's upper bound (docs/devices.md, terms at a bound)",
     ("decode_memory", "low"): "the rows' decode steps take longer than half the HBM rate allows: costs the "
                               "roofline does not hold (or rows of one stack that disagree)",
     ("request_latency_s", "high"): "the front end's share of TTFT is at the end of its plausible range",

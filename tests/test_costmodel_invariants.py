@@ -78,3 +78,24 @@ def test_more_work_never_takes_less_time(key):
     # lighter (3e-4 on the wafer); 1% still catches a wrong micro-batch count (19x).
     _non_decreasing([c.mixed([n], [0], np.full(4, 2000)).time_s for n in (1, 16, 512, 8192)],
                     "mixed in prompt tokens", rel=0.01)
+
+
+def test_dp_attention_prompt_waits_for_its_busiest_rank():
+    """With data-parallel attention a prompt's attention block runs on one rank
+    (`CostModel._dp_skew`): one prompt costs more than an even split over the ranks
+    would, R equal prompts cost nothing extra, the extra never makes more work faster,
+    and the same prompts without DP attention are untouched."""
+    dp = CostModel("deepseek-r1", "gb200-sglang", Parallelism.deployed(tp=1, ep=4, dp_attention=True))
+    tp = CostModel("deepseek-r1", "gb200-sglang", Parallelism.deployed(tp=4, ep=4))
+    t = dp._t
+    one, four = np.array([8192.0]), np.full(4, 8192.0)
+    lin, att = dp._dp_skew(t, one, np.zeros(1), 8192.0, 1.0)
+    assert lin == pytest.approx(2 * t.attn_weight_bytes / t.wb * 3 * 8192) and att == pytest.approx(3.0)
+    assert dp._dp_skew(t, four, np.zeros(4), 4 * 8192.0, 1.0) == (0.0, 0.0)
+    assert tp._dp_skew(tp._t, one, np.zeros(1), 8192.0, 1.0) == (0.0, 0.0)
+    # one prompt alone is slower than a quarter of four, but four never faster than one
+    t1, t4 = dp.prefill([8192]).time_s, dp.prefill(four).time_s
+    assert t4 / 4 < t1 <= t4
+    # more prompts never take less time (the skew shrinks as the work grows)
+    times = [dp.prefill(np.full(k, 4096.0)).time_s for k in range(1, 9)]
+    assert all(b >= a for a, b in zip(times, times[1:]))

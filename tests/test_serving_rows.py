@@ -211,3 +211,43 @@ def test_closed_loop_reports_the_benchmark_throughput_below_the_steady_state():
     cycle = est["ttft_s"] + (O - 1) * est["tpot_s"]
     ratio = est["requests_per_s"] / est["steady_requests_per_s"]
     assert ratio == pytest.approx(1 / (1 + (O - 1) * est["tpot_s"] / (dep.requests_per_user * cycle)), rel=0.02)
+
+
+def test_sglang_chunk_is_the_instance_budget_split_over_dp_ranks():
+    """SGLang divides --chunked-prefill-size by the DP size (`pass_budget`): an SGLang
+    instance's budget is the flag, a rank's its share; other stacks' chunk is per rank.
+    A pass's chunks (`_pass_chunks`) carry k prompts' worth of tokens, a prompt longer
+    than a rank's share in chunks over its own earlier KV."""
+    from dataclasses import replace
+
+    from devices.costmodel import Parallelism
+    from devices.serving_rows import _pass_chunks, pass_budget
+
+    dp8, tp8 = Parallelism.deployed(tp=8, ep=8, dp_attention=True), Parallelism.deployed(tp=8, ep=8)
+    dep = replace(deployment(_row("S03")), stack="sglang", chunk_tokens=32768)
+    assert pass_budget(dep, dp8) == (32768.0, 4096.0)
+    assert pass_budget(dep, tp8) == (32768.0, None)
+    assert pass_budget(replace(dep, stack="trtllm"), dp8) == (8 * 32768.0, 32768.0)
+    assert pass_budget(replace(dep, chunk_tokens=None), dp8) == (8 * 8192.0, 8192.0)   # the default, per rank
+    for k, budget in ((1.0, None), (4.4, None), (4.4, 4096.0), (1.0, 4096.0), (2.5, 8192.0)):
+        new, cached = _pass_chunks(k, 7373.0, budget)
+        assert new.sum() == pytest.approx(k * 7373.0)
+        assert (new > 0).all() and (new <= (budget or 7373.0)).all()
+        assert ((cached == 0) | (cached % (budget or 7373.0) == 0)).all()
+
+
+def _row(rid: str):
+    from devices.catalog import CATALOG_DIR
+
+    return next(r for r in load_serving_rows(CATALOG_DIR / "saturated-prefill.csv") if r.id == rid)
+
+
+def test_disaggregated_ttft_grows_with_the_users_and_batches_their_prompts():
+    """A disaggregated pool batches the prompts that arrive during a pass into the next
+    one (bigger passes, then the capacity's queue): the TTFT never falls as users are
+    added."""
+    from dataclasses import replace
+
+    dep = deployment(_row("S03"))
+    ttfts = [closed_loop_estimate(replace(dep, concurrency=c))["ttft_s"] for c in (1, 8, 32, 128, 512)]
+    assert all(b >= a * 0.999 for a, b in zip(ttfts, ttfts[1:]))

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from devices.borrow import resolve_stack
-from devices.serving_rows import LENGTH_LOW, Deployment, ServingRow, deployment, measured
+from devices.serving_rows import LENGTH_LOW, Deployment, ServingRow, deployment, measured, pass_budget
 from rack.wiring.scenario import Scenario, parse_scenario
 from workloads import Request
 
@@ -47,7 +47,9 @@ def row_scenario(row: ServingRow, dep: Deployment | None = None) -> Scenario:
         if p.role == "both":
             pool["scheduler_recv_interval"] = dep.recv_interval
         if dep.chunk_tokens is not None:
-            pool["chunk_tokens"] = dep.chunk_tokens
+            # the pool's chunk_tokens is per attention rank: SGLang's flag is the instance's
+            instance, per_rank = pass_budget(dep, par)
+            pool["chunk_tokens"] = int(per_rank or instance)
         if dep.max_num_seqs is not None and p.role != "prefill":
             pool["max_num_seqs"] = dep.max_num_seqs
         if dep.speculative is not None and p.role != "prefill":

@@ -168,9 +168,10 @@ class PoolConfig(_Strict):
     @property
     def instance_chunk_tokens(self) -> int:
         """Prompt tokens one iteration of an instance may carry: `chunk_tokens`, per
-        attention rank with data-parallel attention (SGLang's --chunked-prefill-size is
-        per DP rank: each rank schedules its own chunk), as the closed-loop estimate
-        packs it (devices.serving_rows). For chunk sizes from the TPOT target ("tpot")
+        attention rank with data-parallel attention (each rank schedules its own chunk;
+        SGLang's --chunked-prefill-size is the instance's, divided over the DP ranks, so
+        a pool takes the rank's share: devices.serving_rows.pass_budget), as the
+        closed-loop estimate packs it. For chunk sizes from the TPOT target ("tpot")
         the instance's budget is `rack.wiring.sizing.chunk_sizes`'; raises ValueError."""
         if not isinstance(self.chunk_tokens, int):
             raise ValueError(f"pool {self.name!r}: chunk_tokens {self.chunk_tokens!r} is sized per instance by "
