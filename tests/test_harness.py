@@ -174,5 +174,12 @@ def test_recipe_names_give_the_decode_slots_and_mtp_depth():
     old = {"additional-settings": ["DECODE_MAX_BATCH_SIZE=64", "DECODE_MTP_SIZE=2"]}
     assert mod.recipe_facts({}, {"num-worker": 1, "tp": 16, "dp-attn": True, **old})[:2] == (1024, 2)
     assert mod.recipe_facts({}, {"num-worker": 1, "tp": 8, "dp-attn": True}) is None
+    # a recipe body: decode slots per attention-DP rank, MTP depth, prefill prompts per rank
+    body = {"decode": {"enable_attention_dp": True, "max_batch_size": 32,
+                       "speculative_config": {"num_nextn_predict_layers": 3}},
+            "prefill": {"max_batch_size": 2, "max_num_tokens": 16896}}
+    assert mod.body_facts(body, {"tp": 8}, 8192) == (256, 3, 16384)
+    tp_body = {"decode": {"max_batch_size": 1}, "prefill": {}}
+    assert mod.body_facts(tp_body, {"tp": 8}, 1024) == (1, None, None)
     with pytest.raises(ValueError, match="decode layout"):
         mod.recipe_facts(pre, {"num-worker": 3, "tp": 8, "dp-attn": True})
