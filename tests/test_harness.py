@@ -121,3 +121,65 @@ def test_receive_interval_is_a_colocated_setting():
         "links": [{"name": "kv", "src": "p", "dst": "d", "bandwidth_GBps": 50.0}]}
     with pytest.raises(ScenarioError, match="scheduler_recv_interval.*only modelled on role 'both'"):
         parse_scenario(base, "test")
+
+
+def test_dynamo_trtllm_rows_run_their_recipes():
+    """InferenceX's Dynamo+TensorRT-LLM rows take their srt-slurm recipe's decode
+    max_batch_size (per attention-DP rank) and MTP depth: ctx5_gen2_dep8_batch32_eplb0_mtp3
+    at 658 users (B200 FP4 8k/1k) runs 8 x 32 requests per decode worker and drafts three
+    tokens; ctx7_gen2_dep8_batch128_eplb0_mtp0 at 2222 users runs 8 x 128 and no speculation; the throughput
+    recipe ctx11_gen1_dep16_batch256_eplb256_mtp1 (GB200 FP4 8k/1k, 4301 users) drafts one."""
+    from devices.inferencex import load_inferencex_rows
+
+    by_id = {m.id: m.row for m in load_inferencex_rows()}
+    mtp3, stp, mtp1 = (deployment(by_id[f"ixapp-fix-{i}"]) for i in ("0111", "0112", "0034"))
+    assert (mtp3.max_num_seqs, mtp3.speculative.draft_tokens) == (256, 3)
+    assert (stp.max_num_seqs, stp.speculative) == (1024, None)
+    assert (mtp1.max_num_seqs, mtp1.speculative.draft_tokens) == (4096, 1)
+    assert mtp1.speculative.tokens_per_step == pytest.approx(1.77)
+    assert any("nvidia-master.yaml" in s for s in harness_for(by_id["ixapp-fix-0111"]).sources)
+
+
+def test_users_beyond_the_decode_slots_wait_in_ttft():
+    """A disaggregated closed loop with more users than decode slots: the excess waits
+    for a slot before its first token (TTFT grows with the users beyond the cap, TPOT
+    does not), and without a cap the same row does not wait."""
+    from devices.inferencex import load_inferencex_rows
+
+    (row,) = [m.row for m in load_inferencex_rows() if m.id == "ixapp-fix-0111"]
+    dep = deployment(row)                                   # 658 users, 2 x 256 decode slots
+    capped = closed_loop_estimate(dep)
+    wider = closed_loop_estimate(dataclasses.replace(dep, max_num_seqs=512))
+    assert capped["batch"] <= 256 + 1e-6
+    assert capped["ttft_s"] > wider["ttft_s"] + 1.0
+    assert capped["tpot_s"] <= wider["tpot_s"] * 1.001
+
+
+def test_recipe_names_give_the_decode_slots_and_mtp_depth():
+    """scripts/harness_from_inferencex.py reads a recipe name's decode layout: batch per
+    attention-DP rank for "dep"/"dp" recipes, per worker otherwise; MTP depth 0 is none."""
+    import importlib.util
+    from pathlib import Path
+
+    pytest.importorskip("yaml")
+    path = Path(__file__).resolve().parents[1] / "scripts" / "harness_from_inferencex.py"
+    spec = importlib.util.spec_from_file_location("harness_from_inferencex", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    pre = {"num-worker": 5, "tp": 4, "additional-settings": [
+        "CONFIG_FILE=recipes/trtllm/b200-fp4/8k1k/mtp/ctx5_gen2_dep8_batch32_eplb0_mtp3.yaml"]}
+    assert mod.recipe_facts(pre, {"num-worker": 2, "tp": 8, "dp-attn": True})[:2] == (256, 3)
+    tep = {"additional-settings": ["CONFIG_FILE=recipes/x/ctx1_gen4_tep8_batch16_eplb0_mtp0.yaml"]}
+    assert mod.recipe_facts(tep, {"num-worker": 4, "tp": 8, "dp-attn": False})[:2] == (16, 0)
+    old = {"additional-settings": ["DECODE_MAX_BATCH_SIZE=64", "DECODE_MTP_SIZE=2"]}
+    assert mod.recipe_facts({}, {"num-worker": 1, "tp": 16, "dp-attn": True, **old})[:2] == (1024, 2)
+    assert mod.recipe_facts({}, {"num-worker": 1, "tp": 8, "dp-attn": True}) is None
+    # a recipe body: decode slots per attention-DP rank, MTP depth, prefill prompts per rank
+    body = {"decode": {"enable_attention_dp": True, "max_batch_size": 32,
+                       "speculative_config": {"num_nextn_predict_layers": 3}},
+            "prefill": {"max_batch_size": 2, "max_num_tokens": 16896}}
+    assert mod.body_facts(body, {"tp": 8}, 8192) == (256, 3, 16384)
+    tp_body = {"decode": {"max_batch_size": 1}, "prefill": {}}
+    assert mod.body_facts(tp_body, {"tp": 8}, 1024) == (1, None, None)
+    with pytest.raises(ValueError, match="decode layout"):
+        mod.recipe_facts(pre, {"num-worker": 3, "tp": 8, "dp-attn": True})
