@@ -19,6 +19,10 @@ throughput rows (devices/catalog/calibration.toml, steady-state batching).
 
     python scripts/fit_gpu_stacks.py            # print fitted values and errors
     python scripts/fit_gpu_stacks.py --write    # also write them into the catalog files
+    python scripts/fit_gpu_stacks.py --only h200-sglang --start decode_memory=0.8
+                                                # start the search inside the bounds
+    python scripts/fit_gpu_stacks.py --only h200-sglang --probe decode_memory=0.8,0.92
+                                                # which rows hold a term where it is
 
 Nelder-Mead in the log of each parameter (numpy only), bounded by clipping.
 """
@@ -145,11 +149,8 @@ def _term(dev, p: str):
 
 
 def loss(dev, deps_rows) -> float:
-    total = 0.0
-    for dep, row in deps_rows:
-        est, meas = closed_loop_estimate(dep, device=dev, iterations=30), measured(row)
-        total += sum(WEIGHTS[k] * _robust(math.log(est[k] / meas[k])) for k in WEIGHTS if k in meas)
-    return total
+    """The fit's objective: the sum of the rows' `row_loss`."""
+    return sum(row_loss(dev, dep, row)[0] for dep, row in deps_rows)
 
 
 def _robust(e: float, scale: float = 0.2) -> float:
@@ -186,18 +187,68 @@ def nelder_mead(f, x0: np.ndarray, steps: int = 150, scale: float = 0.5) -> np.n
     return pts[int(np.argmin(vals))]
 
 
-def fit_stack(key: str, deps_rows, names: tuple[str, ...], base) -> dict:
+def fit_stack(key: str, deps_rows, names: tuple[str, ...], base, start_at: dict | None = None) -> dict:
+    """The values of parameters `names` that minimise `loss` on the entry's rows, from
+    the catalog's values (`base`) or `start_at`'s (Nelder-Mead in the logs, each clipped
+    to its PARAMS bounds: a search that starts on a bound tends to stay there, so a
+    refit of a term at its bound starts it inside)."""
     bounds = {p: (lo, hi) for p, lo, hi in PARAMS}
 
     def values(x):
         return {p: float(np.clip(math.exp(v), *bounds[p])) for p, v in zip(names, x)}
 
     def start(p):
-        v = _term(base, p)
+        v = (start_at or {}).get(p, _term(base, p))
         return math.log(min(max(v, bounds[p][0]), bounds[p][1]))
 
     x = nelder_mead(lambda x: loss(with_params(base, values(x)), deps_rows), np.array([start(p) for p in names]))
     return values(x)
+
+
+def row_loss(dev, dep, row) -> tuple[float, dict]:
+    """One row's share of `loss` and its signed relative errors by metric."""
+    est, meas = closed_loop_estimate(dep, device=dev, iterations=30), measured(row)
+    errors = {k: est[k] / meas[k] - 1 for k in WEIGHTS if k in meas}
+    return sum(WEIGHTS[k] * _robust(math.log1p(e)) for k, e in errors.items()), errors
+
+
+def probe(key: str, deps_rows, param: str, probed: list[float], min_change: float = 0.002) -> list[dict]:
+    """What holds a term where it is: the entry's loss with `param` at each value of
+    `probed`, every other term as the catalog has it, and the rows whose share of the
+    loss moves by more than `min_change` from the catalog's value (largest first).
+
+    Returns one dict per probed value: {"value", "loss", "catalog_loss", "rows": [{"id",
+    "change", "errors_at_catalog", "errors_at_value"}]} (errors signed, est / meas - 1).
+    Raises SystemExit naming the parameter when the entry has no such term."""
+    base = get_device(key)
+    try:
+        _term(base, param)
+    except AttributeError:
+        raise SystemExit(f"--probe: {key} has no parameter {param!r}") from None
+    at_catalog = [row_loss(base, dep, row) for dep, row in deps_rows]
+    out = []
+    for v in probed:
+        dev = with_params(base, {param: v})
+        moved = []
+        for (dep, row), (l0, e0) in zip(deps_rows, at_catalog):
+            l1, e1 = row_loss(dev, dep, row)
+            if abs(l1 - l0) > min_change:
+                moved.append({"id": row.id, "change": l1 - l0, "errors_at_catalog": e0, "errors_at_value": e1})
+        moved.sort(key=lambda r: -abs(r["change"]))
+        out.append({"value": v, "loss": loss(dev, deps_rows), "catalog_loss": sum(l for l, _ in at_catalog),
+                    "rows": moved})
+    return out
+
+
+def _assignments(text: str, flag: str) -> dict[str, float]:
+    """{"name": value} from "name=value,name=value" (the --start flag)."""
+    out = {}
+    for part in filter(None, (t.strip() for t in text.split(","))):
+        name, _, value = part.partition("=")
+        if name not in {p for p, _, _ in PARAMS} or not value:
+            raise SystemExit(f"{flag}: expected name=value with a name of {[p for p, _, _ in PARAMS]}, got {part!r}")
+        out[name] = float(value)
+    return out
 
 
 def reload_catalog() -> None:
@@ -328,7 +379,18 @@ def main() -> None:
     ap.add_argument("--params", help="fit only these parameters (comma-separated, e.g. fp4_compute), the "
                     "others as the catalog has them")
     ap.add_argument("--rows", help="InferenceX measured rows (measured_rows.csv layout; default: the packaged copy)")
+    ap.add_argument("--start", help="start the search from these values instead of the catalog's (e.g. "
+                    "decode_memory=0.8,prefill_layer_latency_s=5e-4): a term the catalog has at a bound")
+    ap.add_argument("--probe", help="fit nothing: the loss of the --only entries with one term at each of these "
+                    "values, the others as the catalog has them, and the rows that move (e.g. "
+                    "decode_memory=0.8,0.92)")
     args = ap.parse_args()
+    start_at = _assignments(args.start, "--start") if args.start else {}
+    if args.probe:
+        name, _, values = args.probe.partition("=")
+        if not args.only or not values:
+            raise SystemExit("--probe needs --only ENTRY and PARAM=V1,V2,...")
+        probed = [float(v) for v in values.split(",") if v.strip()]
     groups: dict[str, list] = {}
     held_out = []
     measured_rows = [m for m in load_inferencex_rows(args.rows) if m.row is not None and m.model in FIT_MODELS]
@@ -340,6 +402,15 @@ def main() -> None:
             held_out.append((spec, dep, row))
             continue
         groups.setdefault(spec.key, []).append((dep, row))
+    if args.probe:
+        for key in args.only.split(","):
+            for r in probe(key, groups[key], name, probed):
+                print(f"{key}: {name} = {r['value']:g}: loss {r['loss']:.3f} (catalog's value: {r['catalog_loss']:.3f})")
+                for m in r["rows"]:
+                    print(f"   {m['id']:16s} {m['change']:+.3f}  " + "  ".join(
+                        f"{k.split('_')[0]} {m['errors_at_catalog'][k]:+.0%} -> {m['errors_at_value'][k]:+.0%}"
+                        for k in m["errors_at_catalog"]))
+        return
     order = sorted(groups, key=lambda k: k in SIBLINGS)          # siblings' sources first
     for key in ([] if args.power_only else order):
         if args.only and key not in args.only.split(","):
@@ -360,7 +431,7 @@ def main() -> None:
             names = tuple(p for p in names if p != "disagg_request_latency_s")
         held = {} if args.params else HELD       # --params: every other term as the catalog has it
         base = with_params(base, held)
-        vals = {**fit_stack(key, deps_rows, names, base), **held}
+        vals = {**fit_stack(key, deps_rows, names, base, start_at), **held}
         dev = with_params(base, vals)
         print(f"{key}: fitted on {', '.join(r.id for _, r in deps_rows)}")
         for p, v in {**copied, **vals}.items():
