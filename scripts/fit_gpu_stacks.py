@@ -104,17 +104,24 @@ POWER_CEILING = 1.05
 BOUND_NOTES = {   # (parameter, "low" | "high") -> why the fit sits there
     ("prefill_layer_latency_s", "high"): "the rows' prompt passes take longer than their FLOPs at the fitted "
                                          "efficiency and a 1 ms eager layer allow: a cost per prompt the model "
-                                         "lacks, not a longer layer (b200-sglang: its disaggregated prefill "
-                                         "workers' rows; gb200-sglang: its P48/D24 rows of another build; "
+                                         "lacks, not a longer layer, and not the prefill worker's KV send (~6 ms "
+                                         "an 8k prompt at link rate) (b200-sglang: its disaggregated prefill "
+                                         "workers' rows 0194, 0225-0227, 0430, 0432 and FP4 row 0023; "
+                                         "gb200-trtllm: its one-worker TP4 8k rows 0347, 0351, 0352; "
+                                         "gb200-sglang: its P48/D24 rows of another build; --probe names them; "
                                          "docs/devices.md, terms at a bound)",
     ("prefill_layer_latency_s", "low"): "no fixed latency per prompt layer is left beyond the roofline",
     ("decode_memory", "high"): "HBM reached 92 % of peak in a microbenchmark (hardware.md): decode at the ceiling, "
-                               "held there by small-batch steps that read fewer experts than uniform top-k "
-                               "routing's upper bound (docs/devices.md, terms at a bound)",
+                               "held there by small-batch steps (gb200-sglang: C40, 0041, 0050, against its "
+                               "P48/D24 rows; b300-sglang: FP4 rows 0444, 0445) that may read fewer experts than "
+                               "uniform top-k routing's upper bound; no public per-expert load of DeepSeek-R1 "
+                               "prices that (docs/devices.md, terms at a bound)",
     ("decode_memory", "low"): "the rows' decode steps take longer than the slowest published decode-shaped "
                               "GEMM (45 % of HBM) allows: costs the roofline does not hold (or rows of one "
                               "stack that disagree)",
-    ("request_latency_s", "high"): "the front end's share of TTFT is at the end of its plausible range",
+    ("request_latency_s", "high"): "the front end's share of TTFT is at the end of its plausible range: waits "
+                                   "the closed form does not hold (h200-trtllm: 0098, 0019, 0090, S02, 0407 "
+                                   "ask for more, 0100, S03, S04, 0089 for less)",
 }
 #: stack entry -> the entry whose other parameters it takes when it has few rows
 SIBLINGS = FIT_SIBLINGS   # the same SGLang 0.5.x kernels (devices.borrow: LODO keeps them apart)
