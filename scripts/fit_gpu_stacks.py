@@ -19,6 +19,10 @@ throughput rows (devices/catalog/calibration.toml, steady-state batching).
 
     python scripts/fit_gpu_stacks.py            # print fitted values and errors
     python scripts/fit_gpu_stacks.py --write    # also write them into the catalog files
+    python scripts/fit_gpu_stacks.py --only h200-sglang --start decode_memory=0.8
+                                                # start the search inside the bounds
+    python scripts/fit_gpu_stacks.py --only h200-sglang --probe decode_memory=0.8,0.92
+                                                # which rows hold a term where it is
 
 Nelder-Mead in the log of each parameter (numpy only), bounded by clipping.
 """
@@ -100,17 +104,24 @@ POWER_CEILING = 1.05
 BOUND_NOTES = {   # (parameter, "low" | "high") -> why the fit sits there
     ("prefill_layer_latency_s", "high"): "the rows' prompt passes take longer than their FLOPs at the fitted "
                                          "efficiency and a 1 ms eager layer allow: a cost per prompt the model "
-                                         "lacks, not a longer layer (b200-sglang: its disaggregated prefill "
-                                         "workers' rows; gb200-sglang: its P48/D24 rows of another build; "
+                                         "lacks, not a longer layer, and not the prefill worker's KV send (~6 ms "
+                                         "an 8k prompt at link rate) (b200-sglang: its disaggregated prefill "
+                                         "workers' rows 0194, 0225-0227, 0430, 0432 and FP4 row 0023; "
+                                         "gb200-trtllm: its one-worker TP4 8k rows 0347, 0351, 0352; "
+                                         "gb200-sglang: its P48/D24 rows of another build; --probe names them; "
                                          "docs/devices.md, terms at a bound)",
     ("prefill_layer_latency_s", "low"): "no fixed latency per prompt layer is left beyond the roofline",
     ("decode_memory", "high"): "HBM reached 92 % of peak in a microbenchmark (hardware.md): decode at the ceiling, "
-                               "held there by small-batch steps that read fewer experts than uniform top-k "
-                               "routing's upper bound (docs/devices.md, terms at a bound)",
+                               "held there by small-batch steps (gb200-sglang: C40, 0041, 0050, against its "
+                               "P48/D24 rows; b300-sglang: FP4 rows 0444, 0445) that may read fewer experts than "
+                               "uniform top-k routing's upper bound; no public per-expert load of DeepSeek-R1 "
+                               "prices that (docs/devices.md, terms at a bound)",
     ("decode_memory", "low"): "the rows' decode steps take longer than the slowest published decode-shaped "
                               "GEMM (45 % of HBM) allows: costs the roofline does not hold (or rows of one "
                               "stack that disagree)",
-    ("request_latency_s", "high"): "the front end's share of TTFT is at the end of its plausible range",
+    ("request_latency_s", "high"): "the front end's share of TTFT is at the end of its plausible range: waits "
+                                   "the closed form does not hold (h200-trtllm: 0098, 0019, 0090, S02, 0407 "
+                                   "ask for more, 0100, S03, S04, 0089 for less)",
 }
 #: stack entry -> the entry whose other parameters it takes when it has few rows
 SIBLINGS = FIT_SIBLINGS   # the same SGLang 0.5.x kernels (devices.borrow: LODO keeps them apart)
@@ -145,11 +156,8 @@ def _term(dev, p: str):
 
 
 def loss(dev, deps_rows) -> float:
-    total = 0.0
-    for dep, row in deps_rows:
-        est, meas = closed_loop_estimate(dep, device=dev, iterations=30), measured(row)
-        total += sum(WEIGHTS[k] * _robust(math.log(est[k] / meas[k])) for k in WEIGHTS if k in meas)
-    return total
+    """The fit's objective: the sum of the rows' `row_loss`."""
+    return sum(row_loss(dev, dep, row)[0] for dep, row in deps_rows)
 
 
 def _robust(e: float, scale: float = 0.2) -> float:
@@ -186,18 +194,68 @@ def nelder_mead(f, x0: np.ndarray, steps: int = 150, scale: float = 0.5) -> np.n
     return pts[int(np.argmin(vals))]
 
 
-def fit_stack(key: str, deps_rows, names: tuple[str, ...], base) -> dict:
+def fit_stack(key: str, deps_rows, names: tuple[str, ...], base, start_at: dict | None = None) -> dict:
+    """The values of parameters `names` that minimise `loss` on the entry's rows, from
+    the catalog's values (`base`) or `start_at`'s (Nelder-Mead in the logs, each clipped
+    to its PARAMS bounds: a search that starts on a bound tends to stay there, so a
+    refit of a term at its bound starts it inside)."""
     bounds = {p: (lo, hi) for p, lo, hi in PARAMS}
 
     def values(x):
         return {p: float(np.clip(math.exp(v), *bounds[p])) for p, v in zip(names, x)}
 
     def start(p):
-        v = _term(base, p)
+        v = (start_at or {}).get(p, _term(base, p))
         return math.log(min(max(v, bounds[p][0]), bounds[p][1]))
 
     x = nelder_mead(lambda x: loss(with_params(base, values(x)), deps_rows), np.array([start(p) for p in names]))
     return values(x)
+
+
+def row_loss(dev, dep, row) -> tuple[float, dict]:
+    """One row's share of `loss` and its signed relative errors by metric."""
+    est, meas = closed_loop_estimate(dep, device=dev, iterations=30), measured(row)
+    errors = {k: est[k] / meas[k] - 1 for k in WEIGHTS if k in meas}
+    return sum(WEIGHTS[k] * _robust(math.log1p(e)) for k, e in errors.items()), errors
+
+
+def probe(key: str, deps_rows, param: str, probed: list[float], min_change: float = 0.002) -> list[dict]:
+    """What holds a term where it is: the entry's loss with `param` at each value of
+    `probed`, every other term as the catalog has it, and the rows whose share of the
+    loss moves by more than `min_change` from the catalog's value (largest first).
+
+    Returns one dict per probed value: {"value", "loss", "catalog_loss", "rows": [{"id",
+    "change", "errors_at_catalog", "errors_at_value"}]} (errors signed, est / meas - 1).
+    Raises SystemExit naming the parameter when the entry has no such term."""
+    base = get_device(key)
+    try:
+        _term(base, param)
+    except AttributeError:
+        raise SystemExit(f"--probe: {key} has no parameter {param!r}") from None
+    at_catalog = [row_loss(base, dep, row) for dep, row in deps_rows]
+    out = []
+    for v in probed:
+        dev = with_params(base, {param: v})
+        moved = []
+        for (dep, row), (l0, e0) in zip(deps_rows, at_catalog):
+            l1, e1 = row_loss(dev, dep, row)
+            if abs(l1 - l0) > min_change:
+                moved.append({"id": row.id, "change": l1 - l0, "errors_at_catalog": e0, "errors_at_value": e1})
+        moved.sort(key=lambda r: -abs(r["change"]))
+        out.append({"value": v, "loss": loss(dev, deps_rows), "catalog_loss": sum(l for l, _ in at_catalog),
+                    "rows": moved})
+    return out
+
+
+def _assignments(text: str, flag: str) -> dict[str, float]:
+    """{"name": value} from "name=value,name=value" (the --start flag)."""
+    out = {}
+    for part in filter(None, (t.strip() for t in text.split(","))):
+        name, _, value = part.partition("=")
+        if name not in {p for p, _, _ in PARAMS} or not value:
+            raise SystemExit(f"{flag}: expected name=value with a name of {[p for p, _, _ in PARAMS]}, got {part!r}")
+        out[name] = float(value)
+    return out
 
 
 def reload_catalog() -> None:
@@ -328,7 +386,18 @@ def main() -> None:
     ap.add_argument("--params", help="fit only these parameters (comma-separated, e.g. fp4_compute), the "
                     "others as the catalog has them")
     ap.add_argument("--rows", help="InferenceX measured rows (measured_rows.csv layout; default: the packaged copy)")
+    ap.add_argument("--start", help="start the search from these values instead of the catalog's (e.g. "
+                    "decode_memory=0.8,prefill_layer_latency_s=5e-4): a term the catalog has at a bound")
+    ap.add_argument("--probe", help="fit nothing: the loss of the --only entries with one term at each of these "
+                    "values, the others as the catalog has them, and the rows that move (e.g. "
+                    "decode_memory=0.8,0.92)")
     args = ap.parse_args()
+    start_at = _assignments(args.start, "--start") if args.start else {}
+    if args.probe:
+        name, _, values = args.probe.partition("=")
+        if not args.only or not values:
+            raise SystemExit("--probe needs --only ENTRY and PARAM=V1,V2,...")
+        probed = [float(v) for v in values.split(",") if v.strip()]
     groups: dict[str, list] = {}
     held_out = []
     measured_rows = [m for m in load_inferencex_rows(args.rows) if m.row is not None and m.model in FIT_MODELS]
@@ -340,6 +409,15 @@ def main() -> None:
             held_out.append((spec, dep, row))
             continue
         groups.setdefault(spec.key, []).append((dep, row))
+    if args.probe:
+        for key in args.only.split(","):
+            for r in probe(key, groups[key], name, probed):
+                print(f"{key}: {name} = {r['value']:g}: loss {r['loss']:.3f} (catalog's value: {r['catalog_loss']:.3f})")
+                for m in r["rows"]:
+                    print(f"   {m['id']:16s} {m['change']:+.3f}  " + "  ".join(
+                        f"{k.split('_')[0]} {m['errors_at_catalog'][k]:+.0%} -> {m['errors_at_value'][k]:+.0%}"
+                        for k in m["errors_at_catalog"]))
+        return
     order = sorted(groups, key=lambda k: k in SIBLINGS)          # siblings' sources first
     for key in ([] if args.power_only else order):
         if args.only and key not in args.only.split(","):
@@ -360,7 +438,7 @@ def main() -> None:
             names = tuple(p for p in names if p != "disagg_request_latency_s")
         held = {} if args.params else HELD       # --params: every other term as the catalog has it
         base = with_params(base, held)
-        vals = {**fit_stack(key, deps_rows, names, base), **held}
+        vals = {**fit_stack(key, deps_rows, names, base, start_at), **held}
         dev = with_params(base, vals)
         print(f"{key}: fitted on {', '.join(r.id for _, r in deps_rows)}")
         for p, v in {**copied, **vals}.items():
