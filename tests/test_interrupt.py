@@ -347,3 +347,59 @@ def test_a_second_signal_swallowed_by_a_finaliser_still_stops_the_command(capsys
     assert "Traceback" not in err and "Exception ignored" not in err
     assert err.strip() == "interrupted again (SIGINT): stopped at once, no results written"
     assert sys.unraisablehook is hook                   # restored
+
+
+def test_signals_while_writing_the_results_wait_for_the_write():
+    """Inside `deferred` (a command writing its results) a first and a second signal
+    only ask for a stop; the block runs to its end and `requested` says what came."""
+    from rack.runtime.interrupt import handle_signals
+
+    with handle_signals() as stop:
+        with stop.deferred():
+            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)
+            wrote = True                                    # reached: nothing was raised
+        assert wrote and stop.requested and stop.signal_name == "SIGTERM" and stop.count == 2
+        assert not stop.absorb_second and not stop.in_replay          # restored after the block
+
+
+def test_results_json_is_written_whole_or_not_at_all(tmp_path, monkeypatch):
+    """A failed write (here os.replace) leaves the earlier results.json as it was and
+    no temporary file beside it."""
+    from rack.measure import results as res
+
+    target = tmp_path / "results.json"
+    target.write_text('{"status": "complete", "old": true}')
+
+    def broken(src, dst):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", broken)
+    with pytest.raises(OSError):
+        res.write_text_atomic(target, '{"status": "complete", "new": true}')
+    assert json.loads(target.read_text()) == {"status": "complete", "old": True}
+    assert [p.name for p in tmp_path.iterdir()] == ["results.json"]
+
+
+def test_a_run_clears_the_earlier_runs_files_in_its_folder(tmp_path):
+    """A rerun into the same --out removes what the earlier run wrote there before it
+    starts: stopped before writing anything, the folder holds no results read as its
+    own; --no-plots leaves no earlier timeseries.png behind."""
+    import rack.cli
+    from typer.testing import CliRunner
+
+    from rack.cli.app import app
+    from rack.cli.run import RUN_FILES
+
+    out = tmp_path / "out"
+    out.mkdir()
+    for name in RUN_FILES:
+        (out / name).write_text("an earlier run's")
+    rack.cli._register_commands()
+    res = CliRunner().invoke(app, ["run", "--runtime", "virtual", "--max-requests", "3", "--no-plots",
+                                   "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert not (out / "timeseries.png").exists() and not (out / "error.log").exists()
+    assert json.loads((out / "results.json").read_text())["requests"]["submitted"] == 3
+    assert not list(out.glob(".*.tmp"))

@@ -135,7 +135,7 @@ def run(
             except (ScenarioError, ValueError) as exc:
                 fail(str(exc))
         info = loaded.info
-        folder = prepare_out_dir("--out", out)
+        folder = clear_previous_run(prepare_out_dir("--out", out))
         if not as_json:
             typer.echo(f"replaying {len(reqs)} requests of {loaded.label} through {sc.name} on the {runtime} runtime"
                        + (f" (closed loop, at most {load.max_concurrency} in flight)" if load.max_concurrency else "")
@@ -146,11 +146,19 @@ def run(
         output = execute(folder, sc, reqs, runtime=runtime, address=address, trace_info=info,
                          progress=not as_json and sys.stderr.isatty(), timeout_s=timeout,
                          records_dir=str(folder / "records") if stream else None, stop=stop, **loaded.run_kwargs)
-        try:
-            write_results(folder, output.results, output.columns)
-            extras = write_run_series(folder, output, sc, plots=not no_plots)
-        except OSError as exc:
-            fail(f"--out {folder}: could not write the results ({exc.strerror or exc})", code=1)
+        # A signal now waits for the results to be whole (results.json last, atomic),
+        # then ends the command with its exit code: the replay's work is not lost.
+        with stop.deferred():
+            try:
+                extras = write_run_series(folder, output, sc, plots=not no_plots)
+                write_results(folder, output.results, output.columns)
+            except OSError as exc:
+                fail(f"--out {folder}: could not write the results ({exc.strerror or exc})", code=1)
+        if output.results["status"] != "interrupted" and stop.requested:
+            typer.echo(f"interrupted ({stop.signal_name}) while writing the results: the replay had ended "
+                       f"(status {output.results['status']}); its results are whole in {folder}/results.json",
+                       err=True)
+            raise typer.Exit(exit_code(stop.signal_name))
         if output.results["status"] == "interrupted":
             typer.echo(interrupted_line(output.results, folder), err=True)
             raise typer.Exit(exit_code((output.results.get("interrupted") or {}).get("signal")))
@@ -172,6 +180,24 @@ def interrupted_line(results: dict, folder: Path) -> str:
             f"{r['rejected']} rejected, {r['failed']} failed, {r['unfinished']} unfinished of {r['submitted']} "
             f"submitted{not_arrived_note(r)}; results of what finished in {folder}/results.json (status interrupted)")
 
+
+
+#: What `rack run` writes into its results folder (records/ clears its own chunks).
+RUN_FILES = ("results.json", "requests.csv", "summary.txt", "timeseries.csv", "timeseries.png",
+             "timelines.json", "error.log")
+
+
+def clear_previous_run(folder: Path) -> Path:
+    """Remove an earlier run's RUN_FILES from `folder` before this run starts, so that
+    what the folder holds after it (even when stopped before writing, or killed while
+    writing) is this run's or nothing, never an earlier run's results read as this
+    one's. Fails with one line when a file cannot be removed. Returns `folder`."""
+    for name in RUN_FILES:
+        try:
+            (folder / name).unlink(missing_ok=True)
+        except OSError as exc:
+            fail(f"--out {folder}: cannot remove the earlier run's {name} ({exc.strerror or exc})", code=1)
+    return folder
 
 
 def write_run_series(folder: Path, output, sc, plots: bool = True) -> list[str]:

@@ -218,10 +218,30 @@ def write_error_log(out_dir: str | Path, exc: BaseException) -> Path:
 
 
 def write_results(out_dir: str | Path, results: dict, columns: dict[str, np.ndarray]) -> Path:
-    """Write results.json, requests.csv and summary.txt into `out_dir` (created)."""
+    """Write requests.csv, summary.txt and then results.json into `out_dir` (created).
+
+    results.json comes last and whole (`write_text_atomic`): a reader that finds it
+    finds a complete results.json and the files written before it, never a truncated
+    one (a full disk, a process killed mid-write) or an earlier run's beside this one's
+    requests. Raises OSError when a file cannot be written."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(to_json(results))
     write_requests_csv(out / "requests.csv", columns)
     (out / "summary.txt").write_text(summary_text(results) + "\n")
+    write_text_atomic(out / "results.json", to_json(results))
     return out
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write `text` to `path` through a temporary file beside it and `os.replace`: the
+    file is the old one or the new one, whole, at every instant. The temporary file is
+    removed when the write fails (OSError raised)."""
+    import os
+
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise

@@ -10,8 +10,10 @@ gathers the records of what finished and raises `RunStopped` with them in `parti
 `handle_signals()` installs the handlers for the duration of a command (main thread
 only). While a replay is running (`StopRequest.replaying()`), the first signal only
 sets the request and the run ends as above; before the replay starts and after it has
-ended (starting Ray, writing the results) there is nothing to keep, and the first
-signal raises KeyboardInterrupt at once, as Python's default handler does. A second
+ended (starting Ray) there is nothing to keep, and the first signal raises
+KeyboardInterrupt at once, as Python's default handler does. While a command writes
+its results (`StopRequest.deferred`) a first and a second signal wait for the write to
+complete, and the command then ends with the signal's exit code. Elsewhere a second
 signal always raises KeyboardInterrupt at once (the gathering is skipped; the
 command's clean-up still shuts Ray down), a third exits the process on the spot
 (`exit_now`: the processes it started, e.g. a local Ray's, are killed by PID, then
@@ -126,6 +128,19 @@ class StopRequest:
     @property
     def in_replay(self) -> bool:
         return self._replaying > 0
+
+    @contextlib.contextmanager
+    def deferred(self) -> Iterator["StopRequest"]:
+        """While inside (a command writing what it measured), a first and a second
+        signal only ask for a stop, so the write completes; a third still exits at
+        once. The caller checks `requested` afterwards."""
+        absorb = self.absorb_second
+        self.absorb_second = True
+        try:
+            with self.replaying():
+                yield self
+        finally:
+            self.absorb_second = absorb
 
 
 class RunStopped(Exception):
