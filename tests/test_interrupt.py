@@ -403,3 +403,25 @@ def test_a_run_clears_the_earlier_runs_files_in_its_folder(tmp_path):
     assert not (out / "timeseries.png").exists() and not (out / "error.log").exists()
     assert json.loads((out / "results.json").read_text())["requests"]["submitted"] == 3
     assert not list(out.glob(".*.tmp"))
+
+
+def test_a_signal_while_a_finished_run_is_assembled_waits_for_its_results(monkeypatch):
+    """Every request ended: a signal while the metrics are computed no longer drops the
+    run (a KeyboardInterrupt there lost it whole); the results come, `requested` says a
+    signal came (the command then exits with its code)."""
+    from rack.run import runner
+    from rack.runtime.interrupt import handle_signals
+
+    real = runner.assemble
+
+    def signalled(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.05)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(runner, "assemble", signalled)
+    reqs = load_requests("mooncake-excerpt")[:20]
+    with handle_signals() as stop:
+        out = run_scenario(load_scenario(), reqs, runtime="virtual", stop=stop)
+    assert out.results["status"] == "complete" and out.results["requests"]["completed"] == len(reqs)
+    assert stop.requested and stop.signal_name == "SIGINT"

@@ -155,8 +155,8 @@ def run(
             except OSError as exc:
                 fail(f"--out {folder}: could not write the results ({exc.strerror or exc})", code=1)
         if output.results["status"] != "interrupted" and stop.requested:
-            typer.echo(f"interrupted ({stop.signal_name}) while writing the results: the replay had ended "
-                       f"(status {output.results['status']}); its results are whole in {folder}/results.json",
+            typer.echo(f"interrupted ({stop.signal_name}) after the replay had ended (status "
+                       f"{output.results['status']}): its results were written whole, {folder}/results.json",
                        err=True)
             raise typer.Exit(exit_code(stop.signal_name))
         if output.results["status"] == "interrupted":

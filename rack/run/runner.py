@@ -11,6 +11,8 @@ This is the public Python API of the main job:
 
 from __future__ import annotations
 
+import contextlib
+
 import math
 import platform
 import sys
@@ -337,7 +339,9 @@ def run_scenario(scenario: Scenario, requests: Sequence[Any], *, runtime: str = 
         output = assemble(scenario, specs, requests, partial, runtime, time.perf_counter() - wall0,
                            trace_info, load, status={"status": "aborted", "error": error})
         raise RunAborted(exc, output) from exc
-    return assemble(scenario, specs, requests, raw, runtime, time.perf_counter() - wall0, trace_info, load)
+    # every request ended: a signal now waits for the results (`StopRequest.deferred`)
+    with stop.deferred() if stop is not None else contextlib.nullcontext():
+        return assemble(scenario, specs, requests, raw, runtime, time.perf_counter() - wall0, trace_info, load)
 
 
 def assemble(scenario: Scenario, specs: Sequence[ComponentSpec], requests: Sequence[Any], raw: dict,
