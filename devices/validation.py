@@ -26,9 +26,8 @@ An instance of tp x pp devices is replicated count / (tp x pp) times.
 
 from __future__ import annotations
 
-import math
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -113,11 +112,18 @@ def load_rows(path: str | Path = CALIBRATION_FILE) -> list[CalibrationRow]:
     except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise CatalogError(f"{path}: cannot read calibration rows: {e}") from None
     rows = []
+    known = {f.name for f in fields(CalibrationRow)}
+    required = {f.name for f in fields(CalibrationRow) if f.default is MISSING}
     for i, raw in enumerate(data.get("row", []), 1):
-        try:
-            rows.append(CalibrationRow(**raw))
-        except TypeError as e:
-            raise CatalogError(f"{path}: row {i} ({raw.get('name', '?')}): {e}") from None
+        where = f"{path}: row {i} ({raw.get('name', '?')})"
+        unknown = sorted(set(raw) - known)
+        if unknown:
+            raise CatalogError(f"{where}: unknown field(s) {', '.join(unknown)}; "
+                               f"a row has {', '.join(f.name for f in fields(CalibrationRow))}")
+        missing = sorted(required - set(raw))
+        if missing:
+            raise CatalogError(f"{where}: missing field(s) {', '.join(missing)}")
+        rows.append(CalibrationRow(**raw))
         if raw.get("kind") not in KINDS:
             raise CatalogError(f"{path}: row {i}: kind must be one of {', '.join(KINDS)}, "
                                f"got {raw.get('kind')!r}")

@@ -146,6 +146,21 @@ def test_cli_rejects_a_bad_window():
     assert res.exit_code == 2
 
 
+def test_cli_refuses_a_bad_out_path_and_codec_size_before_measuring(tmp_path):
+    """An --out under a file and a --codec-mb <= 0 fail at once with one line, not with
+    a traceback after the whole benchmark has run (its measurement lost)."""
+    from rack.cli import _register_commands
+    from rack.cli.app import app
+
+    _register_commands()
+    (tmp_path / "afile").write_text("x")
+    for args, said in ((["--out", str(tmp_path / "afile" / "x.json")], "--out"),
+                       (["--out", str(tmp_path)], "is a directory"),
+                       (["--codec-mb", "-1"], "--codec-mb: expected a finite number > 0")):
+        res = CliRunner().invoke(app, ["bench", "--quick", "--skip-ray", "--skip-memory", *args])
+        assert res.exit_code == 2 and said in res.output and "Traceback" not in res.output, (args, res.output)
+
+
 # ---------------------------------------------------------------------------- --baseline
 def test_baseline_section_compares_two_checkouts_in_one_run():
     """The same code as its own baseline (a checkout path): both sides replay the same

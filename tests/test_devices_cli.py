@@ -41,6 +41,20 @@ def test_validate_table_and_tolerance_exit_code():
     assert r.exit_code == 1 and "tolerance 0%" in r.output
 
 
+def test_validate_refuses_what_checks_nothing_and_bad_paths_in_one_line(tmp_path):
+    """A rows file without rows is an error, not "every criterion met"; an unknown field
+    is named; --tolerance <= 0 and a --plot folder under a file fail before any work."""
+    (tmp_path / "afile").write_text("x")
+    (tmp_path / "empty.toml").write_text("x = 1\n")
+    (tmp_path / "bogus.toml").write_text("[[row]]\nname = 'a'\nbogus = 1\n")
+    for args, said in ((["--rows", str(tmp_path / "empty.toml")], "no rows"),
+                       (["--rows", str(tmp_path / "bogus.toml")], "unknown field(s) bogus"),
+                       (["--tolerance", "-1"], "--tolerance: expected a finite fraction > 0"),
+                       (["--plot", str(tmp_path / "afile" / "x")], "--plot")):
+        r = runner.invoke(app, ["validate", *args])
+        assert r.exit_code == 2 and said in r.output and "Traceback" not in r.output, (args, r.output)
+
+
 #: Rows the model misses by more than the worst-case limit, and why (docs/hardware.md, "rack
 #: validate"): none since the serving harness (scheduler receive interval, SGLang's
 #: two drafted tokens) and B300 SGLang's measured compute efficiency explain C35.

@@ -216,3 +216,11 @@ def test_a_missing_trace_is_refused_before_anything_runs(tmp_path):
     res = CliRunner().invoke(_app(), ["study", "--spec", str(p), "--out", str(tmp_path / "x.md")])
     assert res.exit_code == 2 and "t.toml" in res.output and "no-such-trace.jsonl" in res.output, res.output
     assert not (tmp_path / "x").exists() or not any((tmp_path / "x").glob("*.json*"))
+
+
+def test_an_out_path_that_cannot_be_written_fails_before_the_study_runs(tmp_path):
+    """--out under a file: one line and exit code 2 at once (it used to run the study,
+    then fail with a traceback when writing its checkpoints)."""
+    (tmp_path / "afile").write_text("x")
+    res = CliRunner().invoke(_app(), ["study", "--quick", "--out", str(tmp_path / "afile" / "x.md")])
+    assert res.exit_code == 2 and "--out" in res.output and "Traceback" not in res.output, res.output

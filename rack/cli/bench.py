@@ -9,7 +9,7 @@ from typing import List, Optional
 
 import typer
 
-from rack.cli._checks import stops_on_signal
+from rack.cli._checks import check_positive, prepare_out_dir, stops_on_signal
 from rack.cli.app import app
 
 
@@ -45,6 +45,13 @@ def bench(
     from rack.experiments import bench as B
     from workloads import parse_window
 
+    if out is not None:                 # before the benchmark: a bad path fails at once, in one line
+        if out.is_dir():
+            typer.echo(f"error: --out {out}: is a directory; expected the path of a JSON file", err=True)
+            raise typer.Exit(2)
+        prepare_out_dir("--out", out.parent)
+    for mb in codec_mb or ():
+        check_positive("--codec-mb", mb)
     try:
         win = parse_window(window) if window is not None else None
         if baseline:

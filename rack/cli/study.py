@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from rack.cli._checks import stops_on_signal
+from rack.cli._checks import prepare_out_dir, stops_on_signal
 from rack.cli.app import app
 
 
@@ -42,6 +42,9 @@ def study(
     fig_dir = figures if figures is not None else out.with_suffix("")
     if out.exists() and out.is_dir():
         fail(f"--out {out}: is a directory; expected the path of a Markdown file")
+    # before the study runs: a folder that cannot be written fails at once, in one line
+    prepare_out_dir("--out", out.parent)
+    prepare_out_dir("--figures" if figures is not None else "--out (its figures folder)", fig_dir)
     if not resume and not render_only and (fig_dir / "checkpoints").is_dir():
         shutil.rmtree(fig_dir / "checkpoints")
     if render_only:

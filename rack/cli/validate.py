@@ -6,11 +6,13 @@ users through the engines)."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Optional
 
 import typer
 
+from rack.cli._checks import prepare_out_dir
 from rack.cli.app import app
 
 
@@ -228,6 +230,11 @@ def validate(
     from rack.experiments.validation_table import replay_rows, serving_rows, summarize
     from workloads.paths import file_problem
 
+    if not (tolerance > 0 and math.isfinite(tolerance)):
+        typer.echo(f"error: --tolerance: expected a finite fraction > 0 (0.15 = 15 %), got {tolerance:g}", err=True)
+        raise typer.Exit(2)
+    if plot_dir is not None:
+        prepare_out_dir("--plot", plot_dir)    # before the work: a bad folder fails at once, in one line
     bad = file_problem(rows_file) if rows_file is not None else None
     if bad is not None:            # a FIFO would block the read
         typer.echo(f"error: --rows {rows_file}: {bad}; expected a CSV or TOML file", err=True)
@@ -249,6 +256,11 @@ def validate(
             replays = replay_rows(serving_rows(rows_file))
     except (CatalogError, ScenarioError, ValueError, RuntimeError) as e:
         typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2)
+    if rows_file is not None and not figures and not replays:
+        # nothing checked is not "every criterion met"
+        typer.echo(f"error: --rows {rows_file}: no rows; expected [[row]] tables in a TOML file (published "
+                   "figures) or a CSV in gpu-calibration.csv's or InferenceX's layout", err=True)
         raise typer.Exit(2)
     summary = summarize(replays, figures, tolerance)
     lodo, sat, sat_summary = None, [], None
