@@ -71,6 +71,8 @@ CASES = [
      "2023-11-16 18:15:46.6805900 on line 2", "time_backwards"),
     ("json.jsonl", GOOD + '{"timestamp": 1, "input_length": 5 "output_length": 5}\n',
      "2: invalid JSON (Expecting ',' delimiter at column 36)", "invalid_json"),
+    ("control.jsonl", GOOD + '{"timestamp": 1, "note": "a\tb", "input_length": 5, "output_length": 5}\n',
+     "2: invalid JSON (Invalid control character at column 28)", "invalid_json"),
     ("hashes.jsonl", GOOD + moon(1, 600, 10, [1, 2, 3]),
      "2: field 'hash_ids': 3 block hashes, but a prompt of 600 tokens has 2 blocks of "
      "512 tokens (expected 2)", "bad_hashes"),

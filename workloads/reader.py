@@ -373,7 +373,9 @@ class TraceReader:
                         if not raw.strip():
                             continue  # blank line (e.g. a trailing newline)
                         self.rows_read += 1
-                        msg = getattr(e, "msg", str(e))
+                        # json's messages for a control character or an open string end in
+                        # "at" (it appends the position itself): the column follows here
+                        msg = getattr(e, "msg", str(e)).removesuffix(" at")
                         col = getattr(e, "colno", None)
                         self._skip(line, _BadRow(None, f"invalid JSON ({msg}"
                                                  + (f" at column {col})" if col else ")"),

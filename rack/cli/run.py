@@ -114,8 +114,9 @@ def run(
             fail(f"--dilation {dilation:g}: {dilation_error(dilation)}")
         if runtime == "ray" and window is None and trace == DEFAULT_TRACE and not (load.dataset or load.workload):
             window = DEFAULT_RAY_WINDOW
-        # the virtual runtime runs in this process: a Ray cluster's address has no use there
-        for name, value in (("--dilation", dilation), ("--timeout", timeout), ("--address", address)):
+        # the virtual runtime runs in this process: no cluster, no wall clock, no actor to restart
+        for name, value in (("--dilation", dilation), ("--timeout", timeout), ("--address", address),
+                            ("--max-restarts", max_restarts)):
             if runtime == "virtual" and value is not None:
                 typer.echo(f"warning: {name} applies to the ray runtime only; the virtual runtime ignores it", err=True)
         sc, loaded = load_inputs(scenario, trace, window, rate_scale, max_requests, output_scale,

@@ -36,7 +36,7 @@ from typing import Optional
 import typer
 
 from rack.cli.app import app
-from rack.cli._checks import positive_numbers
+from rack.cli._checks import check_positive, positive_numbers, stops_on_signal
 from rack.cli.run import DEFAULT_TRACE, fail
 
 AGREEMENT_TOLERANCE = 0.05   # Ray vs virtual medians (the split-rack issue's tolerance)
@@ -173,6 +173,7 @@ def actor_table(p: dict):
 
 
 @app.command("scale-test")
+@stops_on_signal
 def scale_test(
     workers: str = typer.Option("1,2,3", "--workers", help="worker-node counts K to try (a local cluster each)"),
     prefill: int = typer.Option(2, "--prefill", min=1, help="prefill instances P"),
@@ -189,7 +190,9 @@ def scale_test(
     timeout: float = typer.Option(900.0, "--timeout", help="wall-clock limit per Ray run (s)"),
     out: Path = typer.Option(Path("rack-results/scale-test.json"), "--out", help="JSON file for every point"),
 ) -> None:
-    """Scale the Ray runtime over nodes and rate; check lateness and agreement with virtual time."""
+    """Scale the Ray runtime over nodes and rate; check lateness and agreement with virtual time.
+    SIGINT/SIGTERM stop it at once (one line, exit code 130/143; the local clusters it
+    started are shut down)."""
     from rich.console import Console
 
     from rack.wiring.scenario import ScenarioError
@@ -197,6 +200,9 @@ def scale_test(
     from rack.wiring.load import load_scenario
     from workloads import TraceError, load_requests
 
+    for name, value in (("--dilation", dilation), ("--lateness-bound", lateness_bound),
+                        ("--output-scale", output_scale), ("--timeout", timeout)):
+        check_positive(name, value)
     ks = [int(k) for k in positive_numbers(workers, "--workers")]
     rs = sorted(positive_numbers(rate_scales, "--rate-scales"))
     try:

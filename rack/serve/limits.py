@@ -98,8 +98,10 @@ def parse_json(body: bytes, max_depth: int = MAX_JSON_DEPTH) -> Any:
     try:
         return json.loads(text)
     except (ValueError, RecursionError) as exc:
-        what = getattr(exc, "msg", None) or type(exc).__name__
-        raise RequestRefused(400, f"the request body is not valid JSON ({what})") from None
+        what = (getattr(exc, "msg", None) or type(exc).__name__).removesuffix(" at")   # json appends the place
+        pos = getattr(exc, "pos", None)
+        raise RequestRefused(400, f"the request body is not valid JSON ({what}"
+                             + (f" at character {pos})" if pos is not None else ")")) from None
 
 
 # ----------------------------------------------------------------------------- ASGI guard
