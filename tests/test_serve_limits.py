@@ -378,3 +378,21 @@ def test_a_port_in_use_is_refused_before_ray_starts(tmp_path, monkeypatch):
         res = CliRunner().invoke(app, ["serve", "--port", str(port), "--out", str(tmp_path / "out")])
     assert res.exit_code == 1
     assert f"--port {port}: cannot bind" in res.output and "in use" in res.output, res.output
+
+
+def test_a_host_that_does_not_resolve_is_said_before_ray_starts_even_on_port_0(tmp_path, monkeypatch):
+    """--port 0 skipped the check: a bad --host started Ray, then failed with the
+    actor's remote traceback in its message."""
+    from typer.testing import CliRunner
+
+    import rack.cli
+    import rack.serve.session as session
+    from rack.cli.app import app
+
+    def never(*a, **k):  # pragma: no cover - reaching it is the failure
+        raise AssertionError("the server was built although its host cannot be bound")
+
+    monkeypatch.setattr(session, "LiveServer", never)
+    rack.cli._register_commands()
+    res = CliRunner().invoke(app, ["serve", "--host", "999.1.1.1", "--port", "0", "--out", str(tmp_path / "out")])
+    assert res.exit_code == 1 and "--host 999.1.1.1 --port 0: cannot bind" in res.output, res.output

@@ -121,11 +121,11 @@ def serve(
 def _bind_problem(host: str, port: int) -> Optional[str]:
     """Why a TCP server could not bind (host, port) here (the OS's message), or None.
     Binds and closes a socket with SO_REUSEADDR, as uvicorn does, so a port that only
-    lingers in TIME_WAIT is not refused. Port 0 (any free port) always binds."""
+    lingers in TIME_WAIT is not refused. With port 0 (any free port) the host is still
+    checked: a name that does not resolve or an address not on this machine is said
+    before Ray starts."""
     import socket
 
-    if port == 0:
-        return None
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except socket.gaierror as exc:

@@ -240,7 +240,10 @@ def sweep_prompt(
     from rack.experiments.sweep import prompt_sweep
 
     scs = _scenarios(list(scenarios or []))
-    Ls = [int(x) for x in positive_numbers(lengths, "--lengths")]
+    given = positive_numbers(lengths, "--lengths")
+    if any(x != int(x) for x in given):         # int() would cut 1.5 to a 1-token prompt
+        fail(f"--lengths: expected whole token counts, got {lengths!r}")
+    Ls = [int(x) for x in given]
     check_positive("--rate", rate)
     prepare_out_dir("--out", out)
     with _stoppable(out):
