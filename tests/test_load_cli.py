@@ -126,3 +126,9 @@ def test_sweep_rate_on_a_random_dataset(cli, tmp_path):
     doc = json.loads(r.output[r.output.index("{"):])
     assert "random dataset (2000 in / 50 out tokens)" in doc["workload"]
     assert [p["submitted"] for p in doc["points"]] == [40, 40]
+
+
+def test_sweep_prompt_refuses_fractional_lengths(cli, tmp_path):
+    """--lengths 1.5 ran a 1-token prompt (int() cut it); now one line, exit code 2."""
+    r = cli(["sweep", "prompt", "--lengths", "1.5,100", "--out", tmp_path / "s"])
+    assert r.exit_code == 2 and "--lengths: expected whole token counts" in r.output, r.output
