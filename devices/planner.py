@@ -105,15 +105,15 @@ def plan_memory(cost: CostModel, *, reserve_fraction: float | None = None, block
     capacity = n * per_dev_cap
     weights = int(cost.weight_bytes) + int(getattr(cost, "replicated_weight_bytes", 0))
     rep = int(getattr(cost, "kv_replication", 1))
+    per_dev_weights = math.ceil(weights / n)
     per_dev_reserve = int(per_dev_cap * rf)
     if free_fraction is not None and dev.kv_profile_overhead_gb is not None:
         # TensorRT-LLM: KV = fraction x (memory - the profiling peak); the reserve is the rest
-        left = per_dev_cap - math.ceil(weights / n) - dev.kv_profile_overhead_gb * 1e9
-        per_dev_reserve = int(per_dev_cap - math.ceil(weights / n) - max(0.0, float(free_fraction) * left))
+        left = per_dev_cap - per_dev_weights - dev.kv_profile_overhead_gb * 1e9
+        per_dev_reserve = int(per_dev_cap - per_dev_weights - max(0.0, float(free_fraction) * left))
         rf = per_dev_reserve / per_dev_cap
     reserve = n * per_dev_reserve
     usable_per_dev = per_dev_cap - per_dev_reserve
-    per_dev_weights = math.ceil(weights / n)
     need = max(1, math.ceil(weights / usable_per_dev))
     label = f"{cost.model.name} ({cost.weight_dtype})"
     if per_dev_weights > usable_per_dev:

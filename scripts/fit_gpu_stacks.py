@@ -236,14 +236,14 @@ def probe(key: str, deps_rows, param: str, probed: list[float], min_change: floa
     out = []
     for v in probed:
         dev = with_params(base, {param: v})
-        moved = []
+        moved, total = [], 0.0
         for (dep, row), (l0, e0) in zip(deps_rows, at_catalog):
             l1, e1 = row_loss(dev, dep, row)
+            total += l1               # (the objective, `loss`, without pricing every row again)
             if abs(l1 - l0) > min_change:
                 moved.append({"id": row.id, "change": l1 - l0, "errors_at_catalog": e0, "errors_at_value": e1})
         moved.sort(key=lambda r: -abs(r["change"]))
-        out.append({"value": v, "loss": loss(dev, deps_rows), "catalog_loss": sum(l for l, _ in at_catalog),
-                    "rows": moved})
+        out.append({"value": v, "loss": total, "catalog_loss": sum(l for l, _ in at_catalog), "rows": moved})
     return out
 
 

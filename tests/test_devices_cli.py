@@ -49,7 +49,7 @@ def test_validate_refuses_what_checks_nothing_and_bad_paths_in_one_line(tmp_path
     (tmp_path / "bogus.toml").write_text("[[row]]\nname = 'a'\nbogus = 1\n")
     for args, said in ((["--rows", str(tmp_path / "empty.toml")], "no rows"),
                        (["--rows", str(tmp_path / "bogus.toml")], "unknown field(s) bogus"),
-                       (["--tolerance", "-1"], "--tolerance: expected a finite fraction > 0"),
+                       (["--tolerance", "-1"], "--tolerance: expected a finite number > 0"),
                        (["--plot", str(tmp_path / "afile" / "x")], "--plot")):
         r = runner.invoke(app, ["validate", *args])
         assert r.exit_code == 2 and said in r.output and "Traceback" not in r.output, (args, r.output)

@@ -270,7 +270,6 @@ class DecodeEngine(Core):
         self._gaps_sent = 0
         self.util = Utilisation()
         self.lateness = Lateness()
-        self._timeseries = bool(timeseries)
         self.memory = TimeSeries(timeseries)
         self.batch_series = TimeSeries(timeseries)
         self.series = EventSeries(timeseries)  # gauges at batch boundaries (rack.measure.timeseries)
@@ -749,7 +748,7 @@ class DecodeEngine(Core):
         """The gauges over time at a batch boundary: memory held, the batch's size and
         a row of `series` (`_sample`); nothing without them (`timeseries=False`, one
         check instead of three calls per batch change)."""
-        if self._timeseries:
+        if self.series.enabled:
             self.memory.add(t, self.ledger.used)
             self.batch_series.add(t, batch_size)
             self._sample(t)

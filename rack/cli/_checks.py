@@ -85,6 +85,16 @@ def prepare_out_dir(option: str, path: Path) -> Path:
     return p
 
 
+def prepare_out_file(option: str, path: Path, what: str) -> Path:
+    """Check, before the work, that file `path` can be written: not a folder (`what`
+    names what is expected, e.g. "a JSON file"), its folder created and writable
+    (`prepare_out_dir`). Fails with one line naming `option`; returns `path`."""
+    if Path(path).is_dir():
+        fail(f"{option} {path}: is a directory; expected the path of {what}")
+    prepare_out_dir(option, Path(path).parent)
+    return path
+
+
 def report_failure(folder: Path, exc: BaseException, what: str = "run", keep_partial: bool = True) -> NoReturn:
     """One line for a run that failed, its traceback in `folder`/error.log, exit 1.
 

@@ -9,7 +9,7 @@ from typing import List, Optional
 
 import typer
 
-from rack.cli._checks import check_positive, prepare_out_dir, stops_on_signal
+from rack.cli._checks import check_positive, prepare_out_file, stops_on_signal
 from rack.cli.app import app
 
 
@@ -46,10 +46,7 @@ def bench(
     from workloads import parse_window
 
     if out is not None:                 # before the benchmark: a bad path fails at once, in one line
-        if out.is_dir():
-            typer.echo(f"error: --out {out}: is a directory; expected the path of a JSON file", err=True)
-            raise typer.Exit(2)
-        prepare_out_dir("--out", out.parent)
+        prepare_out_file("--out", out, "a JSON file")
     for mb in codec_mb or ():
         check_positive("--codec-mb", mb)
     try:
@@ -86,7 +83,6 @@ def bench(
     result["settings"]["argv"] = list(sys.argv)
     text = B.to_json(result)
     if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(text + "\n")
     if as_json:
         typer.echo(text)

@@ -36,7 +36,7 @@ from typing import Optional
 import typer
 
 from rack.cli.app import app
-from rack.cli._checks import check_positive, positive_numbers, stops_on_signal
+from rack.cli._checks import check_positive, positive_numbers, prepare_out_file, stops_on_signal
 from rack.cli.run import DEFAULT_TRACE, fail
 
 AGREEMENT_TOLERANCE = 0.05   # Ray vs virtual medians (the split-rack issue's tolerance)
@@ -203,6 +203,7 @@ def scale_test(
     for name, value in (("--dilation", dilation), ("--lateness-bound", lateness_bound),
                         ("--output-scale", output_scale), ("--timeout", timeout)):
         check_positive(name, value)
+    prepare_out_file("--out", out, "a JSON file")
     ks = [int(k) for k in positive_numbers(workers, "--workers")]
     rs = sorted(positive_numbers(rate_scales, "--rate-scales"))
     try:
@@ -264,7 +265,6 @@ def scale_test(
     for k, r in largest.items():
         console.print(f"K={k}: largest rate-scale with p99 lateness (all timers) <= "
                       f"{lateness_bound:.0%} of the median TPOT: " + (f"{r:g}" if r else "none of those tried"))
-    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"points": points, "largest_rate_scale_within_bound": largest,
                                "lateness_bound_fraction_of_tpot": lateness_bound,
                                "agreement_tolerance": AGREEMENT_TOLERANCE}, indent=1, default=str))

@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from rack.cli._checks import prepare_out_dir, stops_on_signal
+from rack.cli._checks import prepare_out_dir, prepare_out_file, stops_on_signal
 from rack.cli.app import app
 
 
@@ -40,10 +40,8 @@ def study(
     from rack.experiments.study.spec import StudySpecError, load_spec
 
     fig_dir = figures if figures is not None else out.with_suffix("")
-    if out.exists() and out.is_dir():
-        fail(f"--out {out}: is a directory; expected the path of a Markdown file")
-    # before the study runs: a folder that cannot be written fails at once, in one line
-    prepare_out_dir("--out", out.parent)
+    # before the study runs: a path that cannot be written fails at once, in one line
+    prepare_out_file("--out", out, "a Markdown file")
     prepare_out_dir("--figures" if figures is not None else "--out (its figures folder)", fig_dir)
     if not resume and not render_only and (fig_dir / "checkpoints").is_dir():
         shutil.rmtree(fig_dir / "checkpoints")
@@ -71,7 +69,6 @@ def study(
             fail(str(exc))
         except RayRunError as exc:
             fail(f"--address {address}: {exc}")
-    out.parent.mkdir(parents=True, exist_ok=True)
     paths = write_study(results, out, fig_dir)
     if (fig_dir / "checkpoints").is_dir():      # study.json.gz now holds everything
         shutil.rmtree(fig_dir / "checkpoints")

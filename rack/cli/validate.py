@@ -6,13 +6,12 @@ users through the engines)."""
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Optional
 
 import typer
 
-from rack.cli._checks import prepare_out_dir
+from rack.cli._checks import check_positive, prepare_out_dir
 from rack.cli.app import app
 
 
@@ -230,9 +229,7 @@ def validate(
     from rack.experiments.validation_table import replay_rows, serving_rows, summarize
     from workloads.paths import file_problem
 
-    if not (tolerance > 0 and math.isfinite(tolerance)):
-        typer.echo(f"error: --tolerance: expected a finite fraction > 0 (0.15 = 15 %), got {tolerance:g}", err=True)
-        raise typer.Exit(2)
+    check_positive("--tolerance", tolerance)
     if plot_dir is not None:
         prepare_out_dir("--plot", plot_dir)    # before the work: a bad folder fails at once, in one line
     bad = file_problem(rows_file) if rows_file is not None else None

@@ -12,7 +12,6 @@ This is the public Python API of the main job:
 from __future__ import annotations
 
 import contextlib
-
 import math
 import platform
 import sys
