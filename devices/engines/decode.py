@@ -128,7 +128,7 @@ class _Seq:
     """
 
     __slots__ = ("req", "first_token_s", "prompt", "n_out", "total", "ctx0", "kv0", "emitted",
-                 "rem", "steps", "start", "order", "times", "recompute", "shared", "base_less_start")
+                 "rem", "steps", "start", "end", "order", "times", "recompute", "shared", "base_less_start")
 
     def __init__(self, req, first_token_s: float | None) -> None:
         self.req = req
@@ -144,11 +144,12 @@ class _Seq:
         self.steps = 0            # steps the current stint needs
         self.start = 0            # global index of the stint's first step (steps done in the
                                   # stint: the engine's step count minus this, `_done`)
+        self.end = 0              # global step at which the stint ends (start + steps)
         self.order = 0            # admission order (preemption picks the largest)
         self.times: list[np.ndarray] = []   # token times of ended stints
         self.recompute = False
         self.shared = 0           # prompt tokens whose KV lives in (pinned) prefix-cache entries
-        self.base_less_start = 0  # in the batch: its columns' base - start (`_admit_ready`)
+        self.base_less_start = 0  # in the batch: context at the stint's start - start (`_admit_ready`)
 
 
 class DecodeEngine(Core):
@@ -237,17 +238,17 @@ class DecodeEngine(Core):
         self._reservations: dict[int, _Waiter] = {}
         self._ready: deque[_Seq] = deque()
         self._batch: list[_Seq] = []
-        # The batch as arrays, in the order of `_batch` (advanced per event, not per
-        # request): each request's context at its stint's start (ctx0 + tokens before
-        # the stint), its stint's first global step, tokens of the stint and the global
-        # step at which the stint ends; `_first_end`: the earliest of those ends (no
-        # request can finish before it, so a run that stops short needs no check).
-        # They are the rows of one (4, B) array (`_set_columns`): an admission or a
-        # completion changes it with one numpy call instead of one per column.
-        # `_base_less_start`: sum(base - start) over the batch, kept in Python ints as
-        # requests join and leave (two array sums per batch change cost more).
+        # Each request of the batch keeps its stint on its `_Seq` (start, rem, end,
+        # base_less_start: advanced per event, not per step); the engine keeps two
+        # aggregates as requests join and leave, in Python ints: `_first_end`, the
+        # earliest stint end (no request can finish before it, so a run that stops
+        # short needs no check), and `_base_less_start`, the sum of base_less_start
+        # (what a run is priced from, `_start_run`). Batches are small (a wafer's ~2
+        # requests, a GPU instance's ~10 on the whole public traces), where numpy's
+        # per-call overhead costs more than a pass over the batch in Python; arrays
+        # are built only where a vector computation needs them (`_contexts`,
+        # `_overflow_step`, `_stream_run`).
         self._base_less_start = 0
-        self._set_columns(np.zeros((4, 0), np.int64))
         self._first_end = _NEVER
         self._waiting_ids: set[int] = set()
         self._order = 0
@@ -263,8 +264,10 @@ class DecodeEngine(Core):
         self._run_steps = 0                   # steps of `_run` that will have run when it ends
         self._stall: tuple | None = None      # (IterationCost, [seqs]) of a recompute prefill
 
-        self._t_start = GrowingArray(4096)     # global step log (emulated s)
+        # global step log (emulated s): step ends, and step starts only with speculative
+        # decoding (a step's tokens spread over it, `_stint_times`; else nothing reads them)
         self._t_end = GrowingArray(4096)
+        self._t_start = GrowingArray(4096) if tps != 1.0 else None
         # the step log's gaps as the collector has them (`ITLRef`): sent up to this step
         self._itl_log = step_log_key(name)
         self._gaps_sent = 0
@@ -581,8 +584,8 @@ class DecodeEngine(Core):
         B = self.block_tokens
         kv0 = np.fromiter((s.kv0 - s.shared + s.emitted for s in batch), np.int64, len(batch))
         low = np.fromiter((s.prompt - s.shared for s in batch), np.int64, len(batch))
-        rem = self._a_rem
-        done = self._t_end.stop - self._a_start
+        rem = np.fromiter((s.rem for s in batch), np.int64, len(batch))
+        done = self._t_end.stop - np.fromiter((s.start for s in batch), np.int64, len(batch))
         held = np.fromiter((self.pool.held_blocks(s.req.id) for s in batch), np.int64, len(batch))
         need_h = -(-np.maximum(low, kv0 + emitted_after(done + horizon, rem, self.tps)) // B)
         cnt = np.maximum(0, need_h - held)
@@ -611,7 +614,7 @@ class DecodeEngine(Core):
         # the newest is the last: the batch keeps admission order
         victim = self._batch[-1]
         self._end_stint(victim)
-        self._batch_keep(np.arange(len(self._batch)) < len(self._batch) - 1)
+        self._batch_left(self._batch[:-1], (victim,))
         self._release_kv(victim)
         victim.recompute = True
         victim.shared = 0
@@ -763,15 +766,21 @@ class DecodeEngine(Core):
         """Move ready requests into the batch (step boundary); recompute preempted ones
         (the batch stalls for one prefill iteration: True, with a wake-up at its end)."""
         recompute: list[_Seq] = []
-        first = len(self._batch)
-        while self._ready and len(self._batch) < self.max_batch:
-            s = self._ready.popleft()
-            s.rem = s.total - s.emitted
-            s.steps = steps_for(s.rem, self.tps)
-            s.start = self._t_end.stop
+        batch, ready = self._batch, self._ready
+        start = self._t_end.stop
+        while ready and len(batch) < self.max_batch:
+            s = ready.popleft()
+            s.rem = rem = s.total - s.emitted
+            s.steps = steps = steps_for(rem, self.tps)
+            s.start = start
+            s.end = end = start + steps
+            if end < self._first_end:
+                self._first_end = end
+            s.base_less_start = s.ctx0 + s.emitted - start   # its context at `start` - start
+            self._base_less_start += s.base_less_start
             self._order += 1
             s.order = self._order
-            self._batch.append(s)
+            batch.append(s)
             if s.recompute:
                 recompute.append(s)
                 # a re-admission after preemption is its own event: `decode_admit`
@@ -780,15 +789,8 @@ class DecodeEngine(Core):
             else:
                 self.counts["admitted"] += 1
                 self._pending_events.append((s.req.id, "decode_admit", t))
-        if len(self._batch) > first:
-            joined = self._batch[first:]
-            rows = [(s.ctx0 + s.emitted, s.start, s.rem, s.start + s.steps) for s in joined]
-            for s, r in zip(joined, rows):
-                s.base_less_start = r[0] - r[1]
-                self._base_less_start += r[0] - r[1]
-            self._set_columns(np.concatenate((self._columns, np.array(rows, np.int64).T), axis=1))
-            self._first_end = min(self._first_end, min(r[3] for r in rows))
-        self.batch_peak = max(self.batch_peak, len(self._batch))
+        if len(batch) > self.batch_peak:
+            self.batch_peak = len(batch)
         if not recompute:
             return False
         new = np.array([self._kv_now(s) for s in recompute], dtype=np.int64)
@@ -835,7 +837,7 @@ class DecodeEngine(Core):
         if self._steps_of_sum is not None and self.tps == 1.0:
             # one token per step: every request of the batch has taken done = steps - start
             # steps of its stint (< its tokens left, or it would have completed), so the
-            # contexts sum to sum(base - start) + B * steps (`_set_columns`)
+            # contexts sum to sum(base_less_start) + B * steps (`__init__`)
             sc = self._steps_of_sum(len(batch), self._base_less_start + len(batch) * self._t_end.stop, k)
         if sc is None:
             sc = self.cost.decode_steps(self._contexts(batch), k)
@@ -870,12 +872,12 @@ class DecodeEngine(Core):
         `step_token_times` needs. A later `run_cut` says how many steps ran."""
         if self.stream_to is None or not batch:
             return
-        done = self._t_end.stop - self._a_start
-        index0 = emitted_after(done, self._a_rem, self.tps) + np.fromiter(
+        done = self._t_end.stop - np.fromiter((s.start for s in batch), np.int64, len(batch))
+        rem = np.fromiter((s.rem for s in batch), np.int64, len(batch))
+        index0 = emitted_after(done, rem, self.tps) + np.fromiter(
             (s.emitted + (s.first_token_s is not None) for s in batch), np.int64, len(batch))
         self.send(self.stream_to, "tokens_planned", self.name, float(t0), ends, self.tps,
-                  np.fromiter((s.req.id for s in batch), np.int64, len(batch)), index0, done,
-                  self._a_rem.copy())
+                  np.fromiter((s.req.id for s in batch), np.int64, len(batch)), index0, done, rem)
 
     def _end_run(self, now: float) -> None:
         """The run ended (or was cut): book its steps, complete finished requests."""
@@ -894,22 +896,16 @@ class DecodeEngine(Core):
     def _contexts(self, batch: list[_Seq]) -> np.ndarray:
         """Context of each request of the batch (`batch` is `_batch`) at its next step:
         prompt + tokens so far (the last one is the step's input; `_Seq.ctx0`)."""
-        done = self._t_end.stop - self._a_start
-        return self._a_base + emitted_after(done, self._a_rem, self.tps)
+        stop, tps = self._t_end.stop, self.tps
+        # (its context at the stint's start is base_less_start + start)
+        return np.fromiter((s.base_less_start + s.start + emitted_after(stop - s.start, s.rem, tps)
+                            for s in batch), np.int64, len(batch))
 
-    def _batch_keep(self, keep: np.ndarray) -> None:
-        """Keep the requests of the batch where `keep` is True (order kept)."""
-        batch = self._batch
-        # (the few leaving are found in C: a Python loop over a large batch costs more)
-        self._base_less_start -= sum(batch[i].base_less_start for i in (~keep).nonzero()[0].tolist())
-        self._batch = [s for s, k in zip(batch, keep.tolist()) if k]
-        self._set_columns(self._columns[:, keep])
-        self._first_end = int(self._a_end.min()) if self._a_end.shape[0] else _NEVER
-
-    def _set_columns(self, columns: np.ndarray) -> None:
-        """The batch's arrays (`__init__`) from their (4, B) array, as row views."""
-        self._columns = columns
-        self._a_base, self._a_start, self._a_rem, self._a_end = columns
+    def _batch_left(self, batch: list[_Seq], leaving) -> None:
+        """The batch is now `batch` (the requests that stay, in order): `leaving` left."""
+        self._batch = batch
+        self._base_less_start -= sum(s.base_less_start for s in leaving)
+        self._first_end = min([s.end for s in batch]) if batch else _NEVER
 
     def _finish(self, finished: list) -> None:
         if not finished:
@@ -925,24 +921,28 @@ class DecodeEngine(Core):
         starts at t0); complete and release finished requests. Returns [(seq,
         completion time, itl samples)]. Utilisation is the caller's to record."""
         if steps == 0:
-            self._shrink(batch)
+            if self.policy == "preempt":
+                self._shrink(batch)
             return []
         t_last = float(ends[steps - 1])
+        log = self._t_end
         if steps == 1:               # a mixed iteration or a step finished after an admission
+            log.append(t_last)
+        else:
+            log.extend(ends[:steps])
+        if self._t_start is not None:   # step i starts where step i - 1 ended
             self._t_start.append(t0)
-            self._t_end.append(t_last)
-        else:                        # step i starts where step i - 1 ended
-            self._t_start.append(t0)
-            self._t_start.extend(ends[: steps - 1])
-            self._t_end.extend(ends[:steps])
+            if steps > 1:
+                self._t_start.extend(ends[: steps - 1])
         self._batch_seconds += len(batch) * (t_last - t0)
         self._step_seconds += t_last - t0
         finished = []
-        if self._t_end.stop >= self._first_end:
-            over = self._t_end.stop >= self._a_end
+        stop = log.stop
+        if stop >= self._first_end:
+            # (`batch` is `_batch`: nothing joins or leaves during a run)
+            done = [s for s in batch if s.end <= stop]
             linked = False
-            for i in over.nonzero()[0].tolist():
-                s = batch[i]
+            for s in done:
                 if self.tps == 1.0 and not s.times:
                     # one stint of one token per step: its gaps are the step log's over its
                     # steps (`ITLRef`), shared with the batch; no array per request
@@ -966,11 +966,12 @@ class DecodeEngine(Core):
                 self.counts["tokens_generated"] += s.total
                 self._pending_events.append((s.req.id, "completion", t_last))
                 finished.append((s, t_last, itl))
-            self._batch_keep(~over)
+            self._batch_left([s for s in batch if s.end > stop], done)
             if linked:
                 self._send_gaps()
-        self._shrink(self._batch)
-        if finished or self._t_end.stop - self._t_end.base > (1 << 16):
+        if self.policy == "preempt":
+            self._shrink(self._batch)
+        if finished or stop - log.base > (1 << 16):
             self._compact_log()
         return finished
 
@@ -1002,10 +1003,9 @@ class DecodeEngine(Core):
         self._gaps_sent = hi
 
     def _shrink(self, batch: list[_Seq]) -> None:
-        """Under "preempt", return blocks booked for steps that did not run."""
-        if self.policy == "preempt":
-            for s in batch:
-                self.pool.shrink_to_tokens(s.req.id, self._kv_now(s))
+        """Return blocks booked for steps that did not run (policy "preempt")."""
+        for s in batch:
+            self.pool.shrink_to_tokens(s.req.id, self._kv_now(s))
 
     def _compact_log(self) -> None:
         """Forget logged steps no running request refers to."""
@@ -1013,7 +1013,8 @@ class DecodeEngine(Core):
             return                  # (every request starts at or before the log's end)
         low = min((s.start for s in self._batch), default=self._t_end.stop)
         if low - self._t_end.base > (1 << 14):
-            self._t_start.drop_before(low)
+            if self._t_start is not None:
+                self._t_start.drop_before(low)
             self._t_end.drop_before(low)
 
 
