@@ -257,10 +257,11 @@ class StepCosts:
     def busy(self, n: int) -> float:
         """Seconds one device of the instance works during the first n steps (<= their
         duration: a pipeline stage idles while the other stages hold the micro-batches)."""
-        # ndarray.sum: the same reduction as np.sum without its dispatch (once per run of steps)
+        # np.add.reduce: the reduction ndarray.sum calls, without its Python wrapper
+        # (once per run of steps)
         if self._busy is not None:
-            return float(self._busy[:n].sum())
-        total = float(self.time_s[:n].sum())
+            return float(np.add.reduce(self._busy[:n]))
+        total = float(np.add.reduce(self.time_s[:n]))
         if self._busy_line is None:
             return total
         a, b = self._busy_line

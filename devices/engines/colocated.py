@@ -183,7 +183,7 @@ class ColocatedEngine(DecodeEngine):
         receive point after `now` (the step in progress finishes), if it gets that far."""
         t0, ends, _, _ = self._run
         g0 = self._t_end.stop                       # the run's first step (not yet logged)
-        n = int(np.searchsorted(ends, now, side="right"))
+        n = int(ends.searchsorted(now, side="right"))
         boundary = g0 + n if (now == t0 or (n > 0 and ends[n - 1] == now)) else g0 + n + 1
         p = self._next_receive(boundary) - g0
         if p < self._run_steps:

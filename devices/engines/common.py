@@ -73,15 +73,15 @@ class GrowingArray:
     def gaps(self, start: int, stop: int) -> np.ndarray:
         """entry[j] - entry[j - 1] for global j in [start, stop) (a new array; start - 1
         must be at or after `base`)."""
-        if start - 1 < self.base or stop > len(self) or stop < start:
-            raise IndexError(f"GrowingArray: gaps [{start}, {stop}) outside [{self.base + 1}, {len(self)})")
+        if start - 1 < self.base or stop > self.stop or stop < start:
+            raise IndexError(f"GrowingArray: gaps [{start}, {stop}) outside [{self.base + 1}, {self.stop})")
         b, o = self._buf, self.base
         return b[start - o: stop - o] - b[start - 1 - o: stop - 1 - o]
 
     def slice(self, start: int, stop: int) -> np.ndarray:
         """Copy of global entries [start, stop); raises IndexError below `base`."""
-        if start < self.base or stop > len(self) or stop < start:
-            raise IndexError(f"GrowingArray: [{start}, {stop}) outside [{self.base}, {len(self)})")
+        if start < self.base or stop > self.stop or stop < start:
+            raise IndexError(f"GrowingArray: [{start}, {stop}) outside [{self.base}, {self.stop})")
         return self._buf[start - self.base : stop - self.base].copy()
 
     def drop_before(self, index: int) -> None:

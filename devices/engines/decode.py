@@ -509,7 +509,7 @@ class DecodeEngine(Core):
         if self._run is None:
             return self.util
         t0, ends, sc, _ = self._run
-        n = int(np.searchsorted(ends, now, side="right"))
+        n = int(ends.searchsorted(now, side="right"))
         if n == 0:
             return self.util
         u = Utilisation()
@@ -521,8 +521,8 @@ class DecodeEngine(Core):
         """Whether request `rid`'s KV is here (`_decoding_ids` without building the set:
         ready and batched requests own pool blocks, preempted ones wait at the front of
         the waiters), for the reservation path, which runs for every request."""
-        return self.pool.held_blocks(rid) > 0 or any(
-            w.req.id == rid for w in itertools.islice(self._waiters, self._n_internal))
+        return self.pool.held_blocks(rid) > 0 or (self._n_internal > 0 and any(
+            w.req.id == rid for w in itertools.islice(self._waiters, self._n_internal)))
 
     def _decoding_ids(self) -> set[int]:
         """Ids whose KV is here: ready, in the batch, preempted (waiting)."""
@@ -677,7 +677,7 @@ class DecodeEngine(Core):
         elif self._phase in ("run", "mixed") and self._run is not None:
             t0, ends, _, _ = self._run
             if self._run_steps == ends.shape[0] and now < ends[-1]:
-                n = int(np.searchsorted(ends, now, side="right"))
+                n = int(ends.searchsorted(now, side="right"))   # (the method: no dispatch)
                 if now == t0 or (n > 0 and ends[n - 1] == now):
                     self._run_steps = n                       # at a step boundary
                     self._wake_at(now)
@@ -696,8 +696,7 @@ class DecodeEngine(Core):
         phase, t = self._phase, self._due
         self._due = self.wake_at = math.inf
         if phase == "run":
-            self._end_run(now)
-            t = self._body_time(t)
+            self._end_run(now)      # (`t`: the last step's end, or the run's start if cut before it)
         elif phase == "stall":
             self._end_stall(now, t)
             if self._after_admit(t):
@@ -715,11 +714,6 @@ class DecodeEngine(Core):
         if t is not None:
             self._body(t)
 
-    def _body_time(self, t: float) -> float:
-        """Where the next turn starts after a run: its last step's end (`t`), or the
-        run's start if it was cut before its first step."""
-        return t
-
     def _body(self, t: float) -> None:
         """One turn of the scheduler at emulated time `t` (a step boundary): admit ready
         requests, then run mixed iterations (colocated), a run of decode steps, or idle."""
@@ -735,7 +729,8 @@ class DecodeEngine(Core):
         if self._extra_work(t):
             return True
         k = self._plan(t, self._run_limit())
-        self._grant(t)
+        if self._waiters:
+            self._grant(t)
         self._flush_events()
         self._gauges(t, len(self._batch))
         if k == 0:
@@ -884,13 +879,14 @@ class DecodeEngine(Core):
         t0, ends, sc, batch = self._run
         steps = self._run_steps
         self.wakeups += 1
-        self.lateness.note(float(ends[steps - 1]) if steps else t0, now)
         self._run = None
         if steps:
-            self._t_free = float(ends[steps - 1])
+            self._t_free = t1 = float(ends[steps - 1])
+            self.lateness.note(t1, now)
             flops, nbytes = sc.work(steps)
-            self.util.add(float(ends[steps - 1]) - t0, flops, nbytes, iterations=steps,
-                          device_busy_s=sc.busy(steps))
+            self.util.add(t1 - t0, flops, nbytes, iterations=steps, device_busy_s=sc.busy(steps))
+        else:
+            self.lateness.note(t0, now)
         self._finish(self._commit(batch, t0, ends, steps))
 
     def _contexts(self, batch: list[_Seq]) -> np.ndarray:
@@ -908,10 +904,9 @@ class DecodeEngine(Core):
         self._first_end = min([s.end for s in batch]) if batch else _NEVER
 
     def _finish(self, finished: list) -> None:
-        if not finished:
-            self._flush_events()
-            return
         self._flush_events()
+        if not finished:
+            return
         for s, t, itl in finished:
             self.send(self.collector, "finish", s.req.id, "completed", None, itl, t)
         self._grant(self._t_free if self._t_free is not None else finished[-1][1])
