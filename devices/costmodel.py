@@ -1096,8 +1096,7 @@ class CostModel:
             # contexts are whole token counts (no speculative decoding on this path), so
             # every order of summation gives the same, exact sum; Python's sum is cheaper
             # than numpy's for a few items
-            return self._decode_steps_affine(c.size, float(sum(c.tolist())) if c.size < 8 else float(c.sum()),
-                                             n_steps)
+            return self.decode_steps_of_sum(c.size, sum(c.tolist()) if c.size < 8 else c.sum(), n_steps)
         shift = np.arange(n_steps, dtype=float) * self.tokens_per_step
         d = self._decode_dict(c, shift, lean=True)
         return StepCosts(time_s=d["time"], flops=d["flops"], bytes=d["bytes"], comm_s=d["comm"],
@@ -1147,16 +1146,14 @@ class CostModel:
         depends on more than that sum (speculative decoding, sliding-window layers): ask
         `decode_steps` with the contexts then. The same StepCosts, bit for bit, as
         `decode_steps` on contexts with that sum (a decode engine keeps the sum as it
-        admits and completes requests instead of building the contexts per run)."""
+        admits and completes requests instead of building the contexts per run).
+
+        From the batch size's `_decode_line` (the hot path of every decode engine):
+        step j has context sum x_j = x_0 + B tps j, so each quantity is v0 + v1 x_0 +
+        (v1 B tps) j: one multiply-add over j per array."""
         if self.speculative is not None or self._t.n_slide:
             return None
-        return self._decode_steps_affine(int(batch_size), float(context_sum), int(n_steps))
-
-    def _decode_steps_affine(self, B: int, x0: float, n_steps: int) -> StepCosts:
-        """`decode_steps` from the batch size's `_decode_line` (the hot path of every
-        decode engine): B requests whose contexts sum to x0 at the first step. Step j has
-        context sum x_j = x_0 + B tps j, so each quantity is v0 + v1 x_0 + (v1 B tps) j:
-        one multiply-add over j per array."""
+        B, x0, n_steps = int(batch_size), float(context_sum), int(n_steps)
         c0, c1, m0, m1, rest, fl0, fl1, b0, b1, comm, comm_bw, lat, busy_a, busy_b, _ = self._decode_line(B)
         dx = B * self.tokens_per_step
         cx, mx = c0 + c1 * x0, m0 + m1 * x0

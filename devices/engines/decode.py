@@ -676,7 +676,8 @@ class DecodeEngine(Core):
             self._wake_at(now)
         elif self._phase in ("run", "mixed") and self._run is not None:
             t0, ends, _, _ = self._run
-            if self._run_steps == ends.shape[0] and now < ends[-1]:
+            # (not cut yet: the wake-up is at its last step's end, `_due`, a Python float)
+            if self._run_steps == ends.shape[0] and now < self._due:
                 n = int(ends.searchsorted(now, side="right"))   # (the method: no dispatch)
                 if now == t0 or (n > 0 and ends[n - 1] == now):
                     self._run_steps = n                       # at a step boundary
