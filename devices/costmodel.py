@@ -229,8 +229,10 @@ class StepCosts:
     """The next n_steps decode steps of a fixed batch: arrays of shape (n_steps,).
 
     time_s: duration of each step (s); flops, bytes: work of each step; comm_s:
-    communication time within each step; bound: what binds the first step;
-    tokens_per_step: expected tokens each request gains per step.
+    communication time within each step; bound: what binds the first step (given as
+    a name, or as the four terms of `CostModel._bound_of`, named on first read: an
+    engine pricing a run never reads it); tokens_per_step: expected tokens each
+    request gains per step.
 
     `CostModel.decode_steps` may give flops, bytes and comm_s as lines over the steps
     (value at step j = a + b j) instead of arrays: the arrays are then built on first
@@ -240,19 +242,26 @@ class StepCosts:
     from a `busy_s` array or from busy = a x time + b per step (`busy_line`).
     """
 
-    __slots__ = ("time_s", "bound", "tokens_per_step", "_flops", "_bytes", "_comm", "_lines",
+    __slots__ = ("time_s", "_bound", "tokens_per_step", "_flops", "_bytes", "_comm", "_lines",
                  "_busy", "_busy_line")
 
     def __init__(self, time_s: np.ndarray, flops: np.ndarray | None, bytes: np.ndarray | None,
-                 comm_s: np.ndarray | None, bound: str, tokens_per_step: float = 1.0,
+                 comm_s: np.ndarray | None, bound: str | tuple, tokens_per_step: float = 1.0,
                  lines: tuple[float, float, float, float, float] | None = None,
                  busy_s: np.ndarray | None = None, busy_line: tuple[float, float] | None = None) -> None:
         self.time_s = time_s
-        self.bound = bound
+        self._bound = bound
         self.tokens_per_step = tokens_per_step
         self._flops, self._bytes, self._comm = flops, bytes, comm_s
         self._lines = lines          # (flops a, flops b, bytes a, bytes b, comm) or None
         self._busy, self._busy_line = busy_s, busy_line
+
+    @property
+    def bound(self) -> str:
+        b = self._bound
+        if type(b) is tuple:
+            b = self._bound = CostModel._bound_of(*b)
+        return b
 
     def busy(self, n: int) -> float:
         """Seconds one device of the instance works during the first n steps (<= their
@@ -401,14 +410,20 @@ def _larger_line(a0: float, a1: float, b0: float, b1: float, n: int) -> np.ndarr
     larger at every j (rounding is monotonic, so also in floating point): it alone is
     evaluated, in place, which is what a decode step's time usually is (memory-bound on
     GPUs, compute- or latency-bound on the wafer)."""
-    j = np.arange(n, dtype=float)
+    j = _STEP_INDEX[:n] if n <= _STEP_INDEX.shape[0] else np.arange(n, dtype=float)
     if b0 >= a0 and b1 >= a1:
         a0, a1 = b0, b1
     elif not (a0 >= b0 and a1 >= b1):
         return np.maximum(a0 + a1 * j, b0 + b1 * j)     # the lines cross
-    j *= a1
+    j = j * a1
     j += a0
     return j
+
+
+#: j = 0, 1, ... as floats, for `_larger_line` (a slice of it instead of an arange per
+#: run of steps; 4096 is a decode engine's default longest run). Read-only: shared.
+_STEP_INDEX = np.arange(4096, dtype=float)
+_STEP_INDEX.flags.writeable = False
 
 
 def _counts_key(*counts) -> tuple | None:
@@ -1158,7 +1173,7 @@ class CostModel:
         dx = B * self.tokens_per_step
         cx, mx = c0 + c1 * x0, m0 + m1 * x0
         time = _larger_line(cx + rest, c1 * dx, mx + rest, m1 * dx, n_steps)
-        return StepCosts(time, None, None, None, self._bound_of(cx, mx, comm_bw, lat), self.tokens_per_step,
+        return StepCosts(time, None, None, None, (cx, mx, comm_bw, lat), self.tokens_per_step,
                          lines=(fl0 + fl1 * x0, fl1 * dx, b0 + b1 * x0, b1 * dx, comm),
                          busy_line=(busy_a, busy_b))
 
