@@ -839,7 +839,10 @@ class DecodeEngine(Core):
             sc = self.cost.decode_steps(self._contexts(batch), k)
         # While busy, the next step starts where the last one ended.
         t0 = t if self._t_free is None else self._t_free
-        ends = t0 + sc.time_s.cumsum()      # (the method: np.cumsum's result, without its dispatch)
+        # t0 + cumsum, added in place (one array fewer per run; the same floats: IEEE
+        # addition commutes); the method: np.cumsum's result without its dispatch
+        ends = sc.time_s.cumsum()
+        ends += t0
         self._begin_run(t0, ends, sc, batch, "run")
 
     def _begin_run(self, t0: float, ends: np.ndarray, sc: Any, batch: list, phase: str) -> None:
