@@ -54,7 +54,7 @@ import numpy as np
 
 from devices.engines.common import (admit_with_prefix, attach_host_tier, ceil_div, enqueue_batch, host_load_s,
                                     host_prefix, plan_chunk, prefix_lookup, record_series)
-from devices.engines.decode import AdmissionPolicy, DecodeEngine, _Seq
+from devices.engines.decode import AdmissionPolicy, DecodeEngine, _Seq, _step_ends
 from devices.memory import PrefixCache
 
 
@@ -324,7 +324,7 @@ class ColocatedEngine(DecodeEngine):
         if n > 1:
             job = plan[0][0]
             sc = self.cost.mixed_steps(take, job.cached + job.computed, ctx, n)
-            ends = t0 + np.cumsum(sc.time_s)
+            ends = _step_ends(t0, sc.time_s)
             c = None
         else:
             new = np.fromiter((take for _, take in plan), np.int64, len(plan))

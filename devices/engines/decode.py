@@ -839,11 +839,7 @@ class DecodeEngine(Core):
             sc = self.cost.decode_steps(self._contexts(batch), k)
         # While busy, the next step starts where the last one ended.
         t0 = t if self._t_free is None else self._t_free
-        # t0 + cumsum, added in place (one array fewer per run; the same floats: IEEE
-        # addition commutes); the method: np.cumsum's result without its dispatch
-        ends = sc.time_s.cumsum()
-        ends += t0
-        self._begin_run(t0, ends, sc, batch, "run")
+        self._begin_run(t0, _step_ends(t0, sc.time_s), sc, batch, "run")
 
     def _begin_run(self, t0: float, ends: np.ndarray, sc: Any, batch: list, phase: str) -> None:
         """Wait for a run of steps (step i ends at ends[i]); an admission already pending
@@ -1015,6 +1011,15 @@ class DecodeEngine(Core):
             if self._t_start is not None:
                 self._t_start.drop_before(low)
             self._t_end.drop_before(low)
+
+
+def _step_ends(t0: float, time_s: np.ndarray) -> np.ndarray:
+    """End of each step of a run that starts at t0 with step durations `time_s`: t0 +
+    their cumulative sum, added in place (one array fewer per run; the same floats,
+    IEEE addition commutes); ndarray.cumsum is np.cumsum without its dispatch."""
+    ends = time_s.cumsum()
+    ends += t0
+    return ends
 
 
 def _count_bad_frames(request_id: int, kv_tokens: int, n_layers: int, frames: list) -> int:
