@@ -842,7 +842,7 @@ class CostModel:
         context (the fixed cost of a split-KV decode kernel, `HardwareSpec.
         attention_context_half_tokens`) on its full-attention layers."""
         B = c.size
-        csum = float(c.sum())
+        csum = float(np.add.reduce(c))         # (ndarray.sum's reduction without its Python wrapper)
         ctx_sum = csum + B * (shift + t.ctx_pad)                    # sum_i (c_i + s + pad)
         pos = t.n_full * (q * ctx_sum + B * q * (q + 1) / 2)
         kv_read = t.n_full * ctx_sum

@@ -893,6 +893,11 @@ class DecodeEngine(Core):
         """Context of each request of the batch (`batch` is `_batch`) at its next step:
         prompt + tokens so far (the last one is the step's input; `_Seq.ctx0`)."""
         stop, tps = self._t_end.stop, self.tps
+        if tps == 1.0:
+            # one token per step: each has taken stop - start steps of its stint, fewer
+            # than its tokens left (or it would have completed), so its context is
+            # base_less_start + stop (`_start_run` prices from their sum)
+            return np.fromiter((s.base_less_start + stop for s in batch), np.int64, len(batch))
         # (its context at the stint's start is base_less_start + start)
         return np.fromiter((s.base_less_start + s.start + emitted_after(stop - s.start, s.rem, tps)
                             for s in batch), np.int64, len(batch))
