@@ -852,7 +852,8 @@ class DecodeEngine(Core):
         else:
             self._run_steps = ends.shape[0]
             self._wake_at(float(ends[-1]))
-            self._stream_run(t0, ends, batch)
+            if self.stream_to is not None:      # (the check before the call: once per run)
+                self._stream_run(t0, ends, batch)
 
     def _stream_cut(self) -> None:
         """Tell the live front (`stream_to`) that the run in progress now stops after
@@ -905,7 +906,8 @@ class DecodeEngine(Core):
     def _batch_left(self, batch: list[_Seq], leaving) -> None:
         """The batch is now `batch` (the requests that stay, in order): `leaving` left."""
         self._batch = batch
-        self._base_less_start -= sum(s.base_less_start for s in leaving)
+        for s in leaving:           # (a loop: one or two leave at a time, fewer than a sum() costs)
+            self._base_less_start -= s.base_less_start
         self._first_end = min([s.end for s in batch]) if batch else _NEVER
 
     def _finish(self, finished: list) -> None:
