@@ -258,6 +258,7 @@ class StepCosts:
 
     @property
     def bound(self) -> str:
+        """What binds the first step: "compute", "memory", "communication" or "latency"."""
         b = self._bound
         if type(b) is tuple:
             b = self._bound = CostModel._bound_of(*b)
@@ -408,8 +409,9 @@ def _larger_line(a0: float, a1: float, b0: float, b1: float, n: int) -> np.ndarr
 
     When one line is at least the other at j = 0 and grows at least as fast, it is the
     larger at every j (rounding is monotonic, so also in floating point): it alone is
-    evaluated, in place, which is what a decode step's time usually is (memory-bound on
-    GPUs, compute- or latency-bound on the wafer)."""
+    evaluated (one multiply into a new array, one add in place), which is what a decode
+    step's time usually is (memory-bound on GPUs, compute- or latency-bound on the
+    wafer)."""
     j = _STEP_INDEX[:n] if n <= _STEP_INDEX.shape[0] else np.arange(n, dtype=float)
     if b0 >= a0 and b1 >= a1:
         a0, a1 = b0, b1
