@@ -308,7 +308,8 @@ class DecodeEngine(Core):
         """
         rid = req.id
         final = int(kv_tokens) + req.output_tokens - 1
-        if self.pool.bytes_for(final) > self.kv_capacity_bytes:
+        blocks = self.pool.blocks_for(final)           # (`pool.bytes_for`'s blocks, counted once)
+        if blocks * self.pool.block_bytes > self.kv_capacity_bytes:
             self.counts["failed"] += 1
             self.send(self.collector, "finish", rid, "failed", "exceeds_decode_kv_capacity", None, now)
             self.send(src, "kv_reserved", rid, "refused")
@@ -339,8 +340,9 @@ class DecodeEngine(Core):
             self.send(self.collector, "finish", rid, "rejected", "decode_queue_full", None, now)
             self.send(src, "kv_reserved", rid, "refused")
             return
-        tokens = final if self.policy == "reserve" else int(kv_tokens)
-        w = _Waiter(req, int(kv_tokens), self.pool.blocks_for(tokens), first_token_s, src=src)
+        if self.policy != "reserve":                   # (else: the final footprint's blocks)
+            blocks = self.pool.blocks_for(int(kv_tokens))
+        w = _Waiter(req, int(kv_tokens), blocks, first_token_s, src=src)
         self._waiting_ids.add(rid)
         self._waiters.append(w)
         self._grant(now)
@@ -916,7 +918,8 @@ class DecodeEngine(Core):
             return
         for s, t, itl in finished:
             self.send(self.collector, "finish", s.req.id, "completed", None, itl, t)
-        self._grant(self._t_free if self._t_free is not None else finished[-1][1])
+        if self._waiters:
+            self._grant(self._t_free if self._t_free is not None else finished[-1][1])
 
     def _commit(self, batch: list[_Seq], t0: float, ends: np.ndarray, steps: int) -> list:
         """Record `steps` finished steps of `batch` (step i ends at ends[i], the first
