@@ -865,7 +865,10 @@ class CostModel:
         # full chunk budget over 0, 1, 2... chunks of a prompt): the cost of the same
         # counts (lists, or 1-D arrays) is looked up, not computed again (the same
         # object, bit for bit).
-        key = _counts_key(new_tokens, cached_tokens)
+        if type(new_tokens) is list and type(cached_tokens) is list:   # (an engine's: the key at once)
+            key = (tuple(new_tokens), tuple(cached_tokens))
+        else:
+            key = _counts_key(new_tokens, cached_tokens)
         if key is not None:
             hit = self._prefill_costs.get(key)
             if hit is not None:

@@ -462,7 +462,7 @@ class PrefixCache:
         nbytes = self.entry_bytes(bs)
         lru = self._lru
         keys = [(bs, h) for h in hashes]
-        fresh = dict.fromkeys(key for key in keys if key not in lru)
+        fresh = dict.fromkeys([key for key in keys if key not in lru])   # (a list: no generator step per key)
         need = nbytes * len(fresh)
         if need <= self.ledger.free_bytes:
             # Everything fits without evicting (the common case): what the loop below

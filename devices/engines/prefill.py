@@ -219,6 +219,7 @@ class PrefillEngine(Core):
         attach_host_tier(self, host_kv_bytes, host_kv_Bps)
         if kv_events and self.prefix is not None and router is not None:
             self.prefix.journal = []
+        self._kv_events = self.prefix is not None and self.prefix.journal is not None
 
         self._queue: deque[_Job] = deque()
         self._running: list[_Job] = []
@@ -273,7 +274,8 @@ class PrefillEngine(Core):
                                f"known: {sorted(self.decode)}")
         if enqueue_batch(self, now, items, self._refusal, self._new_job):
             self._poke(now)
-            self._sample(now)
+            if self._timeseries:
+                self._sample(now)
         self._report_load()
 
     def _refusal(self, req, target):
@@ -493,8 +495,9 @@ class PrefillEngine(Core):
             self.send(self.router, "load", self.name, load)
 
     def _sample(self, t: float) -> None:
-        if self.series.enabled:             # (up to four times per request: skip the call)
-            record_series(self, t, len(self._queue), len(self._running))
+        """A row of the gauges over time (`series`); the callers call it only with
+        `_timeseries` (up to four times per request: the call is skipped)."""
+        record_series(self, t, len(self._queue), len(self._running))
 
     def _publish_kv_events(self) -> None:
         """Send the router the prefix cache's changes since the last call (if any)."""
@@ -507,16 +510,20 @@ class PrefillEngine(Core):
         """Allocate the KV of `job`'s uncached prompt (after a prefix-cache lookup),
         evicting LRU prefix entries if needed. False (nothing held) if it cannot fit."""
         req = job.req
-        hashes, hit, cached = prefix_lookup(self.prefix, req)
-        need_blocks = self.pool.blocks_for(req.prompt_tokens - cached)
-        need_bytes = need_blocks * self.pool.block_bytes
-        if self.ledger.free_bytes < need_bytes and self.prefix is not None:
-            self.prefix.make_room(need_bytes)
-        if not self.pool.try_allocate(req.id, need_blocks):
-            if self.prefix is not None:
-                self.prefix.release(req.id)
+        prefix = self.prefix
+        hashes, hit, cached = prefix_lookup(prefix, req)
+        pool = self.pool
+        need_blocks = -(-(req.prompt_tokens - cached) // pool.block_tokens)   # (>= 1 token: `blocks_for`)
+        need_bytes = need_blocks * pool.block_bytes
+        if prefix is not None and self.ledger.free_bytes < need_bytes:
+            prefix.make_room(need_bytes)
+        if not pool.try_allocate(req.id, need_blocks):
+            if prefix is not None:
+                prefix.release(req.id)
             return False
-        admit_with_prefix(self, job, hashes, hit, cached + host_prefix(self, job, hashes, hit, cached))
+        if prefix is not None and prefix.host is not None:
+            cached += host_prefix(self, job, hashes, hit, cached)
+        admit_with_prefix(self, job, hashes, hit, cached)
         job.state = "running"
         # it moves from the queue to the running set (`plan_chunk`): its running term
         # (remaining, net of the cache's hit) replaces its queued one
@@ -533,15 +540,18 @@ class PrefillEngine(Core):
         if events is None:
             events = []
         plan = plan_chunk(self._running, self._queue, self.chunk_tokens, self._try_admit)
-        self._publish_kv_events()          # admissions may have evicted blocks
+        if self._kv_events:
+            self._publish_kv_events()      # admissions may have evicted blocks
         if not plan:
             self._t_free = None
-            self._sample(now)
+            if self._timeseries:
+                self._sample(now)
             if events:
                 self.send(self.collector, "events", events)
             return
         t0 = now if self._t_free is None else self._t_free
-        self._sample(t0)
+        if self._timeseries:
+            self._sample(t0)
         # one pass over the plan: its counts (lists: the cost model's lookup key as they
         # are), its tokens, the jobs it starts (their prefill_start events, and their
         # host-tier loads, `host_load_s`, summed in the same order)
