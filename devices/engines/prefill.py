@@ -65,7 +65,6 @@ from devices.engines.common import (
     EventSeries,
     admit_with_prefix,
     attach_host_tier,
-    host_load_s,
     host_prefix,
     record_series,
     prefix_lookup,
