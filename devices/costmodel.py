@@ -426,15 +426,16 @@ def _counts_key(*counts) -> tuple | None:
 
 def _as_counts(x, name: str) -> np.ndarray:
     if type(x) is list:
-        # an engine's counts (a few ints): converted once, checked as the floats they
-        # become (what the float checks below do, on the same values)
-        a = np.array(x, dtype=float)
-        if a.ndim == 1 and a.size <= 64:
-            v = a.tolist()
-            if v and (min(v) < 0 or not sum(v) < math.inf):
-                raise ValueError(f"{name} must be finite token counts >= 0")
-            return a
-        x = a
+        if len(x) <= 64:
+            # an engine's counts (a few ints): converted once, checked as the floats
+            # they become (what the float checks below do, on the same values)
+            a = np.array(x, dtype=float)
+            if a.ndim == 1:
+                v = a.tolist()
+                if v and (min(v) < 0 or not sum(v) < math.inf):
+                    raise ValueError(f"{name} must be finite token counts >= 0")
+                return a
+        x = np.array(x)         # (ints: the checks below for arrays)
     if type(x) is np.ndarray and x.ndim == 1 and x.size <= 64 and x.dtype.kind in "iuf":
         # the engines' short token-count arrays: Python's min and sum are cheaper than
         # ufunc reductions (a nan or inf makes the sum fail `< inf`)
