@@ -444,7 +444,16 @@ def _counts_key(*counts) -> tuple | None:
 
 def _as_counts(x, name: str) -> np.ndarray:
     if type(x) is list:
-        x = np.array(x)         # (an engine's counts: ints, so the checks below for arrays)
+        if len(x) <= 64:
+            # an engine's counts (a few ints): converted once, checked as the floats
+            # they become (what the float checks below do, on the same values)
+            a = np.array(x, dtype=float)
+            if a.ndim == 1:
+                v = a.tolist()
+                if v and (min(v) < 0 or not sum(v) < math.inf):
+                    raise ValueError(f"{name} must be finite token counts >= 0")
+                return a
+        x = np.array(x)         # (ints: the checks below for arrays)
     if type(x) is np.ndarray and x.ndim == 1 and x.size <= 64 and x.dtype.kind in "iuf":
         # the engines' short token-count arrays: Python's min and sum are cheaper than
         # ufunc reductions (a nan or inf makes the sum fail `< inf`)
@@ -883,7 +892,10 @@ class CostModel:
         # full chunk budget over 0, 1, 2... chunks of a prompt): the cost of the same
         # counts (lists, or 1-D arrays) is looked up, not computed again (the same
         # object, bit for bit).
-        key = _counts_key(new_tokens, cached_tokens)
+        if type(new_tokens) is list and type(cached_tokens) is list:   # (an engine's: the key at once)
+            key = (tuple(new_tokens), tuple(cached_tokens))
+        else:
+            key = _counts_key(new_tokens, cached_tokens)
         if key is not None:
             hit = self._prefill_costs.get(key)
             if hit is not None:

@@ -789,7 +789,7 @@ def _pack_ints(seq: tuple[int, ...] | list[int]) -> bytes:
 
 
 # A KV header is this prefix, the packed request id, then a tail fixed by the layout
-# (`_kv_layout`): the same map, key order and encodings as `_header_prefix`, up to and
+# (`_KVLayout`): the same map, key order and encodings as `_header_prefix`, up to and
 # including the xxh3 entry's uint64 marker (`_XXH3_ENTRY`).
 _KEY_HEAD = (bytes((_FIXARRAY2, 0x80 | len(_HEADER_KEYS))) + msgpack.packb("v") + msgpack.packb(FORMAT_VERSION)
              + msgpack.packb("rid"))
@@ -805,8 +805,9 @@ _PLANS_MAX = 64
 # Layouts by (n_tokens, kv_bytes_per_token, n_layers, layer_group, payload_scale, kv_dtype).
 # A layout does not depend on the request id or seed, and requests often share prompt
 # lengths (the Azure 2023 conversation trace: 2,339 lengths in 19,366 requests, 86% hits
-# at this size); oldest dropped first. 2048 layouts of 8 groups take ~8 MB.
-_LAYOUTS: OrderedDict[tuple, tuple] = OrderedDict()
+# at this size); oldest dropped first. 2048 layouts of 8 groups take ~8 MB with their
+# headers packed (`_KVLayout.frames`), a fraction of that without.
+_LAYOUTS: OrderedDict[tuple, "_KVLayout"] = OrderedDict()
 _LAYOUTS_MAX = 2048
 
 
@@ -824,65 +825,112 @@ def _kv_plan(kv_bytes_per_token: int, n_layers: int, layer_group: int, kv_dtype:
     return elems, bits, _K["dtype"] + msgpack.packb(kv_dtype), tuple(groups)
 
 
-def _kv_layout(request_id: int, n_tokens: int, kv_bytes_per_token: int, n_layers: int, layer_group: int,
-               payload_scale: float, kv_dtype: str) -> tuple[tuple[tuple, ...], int]:
-    """The request-independent part of `make_kv_frames`' frames (arguments already
-    checked): (groups, size) with, per group of layers [a, b), (the "<Q" packed a, the
-    packed header after the request id up to the checksum, body bytes, the header
-    tuple without its request id, length of the packed header up to the checksum
-    without the request id), and `size` the bytes of all the frames without their
-    request ids. `request_id` only names the request in errors. Raises FrameError if a
-    body exceeds a msgpack bin32."""
-    plan_key = (kv_bytes_per_token, n_layers, layer_group, kv_dtype)
-    plan = _PLANS.get(plan_key)
-    if plan is None:
-        if len(_PLANS) >= _PLANS_MAX:
-            _PLANS.clear()
-        plan = _PLANS[plan_key] = _kv_plan(*plan_key)
-    elems, bits, dtype_entry, plan_groups = plan
-    total = n_tokens * kv_bytes_per_token
-    mid = _K["tokens"] + _pack_ints((0, n_tokens)) + dtype_entry
-    if elems is not None:
-        shape_rest = _pack_uint(n_tokens) + _pack_uint(elems)
-    k_logical, k_payload = _K["logical"], _K["payload"]
-    n_key_head = len(_KEY_HEAD)
-    packed: dict[int, bytes] = {}               # the groups share a few byte counts
-    bodies: dict[int, int] = {}                 # and a few logical sizes: their body sizes
-    groups = []
-    size = 0
-    done = 0                                    # logical bytes of the groups before
-    for a, b, layer8, layers_entry, shape_head in plan_groups:
-        upto = total * b // n_layers            # `group_logical_bytes` as a running sum
-        logical = upto - done
-        done = upto
-        n_body = bodies.get(logical)
-        if n_body is None:
-            n_body = bodies[logical] = payload_size(logical, payload_scale)
-        if n_body > MAX_BODY_BYTES:
-            raise FrameError(
-                f"frame body of request {request_id} is {n_body} bytes; a msgpack bin32 "
-                f"holds at most {MAX_BODY_BYTES}: use smaller layer groups")
-        if elems is not None:
-            shape = (b - a, n_tokens, elems)
-            shape_entry = shape_head + shape_rest
-        else:
-            shape = ((logical * 8) // bits,)
-            shape_entry = shape_head + _pack_uint(shape[0])
-        p_logical = packed.get(logical)
-        if p_logical is None:
-            p_logical = packed[logical] = _pack_uint(logical)
-        p_body = packed.get(~n_body)            # (keys of body sizes: ~n < 0 <= logical)
-        if p_body is None:
-            p_body = packed[~n_body] = _pack_uint(n_body)
-        tail = b"".join((layers_entry, mid, shape_entry, k_logical, p_logical, k_payload, p_body, _XXH3_ENTRY))
-        n_head = n_key_head + len(tail)
-        groups.append((layer8, tail, n_body, (a, b, 0, n_tokens, kv_dtype, shape, logical, n_body), n_head))
-        size += n_head + _TAIL_BYTES + n_body
-    return tuple(groups), size
+def _uint_len(v: int) -> int:
+    """len(_pack_uint(v)) for an int v >= 0, without packing it (msgpack's smallest
+    encoding: positive fixint, uint8, uint16, uint32; above, `_pack_uint` itself)."""
+    return 1 if v < 0x80 else 2 if v < 0x100 else 3 if v < 0x10000 else 5 if v < 0x100000000 \
+        else len(_pack_uint(v))
+
+
+class _KVLayout:
+    """The request-independent part of `make_kv_frames`' frames for one prompt length
+    (arguments already checked), in two stages: the sizes at once (what a described
+    payload needs: the frame count and `size`), the header bytes when first asked for
+    (`frames()`: the real frames, and a description's header tuples), so that a
+    payload accounted for in a sweep of rarely repeating prompt lengths packs no
+    header.
+
+    `size`: the bytes of all the frames without their request ids; `n_groups`: the
+    frame count; `_sizes`: per group (logical bytes, body bytes, header length up to
+    the checksum without the request id), the lengths the packed headers will have
+    (`frames()` checks each against the bytes it packs).
+    """
+
+    __slots__ = ("n_tokens", "kv_dtype", "plan", "size", "n_groups", "_sizes", "_mid", "_shape_rest", "_frames")
+
+    def __init__(self, request_id: int, n_tokens: int, kv_bytes_per_token: int, n_layers: int,
+                 layer_group: int, payload_scale: float, kv_dtype: str) -> None:
+        """`request_id` only names the request in errors. Raises FrameError if a body
+        exceeds a msgpack bin32."""
+        plan_key = (kv_bytes_per_token, n_layers, layer_group, kv_dtype)
+        plan = _PLANS.get(plan_key)
+        if plan is None:
+            if len(_PLANS) >= _PLANS_MAX:
+                _PLANS.clear()
+            plan = _PLANS[plan_key] = _kv_plan(*plan_key)
+        elems, bits, dtype_entry, plan_groups = plan
+        self.n_tokens, self.kv_dtype, self.plan = n_tokens, kv_dtype, plan
+        total = n_tokens * kv_bytes_per_token
+        self._mid = mid = _K["tokens"] + _pack_ints((0, n_tokens)) + dtype_entry
+        self._shape_rest = shape_rest = _pack_uint(n_tokens) + _pack_uint(elems) if elems is not None else b""
+        # a header's bytes but its packed logical and body sizes (and, without whole
+        # elements, its shape's element count): the same for every group but the
+        # layers entry and the shape's head (`_kv_plan`)
+        fixed = (len(_KEY_HEAD) + len(mid) + len(shape_rest) + len(_K["logical"]) + len(_K["payload"])
+                 + len(_XXH3_ENTRY))
+        bodies: dict[int, int] = {}             # the groups share a few logical sizes
+        sizes = []
+        size = 0
+        done = 0                                # logical bytes of the groups before
+        for _, b, _, layers_entry, shape_head in plan_groups:
+            upto = total * b // n_layers        # `group_logical_bytes` as a running sum
+            logical = upto - done
+            done = upto
+            n_body = bodies.get(logical)
+            if n_body is None:
+                n_body = bodies[logical] = payload_size(logical, payload_scale)
+            if n_body > MAX_BODY_BYTES:
+                raise FrameError(
+                    f"frame body of request {request_id} is {n_body} bytes; a msgpack bin32 "
+                    f"holds at most {MAX_BODY_BYTES}: use smaller layer groups")
+            n_head = fixed + len(layers_entry) + len(shape_head) + _uint_len(logical) + _uint_len(n_body)
+            if elems is None:
+                n_head += _uint_len((logical * 8) // bits)
+            sizes.append((logical, n_body, n_head))
+            size += n_head + _TAIL_BYTES + n_body
+        self._sizes = tuple(sizes)
+        self.size = size
+        self.n_groups = len(sizes)
+        self._frames: tuple | None = None
+
+    def frames(self) -> tuple:
+        """Per group of layers [a, b): (the "<Q" packed a, the packed header after the
+        request id up to the checksum, body bytes, the header tuple without its request
+        id, length of the packed header up to the checksum without the request id);
+        built on the first call."""
+        if self._frames is None:
+            elems, bits, _, plan_groups = self.plan
+            kv_dtype, n_tokens = self.kv_dtype, self.n_tokens
+            k_logical, k_payload = _K["logical"], _K["payload"]
+            n_key_head = len(_KEY_HEAD)
+            packed: dict[int, bytes] = {}       # the groups share a few byte counts
+            out = []
+            for (a, b, layer8, layers_entry, shape_head), (logical, n_body, n_head) in zip(plan_groups,
+                                                                                           self._sizes):
+                if elems is not None:
+                    shape = (b - a, n_tokens, elems)
+                    shape_entry = shape_head + self._shape_rest
+                else:
+                    shape = ((logical * 8) // bits,)
+                    shape_entry = shape_head + _pack_uint(shape[0])
+                p_logical = packed.get(logical)
+                if p_logical is None:
+                    p_logical = packed[logical] = _pack_uint(logical)
+                p_body = packed.get(~n_body)    # (keys of body sizes: ~n < 0 <= logical)
+                if p_body is None:
+                    p_body = packed[~n_body] = _pack_uint(n_body)
+                tail = b"".join((layers_entry, self._mid, shape_entry, k_logical, p_logical, k_payload, p_body,
+                                 _XXH3_ENTRY))
+                if n_key_head + len(tail) != n_head:
+                    raise RuntimeError(f"KV layout: a header of {n_key_head + len(tail)} bytes, its size "
+                                       f"said {n_head} (a bug in `_KVLayout`)")
+                out.append((layer8, tail, n_body, (a, b, 0, n_tokens, kv_dtype, shape, logical, n_body), n_head))
+            self._frames = tuple(out)
+        return self._frames
 
 
 def _checked_layout(request_id, n_tokens, kv_bytes_per_token, n_layers, layer_group, payload_scale,
-                    kv_dtype, seed) -> tuple[int, int, tuple]:
+                    kv_dtype, seed) -> tuple[int, int, _KVLayout]:
     """`make_kv_frames`' argument checks and its cached layout: (request_id, seed,
     layout) with the ints checked. Raises ValueError on bad arguments, FrameError for a
     body too large for a msgpack bin32."""
@@ -911,7 +959,7 @@ def _checked_layout(request_id, n_tokens, kv_bytes_per_token, n_layers, layer_gr
     if request_id > _U64_MAX:
         raise ValueError(f"make_kv_frames: request_id must be < 2**64, got {request_id}")
     if layout is None:
-        layout = _kv_layout(request_id, *layout_key)
+        layout = _KVLayout(request_id, *layout_key)
         if len(_LAYOUTS) >= _LAYOUTS_MAX:
             _LAYOUTS.popitem(last=False)
         _LAYOUTS[layout_key] = layout
@@ -948,7 +996,7 @@ def make_kv_frames(
     """
     request_id, seed, layout = _checked_layout(request_id, n_tokens, kv_bytes_per_token, n_layers, layer_group,
                                                payload_scale, kv_dtype, seed)
-    groups, size = layout
+    groups, size = layout.frames(), layout.size
     rid = _pack_uint(request_id)
     head = _KEY_HEAD + rid
     n_rid = len(rid)
@@ -1006,16 +1054,15 @@ class KVDescription:
     read): a described payload is checked in O(1).
     """
 
-    __slots__ = ("args", "nbytes", "_groups", "_n_rid", "_entries")
+    __slots__ = ("args", "nbytes", "_layout", "_n_rid", "_entries")
 
-    def __init__(self, args: tuple, layout: tuple) -> None:
+    def __init__(self, args: tuple, layout: _KVLayout) -> None:
         self.args = args
-        # `_kv_layout`'s (groups, size): the frames without their request id, whose
-        # packed length each frame adds
-        self._groups, size = layout
-        self._n_rid = len(_pack_uint(args[0]))
+        # the frames without their request id, whose packed length each frame adds
+        self._layout = layout
+        self._n_rid = _uint_len(args[0])
         self._entries: tuple | None = None
-        self.nbytes = size + len(self._groups) * self._n_rid
+        self.nbytes = layout.size + layout.n_groups * self._n_rid
 
     # entries and sizes are built when first read: a payload whose layout was checked
     # before is not read
@@ -1023,19 +1070,19 @@ class KVDescription:
     def entries(self) -> tuple:
         if self._entries is None:
             rid = self.args[0]
-            self._entries = tuple((rid, *g[3]) for g in self._groups)
+            self._entries = tuple((rid, *g[3]) for g in self._layout.frames())
         return self._entries
 
     @property
     def sizes(self) -> tuple:
-        return tuple(g[4] + self._n_rid + _TAIL_BYTES + g[2] for g in self._groups)
+        return tuple(g[4] + self._n_rid + _TAIL_BYTES + g[2] for g in self._layout.frames())
 
     def passes_transfer_checks(self, request_id: int, payload_scale: float, logical_bytes: int) -> bool:
         """True when the real frames pass the interconnect's header checks: every frame
         names `request_id`, carries a body of payload_size(logical, payload_scale) for
         its logical bytes, and the logical bytes sum to `logical_bytes`. The layout's
         bodies are payload_size(logical, its own payload_scale) and its groups' logical
-        bytes sum to n_tokens x kv_bytes_per_token (`_kv_layout`), so equal arguments
+        bytes sum to n_tokens x kv_bytes_per_token (`_KVLayout`), so equal arguments
         suffice; False means: check the headers (a different scale may round alike)."""
         rid, n_tokens, kv_bytes_per_token, _, _, scale = self.args[:6]
         return rid == request_id and scale == payload_scale and n_tokens * kv_bytes_per_token == logical_bytes
@@ -1044,12 +1091,12 @@ class KVDescription:
         """True when a receiver finds no bad frame: every frame names `request_id` and
         tokens [0, kv_tokens), and the frames cover layers [0, n_layers). The layout's
         groups cover [0, its n_layers) one after another, for tokens [0, n_tokens)
-        (`_kv_layout`), and a description has no bytes to fail a checksum."""
+        (`_KVLayout`), and a description has no bytes to fail a checksum."""
         rid, n_tokens, _, layers = self.args[:4]
         return rid == request_id and n_tokens == kv_tokens and layers >= n_layers
 
     def __len__(self) -> int:
-        return len(self._groups)
+        return self._layout.n_groups
 
     def build(self) -> "KVFrames":
         """The real frames this describes."""

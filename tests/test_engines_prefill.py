@@ -14,6 +14,7 @@ from devices.costmodel import CostModel, Parallelism
 from devices.engines.decode import DecodeEngine
 from devices.engines.prefill import PrefillEngine
 from _engine_fakes import Client, DirectInterconnect, FakeCollector, plan, run_cores, submissions
+from workloads.core import Core
 from workloads.request import Request
 
 SCALE = 1e-5     # payload_scale: ship 10 ppm of the KV bytes (logical sizes stay exact)
@@ -135,6 +136,52 @@ def test_prefix_cache_hits_skip_computation():
     assert ttft[1] < ttft[0] and ttft[2] < ttft[1]
     # the transfer still carries the whole prompt's KV (the cached part included)
     assert [t[0] for t in out["ic"].transfers] == [0, 1, 2]
+
+
+class _LoadRecorder(Core):
+    """A router stand-in: records the `load` reports and takes the `kv_events`."""
+
+    def __init__(self, name: str = "router") -> None:
+        super().__init__(name)
+        self.loads: list[int] = []
+
+    def load(self, now, instance, outstanding_tokens):
+        self.loads.append(outstanding_tokens)
+
+    def kv_events(self, now, instance, events):
+        pass
+
+
+class _CheckedPrefill(PrefillEngine):
+    """Checks at every report that the running total the router is told equals its
+    definition: the remaining tokens of the running prompts plus the queued prompts
+    net of the prefix their cache held at submission."""
+
+    checks = 0
+
+    def _report_load(self):
+        want = (sum(j.remaining for j in self._running)
+                + sum(j.req.prompt_tokens - j.expect for j in self._queue))
+        assert self.outstanding_tokens() == want
+        _CheckedPrefill.checks += 1
+        super()._report_load()
+
+
+@pytest.mark.parametrize("kv_events", [False, True])
+def test_outstanding_tokens_is_the_queued_and_running_work(kv_events):
+    reqs = _poisson(60, 40.0, (200, 20000), (2, 6), seed=3, hashes=True)
+    col = FakeCollector()
+    router = _LoadRecorder()
+    decode = DecodeEngine(name="wafer0", cost=llama_cs3(), collector=col.name, max_batch=64)
+    ic = DirectInterconnect()
+    prefill = _CheckedPrefill(name="gpu0", cost=llama_h100(), collector=col.name, interconnect=ic.name,
+                              decode=["wafer0"], router=router.name, chunk_tokens=4096, payload_scale=SCALE,
+                              kv_events=kv_events)
+    _CheckedPrefill.checks = 0
+    run_cores([col, router, Client(submissions(reqs, "gpu0", "wafer0", col.name)), prefill, ic, decode])
+    assert _CheckedPrefill.checks > 2 * len(reqs)
+    assert router.loads[-1] == 0 and max(router.loads) > 20000
+    assert set(col.outcomes) == {r.id for r in reqs}
 
 
 def test_prefix_cache_off_computes_everything():

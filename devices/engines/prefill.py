@@ -65,7 +65,6 @@ from devices.engines.common import (
     EventSeries,
     admit_with_prefix,
     attach_host_tier,
-    host_load_s,
     host_prefix,
     record_series,
     prefix_lookup,
@@ -80,6 +79,7 @@ from devices.engines.common import (
 )
 from devices.memory import KVBlockPool, PrefixCache
 from interconnect.codec import check_description, describe_kv_frames, make_kv_frames
+from interconnect.component import TransferResult
 from workloads.core import Core
 
 
@@ -211,10 +211,14 @@ class PrefillEngine(Core):
         # a token's KV in memory: all its copies (MLA's latent on every TP device)
         held = int(cost.kv_held_bytes_per_token)
         self.pool = KVBlockPool(self.ledger, kv_block_tokens, held)
+        # the longest prompt whose blocks fit the KV capacity (`_refusal`)
+        self._max_prompt_tokens = (self.kv_capacity_bytes // self.pool.block_bytes * self.pool.block_tokens
+                                   if self.pool.block_bytes else math.inf)
         self.prefix = PrefixCache(self.ledger, held) if prefix_cache else None
         attach_host_tier(self, host_kv_bytes, host_kv_Bps)
         if kv_events and self.prefix is not None and router is not None:
             self.prefix.journal = []
+        self._kv_events = self.prefix is not None and self.prefix.journal is not None
 
         self._queue: deque[_Job] = deque()
         self._running: list[_Job] = []
@@ -227,9 +231,16 @@ class PrefillEngine(Core):
         self._retries: list[tuple[float, int, int]] = []   # (t, seq, request id): back-offs
         self._seq = 0
         self._reported: int | None = None     # outstanding tokens last told the router
+        # `outstanding_tokens` kept as a running total (ints: the same value as the sum
+        # over the queue and the running set, which the router is told up to three
+        # times per request): + a queued job's term at submission, its running term
+        # less its queued one at admission, - an iteration's tokens at its end; a
+        # release recounts
+        self._outstanding = 0
 
         self.util = Utilisation()
         self.lateness = Lateness()
+        self._timeseries = bool(timeseries)   # (the memory gauge's add skipped without it)
         self.memory = TimeSeries(timeseries)
         self.series = EventSeries(timeseries)  # gauges at events (rack.measure.timeseries); not recorded if False
         self.counts = {"submitted": 0, "rejected": 0, "failed": 0, "prefilled": 0,
@@ -262,11 +273,14 @@ class PrefillEngine(Core):
                                f"known: {sorted(self.decode)}")
         if enqueue_batch(self, now, items, self._refusal, self._new_job):
             self._poke(now)
-            self._sample(now)
+            if self._timeseries:
+                self._sample(now)
         self._report_load()
 
     def _refusal(self, req, target):
-        if self.pool.bytes_for(req.prompt_tokens) > self.kv_capacity_bytes:
+        # pool.bytes_for(prompt) > kv_capacity_bytes, as a bound on the prompt (whole
+        # blocks: the same verdict for every int)
+        if req.prompt_tokens > self._max_prompt_tokens:
             return ("failed", "prompt_exceeds_kv_capacity")
         return None
 
@@ -276,13 +290,18 @@ class PrefillEngine(Core):
             # what the cache holds now (its lookup at admission may find less or more)
             job.expect = min(req.prompt_tokens - 1, req.block_size * self.prefix.match(
                 req.block_hashes[: req.prompt_tokens // req.block_size], req.block_size))
+        self._outstanding += req.prompt_tokens - job.expect     # (it is queued: `enqueue_batch`)
         return job
 
     def outstanding_tokens(self) -> int:
         """Prompt tokens still to compute (queued + running). Queued ones count whole,
         before any prefix-cache hit; with `kv_events` (a KV-aware router), net of the
         prefix their cache held when they arrived, so the work is in the same terms
-        as the router's cost (`rack.serving.prefix_routing`)."""
+        as the router's cost (`rack.serving.prefix_routing`). O(1): a running total
+        (`_count_outstanding` is its definition)."""
+        return self._outstanding
+
+    def _count_outstanding(self) -> int:
         return sum(j.remaining for j in self._running) + sum(j.req.prompt_tokens - j.expect for j in self._queue)
 
     def kv_reserved(self, now: float, request_id: int, status: str) -> None:
@@ -309,9 +328,12 @@ class PrefillEngine(Core):
         if result is None:
             self._lost(now, job)
             return
-        t_end = getattr(result, "end_s", None)
+        if type(result) is TransferResult:      # (the interconnect's: no duck typing needed)
+            t_end, failed = result.end_s, result.bad_frames > 0
+        else:
+            t_end, failed = getattr(result, "end_s", None), _transfer_failed(result)
         self.send(self.collector, "event", request_id, "transfer_end", now if t_end is None else float(t_end))
-        if not _transfer_failed(result):
+        if not failed:
             self.counts["handoffs_done"] += 1
             self._end_handoff(now, job)
             return
@@ -380,6 +402,7 @@ class PrefillEngine(Core):
         if len(kept) != len(self._queue):
             self._queue.clear()
             self._queue.extend(kept)
+            self._outstanding = self._count_outstanding()
             self._report_load()
 
     def on_wake(self, now: float) -> None:
@@ -465,14 +488,15 @@ class PrefillEngine(Core):
     def _report_load(self) -> None:
         if self.router is None:
             return
-        load = self.outstanding_tokens()
+        load = self._outstanding
         if load != self._reported:
             self._reported = load
             self.send(self.router, "load", self.name, load)
 
     def _sample(self, t: float) -> None:
-        if self.series.enabled:             # (up to four times per request: skip the call)
-            record_series(self, t, len(self._queue), len(self._running))
+        """A row of the gauges over time (`series`); the callers call it only with
+        `_timeseries` (up to four times per request: the call is skipped)."""
+        record_series(self, t, len(self._queue), len(self._running))
 
     def _publish_kv_events(self) -> None:
         """Send the router the prefix cache's changes since the last call (if any)."""
@@ -485,67 +509,111 @@ class PrefillEngine(Core):
         """Allocate the KV of `job`'s uncached prompt (after a prefix-cache lookup),
         evicting LRU prefix entries if needed. False (nothing held) if it cannot fit."""
         req = job.req
-        hashes, hit, cached = prefix_lookup(self.prefix, req)
-        need_blocks = self.pool.blocks_for(req.prompt_tokens - cached)
-        need_bytes = need_blocks * self.pool.block_bytes
-        if self.ledger.free_bytes < need_bytes and self.prefix is not None:
-            self.prefix.make_room(need_bytes)
-        if not self.pool.try_allocate(req.id, need_blocks):
-            if self.prefix is not None:
-                self.prefix.release(req.id)
+        prefix = self.prefix
+        hashes, hit, cached = prefix_lookup(prefix, req)
+        pool = self.pool
+        need_blocks = -(-(req.prompt_tokens - cached) // pool.block_tokens)   # (>= 1 token: `blocks_for`)
+        need_bytes = need_blocks * pool.block_bytes
+        if prefix is not None and self.ledger.free_bytes < need_bytes:
+            prefix.make_room(need_bytes)
+        if not pool.try_allocate(req.id, need_blocks):
+            if prefix is not None:
+                prefix.release(req.id)
             return False
-        admit_with_prefix(self, job, hashes, hit, cached + host_prefix(self, job, hashes, hit, cached))
+        if prefix is not None and prefix.host is not None:
+            cached += host_prefix(self, job, hashes, hit, cached)
+        admit_with_prefix(self, job, hashes, hit, cached)
         job.state = "running"
+        # it moves from the queue to the running set (`plan_chunk`): its running term
+        # (remaining, net of the cache's hit) replaces its queued one
+        self._outstanding += job.expect - job.cached - job.computed
         return True
 
-    def _start_iteration(self, now: float) -> None:
+    def _start_iteration(self, now: float, events: list | None = None) -> None:
         """Plan and start one chunked-prefill iteration: continuing requests first, then
         FCFS admissions while budget and memory last. Back-to-back iterations start
-        when the previous one ended."""
+        when the previous one ended. `events`: lifecycle events of this instant for the
+        collector (the previous iteration's ends), sent in one message with this
+        iteration's prefill_start events after them (the collector records a message's
+        events in order, `Collector.events`: the same records as two messages)."""
+        if events is None:
+            events = []
         plan = plan_chunk(self._running, self._queue, self.chunk_tokens, self._try_admit)
-        self._publish_kv_events()          # admissions may have evicted blocks
+        if self._kv_events:
+            self._publish_kv_events()      # admissions may have evicted blocks
         if not plan:
             self._t_free = None
-            self._sample(now)
+            if self._timeseries:
+                self._sample(now)
+            if events:
+                self.send(self.collector, "events", events)
             return
         t0 = now if self._t_free is None else self._t_free
-        self._sample(t0)
-        new = [take for _, take in plan]        # (lists: the cost model's lookup key as they are)
-        c = self.cost.prefill(new, [j.cached + j.computed for j, _ in plan])
-        t1 = t0 + host_load_s(plan) + c.time_s
-        starts = [(j.req.id, "prefill_start", t0) for j, _ in plan if not j.started]
-        for j, _ in plan:
-            j.started = True
-        self.memory.add(t0, self.ledger.used)
-        if starts:
-            self.send(self.collector, "events", starts)
-        self._iter = (t0, t1, plan, c, new)
+        if self._timeseries:
+            self._sample(t0)
+        # one pass over the plan: its counts (lists: the cost model's lookup key as they
+        # are), its tokens, the jobs it starts (their prefill_start events, and their
+        # host-tier loads, `host_load_s`, summed in the same order)
+        new, cached = [], []
+        tokens = 0
+        load_s = 0
+        for j, take in plan:
+            new.append(take)
+            cached.append(j.cached + j.computed)
+            tokens += take
+            if not j.started:
+                j.started = True
+                load_s += j.load_s
+                events.append((j.req.id, "prefill_start", t0))
+        c = self.cost.prefill(new, cached)
+        t1 = t0 + load_s + c.time_s
+        if self._timeseries:
+            self.memory.add(t0, self.ledger.used)
+        if events:
+            self.send(self.collector, "events", events)
+        self._iter = (t0, t1, plan, c, tokens)
 
     def _end_iteration(self, now: float) -> None:
-        t0, t1, plan, c, new = self._iter
+        t0, t1, plan, c, tokens = self._iter
         self._iter = None
         self.lateness.note(t1, now)
         self._t_free = t1
         self.util.add(c.time_s, c.flops, c.bytes, device_busy_s=c.device_busy_s)
-        self.tokens_computed += sum(new)
+        self.tokens_computed += tokens
+        self._outstanding -= tokens
         done: list[_Job] = []
         for j, take in plan:
             j.computed += take
-            if j.remaining == 0:
+            if j.cached + j.computed == j.req.prompt_tokens:     # (j.remaining == 0)
                 done.append(j)
+        events = []
         if done:
-            ids = {id(j) for j in done}
-            self._running = [j for j in self._running if id(j) not in ids]
-            self.counts["prefilled"] += len(done)
-            names = ("prefill_end", "first_token") if self.first_token == "prefill" else ("prefill_end",)
-            self.send(self.collector, "events", [(j.req.id, nm, t1) for j in done for nm in names])
+            # The plan is the running set's head in order (`plan_chunk`: the jobs
+            # prefilling, then those it admitted), and only its last job can be left
+            # unfinished (a chunk takes a job's remaining tokens unless the budget ends
+            # first), so the jobs done are the running set's first len(done).
+            n = len(done)
+            running = self._running
+            if running[n - 1] is done[-1]:
+                del running[:n]
+            else:                               # (never: the general removal)
+                ids = {id(j) for j in done}
+                self._running = [j for j in running if id(j) not in ids]
+            self.counts["prefilled"] += n
+            if self.first_token == "prefill":
+                for j in done:
+                    events.append((j.req.id, "prefill_end", t1))
+                    events.append((j.req.id, "first_token", t1))
+            else:
+                events = [(j.req.id, "prefill_end", t1) for j in done]
             for j in done:
                 j.t_first = t1
                 self._handoff[j.req.id] = j      # held from now on (see `holding`)
                 if self.stream_to is not None and self.first_token == "prefill":
                     self.send(self.stream_to, "first_token", j.req.id, t1)
-        # the next iteration is formed before the handoffs start (back to back)
-        self._start_iteration(t1)
+        # the next iteration is formed before the handoffs start (back to back); its
+        # prefill_start events go to the collector in one message after these ends
+        self._start_iteration(t1, events)
         for j in done:
             self._begin_handoff(t1, j)
 
@@ -624,8 +692,9 @@ class PrefillEngine(Core):
                 self.prefix.insert(req.block_hashes[: req.prompt_tokens // req.block_size],
                                    req.block_size)
                 self._publish_kv_events()
-        self.memory.add(now, self.ledger.used)
-        self._sample(now)
+        if self._timeseries:
+            self.memory.add(now, self.ledger.used)
+            self._sample(now)
         self._poke(now)
 
 
