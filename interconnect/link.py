@@ -338,6 +338,50 @@ class FairShareNetwork:
         else:
             self._recompute()
 
+    def drain_alone(self, path: Sequence[str], nbytes: float, t: float, by: float) -> float | None:
+        """Carry a flow of `nbytes` (> 0) bytes over `path` from time `t` in closed form,
+        if it is alone from its start to its drain: no flow active, no capacity change
+        pending, a rate > 0 on its path, and a drain at or before `by` (the caller vouches
+        that no flow starts before `by`). Returns its drain time; the network is then at
+        that time with the links' bytes, busy time, peak flows and series as `add_flow`
+        at `t` then `advance` to the drain leave them, bit for bit (the same float
+        operations in the same order: progressive filling gives a lone flow the smallest
+        capacity on its path, and it drains at `t + nbytes / rate`). Otherwise returns
+        None, having only moved the model to `t` (as `add_flow` would first).
+        Most handoffs cross an idle network this way: one call instead of a flow added,
+        its rates filled and its drain found by the event loop."""
+        if self._flows or self._changes or self._finished:
+            self._advance_to(t)
+            return None
+        if t < self.now:
+            raise ValueError(f"time went backwards: {t!r} < now {self.now!r}")
+        self.now = t            # (what `_advance_to` does with no flow: nothing moves)
+        links = [self._link(name) for name in path]
+        rate = min(ln.capacity for ln in links)
+        nbytes = float(nbytes)
+        if not rate > 0 or not nbytes > 0:
+            return None
+        t_end = t + nbytes / rate
+        if t_end > by:
+            return None
+        self._seq += 1          # the flow's arrival number, as `add_flow` takes it
+        dt = t_end - t
+        for ln in links:
+            if ln.peak_flows < 1:
+                ln.peak_flows = 1
+            if dt > 0:          # (`_progress` moves nothing over an empty interval)
+                ln.bytes += nbytes
+                ln.busy_s += dt
+        if self._series:        # the rates at its start, then none at its drain
+            on_path = set(path)
+            for name, ln in self._links.items():
+                self._note(ln, (rate if name in on_path else 0) / ln.nominal)
+            self.now = t_end
+            for ln in self._links.values():
+                self._note(ln, 0 / ln.nominal)
+        self.now = t_end
+        return t_end
+
     def has_flow(self, flow_id: Hashable) -> bool:
         """True while `flow_id` is active (added, not yet drained or removed)."""
         return flow_id in self._flows
@@ -503,7 +547,10 @@ class FairShareNetwork:
         if not self._series:
             return
         for ln in self._links.values():
-            util = sum(f.rate for f in ln.flows.values()) / ln.nominal
-            last = ln.series.last()
-            if last is None or last[0] == self.now or last[1] != util:
-                ln.series.add(self.now, util)      # the same instant: its last state
+            self._note(ln, sum(f.rate for f in ln.flows.values()) / ln.nominal)
+
+    def _note(self, ln: _Link, util: float) -> None:
+        """Append `util` at `now` to `ln`'s series when it changed."""
+        last = ln.series.last()
+        if last is None or last[0] == self.now or last[1] != util:
+            ln.series.add(self.now, util)      # the same instant: its last state
