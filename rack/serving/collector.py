@@ -464,15 +464,14 @@ class Collector(Core):
                     continue
                 slot = self._take_slot(rid, pos)
                 times = self._times                  # grown, perhaps
-            if name == "preempted":
-                self._pre[slot] += 1
-                continue
-            if name == "decode_readmit":            # after a preemption: the latest (issue 37)
-                self.readmitted[rid] = float(t)
-                continue
             col = col_of.get(name)
-            if col is None:
-                self.unknown_events[name] += 1
+            if col is None:                         # (not a lifecycle column: rare)
+                if name == "preempted":
+                    self._pre[slot] += 1
+                elif name == "decode_readmit":      # after a preemption: the latest (issue 37)
+                    self.readmitted[rid] = float(t)
+                else:
+                    self.unknown_events[name] += 1
                 continue
             # Keep the first occurrence: a re-sent transfer or a recomputed request keeps
             # the time its stage first happened, as a client would observe it...

@@ -110,6 +110,12 @@ class Router(Core):
         # an instance that is down counts as full until it reports again
         self._load = {n: 0 for n in self.prefill}
         self._pre_idx = {n: i for i, n in enumerate(self.prefill)}
+        # the placement's KV checks (`_tick`, once per request): (name, KVFit.fits or None:
+        # fits every request) of the prefill instances, in the order of `_load`, and
+        # KVFit.fits_decode or None of the decode targets
+        self._prompt_fits = [(n, self.kv_fit[n].fits if n in self.kv_fit else None) for n in self.prefill]
+        self._decode_fits = [self.kv_fit[n].fits_decode if n in self.kv_fit else None
+                             for n in self.decode_targets]
         self._tie_next = 0                        # round robin among tied instances (`_among_tied`)
         # prefix_aware: what each prefill instance caches, from its KV events
         self._index = CachedBlockIndex(self.prefill) if policy == "prefix_aware" else None
@@ -376,11 +382,11 @@ class Router(Core):
                     self.dispatched[name] += 1
                     continue
             if reason is None:
-                cands = [nm for nm in load if self._fits(nm, req, decode=False)]
-                targets = self._decode_candidates(req)
+                p = req.prompt_tokens
+                cands = [nm for nm, fits in self._prompt_fits if fits is None or fits(p)]
                 if not cands:
                     reason = "prompt_exceeds_kv_capacity"
-                elif targets is not None and not targets:
+                elif self._decode_fits and not self._fits_a_decode_target(p, req.output_tokens):
                     reason = "exceeds_decode_kv_capacity"
             if reason is not None:
                 refused.append((req.id, reason))
@@ -395,7 +401,7 @@ class Router(Core):
                                                 self._among_tied)
                 self.expected_cached_tokens += hit
             elif self.policy == "least_outstanding_work":
-                least = min(load[c] for c in cands)
+                least = min([load[c] for c in cands])
                 name = self._among_tied([c for c in cands if load[c] == least])
             else:
                 name = self._next_fitting(self._rr, len(self.prefill), req, both=False)
@@ -435,8 +441,12 @@ class Router(Core):
         idle rack sent every request to its first instance (issue 37)."""
         if len(tied) == 1:
             return tied[0]
-        idx = sorted(self._pre_idx[t] for t in tied)
-        pick = next((i for i in idx if i >= self._tie_next), idx[0])
+        idx = sorted([self._pre_idx[t] for t in tied])
+        pick = idx[0]
+        for i in idx:
+            if i >= self._tie_next:
+                pick = i
+                break
         self._tie_next = pick + 1
         return self.prefill[pick]
 
@@ -446,11 +456,12 @@ class Router(Core):
             return True
         return fit.fits_decode(req.prompt_tokens, req.output_tokens) if decode else fit.fits(req.prompt_tokens)
 
-    def _decode_candidates(self, req: Any) -> list[str] | None:
-        """Decode targets `req` fits (None: no decode targets, a colocated deployment)."""
-        if not self.decode_targets:
-            return None
-        return [d for d in self.decode_targets if self._fits(d, req, decode=True)]
+    def _fits_a_decode_target(self, prompt_tokens: int, output_tokens: int) -> bool:
+        """Whether a request of these lengths fits some decode target."""
+        for fits in self._decode_fits:
+            if fits is None or fits(prompt_tokens, output_tokens):
+                return True
+        return False
 
     def _next_fitting(self, cycle, n: int, req: Any, both: bool) -> str | None:
         """The next name of round-robin `cycle` (n names) that `req` fits: its decode
