@@ -377,22 +377,31 @@ class Interconnect(Core):
         heapq.heappush(self._timers, (t, self._seq, tid, phase))
         self._seq += 1
 
-    def _enter_wire(self, tid: int, t_wire: float, by: float) -> None:
-        """The per-message phase ended at `t_wire`: the bytes start to cross. A flow that
-        drains by `by` (before anything else can start a flow: `_catch_up`) on an idle
-        network is carried in closed form (`FairShareNetwork.drain_alone`), else it
-        joins the network."""
+    def _enter_wire(self, tid: int, t_wire: float, last: float) -> None:
+        """The per-message phase ended at `t_wire`: the bytes start to cross. `_catch_up`
+        is doing what is due by `last` (-inf: called from elsewhere). A flow that drains
+        on an idle network before the next timer and by `last` is alone throughout (no
+        other flow can start before it drains; a tie goes to the drain, as in
+        `_catch_up`), so it is carried in closed form (`FairShareNetwork.drain_alone`);
+        its delivery, when it is due by `last` before any other timer, is done at once
+        (the next thing `_catch_up` would do). Otherwise the flow joins the network."""
         tr = self._transfers[tid]
         if tr.logical > 0:
-            net = self._net
+            net, timers = self._net, self._timers
             # model time, not the clock: host lateness must not stretch the transfer
             tr.wire_start = max(t_wire, net.now)
-            t_drain = net.drain_alone(tr.path, tr.logical, tr.wire_start, by)
+            t_next = timers[0][0] if timers else math.inf
+            t_drain = net.drain_alone(tr.path, tr.logical, tr.wire_start, min(last, t_next))
             if t_drain is None:
                 net.add_flow(tid, tr.path, tr.logical, tr.wire_start)
                 self._drained(net.advance(net.now))
+                return
+            tr.wire_end = t_drain
+            tr.t_end = t_end = t_drain + tr.cost.latency_s
+            if t_end <= last and t_end < t_next:
+                self._deliver(tid, t_end)
             else:
-                self._drained(((tid, t_drain),))
+                self._at(t_end, tid, "deliver")
         else:
             tr.wire_start = tr.wire_end = t_wire
             tr.t_end = t_wire + tr.cost.latency_s
@@ -453,10 +462,7 @@ class Interconnect(Core):
             if tid not in self._transfers:
                 continue            # lost or released meanwhile
             if phase == "wire":
-                # a flow that drains before the next timer and by `last` is alone
-                # throughout: no other can start before it drains (a tie goes to the
-                # drain, as above)
-                self._enter_wire(tid, t, min(last, timers[0][0]) if timers else last)
+                self._enter_wire(tid, t, last)
             else:
                 self._deliver(tid, t)
 
