@@ -96,11 +96,14 @@ class TransferResult:
 class _Transfer:
     """One transfer in flight (see `Interconnect.transfer`)."""
 
-    __slots__ = ("req", "frames", "logical", "shipped", "src", "dst", "path", "cost", "t0",
+    __slots__ = ("req", "frames", "n_frames", "logical", "shipped", "src", "dst", "path", "cost", "t0",
                  "wire_start", "wire_end", "t_end", "first_token_s", "tag", "delivered")
 
-    def __init__(self, req, frames, logical, shipped, src, dst, path, cost, t0, first_token_s, tag) -> None:
-        self.req, self.frames, self.logical, self.shipped = req, frames, logical, shipped
+    def __init__(self, req, frames, n_frames, logical, shipped, src, dst, path, cost, t0, first_token_s,
+                 tag) -> None:
+        # n_frames: len(frames), taken once (a described payload's len is a Python call)
+        self.req, self.frames, self.n_frames = req, frames, n_frames
+        self.logical, self.shipped = logical, shipped
         self.src, self.dst, self.path, self.cost = src, dst, path, cost
         self.t0, self.first_token_s, self.tag = t0, first_token_s, tag
         self.wire_start = self.wire_end = self.t_end = t0
@@ -239,10 +242,11 @@ class Interconnect(Core):
         cost = self._costs[key]
         tid = self._next_tid
         self._next_tid += 1
-        tr = _Transfer(req, frames, logical_bytes, shipped, src, dst, path, cost, now,
+        n_frames = len(frames)
+        tr = _Transfer(req, frames, n_frames, logical_bytes, shipped, src, dst, path, cost, now,
                        now if first_token_s is None else first_token_s, tag)
         self._transfers[tid] = tr
-        t_wire = now + len(frames) * cost.per_message_s
+        t_wire = now + n_frames * cost.per_message_s
         if t_wire > now:
             self._at(t_wire, tid, "wire")
         else:
@@ -281,7 +285,7 @@ class Interconnect(Core):
         self.send(tr.src, "transfer_done", tr.tag, TransferResult(
             request_id=tr.req.id, src=tr.src, dst=tr.dst, path=tr.path, start_s=tr.t0,
             wire_start_s=tr.wire_start, wire_end_s=tr.wire_end, end_s=tr.t_end,
-            n_frames=len(tr.frames), logical_bytes=tr.logical, payload_bytes=tr.shipped, bad_frames=bad))
+            n_frames=tr.n_frames, logical_bytes=tr.logical, payload_bytes=tr.shipped, bad_frames=bad))
 
     def _lose(self, tr: _Transfer) -> None:
         """The receiver lost the transfer (it restarted, or died before answering): the

@@ -138,6 +138,7 @@ class Router(Core):
         self.recovered = 0
         # replay state
         self._next = 0                            # position of the next request to send
+        self._arrivals: Sequence[float] = ()      # arrival times of `start`'s requests, by position
         self._n_replay = 0                        # requests of `start` (live ones follow them)
         self._slots: int | None = None            # closed loop: concurrency, None: open loop
         self._think = 0.0
@@ -178,6 +179,9 @@ class Router(Core):
         table = hasattr(requests, "overlay")
         self._requests = requests.overlay() if table else list(requests)
         self._pos = requests.positions() if table else {r.id: p for p, r in enumerate(self._requests)}
+        # the open loop's ticks are found from the arrival column: a table's request is
+        # built (or looked up in its block) only when it is sent
+        self._arrivals = requests.arrivals if table else [r.arrival_s for r in self._requests]
         self._pre_of = np.full(n, -1, np.int32)
         self._dec_of = np.full(n, -1, np.int32)
         self._next = 0
@@ -212,15 +216,17 @@ class Router(Core):
             self._pump_sessions(now)
             return
         if self._slots is None:
+            arrivals = self._arrivals
             while self._next < n:
-                t = reqs[self._next].arrival_s
+                i = self._next
+                t = float(arrivals[i])
                 if t > now:
                     self.wake_at = t
                     return
-                j = self._next
-                while j < n and reqs[j].arrival_s == t:
+                j = i + 1
+                while j < n and arrivals[j] == t:
                     j += 1
-                self._tick(now, reqs[self._next:j], self._next)
+                self._tick(now, [reqs[i]] if j == i + 1 else reqs[i:j], i)
                 self._next = j
             return
         while self._next < n and self._free:
