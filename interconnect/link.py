@@ -224,6 +224,7 @@ class FairShareNetwork:
         # the earliest (finish_at, seq, flow) at the current rates; drain times change
         # only when rates are recomputed, so it is found there, once per event
         self._next: tuple[float, int, _Flow] | None = None
+        self._on_path: dict[tuple[str, ...], list[_Link]] = {}    # `drain_alone`'s links by path
 
     # ------------------------------------------------------------------ queries
 
@@ -356,10 +357,18 @@ class FairShareNetwork:
         if t < self.now:
             raise ValueError(f"time went backwards: {t!r} < now {self.now!r}")
         self.now = t            # (what `_advance_to` does with no flow: nothing moves)
-        links = [self._link(name) for name in path]
-        rate = min(ln.capacity for ln in links)
+        path = path if type(path) is tuple else tuple(path)
+        links = self._on_path.get(path)
+        if links is None:
+            if not path or len(set(path)) != len(path):
+                return None     # (`add_flow` says what is wrong with it)
+            links = self._on_path[path] = [self._link(name) for name in path]
+        rate = links[0].capacity
+        for ln in links:        # (the smallest: `min` without a generator)
+            if ln.capacity < rate:
+                rate = ln.capacity
         nbytes = float(nbytes)
-        if not rate > 0 or not nbytes > 0:
+        if not rate > 0 or not 0 < nbytes < math.inf:
             return None
         t_end = t + nbytes / rate
         if t_end > by:
