@@ -224,7 +224,7 @@ class FairShareNetwork:
         # the earliest (finish_at, seq, flow) at the current rates; drain times change
         # only when rates are recomputed, so it is found there, once per event
         self._next: tuple[float, int, _Flow] | None = None
-        self._on_path: dict[tuple[str, ...], list[_Link]] = {}    # `drain_alone`'s links by path
+        self._on_path: dict[tuple[str, ...], list[_Link]] = {}    # the links of each path checked
 
     # ------------------------------------------------------------------ queries
 
@@ -318,20 +318,19 @@ class FairShareNetwork:
         if flow_id in self._flows:
             raise ValueError(f"flow {flow_id!r} is already active")
         path = tuple(path)
-        if not path:
-            raise ValueError(f"flow {flow_id!r}: empty path")
-        if len(set(path)) != len(path):
-            raise ValueError(f"flow {flow_id!r}: path {list(path)} crosses a link twice")
-        for name in path:
-            self._link(name)
+        if path not in self._on_path:       # (a path seen before was checked then)
+            if not path:
+                raise ValueError(f"flow {flow_id!r}: empty path")
+            if len(set(path)) != len(path):
+                raise ValueError(f"flow {flow_id!r}: path {list(path)} crosses a link twice")
+            self._on_path[path] = [self._link(name) for name in path]
         if not (nbytes >= 0) or math.isinf(nbytes):
             raise ValueError(f"flow {flow_id!r}: bytes must be finite and >= 0, got {nbytes!r}")
         self._advance_to(t)
         f = _Flow(fid=flow_id, seq=self._seq, path=path, nbytes=float(nbytes), remaining=float(nbytes), start=self.now)
         self._seq += 1
         self._flows[flow_id] = f
-        for name in path:
-            ln = self._links[name]
+        for ln in self._on_path[path]:
             ln.flows[flow_id] = f
             ln.peak_flows = max(ln.peak_flows, len(ln.flows))
         if len(self._flows) == 1:
@@ -494,17 +493,20 @@ class FairShareNetwork:
         dt = t - self.now
         if dt <= 0:
             return
+        on_path = self._on_path
         for f in self._flows.values():
             if f.finish_at <= t:
                 moved = f.remaining  # drains exactly at its event: no float residue
             else:
                 moved = min(f.remaining, f.rate * dt)
             f.remaining -= moved
-            for name in f.path:
-                self._links[name].bytes += moved
+            for ln in on_path[f.path]:
+                ln.bytes += moved
         for ln in self._links.values():
-            if ln.flows and any(f.rate > 0 for f in ln.flows.values()):
-                ln.busy_s += dt
+            for f in ln.flows.values():
+                if f.rate > 0:      # (carried bytes during dt)
+                    ln.busy_s += dt
+                    break
         self.now = t
 
     def _alone(self, f: _Flow) -> None:

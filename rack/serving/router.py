@@ -366,7 +366,9 @@ class Router(Core):
         """Admit and place `batch` (at positions base.. of the requests); returns the
         refused (request id, reason)."""
         self.send(self.collector, "events", [(r.id, "arrival", now) for r in batch])
-        load = dict(self._load)
+        # the prompts placed in this tick are added as they are placed: the instances'
+        # own reports (`load`) replace them later
+        load = self._load
         per_instance: dict[str, list] = {}
         refused: list[tuple[int, str]] = []
         truncated: list[tuple[int, int]] = []
@@ -435,9 +437,6 @@ class Router(Core):
         # together, so they share its first iteration on Ray as on virtual time.
         for nm, items in per_instance.items():
             self.send(nm, "submit_many", items)
-        for nm in per_instance:
-            if nm in self._load:
-                self._load[nm] = load[nm]
         return refused
 
     def _among_tied(self, tied: list[str]) -> str:
