@@ -96,11 +96,14 @@ class TransferResult:
 class _Transfer:
     """One transfer in flight (see `Interconnect.transfer`)."""
 
-    __slots__ = ("req", "frames", "logical", "shipped", "src", "dst", "path", "cost", "t0",
+    __slots__ = ("req", "frames", "n_frames", "logical", "shipped", "src", "dst", "path", "cost", "t0",
                  "wire_start", "wire_end", "t_end", "first_token_s", "tag", "delivered")
 
-    def __init__(self, req, frames, logical, shipped, src, dst, path, cost, t0, first_token_s, tag) -> None:
-        self.req, self.frames, self.logical, self.shipped = req, frames, logical, shipped
+    def __init__(self, req, frames, n_frames, logical, shipped, src, dst, path, cost, t0, first_token_s,
+                 tag) -> None:
+        # n_frames: len(frames), taken once (a described payload's len is a Python call)
+        self.req, self.frames, self.n_frames = req, frames, n_frames
+        self.logical, self.shipped = logical, shipped
         self.src, self.dst, self.path, self.cost = src, dst, path, cost
         self.t0, self.first_token_s, self.tag = t0, first_token_s, tag
         self.wire_start = self.wire_end = self.t_end = t0
@@ -177,10 +180,9 @@ class Interconnect(Core):
         self._timers: list[tuple[float, int, int, str]] = []   # (t, seq, transfer id, phase)
         self._seq = 0
         self._next_tid = 0
-        # accounting
-        self._link_transfers = {name: 0 for name in by_name}
-        self._link_logical = {name: 0 for name in by_name}
-        self._link_shipped = {name: 0 for name in by_name}
+        # accounting: completed transfers, logical and shipped bytes per path (summed per
+        # link by `stats`: one update per transfer instead of three per link)
+        self._path_done: dict[tuple[str, ...], list[int]] = {}
         self._link_lost = {name: 0 for name in by_name}     # delivered to a restarted receiver
         self._durations: list[float] = []
         self._n_transfers = 0
@@ -236,18 +238,19 @@ class Interconnect(Core):
             raise TransferError(f"request {req.id}: logical_bytes must be an integer >= 0, got {logical_bytes!r}")
         logical_bytes = int(logical_bytes)
         shipped = self._check_frames(req, frames, logical_bytes)
-        self._settle(now, before=True)
+        self._catch_up(now, before=True)
         cost = self._costs[key]
         tid = self._next_tid
         self._next_tid += 1
-        tr = _Transfer(req, frames, logical_bytes, shipped, src, dst, path, cost, now,
+        n_frames = len(frames)
+        tr = _Transfer(req, frames, n_frames, logical_bytes, shipped, src, dst, path, cost, now,
                        now if first_token_s is None else first_token_s, tag)
         self._transfers[tid] = tr
-        t_wire = now + len(frames) * cost.per_message_s
+        t_wire = now + n_frames * cost.per_message_s
         if t_wire > now:
             self._at(t_wire, tid, "wire")
         else:
-            self._enter_wire(tid, t_wire)
+            self._enter_wire(tid, t_wire, -math.inf)
         self._settle(now)
 
     def kv_received(self, now: float, tid: int, bad: int) -> None:
@@ -273,14 +276,16 @@ class Interconnect(Core):
         self._durations.append(tr.t_end - tr.t0)
         self._checksum_failures += bad
         self._failed_transfers += bad > 0
-        for name in tr.path:
-            self._link_transfers[name] += 1
-            self._link_logical[name] += tr.logical
-            self._link_shipped[name] += tr.shipped
+        done = self._path_done.get(tr.path)
+        if done is None:
+            done = self._path_done[tr.path] = [0, 0, 0]
+        done[0] += 1
+        done[1] += tr.logical
+        done[2] += tr.shipped
         self.send(tr.src, "transfer_done", tr.tag, TransferResult(
             request_id=tr.req.id, src=tr.src, dst=tr.dst, path=tr.path, start_s=tr.t0,
             wire_start_s=tr.wire_start, wire_end_s=tr.wire_end, end_s=tr.t_end,
-            n_frames=len(tr.frames), logical_bytes=tr.logical, payload_bytes=tr.shipped, bad_frames=bad))
+            n_frames=tr.n_frames, logical_bytes=tr.logical, payload_bytes=tr.shipped, bad_frames=bad))
 
     def _lose(self, tr: _Transfer) -> None:
         """The receiver lost the transfer (it restarted, or died before answering): the
@@ -329,7 +334,7 @@ class Interconnect(Core):
         """Scale `link`'s bandwidth by `factor` in (0, 1] during [start, end) (emulated
         seconds; the part before now is ignored). Flows crossing it slow down, then
         resume. Raises ValueError / KeyError (unknown link) from the network model."""
-        self._settle(now, before=True)
+        self._catch_up(now, before=True)
         self._lazy = False
         self._advance(max(now, self._net.now))
         self._net.degrade(link, factor, start, end)
@@ -338,7 +343,7 @@ class Interconnect(Core):
     def flap(self, now: float, link: str, start: float, end: float) -> None:
         """Take `link` down during [start, end): flows crossing it stop and resume at
         `end` (flows still in their per-message or latency phase are not affected)."""
-        self._settle(now, before=True)
+        self._catch_up(now, before=True)
         self._lazy = False
         self._advance(max(now, self._net.now))
         self._net.flap(link, start, end)
@@ -376,20 +381,38 @@ class Interconnect(Core):
         heapq.heappush(self._timers, (t, self._seq, tid, phase))
         self._seq += 1
 
-    def _enter_wire(self, tid: int, t_wire: float) -> None:
-        """The per-message phase ended at `t_wire`: the bytes start to cross."""
+    def _enter_wire(self, tid: int, t_wire: float, last: float) -> None:
+        """The per-message phase ended at `t_wire`: the bytes start to cross. `_catch_up`
+        is doing what is due by `last` (-inf: called from elsewhere). A flow that drains
+        on an idle network before the next timer and by `last` is alone throughout (no
+        other flow can start before it drains; a tie goes to the drain, as in
+        `_catch_up`), so it is carried in closed form (`FairShareNetwork.drain_alone`);
+        its delivery, when it is due by `last` before any other timer, is done at once
+        (the next thing `_catch_up` would do). Otherwise the flow joins the network."""
         tr = self._transfers[tid]
         if tr.logical > 0:
+            net, timers = self._net, self._timers
             # model time, not the clock: host lateness must not stretch the transfer
-            tr.wire_start = max(t_wire, self._net.now)
-            self._net.add_flow(tid, tr.path, tr.logical, tr.wire_start)
-            self._drained(self._net.advance(self._net.now))
+            tr.wire_start = max(t_wire, net.now)
+            t_next = timers[0][0] if timers else math.inf
+            t_drain = net.drain_alone(tr.path, tr.logical, tr.wire_start, min(last, t_next))
+            if t_drain is None:
+                net.add_flow(tid, tr.path, tr.logical, tr.wire_start)
+                self._drained(net.advance(net.now))
+                return
+            tr.wire_end = t_drain
+            tr.t_end = t_end = t_drain + tr.cost.latency_s
+            if t_end <= last and t_end < t_next:
+                self._deliver(tid, t_end)
+            else:
+                self._at(t_end, tid, "deliver")
         else:
             tr.wire_start = tr.wire_end = t_wire
             tr.t_end = t_wire + tr.cost.latency_s
             self._at(tr.t_end, tid, "deliver")
 
-    def _drained(self, drained: list[tuple[Any, float]]) -> None:
+    def _drained(self, drained) -> None:
+        """Flows that drained, as (transfer id, time): their latency phase starts."""
         for tid, t in drained:
             tr = self._transfers.get(tid)
             if tr is None:
@@ -402,43 +425,50 @@ class Interconnect(Core):
     def _advance(self, t: float) -> None:
         self._drained(self._net.advance(t))
 
-    def _settle(self, now: float, before: bool = False) -> None:
-        """Do everything due by `now` (timers and network events, in time order; with
-        `before`, only what is due strictly before `now`: a handler catching up), then
-        set `wake_at` (module docstring)."""
+    def _settle(self, now: float) -> None:
+        """Do everything due by `now` (`_catch_up`), then set `wake_at` (module
+        docstring)."""
+        self._catch_up(now)
         net, timers = self._net, self._timers
+        if not self._lazy:
+            self.wake_at = min(net.next_event_time(), timers[0][0] if timers else math.inf)
+            return
+        wake = math.inf
+        for t, _, tid, phase in timers:
+            if phase == "deliver":
+                if t < wake:
+                    wake = t
+            else:   # still in its per-message phase: alone at the nominal bottleneck, at best
+                tr = self._transfers[tid]
+                wake = min(wake, t + tr.logical / tr.cost.bandwidth_Bps + tr.cost.latency_s)
+        t_net = net.next_event_time()       # (inf without flows)
+        if t_net < wake:
+            lat = min(self._transfers[fid].cost.latency_s for fid in net.flow_ids())
+            wake = min(wake, t_net + lat)
+        self.wake_at = wake
+
+    def _catch_up(self, now: float, before: bool = False) -> None:
+        """Do everything due by `now`: timers and network events, in time order (a
+        network event first at a tie); with `before`, only what is due strictly before
+        `now` (a handler catching up before it acts)."""
+        net, timers = self._net, self._timers
+        # nothing can start a flow before this (other than what is done here, in order)
+        last = math.nextafter(now, -math.inf) if before else now
         while True:
-            t_net = net.next_event_time() if net.n_flows else math.inf
+            t_net = net.next_event_time()   # (inf without flows)
             t_timer = timers[0][0] if timers else math.inf
-            if (t_net < now or (t_net == now and not before)) and t_net <= t_timer:
+            if t_net <= last and t_net <= t_timer:
                 self._advance(max(t_net, net.now))
                 continue
-            if t_timer > now or (before and t_timer == now):
+            if t_timer > last:
                 break
             t, _, tid, phase = heapq.heappop(timers)
             if tid not in self._transfers:
                 continue            # lost or released meanwhile
             if phase == "wire":
-                self._enter_wire(tid, t)
+                self._enter_wire(tid, t, last)
             else:
                 self._deliver(tid, t)
-        if not self._lazy:
-            self.wake_at = min(net.next_event_time() if net.n_flows else math.inf,
-                               timers[0][0] if timers else math.inf)
-            return
-        wake = math.inf
-        for t, _, tid, phase in timers:
-            if phase == "deliver":
-                wake = min(wake, t)
-            else:   # still in its per-message phase: alone at the nominal bottleneck, at best
-                tr = self._transfers[tid]
-                wake = min(wake, t + tr.logical / tr.cost.bandwidth_Bps + tr.cost.latency_s)
-        if net.n_flows:
-            t_net = net.next_event_time()
-            if t_net < wake:
-                lat = min(self._transfers[fid].cost.latency_s for fid in net.flow_ids())
-                wake = min(wake, t_net + lat)
-        self.wake_at = wake
 
     def _deliver(self, tid: int, t: float) -> None:
         tr = self._transfers[tid]
@@ -491,6 +521,10 @@ class Interconnect(Core):
         utilisation] at flow events)}}}.
         """
         usage = self._net.usage()
+        done = {name: [0, 0, 0] for name in usage}
+        for path, counts in self._path_done.items():
+            for name in path:
+                done[name] = [a + b for a, b in zip(done[name], counts)]
         links = {}
         for name, u in usage.items():
             spec = self._specs[name]
@@ -498,9 +532,9 @@ class Interconnect(Core):
                 "bandwidth_Bps": spec.bandwidth_Bps,
                 "latency_s": spec.latency_s,
                 "per_message_s": spec.per_message_s,
-                "transfers": self._link_transfers[name],
-                "bytes_logical": self._link_logical[name],
-                "bytes_shipped": self._link_shipped[name],
+                "transfers": done[name][0],
+                "bytes_logical": done[name][1],
+                "bytes_shipped": done[name][2],
                 "bytes_lost": self._link_lost[name],
                 "bytes_carried": u.bytes,
                 "busy_s": u.busy_s,

@@ -224,6 +224,7 @@ class FairShareNetwork:
         # the earliest (finish_at, seq, flow) at the current rates; drain times change
         # only when rates are recomputed, so it is found there, once per event
         self._next: tuple[float, int, _Flow] | None = None
+        self._on_path: dict[tuple[str, ...], list[_Link]] = {}    # the links of each path checked
 
     # ------------------------------------------------------------------ queries
 
@@ -317,26 +318,77 @@ class FairShareNetwork:
         if flow_id in self._flows:
             raise ValueError(f"flow {flow_id!r} is already active")
         path = tuple(path)
-        if not path:
-            raise ValueError(f"flow {flow_id!r}: empty path")
-        if len(set(path)) != len(path):
-            raise ValueError(f"flow {flow_id!r}: path {list(path)} crosses a link twice")
-        for name in path:
-            self._link(name)
+        if path not in self._on_path:       # (a path seen before was checked then)
+            if not path:
+                raise ValueError(f"flow {flow_id!r}: empty path")
+            if len(set(path)) != len(path):
+                raise ValueError(f"flow {flow_id!r}: path {list(path)} crosses a link twice")
+            self._on_path[path] = [self._link(name) for name in path]
         if not (nbytes >= 0) or math.isinf(nbytes):
             raise ValueError(f"flow {flow_id!r}: bytes must be finite and >= 0, got {nbytes!r}")
         self._advance_to(t)
         f = _Flow(fid=flow_id, seq=self._seq, path=path, nbytes=float(nbytes), remaining=float(nbytes), start=self.now)
         self._seq += 1
         self._flows[flow_id] = f
-        for name in path:
-            ln = self._links[name]
+        for ln in self._on_path[path]:
             ln.flows[flow_id] = f
             ln.peak_flows = max(ln.peak_flows, len(ln.flows))
         if len(self._flows) == 1:
             self._alone(f)
         else:
             self._recompute()
+
+    def drain_alone(self, path: Sequence[str], nbytes: float, t: float, by: float) -> float | None:
+        """Carry a flow of `nbytes` (> 0) bytes over `path` from time `t` in closed form,
+        if it is alone from its start to its drain: no flow active, no capacity change
+        pending, a rate > 0 on its path, and a drain at or before `by` (the caller vouches
+        that no flow starts before `by`). Returns its drain time; the network is then at
+        that time with the links' bytes, busy time, peak flows and series as `add_flow`
+        at `t` then `advance` to the drain leave them, bit for bit (the same float
+        operations in the same order: progressive filling gives a lone flow the smallest
+        capacity on its path, and it drains at `t + nbytes / rate`). Otherwise returns
+        None, having only moved the model to `t` (as `add_flow` would first).
+        Most handoffs cross an idle network this way: one call instead of a flow added,
+        its rates filled and its drain found by the event loop."""
+        if self._flows or self._changes or self._finished:
+            self._advance_to(t)
+            return None
+        if t < self.now:
+            raise ValueError(f"time went backwards: {t!r} < now {self.now!r}")
+        self.now = t            # (what `_advance_to` does with no flow: nothing moves)
+        path = path if type(path) is tuple else tuple(path)
+        links = self._on_path.get(path)
+        if links is None:
+            if not path or len(set(path)) != len(path):
+                return None     # (`add_flow` says what is wrong with it)
+            links = self._on_path[path] = [self._link(name) for name in path]
+        rate = links[0].capacity
+        for ln in links:        # (the smallest: `min` without a generator)
+            if ln.capacity < rate:
+                rate = ln.capacity
+        nbytes = float(nbytes)
+        if not rate > 0 or not 0 < nbytes < math.inf:
+            return None
+        t_end = t + nbytes / rate
+        if t_end > by:
+            return None
+        self._seq += 1          # the flow's arrival number, as `add_flow` takes it
+        dt = t_end - t
+        for ln in links:
+            if ln.peak_flows < 1:
+                ln.peak_flows = 1
+            if dt > 0:          # (`_progress` moves nothing over an empty interval)
+                ln.bytes += nbytes
+                ln.busy_s += dt
+        if self._series:        # the rates at its start, then none at its drain
+            on_path = set(path)
+            for name, ln in self._links.items():
+                self._note(ln, (rate if name in on_path else 0) / ln.nominal)
+            self.now = t_end
+            for ln in self._links.values():
+                self._note(ln, 0 / ln.nominal)
+        self.now = t_end
+        return t_end
 
     def has_flow(self, flow_id: Hashable) -> bool:
         """True while `flow_id` is active (added, not yet drained or removed)."""
@@ -441,17 +493,20 @@ class FairShareNetwork:
         dt = t - self.now
         if dt <= 0:
             return
+        on_path = self._on_path
         for f in self._flows.values():
             if f.finish_at <= t:
                 moved = f.remaining  # drains exactly at its event: no float residue
             else:
                 moved = min(f.remaining, f.rate * dt)
             f.remaining -= moved
-            for name in f.path:
-                self._links[name].bytes += moved
+            for ln in on_path[f.path]:
+                ln.bytes += moved
         for ln in self._links.values():
-            if ln.flows and any(f.rate > 0 for f in ln.flows.values()):
-                ln.busy_s += dt
+            for f in ln.flows.values():
+                if f.rate > 0:      # (carried bytes during dt)
+                    ln.busy_s += dt
+                    break
         self.now = t
 
     def _alone(self, f: _Flow) -> None:
@@ -503,7 +558,10 @@ class FairShareNetwork:
         if not self._series:
             return
         for ln in self._links.values():
-            util = sum(f.rate for f in ln.flows.values()) / ln.nominal
-            last = ln.series.last()
-            if last is None or last[0] == self.now or last[1] != util:
-                ln.series.add(self.now, util)      # the same instant: its last state
+            self._note(ln, sum(f.rate for f in ln.flows.values()) / ln.nominal)
+
+    def _note(self, ln: _Link, util: float) -> None:
+        """Append `util` at `now` to `ln`'s series when it changed."""
+        last = ln.series.last()
+        if last is None or last[0] == self.now or last[1] != util:
+            ln.series.add(self.now, util)      # the same instant: its last state

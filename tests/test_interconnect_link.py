@@ -294,3 +294,26 @@ def test_random_flows_respect_capacity_finish_and_conserve_bytes(bws, flows, fau
         assert all(0.0 <= u <= 1.0 + 1e-9 for _, u in usage[name].series)
     # O(events): steps are bounded by drains + capacity changes, never by bytes
     assert steps <= len(flows) + 2 * len(faults) + 1
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.floats(0.0, 2.0), st.integers(1, 10**9), st.sampled_from(["a", "b", "ab"])),
+                min_size=1, max_size=12),
+       st.booleans())
+def test_drain_alone_is_the_event_loop_bit_for_bit(flows, series):
+    """A lone flow carried in closed form leaves the network as `add_flow` then `advance`
+    to its drain do: the same drain time and link figures to the last bit."""
+    links = [LinkSpec(name="a", bandwidth_GBps=150.0), LinkSpec(name="b", bandwidth_GBps=87.0)]
+    loop, closed = FairShareNetwork(links, series=series), FairShareNetwork(links, series=series)
+    t = 0.0
+    for i, (gap, nbytes, path) in enumerate(flows):
+        t = max(t + gap, loop.now)
+        path = tuple(path)
+        loop.add_flow(i, path, nbytes, t)
+        (fid, t_loop), = loop.advance(loop.next_event_time())
+        assert closed.drain_alone(path, nbytes, t, math.inf) == t_loop and closed.now == loop.now
+    assert closed.usage() == loop.usage()
+    busy = FairShareNetwork(links)
+    busy.add_flow("x", ("a",), 10**9, 0.0)
+    assert busy.drain_alone(("a",), 1, 0.0, math.inf) is None        # not alone
+    assert FairShareNetwork(links).drain_alone(("a",), 10**9, 0.0, 1e-6) is None   # drains after `by`

@@ -77,8 +77,8 @@ def run_topology_virtual(specs: Sequence[ComponentSpec], requests: Sequence[Any]
     def finished() -> bool:
         return cores["collector"].all_ended() and all(c.is_idle() for c in cores.values())
 
-    def done() -> bool:
-        return (stop is not None and stop.requested) or finished()
+    # the driver checks at every instant (~6 times per request): one call less without a stop
+    done = finished if stop is None else (lambda: stop.requested or finished())
 
     def records(salvage: bool = False, failed: str | None = None) -> dict:
         try:

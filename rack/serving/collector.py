@@ -83,6 +83,7 @@ class Collector(Core):
         if int(chunk_rows) < 1 or int(chunk_samples) < 1:
             raise ValueError(f"Collector: chunk_rows and chunk_samples must be >= 1, got {chunk_rows}, {chunk_samples}")
         n = len(ids)
+        self._cursor = 0                              # `_position`'s first guess
         self.outcome = np.zeros(n, dtype=np.int8)     # by position in ids: 0 open, 1.. OUTCOMES + 1
         self._open = n
         # rows held: request id -> slot of the slot arrays (grown by doubling, reused)
@@ -361,9 +362,17 @@ class Collector(Core):
         if self._live_pos is not None:
             pos = self._live_pos.get(rid)
             return self._open_live(rid) if pos is None else pos
+        k = self._cursor
+        if k < self._sorted.shape[0] and self.ids[k] == rid:
+            # a replay's requests open in the order of `ids` (its run order), mostly: the
+            # position after the last one found, checked first (ids are unique)
+            self._cursor = k + 1
+            return k
         k = int(np.searchsorted(self._sorted, rid))
         if k < len(self._sorted) and self._sorted[k] == rid:
-            return int(self._order[k])
+            pos = int(self._order[k])
+            self._cursor = pos + 1
+            return pos
         return None
 
     def _positions(self, ids: np.ndarray) -> np.ndarray:
@@ -464,15 +473,14 @@ class Collector(Core):
                     continue
                 slot = self._take_slot(rid, pos)
                 times = self._times                  # grown, perhaps
-            if name == "preempted":
-                self._pre[slot] += 1
-                continue
-            if name == "decode_readmit":            # after a preemption: the latest (issue 37)
-                self.readmitted[rid] = float(t)
-                continue
             col = col_of.get(name)
-            if col is None:
-                self.unknown_events[name] += 1
+            if col is None:                         # (not a lifecycle column: rare)
+                if name == "preempted":
+                    self._pre[slot] += 1
+                elif name == "decode_readmit":      # after a preemption: the latest (issue 37)
+                    self.readmitted[rid] = float(t)
+                else:
+                    self.unknown_events[name] += 1
                 continue
             # Keep the first occurrence: a re-sent transfer or a recomputed request keeps
             # the time its stage first happened, as a client would observe it...

@@ -110,6 +110,12 @@ class Router(Core):
         # an instance that is down counts as full until it reports again
         self._load = {n: 0 for n in self.prefill}
         self._pre_idx = {n: i for i, n in enumerate(self.prefill)}
+        # the placement's KV checks (`_tick`, once per request): (name, KVFit.fits or None:
+        # fits every request) of the prefill instances, in the order of `_load`, and
+        # KVFit.fits_decode or None of the decode targets
+        self._prompt_fits = [(n, self.kv_fit[n].fits if n in self.kv_fit else None) for n in self.prefill]
+        self._decode_fits = [self.kv_fit[n].fits_decode if n in self.kv_fit else None
+                             for n in self.decode_targets]
         self._tie_next = 0                        # round robin among tied instances (`_among_tied`)
         # prefix_aware: what each prefill instance caches, from its KV events
         self._index = CachedBlockIndex(self.prefill) if policy == "prefix_aware" else None
@@ -132,6 +138,7 @@ class Router(Core):
         self.recovered = 0
         # replay state
         self._next = 0                            # position of the next request to send
+        self._arrivals: Sequence[float] = ()      # arrival times of `start`'s requests, by position
         self._n_replay = 0                        # requests of `start` (live ones follow them)
         self._slots: int | None = None            # closed loop: concurrency, None: open loop
         self._think = 0.0
@@ -172,6 +179,9 @@ class Router(Core):
         table = hasattr(requests, "overlay")
         self._requests = requests.overlay() if table else list(requests)
         self._pos = requests.positions() if table else {r.id: p for p, r in enumerate(self._requests)}
+        # the open loop's ticks are found from the arrival column: a table's request is
+        # built (or looked up in its block) only when it is sent
+        self._arrivals = requests.arrivals if table else [r.arrival_s for r in self._requests]
         self._pre_of = np.full(n, -1, np.int32)
         self._dec_of = np.full(n, -1, np.int32)
         self._next = 0
@@ -206,15 +216,17 @@ class Router(Core):
             self._pump_sessions(now)
             return
         if self._slots is None:
+            arrivals = self._arrivals
             while self._next < n:
-                t = reqs[self._next].arrival_s
+                i = self._next
+                t = float(arrivals[i])
                 if t > now:
                     self.wake_at = t
                     return
-                j = self._next
-                while j < n and reqs[j].arrival_s == t:
+                j = i + 1
+                while j < n and arrivals[j] == t:
                     j += 1
-                self._tick(now, reqs[self._next:j], self._next)
+                self._tick(now, [reqs[i]] if j == i + 1 else reqs[i:j], i)
                 self._next = j
             return
         while self._next < n and self._free:
@@ -354,7 +366,9 @@ class Router(Core):
         """Admit and place `batch` (at positions base.. of the requests); returns the
         refused (request id, reason)."""
         self.send(self.collector, "events", [(r.id, "arrival", now) for r in batch])
-        load = dict(self._load)
+        # the prompts placed in this tick are added as they are placed: the instances'
+        # own reports (`load`) replace them later
+        load = self._load
         per_instance: dict[str, list] = {}
         refused: list[tuple[int, str]] = []
         truncated: list[tuple[int, int]] = []
@@ -376,11 +390,11 @@ class Router(Core):
                     self.dispatched[name] += 1
                     continue
             if reason is None:
-                cands = [nm for nm in load if self._fits(nm, req, decode=False)]
-                targets = self._decode_candidates(req)
+                p = req.prompt_tokens
+                cands = [nm for nm, fits in self._prompt_fits if fits is None or fits(p)]
                 if not cands:
                     reason = "prompt_exceeds_kv_capacity"
-                elif targets is not None and not targets:
+                elif self._decode_fits and not self._fits_a_decode_target(p, req.output_tokens):
                     reason = "exceeds_decode_kv_capacity"
             if reason is not None:
                 refused.append((req.id, reason))
@@ -395,7 +409,7 @@ class Router(Core):
                                                 self._among_tied)
                 self.expected_cached_tokens += hit
             elif self.policy == "least_outstanding_work":
-                least = min(load[c] for c in cands)
+                least = min([load[c] for c in cands])
                 name = self._among_tied([c for c in cands if load[c] == least])
             else:
                 name = self._next_fitting(self._rr, len(self.prefill), req, both=False)
@@ -423,9 +437,6 @@ class Router(Core):
         # together, so they share its first iteration on Ray as on virtual time.
         for nm, items in per_instance.items():
             self.send(nm, "submit_many", items)
-        for nm in per_instance:
-            if nm in self._load:
-                self._load[nm] = load[nm]
         return refused
 
     def _among_tied(self, tied: list[str]) -> str:
@@ -435,8 +446,12 @@ class Router(Core):
         idle rack sent every request to its first instance (issue 37)."""
         if len(tied) == 1:
             return tied[0]
-        idx = sorted(self._pre_idx[t] for t in tied)
-        pick = next((i for i in idx if i >= self._tie_next), idx[0])
+        idx = sorted([self._pre_idx[t] for t in tied])
+        pick = idx[0]
+        for i in idx:
+            if i >= self._tie_next:
+                pick = i
+                break
         self._tie_next = pick + 1
         return self.prefill[pick]
 
@@ -446,11 +461,12 @@ class Router(Core):
             return True
         return fit.fits_decode(req.prompt_tokens, req.output_tokens) if decode else fit.fits(req.prompt_tokens)
 
-    def _decode_candidates(self, req: Any) -> list[str] | None:
-        """Decode targets `req` fits (None: no decode targets, a colocated deployment)."""
-        if not self.decode_targets:
-            return None
-        return [d for d in self.decode_targets if self._fits(d, req, decode=True)]
+    def _fits_a_decode_target(self, prompt_tokens: int, output_tokens: int) -> bool:
+        """Whether a request of these lengths fits some decode target."""
+        for fits in self._decode_fits:
+            if fits is None or fits(prompt_tokens, output_tokens):
+                return True
+        return False
 
     def _next_fitting(self, cycle, n: int, req: Any, both: bool) -> str | None:
         """The next name of round-robin `cycle` (n names) that `req` fits: its decode
