@@ -45,8 +45,13 @@ def test_ray_and_virtual_agree_on_energy(both_runs):
     to when Ray's actors are asked for their stats."""
     _, v, r = both_runs
     ev, er = v.results["energy"], r.results["energy"]
-    assert er["window_s"] == pytest.approx(ev["window_s"], rel=0.01)
-    assert er["joules"] == pytest.approx(ev["joules"], rel=0.02)
+    # The Ray run's events land late by the host's lateness (its worst case, in emulated
+    # seconds, is in the results): on a loaded host the last event, and with it the
+    # window, moves by that much, so the tolerance allows it on top of 1 % (2 % for the
+    # joules, which also sum the utilisation booked on a wall clock).
+    late = r.results["emulation"]["lateness_s"]["max"] / ev["window_s"]
+    assert er["window_s"] == pytest.approx(ev["window_s"], rel=0.01 + late)
+    assert er["joules"] == pytest.approx(ev["joules"], rel=0.02 + late)
 
 
 def test_ray_ledgers_within_capacity(both_runs):
