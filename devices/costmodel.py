@@ -225,6 +225,20 @@ class IterationCost:
         return self.time_s if self.busy_s is None else self.busy_s
 
 
+def _iteration_cost(time_s: float, flops: float, bytes: float, comm_s: float, bound: str, compute_s: float,
+                    memory_s: float, latency_s: float, comm_bw_s: float, tokens: float, busy_s: float | None,
+                    fixed_s: float) -> IterationCost:
+    """`IterationCost(...)` with every field given, without the frozen dataclass's
+    `object.__setattr__` per field (~0.5 us a build instead of ~1.6; `CostModel._cost`
+    builds one per priced iteration): the same instance dict, fields in the same order,
+    so the same object content (equal, hashed and printed alike)."""
+    c = object.__new__(IterationCost)
+    c.__dict__.update(time_s=time_s, flops=flops, bytes=bytes, comm_s=comm_s, bound=bound, compute_s=compute_s,
+                      memory_s=memory_s, latency_s=latency_s, comm_bw_s=comm_bw_s, tokens=tokens,
+                      busy_s=busy_s, fixed_s=fixed_s)
+    return c
+
+
 class StepCosts:
     """The next n_steps decode steps of a fixed batch: arrays of shape (n_steps,).
 
@@ -799,14 +813,14 @@ class CostModel:
             # a scalar pass (every prefill and mixed iteration): no per-field unwrapping
             compute, memory, comm_bw, latency = d["compute"], float(d["memory"]), float(d["comm_bw"]), \
                 float(d["latency"])
-            return IterationCost(d["time"], float(d["flops"]), float(d["bytes"]), float(d["comm"]),
-                                 self._bound_of(compute, memory, comm_bw, latency), compute, memory, latency,
-                                 comm_bw, float(tokens), float(d["busy"]), float(d["fixed"]))
+            return _iteration_cost(d["time"], float(d["flops"]), float(d["bytes"]), float(d["comm"]),
+                                   self._bound_of(compute, memory, comm_bw, latency), compute, memory, latency,
+                                   comm_bw, float(tokens), float(d["busy"]), float(d["fixed"]))
         f = lambda k: float(_at(d[k]))  # noqa: E731
-        return IterationCost(time_s=f("time"), flops=f("flops"), bytes=f("bytes"), comm_s=f("comm"),
-                             bound=self._bound(d), compute_s=f("compute"), memory_s=f("memory"),
-                             latency_s=f("latency"), comm_bw_s=f("comm_bw"), tokens=float(tokens),
-                             busy_s=f("busy"), fixed_s=f("fixed"))
+        return _iteration_cost(time_s=f("time"), flops=f("flops"), bytes=f("bytes"), comm_s=f("comm"),
+                               bound=self._bound(d), compute_s=f("compute"), memory_s=f("memory"),
+                               latency_s=f("latency"), comm_bw_s=f("comm_bw"), tokens=float(tokens),
+                               busy_s=f("busy"), fixed_s=f("fixed"))
 
     # ---- work of a phase ---------------------------------------------------------------
     @staticmethod
@@ -1233,6 +1247,12 @@ class CostModel:
         if n.shape != c.shape:
             n, c = np.broadcast_arrays(n, c)
         ctx = _as_counts(context_lens, "context_lens") if np.size(context_lens) else np.zeros(0)
+        return self._cost(*self._mixed_dict(n, c, ctx))
+
+    def _mixed_dict(self, n: np.ndarray, c: np.ndarray, ctx: np.ndarray) -> tuple[dict, float]:
+        """`mixed`'s pass (`_pass`'s keys) and its tokens, from checked float counts
+        (`_as_counts`: n and c of one shape, ctx (B,)). Raises ValueError if both
+        parts are empty."""
         tok_p = self._prefill_tokens(n)
         q = 1 if self.speculative is None else int(self.speculative.draft_tokens) + 1
         if tok_p + ctx.size <= 0:
@@ -1242,11 +1262,11 @@ class CostModel:
             d = self._wafer_mixed(n, c, ctx, tok_p)       # the decode part carries its draft passes
             if self.speculative is not None and tok_p:
                 d = self._combine([d, self._draft_prefill(n, c, tok_p)])
-            return self._cost(d, tok_p + ctx.size * q)
+            return d, tok_p + ctx.size * q
         if not self._fused:
             parts = ([self._prefill_part(n, c)] if tok_p else []) + \
                 ([self._decode_dict(ctx, 0.0)] if ctx.size else [])
-            return self._cost(self._combine(parts), tok_p + ctx.size * q)
+            return self._combine(parts), tok_p + ctx.size * q
         tok_p, fl_p, att_p, kv_p = self._prefill_work(self._t, n, c)
         if ctx.size:
             # one step: shift 0 as a scalar, so the work and the pass stay scalars
@@ -1268,7 +1288,7 @@ class CostModel:
                 d = self._combine([d, self._draft_passes(ctx, 0.0)])
             if tok_p:
                 d = self._combine([d, self._draft_prefill(n, c, tok_p)])
-        return self._cost(d, tok_p + tok_d)
+        return d, tok_p + tok_d
 
     _MIXED_LINE_I = float(2 ** 20)
     # Second point of `mixed_steps`' lines, in iterations: a power of two (exact
@@ -1305,9 +1325,15 @@ class CostModel:
         def at(cached: int, contexts: np.ndarray) -> IterationCost:
             return self.mixed(new, np.array([cached]), contexts)
 
-        first = at(cached_tokens, ctx)
+        first = at(cached_tokens, ctx)      # (checks the counts)
         if self.speculative is not None or self._t.n_slide or not self._fused:
-            costs = [first] + [at(cached_tokens + j * new_tokens, ctx + j * tps) for j in range(1, n_steps)]
+            # the later iterations from the float counts `mixed` would make of them
+            # (`_as_counts`), without checking them again
+            n = np.array([float(new_tokens)])
+            cf = _as_counts(ctx, "context_lens") if ctx.size else np.zeros(0)
+            costs = [first] + [self._cost(*self._mixed_dict(n, np.array([float(cached_tokens + j * new_tokens)]),
+                                                             cf + j * tps))
+                               for j in range(1, n_steps)]
             arr = lambda k: np.array([getattr(c, k) for c in costs])  # noqa: E731
             return StepCosts(arr("time_s"), arr("flops"), arr("bytes"), arr("comm_s"), first.bound, tps,
                              busy_s=arr("device_busy_s"))

@@ -388,6 +388,34 @@ def test_mixed_steps_equal_one_mixed_iteration_at_a_time(model, device, par):
         cm.mixed_steps(0, 0, [], 3)
 
 
+@pytest.mark.parametrize("device,spec", [("mi455x-sglang", None), ("mi455x", SpeculativeConfig(2, 0.7))])
+def test_mixed_steps_priced_one_at_a_time_are_mixed_bit_for_bit(device, spec):
+    """Where `mixed_steps` prices iteration by iteration (an unfused stack, speculative
+    decoding) it gives `mixed`'s floats exactly; the IterationCost the cost model builds
+    (without the frozen dataclass's __init__) is the one the dataclass builds."""
+    import dataclasses
+
+    from devices.costmodel import IterationCost
+    rng = np.random.default_rng(5)
+    cm = CostModel("kimi-k2", device, Parallelism(tp=8, ep=8), "fp8", "fp8", speculative=spec)
+    tps = cm.tokens_per_step
+    for B in (0, 1, 9):
+        ctx = rng.integers(1, 30_000, B)
+        new, cached, n = int(rng.integers(1, 2048)), int(rng.integers(0, 20_000)), int(rng.integers(2, 9))
+        fast = cm.mixed_steps(new, cached, ctx, n)
+        one = [cm.mixed(np.array([new]), np.array([cached + j * new]), ctx + j * tps) for j in range(n)]
+        for got, key in ((fast.time_s, "time_s"), (fast.flops, "flops"), (fast.bytes, "bytes"),
+                         (fast.comm_s, "comm_s")):
+            assert got.tolist() == [getattr(c, key) for c in one]
+        assert fast.busy(n) == float(np.add.reduce(np.array([c.device_busy_s for c in one])))
+        c = one[-1]
+        d = IterationCost(**c.__dict__)
+        assert c == d and hash(c) == hash(d) and repr(c) == repr(d) and list(vars(c)) == list(vars(d))
+        assert pickle.loads(pickle.dumps(c)) == c
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            c.time_s = 0.0
+
+
 def test_fused_mixed_iterations_give_the_one_at_a_time_results(monkeypatch):
     """A long prompt's chunks over a running batch are priced in runs; per-request
     timings, counters and memory are those of running one mixed iteration per wake-up,

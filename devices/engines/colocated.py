@@ -327,9 +327,8 @@ class ColocatedEngine(DecodeEngine):
             ends = _step_ends(t0, sc.time_s)
             c = None
         else:
-            new = np.fromiter((take for _, take in plan), np.int64, len(plan))
-            cached = np.fromiter((j.cached + j.computed for j, _ in plan), np.int64, len(plan))
-            c = self.cost.mixed(new, cached, ctx)
+            # (lists: `mixed` converts a few ints from a list faster than from an array)
+            c = self.cost.mixed([take for _, take in plan], [j.cached + j.computed for j, _ in plan], ctx)
             ends = np.array([t0 + host_load_s(plan) + c.time_s])
             sc = None
         for j, _ in plan:
@@ -345,7 +344,8 @@ class ColocatedEngine(DecodeEngine):
             self._run = None
             self._phase = "mixed"
             self._wake_at(float(ends[0]))
-            self._stream_run(t0, ends, batch)
+            if self.stream_to is not None:      # (the check before the call, as `_begin_run`)
+                self._stream_run(t0, ends, batch)
         return True
 
     def _end_mixed(self, now: float) -> float:

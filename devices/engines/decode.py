@@ -763,8 +763,10 @@ class DecodeEngine(Core):
     def _admit_ready(self, t: float) -> bool:
         """Move ready requests into the batch (step boundary); recompute preempted ones
         (the batch stalls for one prefill iteration: True, with a wake-up at its end)."""
-        recompute: list[_Seq] = []
         batch, ready = self._batch, self._ready
+        if not ready:               # (most turns: a run's end or a mixed iteration's)
+            return False
+        recompute: list[_Seq] = []
         start = self._t_end.stop
         while ready and len(batch) < self.max_batch:
             s = ready.popleft()
