@@ -618,7 +618,9 @@ class CostModel:
         if tile <= 1 or not t.n_moe:
             return 0.0 * tok_mb
         if isinstance(tok_mb, float):
-            distinct = t.distinct_experts(np.array([tok_mb]))[0]
+            # (numpy's expm1 on the scalar: the value it gives a one-element array,
+            # which math.expm1 does not always give)
+            distinct = t.distinct_experts(tok_mb)
             return 2.0 * t.expert_params * t.n_moe * max(0.0, float(distinct) * tile - tok_mb * t.top_k)
         return 2.0 * t.expert_params * t.n_moe * np.maximum(0.0, t.distinct_experts(tok_mb) * tile - tok_mb * t.top_k)
 
@@ -700,24 +702,32 @@ class CostModel:
                 "latency": passes * (lat_s + comm_lat) + (pp - 1) * hop_lat + dev.iteration_overhead_s,
                 "fixed": passes * lat_s + dev.iteration_overhead_s,
             }
-        z = 0 * time
-        return {
+        flops = flops_p + flops_d
+        d = {
             "time": time,
-            "flops": (flops_p + flops_d if isinstance(flops_p + flops_d, float)
-                      else np.asarray(flops_p + flops_d, dtype=float)) + z,
-            "bytes": m * w_mb + t.kv_rep * (kv_p + kv_d) + z,
+            "flops": flops if isinstance(flops, float) else np.asarray(flops, dtype=float),
+            "bytes": m * w_mb + t.kv_rep * (kv_p + kv_d),
             # all time spent communicating (collectives and pipeline hops, both terms)
-            "comm": passes * comm_s + (pp - 1) * hop + z,
-            "busy": busy + z,
-            "compute": passes * compute_s + z,
-            "memory": passes * memory_s + z,
+            "comm": passes * comm_s + (pp - 1) * hop,
+            "busy": busy,
+            "compute": passes * compute_s,
+            "memory": passes * memory_s,
             # alpha-beta split of the critical path: bandwidth-driven transfer time vs
             # fixed latencies (per layer, per collective step, per hop, per iteration)
-            "comm_bw": passes * comm_bw + (pp - 1) * hop_xfer + z,
-            "latency": passes * (lat_s + comm_lat) + (pp - 1) * hop_lat + dev.iteration_overhead_s + z,
+            "comm_bw": passes * comm_bw + (pp - 1) * hop_xfer,
+            "latency": passes * (lat_s + comm_lat) + (pp - 1) * hop_lat + dev.iteration_overhead_s,
             # the stack's fixed latencies alone (per layer, per MoE layer, per iteration)
-            "fixed": passes * lat_s + dev.iteration_overhead_s + z,
+            "fixed": passes * lat_s + dev.iteration_overhead_s,
         }
+        if type(time) is not float:
+            # steps as arrays: every term broadcast to the time's shape. A scalar pass
+            # (every prefill and mixed iteration) keeps its floats as they are (adding
+            # a float 0.0 changes no value: its terms are sums and products of
+            # non-negative ones, so none is a -0.0 the addition would turn into 0.0)
+            z = 0 * time
+            for k in d:
+                d[k] = d[k] + z
+        return d
 
     _TOKEN_TERMS_MAX = 4096
     # Entries of `_token_terms` (a pass's terms by token count), of `_prefill_costs`

@@ -813,8 +813,9 @@ _LAYOUTS_MAX = 2048
 
 def _kv_plan(kv_bytes_per_token: int, n_layers: int, layer_group: int, kv_dtype: str) -> tuple:
     """(elements per token per layer or None (see `_layer_elems`), dtype bits, packed
-    dtype entry, groups) with, per group of layers [a, b): (a, b, "<Q" packed a, packed
-    layers entry, packed start of the shape entry: key, array marker, first dimension)."""
+    dtype entry, groups, ends) with, per group of layers [a, b): in groups (a, b, "<Q"
+    packed a, packed layers entry, packed start of the shape entry: key, array marker,
+    first dimension), in ends (b, the length of those two entries)."""
     bits = KV_DTYPE_BITS[kv_dtype]
     elems = _layer_elems(kv_bytes_per_token, n_layers, bits)
     groups = []
@@ -822,7 +823,8 @@ def _kv_plan(kv_bytes_per_token: int, n_layers: int, layer_group: int, kv_dtype:
         b = min(n_layers, a + layer_group)
         shape_head = _K["shape"] + (b"\x93" + _pack_uint(b - a) if elems is not None else b"\x91")
         groups.append((a, b, _LAYER.pack(a), _K["layers"] + _pack_ints((a, b)), shape_head))
-    return elems, bits, _K["dtype"] + msgpack.packb(kv_dtype), tuple(groups)
+    ends = tuple((b, len(layers_entry) + len(shape_head)) for _, b, _, layers_entry, shape_head in groups)
+    return elems, bits, _K["dtype"] + msgpack.packb(kv_dtype), tuple(groups), ends
 
 
 def _uint_len(v: int) -> int:
@@ -846,7 +848,7 @@ class _KVLayout:
     (`frames()` checks each against the bytes it packs).
     """
 
-    __slots__ = ("n_tokens", "kv_dtype", "plan", "size", "n_groups", "_sizes", "_mid", "_shape_rest", "_frames")
+    __slots__ = ("n_tokens", "kv_dtype", "plan", "size", "n_groups", "_sizes", "_frames")
 
     def __init__(self, request_id: int, n_tokens: int, kv_bytes_per_token: int, n_layers: int,
                  layer_group: int, payload_scale: float, kv_dtype: str) -> None:
@@ -858,39 +860,46 @@ class _KVLayout:
             if len(_PLANS) >= _PLANS_MAX:
                 _PLANS.clear()
             plan = _PLANS[plan_key] = _kv_plan(*plan_key)
-        elems, bits, dtype_entry, plan_groups = plan
+        elems, bits, dtype_entry, _, ends = plan
         self.n_tokens, self.kv_dtype, self.plan = n_tokens, kv_dtype, plan
         total = n_tokens * kv_bytes_per_token
-        self._mid = mid = _K["tokens"] + _pack_ints((0, n_tokens)) + dtype_entry
-        self._shape_rest = shape_rest = _pack_uint(n_tokens) + _pack_uint(elems) if elems is not None else b""
-        # a header's bytes but its packed logical and body sizes (and, without whole
-        # elements, its shape's element count): the same for every group but the
-        # layers entry and the shape's head (`_kv_plan`)
-        fixed = (len(_KEY_HEAD) + len(mid) + len(shape_rest) + len(_K["logical"]) + len(_K["payload"])
-                 + len(_XXH3_ENTRY))
-        bodies: dict[int, int] = {}             # the groups share a few logical sizes
+        # a header's bytes but its layers entry, shape head (`_kv_plan`: `ends`) and
+        # packed logical and body sizes (and, without whole elements, its shape's
+        # element count): the key head, the tokens entry (`_pack_ints((0, n_tokens))`:
+        # array marker, 0, n_tokens), the dtype entry, the shape's (n_tokens, elems),
+        # the size keys and the checksum's marker: what `frames` packs
+        n_tok = _uint_len(n_tokens)
+        fixed = (len(_KEY_HEAD) + len(_K["tokens"]) + 2 + n_tok + len(dtype_entry)
+                 + (n_tok + _uint_len(elems) if elems is not None else 0)
+                 + len(_K["logical"]) + len(_K["payload"]) + len(_XXH3_ENTRY))
+        # the groups share a few logical sizes: per logical size, its body's bytes and
+        # the packed sizes' length (`frames` packs them once per size likewise)
+        bodies: dict[int, tuple[int, int]] = {}
         sizes = []
         size = 0
         done = 0                                # logical bytes of the groups before
-        for _, b, _, layers_entry, shape_head in plan_groups:
+        for b, n_entries in ends:
             upto = total * b // n_layers        # `group_logical_bytes` as a running sum
             logical = upto - done
             done = upto
-            n_body = bodies.get(logical)
-            if n_body is None:
-                n_body = bodies[logical] = payload_size(logical, payload_scale)
-            if n_body > MAX_BODY_BYTES:
-                raise FrameError(
-                    f"frame body of request {request_id} is {n_body} bytes; a msgpack bin32 "
-                    f"holds at most {MAX_BODY_BYTES}: use smaller layer groups")
-            n_head = fixed + len(layers_entry) + len(shape_head) + _uint_len(logical) + _uint_len(n_body)
-            if elems is None:
-                n_head += _uint_len((logical * 8) // bits)
+            body = bodies.get(logical)
+            if body is None:
+                n_body = payload_size(logical, payload_scale)
+                if n_body > MAX_BODY_BYTES:
+                    raise FrameError(
+                        f"frame body of request {request_id} is {n_body} bytes; a msgpack bin32 "
+                        f"holds at most {MAX_BODY_BYTES}: use smaller layer groups")
+                n_sizes = _uint_len(logical) + _uint_len(n_body)
+                if elems is None:
+                    n_sizes += _uint_len((logical * 8) // bits)
+                body = bodies[logical] = (n_body, fixed + n_sizes)
+            n_body, n_head = body
+            n_head += n_entries
             sizes.append((logical, n_body, n_head))
-            size += n_head + _TAIL_BYTES + n_body
+            size += n_head + n_body
         self._sizes = tuple(sizes)
-        self.size = size
         self.n_groups = len(sizes)
+        self.size = size + self.n_groups * _TAIL_BYTES
         self._frames: tuple | None = None
 
     def frames(self) -> tuple:
@@ -899,8 +908,10 @@ class _KVLayout:
         id, length of the packed header up to the checksum without the request id);
         built on the first call."""
         if self._frames is None:
-            elems, bits, _, plan_groups = self.plan
+            elems, bits, dtype_entry, plan_groups, _ = self.plan
             kv_dtype, n_tokens = self.kv_dtype, self.n_tokens
+            mid = _K["tokens"] + _pack_ints((0, n_tokens)) + dtype_entry
+            shape_rest = _pack_uint(n_tokens) + _pack_uint(elems) if elems is not None else b""
             k_logical, k_payload = _K["logical"], _K["payload"]
             n_key_head = len(_KEY_HEAD)
             packed: dict[int, bytes] = {}       # the groups share a few byte counts
@@ -909,7 +920,7 @@ class _KVLayout:
                                                                                            self._sizes):
                 if elems is not None:
                     shape = (b - a, n_tokens, elems)
-                    shape_entry = shape_head + self._shape_rest
+                    shape_entry = shape_head + shape_rest
                 else:
                     shape = ((logical * 8) // bits,)
                     shape_entry = shape_head + _pack_uint(shape[0])
@@ -919,7 +930,7 @@ class _KVLayout:
                 p_body = packed.get(~n_body)    # (keys of body sizes: ~n < 0 <= logical)
                 if p_body is None:
                     p_body = packed[~n_body] = _pack_uint(n_body)
-                tail = b"".join((layers_entry, self._mid, shape_entry, k_logical, p_logical, k_payload, p_body,
+                tail = b"".join((layers_entry, mid, shape_entry, k_logical, p_logical, k_payload, p_body,
                                  _XXH3_ENTRY))
                 if n_key_head + len(tail) != n_head:
                     raise RuntimeError(f"KV layout: a header of {n_key_head + len(tail)} bytes, its size "
