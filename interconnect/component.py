@@ -241,7 +241,10 @@ class Interconnect(Core):
                                     f"got {logical_bytes!r}")
             logical_bytes = int(logical_bytes)
         shipped = self._check_frames(req, frames, logical_bytes)
-        if self._timers or self._net.n_flows:      # (else nothing is due: no catching up)
+        # nothing in progress (no timer, no flow): nothing is due before or at `now` but
+        # what this transfer starts (no catching up)
+        idle = not (self._timers or self._net.n_flows)
+        if not idle:
             self._catch_up(now, before=True)
         cost = self._costs[key]
         tid = self._next_tid
@@ -254,6 +257,9 @@ class Interconnect(Core):
         if t_wire > now:
             heapq.heappush(self._timers, (t_wire, self._seq, tid, "wire"))     # (`_at`)
             self._seq += 1
+            if idle:                # its wire timer is the only thing in progress, not due yet
+                self._set_wake()
+                return
         else:
             self._enter_wire(tid, t_wire, -math.inf)
         self._settle(now)
@@ -434,6 +440,10 @@ class Interconnect(Core):
         """Do everything due by `now` (`_catch_up`), then set `wake_at` (module
         docstring)."""
         self._catch_up(now)
+        self._set_wake()
+
+    def _set_wake(self) -> None:
+        """`wake_at` from what is in progress (module docstring), all of it due later."""
         net, timers = self._net, self._timers
         if not self._lazy:
             self.wake_at = min(net.next_event_time(), timers[0][0] if timers else math.inf)

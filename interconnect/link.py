@@ -530,14 +530,19 @@ class FairShareNetwork:
                 self._next = None
                 self._note_utilisation()
             return
-        residual = {name: ln.capacity for name, ln in self._links.items()}
-        unfrozen_on = {name: len(ln.flows) for name, ln in self._links.items() if ln.flows}
+        # (only the links that carry flows: the others' residuals are never read)
+        residual, unfrozen_on = {}, {}
+        for name, ln in self._links.items():
+            if ln.flows:
+                residual[name] = ln.capacity
+                unfrozen_on[name] = len(ln.flows)
         unfrozen = set(self._flows)
         while unfrozen:
             share = {name: max(0.0, residual[name]) / n for name, n in unfrozen_on.items() if n > 0}
             smallest = min(share.values())
-            tol = smallest * _REL_EPS
-            bottlenecks = sorted(name for name, s in share.items() if s <= smallest + tol)
+            limit = smallest + smallest * _REL_EPS
+            bottlenecks = [name for name, s in share.items() if s <= limit]
+            bottlenecks.sort()
             for name in bottlenecks:
                 for fid, f in self._links[name].flows.items():
                     if fid not in unfrozen:

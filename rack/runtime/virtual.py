@@ -200,14 +200,11 @@ class VirtualDriver:
                 if done():
                     return self.now
                 while heap:
-                    t, seq, name = heap[0]
-                    if asked[name][1] != seq:
-                        pop(heap)               # superseded by a later request of the core
-                        continue
-                    break
+                    t, seq, name = pop(heap)
+                    if asked[name][1] == seq:
+                        break                   # (else superseded by a later request of the core)
                 else:
                     return self.now
-                t, _, name = pop(heap)
                 if t > now:
                     self.now = now = t
                 core = cores[name]
