@@ -192,7 +192,8 @@ class VirtualDriver:
                         if t < inf:
                             push(heap, (t, self._seq, dst))
                         self._seq += 1
-                if any(boxes):                  # (a list of lists: no generator per instant)
+                if boxes and any(boxes):        # (a list of lists: no generator per instant; an
+                                                # open-loop replay defers every inbox: none here)
                     self.take_inboxes(deferred=False)
                     continue                    # what they sent is due now
                 if late and max(map(len, late)) >= DEFER_ITEMS:
