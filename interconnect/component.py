@@ -234,21 +234,32 @@ class Interconnect(Core):
                 f"request {req.id}: no route from {src!r} to {dst!r}; routes: "
                 f"{sorted(f'{a}->{b}' for a, b in self._routes)}"
             )
-        if isinstance(logical_bytes, bool) or not isinstance(logical_bytes, (int, np.integer)) or logical_bytes < 0:
-            raise TransferError(f"request {req.id}: logical_bytes must be an integer >= 0, got {logical_bytes!r}")
-        logical_bytes = int(logical_bytes)
+        if type(logical_bytes) is not int or logical_bytes < 0:     # (a Python int: no further check)
+            if isinstance(logical_bytes, bool) or not isinstance(logical_bytes, (int, np.integer)) \
+                    or logical_bytes < 0:
+                raise TransferError(f"request {req.id}: logical_bytes must be an integer >= 0, "
+                                    f"got {logical_bytes!r}")
+            logical_bytes = int(logical_bytes)
         shipped = self._check_frames(req, frames, logical_bytes)
-        self._catch_up(now, before=True)
+        # nothing in progress (no timer, no flow): nothing is due before or at `now` but
+        # what this transfer starts (no catching up)
+        idle = not (self._timers or self._net.n_flows)
+        if not idle:
+            self._catch_up(now, before=True)
         cost = self._costs[key]
         tid = self._next_tid
-        self._next_tid += 1
+        self._next_tid = tid + 1
         n_frames = len(frames)
         tr = _Transfer(req, frames, n_frames, logical_bytes, shipped, src, dst, path, cost, now,
                        now if first_token_s is None else first_token_s, tag)
         self._transfers[tid] = tr
         t_wire = now + n_frames * cost.per_message_s
         if t_wire > now:
-            self._at(t_wire, tid, "wire")
+            heapq.heappush(self._timers, (t_wire, self._seq, tid, "wire"))     # (`_at`)
+            self._seq += 1
+            if idle:                # its wire timer is the only thing in progress, not due yet
+                self._set_wake()
+                return
         else:
             self._enter_wire(tid, t_wire, -math.inf)
         self._settle(now)
@@ -429,6 +440,10 @@ class Interconnect(Core):
         """Do everything due by `now` (`_catch_up`), then set `wake_at` (module
         docstring)."""
         self._catch_up(now)
+        self._set_wake()
+
+    def _set_wake(self) -> None:
+        """`wake_at` from what is in progress (module docstring), all of it due later."""
         net, timers = self._net, self._timers
         if not self._lazy:
             self.wake_at = min(net.next_event_time(), timers[0][0] if timers else math.inf)
@@ -451,19 +466,20 @@ class Interconnect(Core):
         """Do everything due by `now`: timers and network events, in time order (a
         network event first at a tie); with `before`, only what is due strictly before
         `now` (a handler catching up before it acts)."""
-        net, timers = self._net, self._timers
+        net, timers, transfers = self._net, self._timers, self._transfers
+        next_event, inf = net.next_event_time, math.inf
         # nothing can start a flow before this (other than what is done here, in order)
-        last = math.nextafter(now, -math.inf) if before else now
+        last = math.nextafter(now, -inf) if before else now
         while True:
-            t_net = net.next_event_time()   # (inf without flows)
-            t_timer = timers[0][0] if timers else math.inf
+            t_net = next_event()            # (inf without flows)
+            t_timer = timers[0][0] if timers else inf
             if t_net <= last and t_net <= t_timer:
                 self._advance(max(t_net, net.now))
                 continue
             if t_timer > last:
                 break
             t, _, tid, phase = heapq.heappop(timers)
-            if tid not in self._transfers:
+            if tid not in transfers:
                 continue            # lost or released meanwhile
             if phase == "wire":
                 self._enter_wire(tid, t, last)

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import operator
 from dataclasses import dataclass, field
 from typing import Hashable, Iterable, Sequence
 
@@ -80,6 +81,7 @@ DEFAULT_PER_MESSAGE_US = 2.0
 """us per message: assumption (no published figure), order of an RDMA post + completion."""
 
 _REL_EPS = 1e-12  # relative tolerance when comparing link shares in progressive filling
+_arrival = operator.attrgetter("seq")   # a flow's arrival order (ties between drains)
 
 
 class LinkSpec(BaseModel):
@@ -478,7 +480,9 @@ class FairShareNetwork:
             if te > t:
                 break
             self._progress(te)
-            drained = sorted((f for f in self._flows.values() if f.finish_at <= te), key=lambda f: f.seq)
+            drained = [f for f in self._flows.values() if f.finish_at <= te]
+            if len(drained) > 1:        # (mostly one drains at a time: no sort)
+                drained.sort(key=_arrival)
             for f in drained:
                 self._detach(f)
                 self._finished.append((f.fid, te))
@@ -519,14 +523,26 @@ class FairShareNetwork:
 
     def _recompute(self) -> None:
         """Max-min fair rates by progressive filling, then projected drain times."""
-        residual = {name: ln.capacity for name, ln in self._links.items()}
-        unfrozen_on = {name: len(ln.flows) for name, ln in self._links.items() if ln.flows}
+        if len(self._flows) < 2:    # (most drains leave one flow or none)
+            if self._flows:
+                self._alone(next(iter(self._flows.values())))
+            else:
+                self._next = None
+                self._note_utilisation()
+            return
+        # (only the links that carry flows: the others' residuals are never read)
+        residual, unfrozen_on = {}, {}
+        for name, ln in self._links.items():
+            if ln.flows:
+                residual[name] = ln.capacity
+                unfrozen_on[name] = len(ln.flows)
         unfrozen = set(self._flows)
         while unfrozen:
             share = {name: max(0.0, residual[name]) / n for name, n in unfrozen_on.items() if n > 0}
             smallest = min(share.values())
-            tol = smallest * _REL_EPS
-            bottlenecks = sorted(name for name, s in share.items() if s <= smallest + tol)
+            limit = smallest + smallest * _REL_EPS
+            bottlenecks = [name for name, s in share.items() if s <= limit]
+            bottlenecks.sort()
             for name in bottlenecks:
                 for fid, f in self._links[name].flows.items():
                     if fid not in unfrozen:

@@ -36,6 +36,17 @@ def _stats_tokens(out) -> int:
     return sum(int(s.get("tokens_computed", 0)) for s in out.stats.values())
 
 
+def test_kvfit_max_tokens_is_the_bound_fits_checks():
+    # the router compares a request's tokens with max_tokens instead of calling fits:
+    # both must agree at every token count, around each capacity's last whole block
+    for cap, bt, bb in [(10 * 160, 16, 160), (10 * 160 + 159, 16, 160), (159, 16, 160), (0, 16, 160),
+                        (-1, 16, 160), (1000, 1, 7), (5, 16, 0), (-5, 16, 0)]:
+        fit = KVFit(capacity_bytes=cap, block_tokens=bt, block_bytes=bb)
+        most = fit.max_tokens()
+        for tokens in range(0, 400):
+            assert fit.fits(tokens) == (tokens <= most), (cap, bt, bb, tokens)
+
+
 def test_prompt_over_the_context_limit_is_rejected_without_prefill(llama2):
     # Llama-2-70B serves 4,096 tokens: an 18k-token prompt must not be served
     reqs = [Request(id=0, arrival_s=0.0, prompt_tokens=18_000, output_tokens=100),

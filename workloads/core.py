@@ -15,7 +15,9 @@ What the core wants done it leaves in two places, read by the driver after every
 - `core.outbox`: messages to peers, `(destination name, method, args)`, in the order
   they were sent (`Core.send`). A destination is a core's name; `BROADCAST` sends to
   every other core. Args must be picklable (the Ray driver ships them between
-  processes): requests, numbers, numpy arrays, lists, dicts, tuples;
+  processes): requests, numbers, numpy arrays, lists, dicts, tuples. A driver may
+  make its own message queue every core's outbox (the virtual driver does), so a core
+  only appends to it (`send`), or takes back the message it has just sent (`pop()`);
 - `core.wake_at`: the earliest emulated time at which it needs `on_wake` (inf: none).
   A core sets it to the minimum over everything it waits for; a driver may wake it
   late (the Ray driver on a loaded host) or early never.

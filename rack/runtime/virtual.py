@@ -4,9 +4,12 @@ event to event. No asyncio, no threads: one message queue and one heap of wake t
 Order (deterministic, documented so runs repeat bit for bit):
 
 1. every message queued at the current time is delivered, first in, first out; a
-   core's messages enter the queue in the order it sent them, after the call that
-   sent them returns; a message to `workloads.core.BROADCAST` goes to every other
-   core that handles it, in topology order;
+   core's messages enter the queue in the order it sent them (the queue is every
+   core's `outbox`: a message joins it as it is sent, with no copy after each call;
+   only the core called runs until it returns, so its messages come after everything
+   queued before the call and before anything queued after it, as if taken from its
+   own outbox once the call returned); a message to `workloads.core.BROADCAST` goes
+   to every other core that handles it, in topology order;
 2. when the queue is empty, the earliest wake-up is taken from the heap (ties: the
    one requested first; a core that changes its wake time asks anew and loses its
    place) and time jumps to it; the core's `on_wake(now)` runs, and its
@@ -99,6 +102,7 @@ class VirtualDriver:
         self.messages = 0
         self.wakeups = 0
         for name, core in self.cores.items():
+            self._adopt(core)
             self._after(name, core)
 
     # ------------------------------------------------------------------ loop
@@ -182,16 +186,14 @@ class VirtualDriver:
                         fn(now, *args)
                     except Exception as exc:
                         raise self._error(dst, exc) from exc
-                    if core.outbox:
-                        queue.extend(core.outbox)
-                        core.outbox.clear()
                     t = core.wake_at
                     if t != asked[dst][0]:
                         asked[dst] = (t, self._seq)
                         if t < inf:
                             push(heap, (t, self._seq, dst))
                         self._seq += 1
-                if any(boxes):                  # (a list of lists: no generator per instant)
+                if boxes and any(boxes):        # (a list of lists: no generator per instant; an
+                                                # open-loop replay defers every inbox: none here)
                     self.take_inboxes(deferred=False)
                     continue                    # what they sent is due now
                 if late and max(map(len, late)) >= DEFER_ITEMS:
@@ -200,14 +202,11 @@ class VirtualDriver:
                 if done():
                     return self.now
                 while heap:
-                    t, seq, name = heap[0]
-                    if asked[name][1] != seq:
-                        pop(heap)               # superseded by a later request of the core
-                        continue
-                    break
+                    t, seq, name = pop(heap)
+                    if asked[name][1] == seq:
+                        break                   # (else superseded by a later request of the core)
                 else:
                     return self.now
-                t, _, name = pop(heap)
                 if t > now:
                     self.now = now = t
                 core = cores[name]
@@ -218,9 +217,6 @@ class VirtualDriver:
                     core.on_wake(now)
                 except Exception as exc:
                     raise self._error(name, exc) from exc
-                if core.outbox:
-                    queue.extend(core.outbox)
-                    core.outbox.clear()
                 t = core.wake_at
                 if t < inf:                     # (its request was taken: any value is new)
                     asked[name] = (t, self._seq)
@@ -232,11 +228,14 @@ class VirtualDriver:
             self.messages += messages
             self.wakeups += wakeups
 
-    def _after(self, name: str, core: Core) -> None:
-        """Take `core`'s outbox and wake request after a call into it."""
-        if core.outbox:
+    def _adopt(self, core: Core) -> None:
+        """Make the queue `core`'s outbox (module docstring), after what it holds."""
+        if core.outbox is not self._queue:
             self._queue.extend(core.outbox)
-            core.outbox.clear()
+            core.outbox = self._queue
+
+    def _after(self, name: str, core: Core) -> None:
+        """Take `core`'s wake request after a call into it."""
         t = core.wake_at
         if t != self._asked[name][0]:
             self._asked[name] = (t, self._seq)
@@ -260,6 +259,7 @@ class VirtualDriver:
             raise ComponentError(dst, self.now, None, RuntimeError("crash: this run cannot restart components"))
         at = self.now if at_s is None else float(at_s)
         new = self._rebuild(dst, at + self._load_s.get(dst, 0.0))
+        self._adopt(new)
         self.cores[dst] = new
         for key in [k for k in self._handlers if k[0] == dst]:
             del self._handlers[key]             # bound to the dead core (the loop holds this dict)

@@ -28,6 +28,7 @@ pools allocate them.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal, Mapping, Optional
 
@@ -69,6 +70,14 @@ class KVFit:
     def fits_decode(self, prompt_tokens: int, output_tokens: int) -> bool:
         """Whether a request can ever run on this decode instance (module docstring)."""
         return self.fits(prompt_tokens + output_tokens - 1)
+
+    def max_tokens(self) -> int | float:
+        """The most tokens of KV that fit: `fits(t)` holds exactly for integers t <= this
+        (the capacity's whole blocks; inf with blocks of 0 bytes), so a caller checking
+        many requests compares one number instead of calling `fits` per request."""
+        if self.block_bytes == 0:
+            return math.inf if self.capacity_bytes >= 0 else -1
+        return self.capacity_bytes // self.block_bytes * self.block_tokens
 
 
 def kv_fit_of(plan, kv_bytes_per_token: int, block_tokens: int) -> KVFit:

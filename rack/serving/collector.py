@@ -35,6 +35,8 @@ OUTCOMES = ("completed", "rejected", "failed")
 _COL = {name: i for i, name in enumerate(EVENTS)}
 _E = len(EVENTS)
 _ARRIVAL, _FIRST, _COMPLETION = _COL["arrival"], _COL["first_token"], _COL["completion"]
+_OUTCOME_CODE = {name: i + 1 for i, name in enumerate(OUTCOMES)}     # `Collector.outcome`'s codes
+_COMPLETED = _OUTCOME_CODE["completed"]
 #: Handlers whose records carry their own times (`finish` with its `t`, as every engine
 #: and the router send it): handled later, in the same order, they leave the same state,
 #: so a virtual driver may defer them (`rack.runtime.virtual`, `all_ended`).
@@ -155,7 +157,8 @@ class Collector(Core):
         if rid in self._closed:
             self.after_close += 1
             return
-        if outcome not in OUTCOMES:
+        code = _OUTCOME_CODE.get(outcome)
+        if code is None:
             self.violations.append(f"request {request_id}: unknown outcome {outcome!r}")
             return
         if self.outcome[pos]:
@@ -166,17 +169,17 @@ class Collector(Core):
             reason = "unspecified"
         if slot is None:
             slot = self._take_slot(rid, pos)
-        self.outcome[pos] = OUTCOMES.index(outcome) + 1
+        self.outcome[pos] = code
         if reason:
             self._reason[slot] = reason
         if t is None and now is None:
             raise ValueError(f"finish of request {request_id} from a deferred inbox (no current time) "
                              "needs its time t")
         when = now if t is None else t
-        if outcome == "completed":
-            c = _COL["completion"]
-            if self._times[slot, c] != self._times[slot, c]:
-                self._times[slot, c] = when
+        if code == _COMPLETED:
+            old = self._times[slot, _COMPLETION]
+            if old != old:          # NaN: not recorded yet
+                self._times[slot, _COMPLETION] = when
             if type(itl_s) is ITLRef:
                 self._log_index.setdefault(itl_s.log, len(self._log_index))
                 self._itl[slot] = itl_s
@@ -461,9 +464,9 @@ class Collector(Core):
         slots, col_of = self._slot, _COL
         times = self._times
         for request_id, name, t in batch:
-            rid = int(request_id)
-            slot = slots.get(rid)
-            if slot is None:
+            slot = slots.get(request_id)    # (an int id: no conversion per event)
+            if slot is None and (slot := slots.get(int(request_id))) is None:
+                rid = int(request_id)
                 pos = self._position(rid)
                 if pos is None:
                     self.violations.append(f"event {name!r} for unknown request {request_id}")
@@ -478,7 +481,7 @@ class Collector(Core):
                 if name == "preempted":
                     self._pre[slot] += 1
                 elif name == "decode_readmit":      # after a preemption: the latest (issue 37)
-                    self.readmitted[rid] = float(t)
+                    self.readmitted[int(request_id)] = float(t)
                 else:
                     self.unknown_events[name] += 1
                 continue
@@ -488,7 +491,7 @@ class Collector(Core):
             if old != old:                     # NaN: not recorded yet (no ufunc call per event)
                 times[slot, col] = t
                 if col == _FIRST and self.watch is not None:
-                    self.watch.first_token(rid, t, float(times[slot, _ARRIVAL]))
+                    self.watch.first_token(int(request_id), t, float(times[slot, _ARRIVAL]))
             elif name in _REDONE:
                 # ...except the end of a stage that was redone, whose latest time counts.
                 times[slot, col] = t

@@ -110,12 +110,16 @@ class Router(Core):
         # an instance that is down counts as full until it reports again
         self._load = {n: 0 for n in self.prefill}
         self._pre_idx = {n: i for i, n in enumerate(self.prefill)}
-        # the placement's KV checks (`_tick`, once per request): (name, KVFit.fits or None:
-        # fits every request) of the prefill instances, in the order of `_load`, and
-        # KVFit.fits_decode or None of the decode targets
-        self._prompt_fits = [(n, self.kv_fit[n].fits if n in self.kv_fit else None) for n in self.prefill]
-        self._decode_fits = [self.kv_fit[n].fits_decode if n in self.kv_fit else None
-                             for n in self.decode_targets]
+        # the placement's KV checks (`_tick`, once per request) as token bounds
+        # (`KVFit.max_tokens`: a comparison instead of a call per instance and request):
+        # the most KV tokens each instance holds (inf: no KVFit, fits every request),
+        # (name, bound) of the prefill instances in the order of `_load`, and the largest
+        # bound of the decode targets (a request fits some target iff its footprint is
+        # at most that)
+        self._max_tokens = {n: fit.max_tokens() for n, fit in self.kv_fit.items()}
+        self._prompt_max = [(n, self._max_tokens.get(n, math.inf)) for n in self.prefill]
+        self._decode_max = max((self._max_tokens.get(n, math.inf) for n in self.decode_targets),
+                               default=None)
         self._tie_next = 0                        # round robin among tied instances (`_among_tied`)
         # prefix_aware: what each prefill instance caches, from its KV events
         self._index = CachedBlockIndex(self.prefill) if policy == "prefix_aware" else None
@@ -391,10 +395,10 @@ class Router(Core):
                     continue
             if reason is None:
                 p = req.prompt_tokens
-                cands = [nm for nm, fits in self._prompt_fits if fits is None or fits(p)]
+                cands = [nm for nm, most in self._prompt_max if p <= most]
                 if not cands:
                     reason = "prompt_exceeds_kv_capacity"
-                elif self._decode_fits and not self._fits_a_decode_target(p, req.output_tokens):
+                elif self._decode_max is not None and p + req.output_tokens - 1 > self._decode_max:
                     reason = "exceeds_decode_kv_capacity"
             if reason is not None:
                 refused.append((req.id, reason))
@@ -456,17 +460,12 @@ class Router(Core):
         return self.prefill[pick]
 
     def _fits(self, name: str, req: Any, decode: bool) -> bool:
-        fit = self.kv_fit.get(name)
-        if fit is None:
+        """Whether `req` fits instance `name`: its decode footprint (`decode`), else its
+        prompt (`rack.serving.admission.KVFit`, as the token bound `_max_tokens`)."""
+        most = self._max_tokens.get(name)
+        if most is None:
             return True
-        return fit.fits_decode(req.prompt_tokens, req.output_tokens) if decode else fit.fits(req.prompt_tokens)
-
-    def _fits_a_decode_target(self, prompt_tokens: int, output_tokens: int) -> bool:
-        """Whether a request of these lengths fits some decode target."""
-        for fits in self._decode_fits:
-            if fits is None or fits(prompt_tokens, output_tokens):
-                return True
-        return False
+        return (req.prompt_tokens + req.output_tokens - 1 if decode else req.prompt_tokens) <= most
 
     def _next_fitting(self, cycle, n: int, req: Any, both: bool) -> str | None:
         """The next name of round-robin `cycle` (n names) that `req` fits: its decode
