@@ -258,4 +258,5 @@ def test_a_decode_engine_releases_an_ended_requests_reservation():
     assert eng.held_requests() == [3] and eng.ledger.snapshot()["held_bytes"].get("reserved", 0) > 0
     eng.release(1.0, [3])
     assert eng.held_requests() == [] and eng.is_idle()
-    assert eng.ledger.snapshot()["held_bytes"].get("reserved", 0) == 0 and eng.outbox == []
+    # nothing sent (after a virtual run the outbox is the driver's queue, a deque)
+    assert eng.ledger.snapshot()["held_bytes"].get("reserved", 0) == 0 and len(eng.outbox) == 0
