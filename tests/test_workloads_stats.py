@@ -124,3 +124,20 @@ def test_definitions_on_a_hand_made_trace():
     single = trace_stats(reqs[:1])
     assert single.interarrival_cv is None and single.rate_mean_per_s is None
     assert math.isclose(single.span_s, 0.0)
+
+
+def test_ideal_prefix_hits_keeps_block_sizes_apart():
+    # A hash seen with 16-token blocks is not a hit for a request cut in 32-token blocks
+    # (its blocks hold other tokens), bounded or not; each size hits its own blocks.
+    def req(i, bs, hashes):
+        return Request(id=i, arrival_s=float(i), prompt_tokens=bs * len(hashes) + 1, output_tokens=1,
+                       block_hashes=list(hashes), block_size=bs)
+
+    reqs = [req(0, 16, [1, 2]), req(1, 32, [1, 2]), req(2, 16, [1, 2, 3]), req(3, 32, [1, 5])]
+    for cap in (None, 100):
+        h = ideal_prefix_hits(reqs, cap)
+        assert (h.hit_blocks, h.looked_blocks) == (2 + 1, 2 + 2 + 3 + 2), cap
+        assert h.hit_tokens == 2 * 16 + 1 * 32 and h.cacheable_tokens == 16 * 5 + 32 * 4, cap
+    # a bounded cache of 2 blocks, shared by both sizes: request 1's blocks evict request 0's
+    h = ideal_prefix_hits(reqs, 2)
+    assert h.hit_blocks == 0

@@ -219,34 +219,46 @@ class _IdealCache:
         if capacity_blocks is not None and capacity_blocks < 0:
             raise ValueError(f"ideal_prefix_hits: capacity_blocks must be >= 0 or None, got {capacity_blocks}")
         self.capacity = capacity_blocks
-        # unbounded: a set (nothing is evicted, no recency to keep)
-        self.keys: OrderedDict[tuple[int, int], None] | set[tuple[int, int]] = \
-            set() if capacity_blocks is None else OrderedDict()
+        # unbounded: a set of hashes per block size (nothing is evicted, no recency to
+        # keep; no (block size, hash) key built per block, the cost of a whole-trace run)
+        self.sets: dict[int, set] = {}
+        # bounded: one LRU of (block size, hash) keys, as the capacity is shared by them all
+        self.keys: OrderedDict[tuple[int, int], None] = OrderedDict()
         self.hits = PrefixHits()
 
     def add(self, r: Request) -> None:
         if not r.block_hashes:
             return
-        bs, p, cache = r.block_size, r.prompt_tokens, self.keys
-        keys = [(bs, h) for h in r.block_hashes[: p // bs]]
+        bs, p = r.block_size, r.prompt_tokens
+        full = r.block_hashes[: p // bs]
         run = 0
-        for k in keys:
-            if k not in cache:
-                break
-            run += 1
+        if self.capacity is None:
+            cache = self.sets.get(bs)
+            if cache is None:
+                cache = self.sets[bs] = set()
+            for h in full:
+                if h not in cache:
+                    break
+                run += 1
+            cache.update(full)
+        else:
+            cache = self.keys
+            keys = [(bs, h) for h in full]
+            for k in keys:
+                if k not in cache:
+                    break
+                run += 1
+            for k in reversed(keys):
+                cache[k] = None
+                cache.move_to_end(k)
+            while len(cache) > self.capacity:
+                cache.popitem(last=False)
+        n = len(full)
         h = self.hits
         h.hit_blocks += run
-        h.looked_blocks += len(keys)
+        h.looked_blocks += n
         h.hit_tokens += min(run * bs, p - 1)
-        h.cacheable_tokens += min(len(keys) * bs, p - 1)
-        if self.capacity is None:
-            cache.update(keys)
-            return
-        for k in reversed(keys):
-            cache[k] = None
-            cache.move_to_end(k)
-        while len(cache) > self.capacity:
-            cache.popitem(last=False)
+        h.cacheable_tokens += min(n * bs, p - 1)
 
 
 def ideal_prefix_hits(requests: Iterable[Request], capacity_blocks: int | None = None) -> PrefixHits:
