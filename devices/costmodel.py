@@ -458,16 +458,9 @@ def _counts_key(*counts) -> tuple | None:
 
 def _as_counts(x, name: str) -> np.ndarray:
     if type(x) is list:
-        if len(x) <= 64:
-            # an engine's counts (a few ints): converted once, checked as the floats
-            # they become (what the float checks below do, on the same values)
-            a = np.array(x, dtype=float)
-            if a.ndim == 1:
-                v = a.tolist()
-                if v and (min(v) < 0 or not sum(v) < math.inf):
-                    raise ValueError(f"{name} must be finite token counts >= 0")
-                return a
-        x = np.array(x)         # (ints: the checks below for arrays)
+        # an engine's counts (a few ints): floats at once, checked by the short arrays'
+        # path below; a long list as ints (their one check for negatives)
+        x = np.array(x, dtype=float) if len(x) <= 64 else np.array(x)
     if type(x) is np.ndarray and x.ndim == 1 and x.size <= 64 and x.dtype.kind in "iuf":
         # the engines' short token-count arrays: Python's min and sum are cheaper than
         # ufunc reductions (a nan or inf makes the sum fail `< inf`)
@@ -916,10 +909,7 @@ class CostModel:
         # full chunk budget over 0, 1, 2... chunks of a prompt): the cost of the same
         # counts (lists, or 1-D arrays) is looked up, not computed again (the same
         # object, bit for bit).
-        if type(new_tokens) is list and type(cached_tokens) is list:   # (an engine's: the key at once)
-            key = (tuple(new_tokens), tuple(cached_tokens))
-        else:
-            key = _counts_key(new_tokens, cached_tokens)
+        key = _counts_key(new_tokens, cached_tokens)
         if key is not None:
             hit = self._prefill_costs.get(key)
             if hit is not None:

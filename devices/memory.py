@@ -515,39 +515,20 @@ class PrefixCache:
             return True
         if free + self._unpinned_bytes < need:
             return False                    # even evicting every unpinned entry falls short
-        pins, lru = self._pins, self._lru
+        pins = self._pins
+        victims = []
         freed = free
-        if protect:
-            # (`insert` making room around the blocks it adds) the unpinned entries
-            # counted above may be protected: nothing is evicted if the others fall short
-            victims = []
-            for key, size in lru.items():
-                if freed >= need:
-                    break
-                if key in pins or key in protect:
-                    continue
-                victims.append(key)
-                freed += size
-            if freed < need:
-                return False
-            sizes = [lru.pop(key) for key in victims]
-        else:
-            # The unpinned entries hold enough (checked above): the oldest are taken off
-            # as they come (no second lookup per victim, ~20 per admission on the
-            # Mooncake trace), and the pinned ones passed on the way put back in place.
-            popitem = lru.popitem
-            victims, sizes, passed = [], [], []
-            while freed < need:
-                key, size = popitem(last=False)
-                if key in pins:
-                    passed.append((key, size))
-                    continue
-                victims.append(key)
-                sizes.append(size)
-                freed += size
-            for key, size in reversed(passed):
-                lru[key] = size
-                lru.move_to_end(key, last=False)
+        for key, size in self._lru.items():
+            if freed >= need:
+                break
+            if key in pins or key in protect:
+                continue
+            victims.append(key)
+            freed += size
+        if freed < need:
+            return False
+        lru = self._lru
+        sizes = [lru.pop(key) for key in victims]
         if self.host is not None:
             self.host.demote(victims, sizes)
         self.ledger.free(self.category, freed - free)

@@ -234,12 +234,11 @@ class Interconnect(Core):
                 f"request {req.id}: no route from {src!r} to {dst!r}; routes: "
                 f"{sorted(f'{a}->{b}' for a, b in self._routes)}"
             )
-        if type(logical_bytes) is not int or logical_bytes < 0:     # (a Python int: no further check)
-            if isinstance(logical_bytes, bool) or not isinstance(logical_bytes, (int, np.integer)) \
-                    or logical_bytes < 0:
-                raise TransferError(f"request {req.id}: logical_bytes must be an integer >= 0, "
-                                    f"got {logical_bytes!r}")
-            logical_bytes = int(logical_bytes)
+        # (a Python int, what the senders give, passes the first test alone)
+        if not (type(logical_bytes) is int or (isinstance(logical_bytes, (int, np.integer))
+                                               and not isinstance(logical_bytes, bool))) or logical_bytes < 0:
+            raise TransferError(f"request {req.id}: logical_bytes must be an integer >= 0, got {logical_bytes!r}")
+        logical_bytes = int(logical_bytes)
         shipped = self._check_frames(req, frames, logical_bytes)
         # nothing in progress (no timer, no flow): nothing is due before or at `now` but
         # what this transfer starts (no catching up)
@@ -255,8 +254,7 @@ class Interconnect(Core):
         self._transfers[tid] = tr
         t_wire = now + n_frames * cost.per_message_s
         if t_wire > now:
-            heapq.heappush(self._timers, (t_wire, self._seq, tid, "wire"))     # (`_at`)
-            self._seq += 1
+            self._at(t_wire, tid, "wire")
             if idle:                # its wire timer is the only thing in progress, not due yet
                 self._set_wake()
                 return

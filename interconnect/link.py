@@ -320,19 +320,14 @@ class FairShareNetwork:
         if flow_id in self._flows:
             raise ValueError(f"flow {flow_id!r} is already active")
         path = tuple(path)
-        if path not in self._on_path:       # (a path seen before was checked then)
-            if not path:
-                raise ValueError(f"flow {flow_id!r}: empty path")
-            if len(set(path)) != len(path):
-                raise ValueError(f"flow {flow_id!r}: path {list(path)} crosses a link twice")
-            self._on_path[path] = [self._link(name) for name in path]
+        links = self._path_links(path, f"flow {flow_id!r}")
         if not (nbytes >= 0) or math.isinf(nbytes):
             raise ValueError(f"flow {flow_id!r}: bytes must be finite and >= 0, got {nbytes!r}")
         self._advance_to(t)
         f = _Flow(fid=flow_id, seq=self._seq, path=path, nbytes=float(nbytes), remaining=float(nbytes), start=self.now)
         self._seq += 1
         self._flows[flow_id] = f
-        for ln in self._on_path[path]:
+        for ln in links:
             ln.flows[flow_id] = f
             ln.peak_flows = max(ln.peak_flows, len(ln.flows))
         if len(self._flows) == 1:
@@ -351,7 +346,8 @@ class FairShareNetwork:
         capacity on its path, and it drains at `t + nbytes / rate`). Otherwise returns
         None, having only moved the model to `t` (as `add_flow` would first).
         Most handoffs cross an idle network this way: one call instead of a flow added,
-        its rates filled and its drain found by the event loop."""
+        its rates filled and its drain found by the event loop. Raises ValueError for
+        a path `add_flow` refuses."""
         if self._flows or self._changes or self._finished:
             self._advance_to(t)
             return None
@@ -359,11 +355,7 @@ class FairShareNetwork:
             raise ValueError(f"time went backwards: {t!r} < now {self.now!r}")
         self.now = t            # (what `_advance_to` does with no flow: nothing moves)
         path = path if type(path) is tuple else tuple(path)
-        links = self._on_path.get(path)
-        if links is None:
-            if not path or len(set(path)) != len(path):
-                return None     # (`add_flow` says what is wrong with it)
-            links = self._on_path[path] = [self._link(name) for name in path]
+        links = self._path_links(path, "drain_alone")
         rate = links[0].capacity
         for ln in links:        # (the smallest: `min` without a generator)
             if ln.capacity < rate:
@@ -391,6 +383,19 @@ class FairShareNetwork:
                 self._note(ln, 0 / ln.nominal)
         self.now = t_end
         return t_end
+
+    def _path_links(self, path: tuple, what: str) -> list:
+        """The links of `path`, checked the first time it is seen (then kept). Raises
+        ValueError (naming `what`) for an empty path or one crossing a link twice, and
+        `_link`'s error for an unknown link."""
+        links = self._on_path.get(path)
+        if links is None:
+            if not path:
+                raise ValueError(f"{what}: empty path")
+            if len(set(path)) != len(path):
+                raise ValueError(f"{what}: path {list(path)} crosses a link twice")
+            links = self._on_path[path] = [self._link(name) for name in path]
+        return links
 
     def has_flow(self, flow_id: Hashable) -> bool:
         """True while `flow_id` is active (added, not yet drained or removed)."""

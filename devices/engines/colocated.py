@@ -344,8 +344,7 @@ class ColocatedEngine(DecodeEngine):
             self._run = None
             self._phase = "mixed"
             self._wake_at(float(ends[0]))
-            if self.stream_to is not None:      # (the check before the call, as `_begin_run`)
-                self._stream_run(t0, ends, batch)
+            self._stream_run(t0, ends, batch)
         return True
 
     def _end_mixed(self, now: float) -> float:

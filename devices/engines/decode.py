@@ -856,8 +856,7 @@ class DecodeEngine(Core):
         else:
             self._run_steps = ends.shape[0]
             self._wake_at(float(ends[-1]))
-            if self.stream_to is not None:      # (the check before the call: once per run)
-                self._stream_run(t0, ends, batch)
+            self._stream_run(t0, ends, batch)
 
     def _stream_cut(self) -> None:
         """Tell the live front (`stream_to`) that the run in progress now stops after
@@ -928,8 +927,7 @@ class DecodeEngine(Core):
         starts at t0); complete and release finished requests. Returns [(seq,
         completion time, itl samples)]. Utilisation is the caller's to record."""
         if steps == 0:
-            if self.policy == "preempt":
-                self._shrink(batch)
+            self._shrink(batch)
             return []
         t_last = float(ends[steps - 1])
         log = self._t_end
@@ -976,8 +974,7 @@ class DecodeEngine(Core):
             self._batch_left([s for s in batch if s.end > stop], done)
             if linked:
                 self._send_gaps()
-        if self.policy == "preempt":
-            self._shrink(self._batch)
+        self._shrink(self._batch)
         if finished or stop - log.base > (1 << 16):
             self._compact_log()
         return finished
@@ -1010,9 +1007,10 @@ class DecodeEngine(Core):
         self._gaps_sent = hi
 
     def _shrink(self, batch: list[_Seq]) -> None:
-        """Return blocks booked for steps that did not run (policy "preempt")."""
-        for s in batch:
-            self.pool.shrink_to_tokens(s.req.id, self._kv_now(s))
+        """Under "preempt", return blocks booked for steps that did not run."""
+        if self.policy == "preempt":
+            for s in batch:
+                self.pool.shrink_to_tokens(s.req.id, self._kv_now(s))
 
     def _compact_log(self) -> None:
         """Forget logged steps no running request refers to."""

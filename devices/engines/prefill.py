@@ -65,6 +65,7 @@ from devices.engines.common import (
     EventSeries,
     admit_with_prefix,
     attach_host_tier,
+    host_load_s,
     host_prefix,
     record_series,
     prefix_lookup,
@@ -79,7 +80,6 @@ from devices.engines.common import (
 )
 from devices.memory import KVBlockPool, PrefixCache
 from interconnect.codec import check_description, describe_kv_frames, make_kv_frames
-from interconnect.component import TransferResult
 from workloads.core import Core
 
 
@@ -211,9 +211,6 @@ class PrefillEngine(Core):
         # a token's KV in memory: all its copies (MLA's latent on every TP device)
         held = int(cost.kv_held_bytes_per_token)
         self.pool = KVBlockPool(self.ledger, kv_block_tokens, held)
-        # the longest prompt whose blocks fit the KV capacity (`_refusal`)
-        self._max_prompt_tokens = (self.kv_capacity_bytes // self.pool.block_bytes * self.pool.block_tokens
-                                   if self.pool.block_bytes else math.inf)
         self.prefix = PrefixCache(self.ledger, held) if prefix_cache else None
         attach_host_tier(self, host_kv_bytes, host_kv_Bps)
         if kv_events and self.prefix is not None and router is not None:
@@ -240,7 +237,6 @@ class PrefillEngine(Core):
 
         self.util = Utilisation()
         self.lateness = Lateness()
-        self._timeseries = bool(timeseries)   # (the memory gauge's add skipped without it)
         self.memory = TimeSeries(timeseries)
         self.series = EventSeries(timeseries)  # gauges at events (rack.measure.timeseries); not recorded if False
         self.counts = {"submitted": 0, "rejected": 0, "failed": 0, "prefilled": 0,
@@ -273,14 +269,12 @@ class PrefillEngine(Core):
                                f"known: {sorted(self.decode)}")
         if enqueue_batch(self, now, items, self._refusal, self._new_job):
             self._poke(now)
-            if self._timeseries:
+            if self.series.enabled:
                 self._sample(now)
         self._report_load()
 
     def _refusal(self, req, target):
-        # pool.bytes_for(prompt) > kv_capacity_bytes, as a bound on the prompt (whole
-        # blocks: the same verdict for every int)
-        if req.prompt_tokens > self._max_prompt_tokens:
+        if self.pool.bytes_for(req.prompt_tokens) > self.kv_capacity_bytes:
             return ("failed", "prompt_exceeds_kv_capacity")
         return None
 
@@ -328,12 +322,9 @@ class PrefillEngine(Core):
         if result is None:
             self._lost(now, job)
             return
-        if type(result) is TransferResult:      # (the interconnect's: no duck typing needed)
-            t_end, failed = result.end_s, result.bad_frames > 0
-        else:
-            t_end, failed = getattr(result, "end_s", None), _transfer_failed(result)
+        t_end = getattr(result, "end_s", None)
         self.send(self.collector, "event", request_id, "transfer_end", now if t_end is None else float(t_end))
-        if not failed:
+        if not _transfer_failed(result):
             self.counts["handoffs_done"] += 1
             self._end_handoff(now, job)
             return
@@ -494,8 +485,9 @@ class PrefillEngine(Core):
             self.send(self.router, "load", self.name, load)
 
     def _sample(self, t: float) -> None:
-        """A row of the gauges over time (`series`); the callers call it only with
-        `_timeseries` (up to four times per request: the call is skipped)."""
+        """A row of the gauges over time (`series`); the callers call it only when
+        they are recorded (`series.enabled`: up to four times per request, the call is
+        skipped)."""
         record_series(self, t, len(self._queue), len(self._running))
 
     def _publish_kv_events(self) -> None:
@@ -512,7 +504,7 @@ class PrefillEngine(Core):
         prefix = self.prefix
         hashes, hit, cached = prefix_lookup(prefix, req)
         pool = self.pool
-        need_blocks = -(-(req.prompt_tokens - cached) // pool.block_tokens)   # (>= 1 token: `blocks_for`)
+        need_blocks = pool.blocks_for(req.prompt_tokens - cached)
         need_bytes = need_blocks * pool.block_bytes
         if prefix is not None and self.ledger.free_bytes < need_bytes:
             prefix.make_room(need_bytes)
@@ -543,31 +535,29 @@ class PrefillEngine(Core):
             self._publish_kv_events()      # admissions may have evicted blocks
         if not plan:
             self._t_free = None
-            if self._timeseries:
+            if self.series.enabled:
                 self._sample(now)
             if events:
                 self.send(self.collector, "events", events)
             return
         t0 = now if self._t_free is None else self._t_free
-        if self._timeseries:
+        if self.series.enabled:
             self._sample(t0)
+        load_s = host_load_s(plan)           # (of the jobs it starts: before they are marked)
         # one pass over the plan: its counts (lists: the cost model's lookup key as they
-        # are), its tokens, the jobs it starts (their prefill_start events, and their
-        # host-tier loads, `host_load_s`, summed in the same order)
+        # are), its tokens, the jobs it starts (their prefill_start events)
         new, cached = [], []
         tokens = 0
-        load_s = 0
         for j, take in plan:
             new.append(take)
             cached.append(j.cached + j.computed)
             tokens += take
             if not j.started:
                 j.started = True
-                load_s += j.load_s
                 events.append((j.req.id, "prefill_start", t0))
         c = self.cost.prefill(new, cached)
         t1 = t0 + load_s + c.time_s
-        if self._timeseries:
+        if self.series.enabled:
             self.memory.add(t0, self.ledger.used)
         if events:
             self.send(self.collector, "events", events)
@@ -584,28 +574,15 @@ class PrefillEngine(Core):
         done: list[_Job] = []
         for j, take in plan:
             j.computed += take
-            if j.cached + j.computed == j.req.prompt_tokens:     # (j.remaining == 0)
+            if j.remaining == 0:
                 done.append(j)
         events = []
         if done:
-            # The plan is the running set's head in order (`plan_chunk`: the jobs
-            # prefilling, then those it admitted), and only its last job can be left
-            # unfinished (a chunk takes a job's remaining tokens unless the budget ends
-            # first), so the jobs done are the running set's first len(done).
-            n = len(done)
-            running = self._running
-            if running[n - 1] is done[-1]:
-                del running[:n]
-            else:                               # (never: the general removal)
-                ids = {id(j) for j in done}
-                self._running = [j for j in running if id(j) not in ids]
-            self.counts["prefilled"] += n
-            if self.first_token == "prefill":
-                for j in done:
-                    events.append((j.req.id, "prefill_end", t1))
-                    events.append((j.req.id, "first_token", t1))
-            else:
-                events = [(j.req.id, "prefill_end", t1) for j in done]
+            ids = {id(j) for j in done}
+            self._running = [j for j in self._running if id(j) not in ids]
+            self.counts["prefilled"] += len(done)
+            names = ("prefill_end", "first_token") if self.first_token == "prefill" else ("prefill_end",)
+            events = [(j.req.id, nm, t1) for j in done for nm in names]
             for j in done:
                 j.t_first = t1
                 self._handoff[j.req.id] = j      # held from now on (see `holding`)
@@ -692,7 +669,7 @@ class PrefillEngine(Core):
                 self.prefix.insert(req.block_hashes[: req.prompt_tokens // req.block_size],
                                    req.block_size)
                 self._publish_kv_events()
-        if self._timeseries:
+        if self.series.enabled:
             self.memory.add(now, self.ledger.used)
             self._sample(now)
         self._poke(now)
