@@ -363,6 +363,16 @@ def test_cached_layouts_give_the_frames_a_fresh_layout_gives():
     assert [_entry(peek_header(f)) for f in other] == [(2**40, *rest) for rest in fields]
 
 
+def _mixed_steps_and_each(cm, rng, B: int, max_n: int):
+    """A random fixed batch of B contexts and a prompt's chunk: `mixed_steps` over n
+    iterations and `mixed` for each of them (the prompt j chunks further, every context
+    j tokens longer)."""
+    ctx = rng.integers(1, 30_000, B)
+    new, cached, n = int(rng.integers(1, 2048)), int(rng.integers(0, 20_000)), int(rng.integers(2, max_n))
+    one = [cm.mixed(np.array([new]), np.array([cached + j * new]), ctx + j * cm.tokens_per_step) for j in range(n)]
+    return cm.mixed_steps(new, cached, ctx, n), one, n
+
+
 @pytest.mark.parametrize("model,device,par", MODELS)
 def test_mixed_steps_equal_one_mixed_iteration_at_a_time(model, device, par):
     """`mixed_steps` (a long prompt's chunks fused with decode steps of a fixed batch)
@@ -371,12 +381,8 @@ def test_mixed_steps_equal_one_mixed_iteration_at_a_time(model, device, par):
     rng = np.random.default_rng(3)
     for spec in (None, SpeculativeConfig(2, 0.7)):
         cm = CostModel(model, device, par, "fp8", "fp8", speculative=spec)
-        tps = cm.tokens_per_step
         for B in (0, 1, 40):
-            ctx = rng.integers(1, 30_000, B)
-            new, cached, n = int(rng.integers(1, 2048)), int(rng.integers(0, 20_000)), int(rng.integers(2, 60))
-            fast = cm.mixed_steps(new, cached, ctx, n)
-            one = [cm.mixed(np.array([new]), np.array([cached + j * new]), ctx + j * tps) for j in range(n)]
+            fast, one, n = _mixed_steps_and_each(cm, rng, B, 60)
             for got, key in ((fast.time_s, "time_s"), (fast.flops, "flops"), (fast.bytes, "bytes"),
                              (fast.comm_s, "comm_s")):
                 np.testing.assert_allclose(got, [getattr(c, key) for c in one], rtol=1e-12, atol=0)
@@ -398,12 +404,8 @@ def test_mixed_steps_priced_one_at_a_time_are_mixed_bit_for_bit(device, spec):
     from devices.costmodel import IterationCost
     rng = np.random.default_rng(5)
     cm = CostModel("kimi-k2", device, Parallelism(tp=8, ep=8), "fp8", "fp8", speculative=spec)
-    tps = cm.tokens_per_step
     for B in (0, 1, 9):
-        ctx = rng.integers(1, 30_000, B)
-        new, cached, n = int(rng.integers(1, 2048)), int(rng.integers(0, 20_000)), int(rng.integers(2, 9))
-        fast = cm.mixed_steps(new, cached, ctx, n)
-        one = [cm.mixed(np.array([new]), np.array([cached + j * new]), ctx + j * tps) for j in range(n)]
+        fast, one, n = _mixed_steps_and_each(cm, rng, B, 9)
         for got, key in ((fast.time_s, "time_s"), (fast.flops, "flops"), (fast.bytes, "bytes"),
                          (fast.comm_s, "comm_s")):
             assert got.tolist() == [getattr(c, key) for c in one]
