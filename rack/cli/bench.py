@@ -33,6 +33,7 @@ def bench(
     study_cost: Optional[str] = typer.Option(None, "--study-cost", help="with --baseline: also run these study experiments (comma-separated keys of rack.experiments.study.run.EXPERIMENTS, or 'all') with both versions, alternately: wall time per experiment, runs per capacity search, verdicts compared"),
     peer: bool = typer.Option(False, "--peer", help="also replay the whole traces through NVIDIA Dynamo's mocker (ai-dynamo-runtime, an optional install; docs/bench.md) beside rack (and --baseline's code), alternately, in fresh processes: CPU and wall time per request and their ratios"),
     peer_python: Optional[str] = typer.Option(None, "--peer-python", help="interpreter that has the mocker installed [default: $RACK_PEER_PYTHON, else this one]"),
+    peer_matched_blocks: bool = typer.Option(True, "--peer-matched-blocks/--peer-defaults-only", help="with --peer: also run the mocker at the rack scenario's KV block size (16 tokens, the same KV capacity in tokens) beside its own default of 64"),
     skip_replay: bool = typer.Option(False, "--skip-replay", help="skip the in-process replay and event-cost sections (e.g. with --peer, which replays the whole traces itself)"),
     out: Optional[Path] = typer.Option(None, "--out", help="also write the JSON to this file"),
 ) -> None:
@@ -79,7 +80,8 @@ def bench(
                          rate_scales=tuple(rate_scale) if rate_scale else None, address=address,
                          baseline=baseline, progress=progress, skip_memory=skip_memory,
                          memory_sizes=tuple(memory_requests) if memory_requests else None,
-                         study_cost=experiments, peer=peer, peer_python=peer_python, skip_replay=skip_replay)
+                         study_cost=experiments, peer=peer, peer_python=peer_python, skip_replay=skip_replay,
+                         peer_matched_blocks=peer_matched_blocks)
     result["settings"]["argv"] = list(sys.argv)
     text = B.to_json(result)
     if out is not None:

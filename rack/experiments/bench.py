@@ -380,7 +380,8 @@ def run_bench(*, repeat: int = 3, quick: bool = False, skip_ray: bool = False,
               progress: Progress = _quiet, skip_memory: bool = False,
               memory_sizes: Sequence[int] | None = None,
               study_cost: Sequence[str] | None = None, peer: bool = False,
-              peer_python: str | None = None, skip_replay: bool = False) -> dict:
+              peer_python: str | None = None, skip_replay: bool = False,
+              peer_matched_blocks: bool = True) -> dict:
     """Every measurement of the module docstring, as one JSON-able dict.
 
     quick: a 600 s window of each trace, 1 run per figure, a 2-rung rate ladder, two
@@ -395,7 +396,8 @@ def run_bench(*, repeat: int = 3, quick: bool = False, skip_ray: bool = False,
     (`rack.experiments.bench_study.study_cost_section` of the experiments `study_cost`
     names, beside `baseline`'s, when both are given), "peer"
     (`rack.experiments.bench_peer.peer_section` when `peer`: the whole traces beside
-    NVIDIA Dynamo's mocker run by `peer_python`, and `baseline`'s replays when given)
+    NVIDIA Dynamo's mocker run by `peer_python`, at its defaults and, with
+    `peer_matched_blocks`, at rack's KV block size too, and `baseline`'s replays when given)
     and "checks": each done-when target with its value and verdict. skip_replay: leave
     out "replay" and "event_cost" (the peer section replays the whole traces itself).
     """
@@ -414,7 +416,7 @@ def run_bench(*, repeat: int = 3, quick: bool = False, skip_ray: bool = False,
         from rack.experiments.bench_peer import peer_section
 
         out["peer"] = peer_section(traces, repeat=repeat, baseline=baseline, python=peer_python,
-                                   progress=progress)
+                                   matched_blocks=peer_matched_blocks, progress=progress)
     if baseline and not peer:
         from rack.experiments.bench_baseline import baseline_section
 

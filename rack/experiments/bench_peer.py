@@ -13,9 +13,13 @@ is cheaper).
 
 Matched deployments (`PAIRS`): 4 aggregated workers against `gpu-only-kimi-k2` (4
 colocated instances); 2 prefill + 2 decode workers against `helios-cs3-kimi-k2` and
-`gpu-pd-kimi-k2` (2 prefill instances + wafer or GPU decode). The mocker keeps its own
-defaults otherwise (KV blocks of 64 tokens, 16,384 blocks per worker, at most 256
-sequences and 8,192 batched tokens per step, its built-in polynomial timing model); its
+`gpu-pd-kimi-k2` (2 prefill instances + wafer or GPU decode). The mocker runs twice per
+round: with its own defaults (KV blocks of 64 tokens, 16,384 blocks per worker, at most
+256 sequences and 8,192 batched tokens per step, its built-in polynomial timing model),
+and, with `matched_blocks`, at the rack scenario's KV block size (16 tokens) with as many
+more blocks as keep the same KV capacity in tokens (`matched_block_args`): the same
+deployment at rack's block size, the mocker's side "peer_matched" (its block bookkeeping
+is per block, so it costs it more; its TTFT and TPOT stay those of its default run). Its
 times include reading the JSONL file. The traces go to it as Mooncake JSONL written
 from the same requests rack replays (`write_mooncake_jsonl`: a Mooncake trace keeps its
 hash ids, an Azure trace gets a fresh id per 512-token block, i.e. no shared prefixes,
@@ -39,6 +43,8 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from rack.experiments.bench_baseline import REPLAY_TIMEOUT_S, checkout, columns_diff, project_root, replay_in
+from rack.experiments.peer_mocker import BLOCK_TOKENS as MOCKER_BLOCK_TOKENS
+from rack.experiments.peer_mocker import GPU_BLOCKS as MOCKER_GPU_BLOCKS
 
 #: (rack scenario, mocker mode, aggregated workers or (prefill, decode) workers).
 PAIRS: tuple[tuple[str, str, tuple[int, ...]], ...] = (
@@ -96,13 +102,41 @@ def write_mooncake_jsonl(requests: Sequence[Any], path: Path, block_tokens: int 
     return len(requests)
 
 
-def peer_replay(python: str, jsonl: Path, mode: str, workers: Sequence[int]) -> dict:
-    """One mocker replay of `jsonl` in a fresh `python` process (`peer_mocker.py`).
-    Returns its JSON line ({"wall_s", "cpu_s", "requests", "completed", ...}); raises
-    RuntimeError with its last lines if it fails."""
+def scenario_block_tokens(scenario: str) -> int:
+    """The KV block size (tokens) of rack scenario `scenario` (a name or a TOML path):
+    its pools' `kv_block_tokens`. Raises ValueError when its pools differ (no single
+    block size for the mocker to match)."""
+    from rack.wiring.load import load_scenario
+
+    sizes = {p.kv_block_tokens for p in load_scenario(scenario).pools}
+    if len(sizes) != 1:
+        raise ValueError(f"scenario {scenario!r}: its pools use KV blocks of {sorted(sizes)} tokens; "
+                         "the mocker can match one size only")
+    return sizes.pop()
+
+
+def matched_block_args(block_tokens: int) -> dict:
+    """The mocker's engine limits at rack's KV block size: {"block_tokens", "gpu_blocks"},
+    the blocks per worker that hold the same tokens as its defaults (64 x 16,384 =
+    1,048,576 tokens; `peer_mocker.py`), so that only the block size differs. Raises
+    ValueError for a block size that does not divide that capacity."""
+    tokens = MOCKER_BLOCK_TOKENS * MOCKER_GPU_BLOCKS
+    if block_tokens < 1 or tokens % block_tokens:
+        raise ValueError(f"KV block of {block_tokens} tokens: must divide the mocker's {tokens:,} tokens per worker")
+    return {"block_tokens": int(block_tokens), "gpu_blocks": tokens // block_tokens}
+
+
+def peer_replay(python: str, jsonl: Path, mode: str, workers: Sequence[int],
+                limits: dict | None = None) -> dict:
+    """One mocker replay of `jsonl` in a fresh `python` process (`peer_mocker.py`);
+    limits: {"block_tokens", "gpu_blocks"} instead of the mocker's defaults
+    (`matched_block_args`). Returns its JSON line ({"wall_s", "cpu_s", "requests",
+    "completed", ...}); raises RuntimeError with its last lines if it fails."""
     cmd = [python, str(RUNNER), str(jsonl), "--mode", mode]
     cmd += ["--workers", str(workers[0])] if mode == "agg" else ["--prefill", str(workers[0]),
                                                                  "--decode", str(workers[1])]
+    for key, value in (limits or {}).items():
+        cmd += [f"--{key.replace('_', '-')}", str(int(value))]
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=REPLAY_TIMEOUT_S)
     except subprocess.TimeoutExpired:
@@ -121,11 +155,14 @@ def _med(rows: list[dict], key: str) -> float:
 def peer_section(traces: Sequence[str] = PEER_TRACES, pairs: Sequence[tuple] = PAIRS, *, repeat: int = 3,
                  baseline: str | None = None, python: str | None = None,
                  output_scales: Sequence[float] = (1.0, 2.0),
-                 window: tuple[float | None, float | None] | None = None,
+                 window: tuple[float | None, float | None] | None = None, matched_blocks: bool = True,
                  progress: Callable[[str], None] = lambda _m: None) -> dict:
     """rack (this code and, with `baseline`, the previous code) beside the mocker on the
     whole `traces`, each pair of `pairs`, each output scale, alternating (module
     docstring). window: (start, end) s of each trace instead of the whole (tests).
+    matched_blocks: also the mocker at each scenario's KV block size (side
+    "peer_matched", ratios "cpu_ratio_to_peer_matched" and "wall_ratio_to_peer_matched",
+    its limits under "mocker" as "matched").
 
     Returns {"peer": `peer_status`, "baseline_ref", "pairs", "traces": {trace: {
     "x{scale}": {scenario: {"mocker": {"mode", "workers"}, "requests", "cpu_s"
@@ -134,7 +171,9 @@ def peer_section(traces: Sequence[str] = PEER_TRACES, pairs: Sequence[tuple] = P
     "wall_ratio_to_peer", "cpu_speedup" (baseline / current, with a baseline),
     "events_per_request" {rack side}, "metrics" (`columns_diff` of baseline and current,
     first round, with "itl_summary_equal": their results' ITL summaries equal to the
-    last bit, and both as "itl_s"), "runs" {side: [...]}}}}}}; sides are "current", "baseline" and "peer".
+    last bit, and both as "itl_s"), "runs" {side: [...]}, "peer_ttft_p50_ms" {mocker side:
+    its first round's median TTFT, ms: the same deployment's at both block sizes}}}}}};
+    sides are "current", "baseline", "peer" and "peer_matched".
     Without the peer installed, the rack sides still run and "peer" says why.
     Raises RuntimeError if a replay fails.
     """
@@ -161,7 +200,12 @@ def peer_section(traces: Sequence[str] = PEER_TRACES, pairs: Sequence[tuple] = P
                 per: dict[str, Any] = {}
                 for scenario, mode, workers in pairs:
                     runs: dict[str, list[dict]] = {s: [] for s, _ in sides}
-                    runs["peer"] = []
+                    # the mocker's sides: its defaults, then (matched_blocks) rack's block size
+                    mockers = [("peer", None)]
+                    if matched_blocks:
+                        mockers.append(("peer_matched", matched_block_args(scenario_block_tokens(scenario))))
+                    for side, _ in mockers:
+                        runs[side] = []
                     cols = {s: Path(tmp) / f"{s}.npz" for s, _ in sides}
                     for i in range(max(1, int(repeat))):
                         for side, root in sides:
@@ -169,15 +213,16 @@ def peer_section(traces: Sequence[str] = PEER_TRACES, pairs: Sequence[tuple] = P
                                      f"round {i + 1}/{repeat}")
                             runs[side].append(replay_in(root, trace, scenario, output_scale=scale, mode="sweep", window=window,
                                                         columns_to=cols[side] if i == 0 else None))
-                        if status["installed"]:
-                            progress(f"peer comparison: {trace} x{scale:g}, mocker {mode} {workers}, "
-                                     f"round {i + 1}/{repeat}")
-                            runs["peer"].append(peer_replay(status["python"], jsonl, mode, workers))
+                        for side, limits in mockers if status["installed"] else ():
+                            progress(f"peer comparison: {trace} x{scale:g}, mocker {mode} {workers}"
+                                     f"{'' if limits is None else f' at {limits}'}, round {i + 1}/{repeat}")
+                            runs[side].append(peer_replay(status["python"], jsonl, mode, workers, limits))
                     n = runs["current"][0]["requests"]
                     cpu = {s: _med(v, "cpu_s") for s, v in runs.items() if v}
                     wall = {s: _med(v, "wall_s") for s, v in runs.items() if v}
                     row: dict[str, Any] = {
-                        "mocker": {"mode": mode, "workers": list(workers)}, "requests": n,
+                        "mocker": {"mode": mode, "workers": list(workers), "matched": dict(mockers)
+                                   .get("peer_matched")}, "requests": n,
                         "cpu_s": cpu, "wall_s": wall,
                         "cpu_us_per_request": {s: v / n * 1e6 for s, v in cpu.items()},
                         "wall_us_per_request": {s: v / n * 1e6 for s, v in wall.items()},
@@ -185,10 +230,12 @@ def peer_section(traces: Sequence[str] = PEER_TRACES, pairs: Sequence[tuple] = P
                         "completed": {s: v[0].get("completed") for s, v in runs.items() if v},
                         "runs": {s: [{"cpu_s": r.get("cpu_s"), "wall_s": r.get("wall_s")} for r in v]
                                  for s, v in runs.items() if v},
+                        "peer_ttft_p50_ms": {s: runs[s][0].get("ttft_p50_ms") for s, _ in mockers if runs[s]},
                     }
-                    if "peer" in cpu:
-                        row["cpu_ratio_to_peer"] = {s: cpu[s] / cpu["peer"] for s, _ in sides}
-                        row["wall_ratio_to_peer"] = {s: wall[s] / wall["peer"] for s, _ in sides}
+                    for side, _ in mockers:
+                        if side in cpu:
+                            row[f"cpu_ratio_to_{side}"] = {s: cpu[s] / cpu[side] for s, _ in sides}
+                            row[f"wall_ratio_to_{side}"] = {s: wall[s] / wall[side] for s, _ in sides}
                     if base is not None:
                         row["cpu_speedup"] = cpu["baseline"] / cpu["current"]
                         row["metrics"] = columns_diff(cols["baseline"], cols["current"])
@@ -204,7 +251,8 @@ def peer_section(traces: Sequence[str] = PEER_TRACES, pairs: Sequence[tuple] = P
 
 def peer_checks(sec: dict, targets_s: float = 1e-9) -> dict:
     """The done-when figures of the peer section: per trace and pair, rack's CPU time
-    over the mocker's (<= 1), per-request metrics equal to the baseline's (<= 1e-9 s),
+    over the mocker's (<= 1; at its defaults, and at rack's KV block size when measured),
+    per-request metrics equal to the baseline's (<= 1e-9 s),
     events per request at most half the baseline's; and rack's CPU time with every
     output doubled over the original's (< 1.1)."""
     out: dict[str, dict] = {}
@@ -215,6 +263,12 @@ def peer_checks(sec: dict, targets_s: float = 1e-9) -> dict:
             out[f"{key}.cpu_ratio_to_mocker"] = (
                 {"value": r["current"], "target": "<= 1 (rack CPU / mocker CPU)", "ok": r["current"] <= 1.0}
                 if r else {"value": None, "target": "<= 1", "ok": None, "na": "mocker not installed"})
+            r = row.get("cpu_ratio_to_peer_matched")
+            if r:
+                out[f"{key}.cpu_ratio_to_mocker_at_rack_blocks"] = {
+                    "value": r["current"], "ok": r["current"] <= 1.0,
+                    "target": "<= 1 (rack CPU / mocker CPU, the mocker at {block_tokens}-token KV blocks, "
+                              "{gpu_blocks:,} per worker)".format(**row["mocker"]["matched"])}
             m = row.get("metrics")
             if m:
                 out[f"{key}.per_request_max_diff_s"] = {"value": m["max_abs_diff_s"], "target": f"<= {targets_s:g} s",
@@ -246,7 +300,7 @@ def render_peer(sec: dict, con: Any, table: Callable[..., Any]) -> None:
     t = table(f"rack beside NVIDIA Dynamo's mocker {st.get('version') or ''} (whole traces, same run, alternating; "
               "CPU = the child's process_time, us per request; ratio = rack / mocker)",
               ("trace", "outputs", "scenario", "mocker", "rack CPU us/req", "mocker CPU us/req", "CPU ratio",
-               "wall ratio", *(("previous CPU us/req", "speed-up", "max diff s", "ITL summary", "events/req prev / now")
+               "wall ratio", "mocker at rack's blocks: CPU us/req", "CPU ratio", *(("previous CPU us/req", "speed-up", "max diff s", "ITL summary", "events/req prev / now")
                                if base else ("events/req",))),
               left=("trace", "outputs", "scenario", "mocker"))
     for trace, rows in sec["traces"].items():
@@ -262,11 +316,14 @@ def render_peer(sec: dict, con: Any, table: Callable[..., Any]) -> None:
                           "same" if r["metrics"].get("itl_summary_equal") else "DIFFERS",
                           f"{ev.get('baseline') or 0:.1f} / {ev.get('current') or 0:.1f}") if base
                          else (f"{ev.get('current') or 0:.1f}",))
+                matched = r.get("cpu_ratio_to_peer_matched", {})
                 t.add_row(trace, scale, scenario, mk, f"{cpu['current']:,.0f}",
                           f"{cpu['peer']:,.0f}" if "peer" in cpu else "not installed",
-                          f"{ratio['current']:.2f}" if ratio else "-", f"{wr['current']:.2f}" if wr else "-", *extra)
+                          f"{ratio['current']:.2f}" if ratio else "-", f"{wr['current']:.2f}" if wr else "-",
+                          f"{cpu['peer_matched']:,.0f}" if "peer_matched" in cpu else "-",
+                          f"{matched['current']:.2f}" if matched else "-", *extra)
     con.print(t)
 
 
-__all__ = ["ENV_VAR", "PAIRS", "PEER_TRACES", "peer_checks", "peer_python", "peer_replay", "peer_section",
-           "peer_status", "render_peer", "write_mooncake_jsonl"]
+__all__ = ["ENV_VAR", "PAIRS", "PEER_TRACES", "matched_block_args", "peer_checks", "peer_python", "peer_replay",
+           "peer_section", "peer_status", "render_peer", "scenario_block_tokens", "write_mooncake_jsonl"]

@@ -18,9 +18,10 @@ Modes: "agg" (`--workers` aggregated workers, `extra_engine_args`) or "pd" (`--p
 prefill and `--decode` decode workers, `prefill_engine_args` / `decode_engine_args`).
 The mocker's built-in timing model (polynomial) needs no data files. Engine limits
 are the mocker's defaults, spelled out: KV blocks of 64 tokens, 16,384 blocks per
-worker, at most 256 sequences and 8,192 batched tokens per step (rack's scenarios use
-16-token blocks; the mocker costs ~2-3x more CPU with `--block-tokens 16`); the trace's
-hash ids cover `--trace-block` tokens each (Mooncake: 512). `wall_s` and `cpu_s` (`time.process_time`: every thread of this process) time the
+worker, at most 256 sequences and 8,192 batched tokens per step. rack's scenarios use
+16-token blocks: `--block-tokens 16 --gpu-blocks 65536` is the same deployment (the same
+KV capacity in tokens) at their block size, which `rack bench --peer` measures too; the
+trace's hash ids cover `--trace-block` tokens each (Mooncake: 512). `wall_s` and `cpu_s` (`time.process_time`: every thread of this process) time the
 `run_trace_replay` call alone, which includes reading the JSONL file.
 
 Exit status 3 when `dynamo` cannot be imported (the peer is not installed here).
@@ -32,6 +33,14 @@ import argparse
 import json
 import sys
 import time
+
+#: The mocker's own defaults for its engines (ai-dynamo-runtime 1.6.1's `MockEngineArgs`),
+#: spelled out so that the comparison states them: KV block size (tokens), KV blocks per
+#: worker, sequences per step, batched tokens per step.
+BLOCK_TOKENS = 64
+GPU_BLOCKS = 16384
+MAX_SEQS = 256
+CHUNK_TOKENS = 8192
 
 
 def engine_args(role: str, block_tokens: int, max_seqs: int, chunk_tokens: int, gpu_blocks: int) -> dict:
@@ -51,10 +60,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prefill", type=int, default=2, help="prefill workers (--mode pd)")
     ap.add_argument("--decode", type=int, default=2, help="decode workers (--mode pd)")
     ap.add_argument("--trace-block", type=int, default=512, help="tokens per hash id of the trace")
-    ap.add_argument("--block-tokens", type=int, default=64, help="KV block size of the engines")
-    ap.add_argument("--max-seqs", type=int, default=256)
-    ap.add_argument("--chunk-tokens", type=int, default=8192)
-    ap.add_argument("--gpu-blocks", type=int, default=16384, help="KV blocks per worker")
+    ap.add_argument("--block-tokens", type=int, default=BLOCK_TOKENS, help="KV block size of the engines")
+    ap.add_argument("--max-seqs", type=int, default=MAX_SEQS)
+    ap.add_argument("--chunk-tokens", type=int, default=CHUNK_TOKENS)
+    ap.add_argument("--gpu-blocks", type=int, default=GPU_BLOCKS, help="KV blocks per worker")
     args = ap.parse_args(argv)
     try:
         from dynamo.replay import run_trace_replay
