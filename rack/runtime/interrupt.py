@@ -143,6 +143,19 @@ class StopRequest:
             self.absorb_second = absorb
 
 
+def replaying(stop: StopRequest | None) -> "contextlib.AbstractContextManager":
+    """`stop.replaying()` (a first signal asks for a stop instead of raising), or a
+    context that does nothing when `stop` is None (a run nobody can stop: no
+    `handle_signals` block, e.g. a test or a worker process of a sweep)."""
+    return stop.replaying() if stop is not None else contextlib.nullcontext()
+
+
+def deferred(stop: StopRequest | None) -> "contextlib.AbstractContextManager":
+    """`stop.deferred()` (a first and a second signal wait for the write inside), or a
+    context that does nothing when `stop` is None (as `replaying`)."""
+    return stop.deferred() if stop is not None else contextlib.nullcontext()
+
+
 class RunStopped(Exception):
     """A replay stopped on request (`StopRequest`).
 
@@ -263,5 +276,5 @@ def quiet_after_command(signals: tuple[int, ...] = (signal.SIGINT, signal.SIGTER
         signal.signal(s, lambda signum, frame: exit_now(128 + signum))
 
 
-__all__ = ["EXIT_INTERRUPTED", "EXIT_TERMINATED", "RunStopped", "StopRequest", "current_stop", "exit_code",
-           "exit_now", "handle_signals", "ignore_sigint", "stop_requested", "quiet_after_command", "reclaim_signals", "signals_claimed"]
+__all__ = ["EXIT_INTERRUPTED", "EXIT_TERMINATED", "RunStopped", "StopRequest", "current_stop", "deferred",
+           "exit_code", "exit_now", "handle_signals", "replaying", "ignore_sigint", "stop_requested", "quiet_after_command", "reclaim_signals", "signals_claimed"]
