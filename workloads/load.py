@@ -259,6 +259,9 @@ class LoadPlan:
       file or shipped name; `workload_seed` None keeps the file's seed).
     window, rate_scale, max_requests, output_scale: the replay controls
       (`workloads.replay`), applied first; then `controls` (`apply_load`).
+    A trace without timestamps (a length distribution) is read in file order and needs
+    a request rate or a max concurrency to give it arrivals, and no window or rate scale
+    (`requests` raises TraceError naming the options).
     """
 
     source: str = "trace"

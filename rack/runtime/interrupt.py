@@ -13,7 +13,8 @@ sets the request and the run ends as above; before the replay starts and after i
 ended (starting Ray) there is nothing to keep, and the first signal raises
 KeyboardInterrupt at once, as Python's default handler does. While a command writes
 its results (`StopRequest.deferred`) a first and a second signal wait for the write to
-complete, and the command then ends with the signal's exit code. Elsewhere a second
+complete, and the command then ends with the signal's exit code (`replaying(stop)` and
+`deferred(stop)` give these contexts for a stop that may be None). Elsewhere a second
 signal always raises KeyboardInterrupt at once (the gathering is skipped; the
 command's clean-up still shuts Ray down), a third exits the process on the spot
 (`exit_now`: the processes it started, e.g. a local Ray's, are killed by PID, then
@@ -277,4 +278,5 @@ def quiet_after_command(signals: tuple[int, ...] = (signal.SIGINT, signal.SIGTER
 
 
 __all__ = ["EXIT_INTERRUPTED", "EXIT_TERMINATED", "RunStopped", "StopRequest", "current_stop", "deferred",
-           "exit_code", "exit_now", "handle_signals", "replaying", "ignore_sigint", "stop_requested", "quiet_after_command", "reclaim_signals", "signals_claimed"]
+           "exit_code", "exit_now", "handle_signals", "ignore_sigint", "quiet_after_command", "reclaim_signals",
+           "replaying", "signals_claimed", "stop_requested"]
