@@ -364,6 +364,22 @@ def test_signals_while_writing_the_results_wait_for_the_write():
         assert not stop.absorb_second and not stop.in_replay          # restored after the block
 
 
+def test_the_replaying_and_deferred_of_a_stop_that_may_be_none():
+    """`replaying(stop)` and `deferred(stop)` enter the StopRequest's context, and do
+    nothing for a run without one (stop None)."""
+    from rack.runtime.interrupt import deferred, replaying
+
+    stop = StopRequest()
+    with replaying(stop):
+        assert stop.in_replay and not stop.absorb_second
+    with deferred(stop):
+        assert stop.in_replay and stop.absorb_second
+    assert not stop.in_replay and not stop.absorb_second
+    for context in (replaying, deferred):
+        with context(None) as inside:
+            assert inside is None
+
+
 def test_results_json_is_written_whole_or_not_at_all(tmp_path, monkeypatch):
     """A failed write (here os.replace) leaves the earlier results.json as it was and
     no temporary file beside it."""

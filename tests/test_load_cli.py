@@ -80,6 +80,47 @@ def test_request_rate_retimes_a_generic_csv_read_with_a_map(cli, tmp_path):
     assert [int(row["prompt_tokens"]) for row in rows] == list(range(100, 110))
 
 
+@pytest.mark.parametrize("load", [["--request-rate", 2], ["--max-concurrency", 2]])
+def test_a_trace_without_timestamps_runs_with_a_request_rate(cli, tmp_path, load):
+    """arxiv_lengths (vidur: lengths only) re-timed by --request-rate, or sent as slots
+    free: the file's first rows, in order, every one completed; arrivals spread in time
+    (the rate's, or the closed loop's), not all at 0 s."""
+    from workloads import open_trace
+
+    first = [(r.prompt_tokens, r.output_tokens) for r, _ in zip(open_trace("arxiv_lengths"), range(6))]
+    out = tmp_path / "run"
+    r = cli(["run", "--runtime", "virtual", "--trace", "arxiv_lengths", *load, "--num-prompts", 6, "--out", out])
+    assert r.exit_code == 0, r.output
+    rows = sorted(_rows(out), key=lambda row: int(row["id"]))
+    assert [(int(row["prompt_tokens"]), int(row["output_tokens"])) for row in rows] == first
+    assert all(row["outcome"] == "completed" for row in rows)
+    arrivals = [float(row["t_arrival"]) for row in rows]
+    assert arrivals == sorted(arrivals) and arrivals[0] == 0.0 and arrivals[-1] > 0.0
+    res = json.loads((out / "results.json").read_text())
+    assert res["provenance"]["trace"]["reader"]["format"] == "vidur"
+
+
+def test_a_sweep_re_times_a_trace_without_timestamps_at_each_rate(cli, tmp_path):
+    r = cli(["sweep", "rate", "helios-cs3-kimi-k2", "--trace", "arxiv_lengths", "--request-rate", 2,
+             "--num-prompts", 5, "--rates", "1,4", "--workers", 1, "--no-plots", "--json",
+             "--out", tmp_path / "sw"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output[r.output.index("{"):])
+    assert [p["submitted"] for p in doc["points"]] == [5, 5]
+
+
+@pytest.mark.parametrize("args,match", [
+    ([], "has no timestamps .*: give it arrivals with --request-rate R"),
+    (["--request-rate", "inf", "--duration", 5], "--duration keeps the arrivals before it.* finite --request-rate"),
+    (["--request-rate", 2, "--window", "0:10"], "--window and --rate-scale act on trace seconds"),
+])
+def test_a_trace_without_timestamps_names_the_options_it_needs(cli, tmp_path, args, match):
+    r = cli(["run", "--runtime", "virtual", "--trace", "arxiv_lengths", "--num-prompts", 5, *args,
+             "--out", tmp_path / "x"])
+    assert r.exit_code == 2 and __import__("re").search(match, r.output), r.output
+    assert "synthesize(" not in r.output and "load_requests(" not in r.output     # no Python call
+
+
 @pytest.mark.parametrize("args,match", [
     (["--dataset", "random", "--trace", "azure-conv-excerpt"], "give one source"),
     (["--dataset", "random", "--trace", "mooncake-excerpt"], "give one source"),    # the default's name

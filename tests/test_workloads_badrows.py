@@ -73,6 +73,11 @@ CASES = [
      "2: invalid JSON (Expecting ',' delimiter at column 36)", "invalid_json"),
     ("control.jsonl", GOOD + '{"timestamp": 1, "note": "a\tb", "input_length": 5, "output_length": 5}\n',
      "2: invalid JSON (Invalid control character at column 28)", "invalid_json"),
+    # a row with more fields than the header: csv.reader reads it, but its columns
+    # are shifted (an unquoted comma in a value), so none of its values can be trusted
+    ("extra.csv", AZ_HEADER + AZ_GOOD + "2023-11-16 18:15:47.0,374,44,9\n",
+     "3: the row has 4 fields but the header (line 1) has 3 columns; quote a value that holds a comma",
+     "extra_fields"),
     ("hashes.jsonl", GOOD + moon(1, 600, 10, [1, 2, 3]),
      "2: field 'hash_ids': 3 block hashes, but a prompt of 600 tokens has 2 blocks of "
      "512 tokens (expected 2)", "bad_hashes"),
@@ -128,6 +133,33 @@ def test_missing_column_in_header(tmp_path):
     assert error_of(path, format="azure") == (
         f"{path}:1: field 'GeneratedTokens': column not found in the header "
         "(columns: TIMESTAMP, ContextTokens, Generated)")
+
+
+@pytest.mark.parametrize("fmt,header,good,extra", [
+    ("vidur", "num_prefill_tokens,num_decode_tokens,num_total_tokens,pd_ratio", "3772,54,3826,69.8",
+     "2015,156,2171,12.9,7"),
+    ("burstgpt", "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type",
+     "5,ChatGPT,472,18,490,Conversation log", "6,ChatGPT,4,72,18,90,Conversation log"),
+    ("csv", "t,in,out", "0,10,2", "1,1,000,2"),
+])
+def test_every_csv_format_refuses_a_row_with_more_fields_than_its_header(tmp_path, fmt, header, good, extra):
+    """A thousands separator or a label with a comma shifts the columns after it: the
+    row is an error naming the file, its line and both counts, whatever the format."""
+    path = write(tmp_path, f"{fmt}.csv", f"{header}\n{good}\n\n{extra}\n")
+    mapping = {"timestamp": "t", "time_unit": "s", "prompt_tokens": "in", "output_tokens": "out"} \
+        if fmt == "csv" else None
+    n_header, n_row = header.count(",") + 1, extra.count(",") + 1
+    assert error_of(path, format=fmt, mapping=mapping) == (
+        f"{path}:4: the row has {n_row} fields but the header (line 1) has {n_header} columns; "
+        "quote a value that holds a comma")
+    reader = open_trace(path, format=fmt, mapping=mapping, skip_bad_rows=True)
+    assert [r.id for r in reader] == [0] and reader.skipped == {"extra_fields": 1}
+
+
+def test_a_quoted_comma_is_one_field(tmp_path):
+    path = write(tmp_path, "quoted.csv", "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+                 '5,"Chat,GPT",472,18,490,Conversation log\n')
+    assert [(r.prompt_tokens, r.tenant) for r in open_trace(path)] == [(472, "Chat,GPT")]
 
 
 def test_skipped_rows_do_not_shift_the_time_base(tmp_path):

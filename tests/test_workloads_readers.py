@@ -97,8 +97,14 @@ def test_vidur_lengths_have_no_timestamps(tmp_path):
     assert reader.format == "vidur" and not reader.has_timestamps
     assert [(r.arrival_s, r.prompt_tokens, r.output_tokens) for r in reader] == \
         [(0.0, 3772, 54), (0.0, 2015, 156)]
-    with pytest.raises(TraceError, match="has no timestamps"):
+    with pytest.raises(TraceError, match=r"has no timestamps \(a vidur length distribution.*allow_untimed=True"):
         load_requests(p)
+    # accepted when asked: the rows in file order, for the caller to re-time
+    loaded = load_requests(p, allow_untimed=True, max_requests=1)
+    assert [(r.id, r.arrival_s, r.prompt_tokens) for r in loaded] == [(0, 0.0, 3772)]
+    for controls in ({"window": (0, 10)}, {"rate_scale": 2.0}):
+        with pytest.raises(ValueError, match="window and rate_scale .*have nothing to act on"):
+            load_requests(p, allow_untimed=True, **controls)
 
 
 def test_generic_csv_and_jsonl_with_a_mapping(tmp_path):

@@ -259,6 +259,9 @@ class LoadPlan:
       file or shipped name; `workload_seed` None keeps the file's seed).
     window, rate_scale, max_requests, output_scale: the replay controls
       (`workloads.replay`), applied first; then `controls` (`apply_load`).
+    A trace without timestamps (a length distribution) is read in file order and needs
+    a request rate or a max concurrency to give it arrivals, and no window or rate scale
+    (`requests` raises TraceError naming the options).
     """
 
     source: str = "trace"
@@ -297,9 +300,13 @@ class LoadPlan:
 
         c = self.controls
         if self.source == "trace":
-            base = load_requests(self.name, format=self.format, mapping=dict(self.mapping) or None,
-                                 skip_bad_rows=self.skip_bad_rows, seed=c.seed, compact=compact,
-                                 **self._replay())
+            from .reader import open_trace
+
+            reader = open_trace(self.name, format=self.format, mapping=dict(self.mapping) or None,
+                                skip_bad_rows=self.skip_bad_rows)
+            if not reader.has_timestamps:
+                self._check_untimed(reader)
+            base = load_requests(reader, seed=c.seed, compact=compact, allow_untimed=True, **self._replay())
         else:
             if self.source == "random":
                 drawn = random_dataset(c, input_len=self.input_len, output_len=self.output_len,
@@ -334,6 +341,30 @@ class LoadPlan:
             raise ValueError(f"no requests left from {self.label()} after the load controls "
                              f"{c.describe()}")
         return out
+
+    def _check_untimed(self, reader) -> None:
+        """A trace without timestamps (a length distribution) is replayed with its rows
+        in file order, re-timed by the request rate (inf: all at 0 s, vLLM's default) or
+        sent as slots free in a closed loop; raises TraceError naming these options when
+        none is set, when --duration would bound arrivals that are all at 0 s, or for
+        --window and --rate-scale (trace seconds)."""
+        from .errors import TraceError
+        from .replay import untimed_problem
+
+        c = self.controls
+        if self.window is not None or self.rate_scale != 1.0:
+            raise TraceError(str(reader.path), None, None, untimed_problem(reader) + (
+                ": --window and --rate-scale act on trace seconds; leave them out (--request-rate sets the "
+                "rate, --num-prompts or --duration bound the run)"))
+        if c.request_rate is None and c.max_concurrency is None:
+            raise TraceError(str(reader.path), None, None, untimed_problem(reader) + (
+                ": give it arrivals with --request-rate R (its rows in file order as a Poisson process of "
+                "R req/s; --burstiness B for Gamma gaps; inf: every request at 0 s), or send them as slots "
+                "free with --max-concurrency N; --num-prompts N keeps the first N"))
+        if c.duration_s is not None and c.arrival_process() is None:
+            raise TraceError(str(reader.path), None, None, untimed_problem(reader) + (
+                ": --duration keeps the arrivals before it, and without a finite --request-rate every "
+                "arrival is at 0 s; give a finite --request-rate, or bound it with --num-prompts"))
 
     def closed_loop(self, requests):
         """The `ClosedLoop` over `requests` when max concurrency is set, else None (a

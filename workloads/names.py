@@ -48,7 +48,7 @@ FULL_TRACES: dict[str, tuple[str, str]] = {
     "azure_code_2024": ("azure_llm_2024/AzureLLMInferenceTrace_code_1week.csv",
                         "Azure LLM inference 2024, code, one week"),
     "arxiv_lengths": ("vidur/arxiv_summarization_stats_llama2_tokenizer_filtered_v2.csv",
-                      "vidur arXiv-summarization length distribution (no timestamps)"),
+                      "vidur arXiv-summarization lengths (no timestamps: replay with a request rate)"),
     "burstgpt": ("burstgpt/BurstGPT_1.csv", "BurstGPT, first two months (with failures)"),
 }
 

@@ -8,7 +8,8 @@ re-reads the file and resets the counters.
 
 Skip reasons (keys of `TraceReader.skipped`): ``missing_field``, ``not_a_number``
 (a length or timestamp that is not a number), ``negative_length``, ``zero_length``,
-``time_backwards``, ``bad_hashes``, ``invalid_json`` (also a row nested deeper than
+``time_backwards``, ``bad_hashes``, ``extra_fields`` (a CSV row with more fields
+than its header), ``invalid_json`` (also a row nested deeper than
 `MAX_ROW_DEPTH`), ``too_long`` (a length above
 `MAX_TOKENS`). Files may be gzip-compressed (read as they are streamed); a file that
 is not UTF-8 text is a TraceError naming the line of its first bad byte
@@ -462,6 +463,13 @@ class TraceReader:
                 row_id = self.rows_read
                 self.rows_read += 1
                 line = rows.line_num
+                if n > n_cols:
+                    # csv would read it, but a value with an unquoted comma (or a
+                    # stray delimiter) has shifted its columns: not this header's row
+                    self._skip(line, _BadRow(None, f"the row has {n} fields but the header (line "
+                                             f"{header_line}) has {n_cols} columns; quote a value "
+                                             "that holds a comma", "extra_fields"))
+                    continue
                 if n < width:
                     name = next(name for i, name in required if i >= n)
                     self._skip(line, _BadRow(name, f"missing (the row has {n} of {n_cols} "

@@ -169,12 +169,20 @@ class RequestList(RequestMeta, list):
         self._set_meta(len(self), meta)
 
 
+def untimed_problem(reader: TraceReader) -> str:
+    """What is wrong with replaying `reader`'s trace as it is, when it has no
+    timestamps: the start of the error messages that refuse it."""
+    return (f"has no timestamps (a {reader.format} length distribution: token lengths only, "
+            "every arrival at 0 s)")
+
+
 def load_requests(name_or_path: str | os.PathLike | TraceReader, *,
                   window: tuple[float | None, float | None] | None = None,
                   rate_scale: float = 1.0, max_requests: int | None = None,
                   sample: float = 1.0, seed: int = 0, skip_bad_rows: bool = False,
                   output_scale: float = 1.0, format: str | None = None,
-                  mapping: Mapping[str, Any] | None = None, compact: bool = False):
+                  mapping: Mapping[str, Any] | None = None, compact: bool = False,
+                  allow_untimed: bool = False):
     """Read a trace (NAME, PATH or an open `TraceReader`) through the replay controls.
 
     window: (start_s, end_s) in trace seconds, either None for open; arrivals are
@@ -185,21 +193,29 @@ def load_requests(name_or_path: str | os.PathLike | TraceReader, *,
       (not renumbered). format, mapping, skip_bad_rows: see `open_trace`.
     compact: return a `workloads.table.RequestTable` (numpy columns, built as the
       file streams: no `Request` object is kept) instead of a list.
+    allow_untimed: accept a trace without timestamps (a length distribution such as
+      ``arxiv_lengths``): its rows in file order, every arrival at 0 s, for the caller
+      to re-time (`workloads.load.retime`, or a closed loop); window and rate_scale,
+      which act on trace seconds, are then refused.
 
     Returns a `RequestList` (or a RequestTable) (a list, plus counters such as skipped rows for the run's
-    results). Raises TraceError for bad input, for a trace without timestamps (a
-    length distribution: use it through `EmpiricalLengths`), or when nothing is left;
-    ValueError for bad parameters.
+    results). Raises TraceError for bad input, for a trace without timestamps unless
+    `allow_untimed` (`untimed_problem`), or when nothing is left; ValueError for bad
+    parameters (a window or rate scale on a trace without timestamps).
     """
     reader = name_or_path if isinstance(name_or_path, TraceReader) else open_trace(
         name_or_path, format=format, skip_bad_rows=skip_bad_rows, mapping=mapping)
     if not reader.has_timestamps:
-        raise TraceError(
-            str(reader.path), None, None,
-            f"has no timestamps ({reader.format} length distribution); use it as a length "
-            "source, e.g. synthesize(PoissonArrivals(rate_per_s), "
-            f"EmpiricalLengths.from_trace({reader.name!r}), n=...)",
-        )
+        if not allow_untimed:
+            raise TraceError(str(reader.path), None, None, untimed_problem(reader) + (
+                "; re-time its requests with a request rate (on the command line: --request-rate R of "
+                "rack run, compare, sweep and bench-serve; in Python: load_requests(..., "
+                "allow_untimed=True), then workloads.load.retime) or draw from its lengths "
+                "(EmpiricalLengths.from_trace)"))
+        if window is not None or rate_scale != 1.0:
+            raise ValueError(f"{reader.name} {untimed_problem(reader)}: window and rate_scale (trace "
+                             "seconds) have nothing to act on; leave them out and re-time the requests "
+                             "(workloads.load.retime)")
     controls = {"window": list(window) if window is not None else None,
                 "rate_scale": rate_scale, "max_requests": max_requests, "sample": sample,
                 "seed": seed, "output_scale": output_scale, "skip_bad_rows": reader.skip_bad_rows}

@@ -43,7 +43,7 @@ def _print_table(d: dict[str, Any]) -> None:
                             f"({_fmt(d['rate_peak_per_min'])} in the busiest minute)")
         summary.add_row("inter-arrival CV", _fmt(d["interarrival_cv"], 2))
     else:
-        summary.add_row("span / rate / CV", "n/a (no timestamps: a length distribution)")
+        summary.add_row("span / rate / CV", "n/a (no timestamps: a length distribution; replay it with --request-rate R)")
     if d["has_hashes"]:
         summary.add_row("ideal prefix-cache hit ratio",
                         f"{d['prefix_hit_ratio']:.3f} ({_fmt(d['prefix_hit_tokens'])} / "

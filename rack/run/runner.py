@@ -11,7 +11,6 @@ This is the public Python API of the main job:
 
 from __future__ import annotations
 
-import contextlib
 import math
 import platform
 import sys
@@ -26,7 +25,7 @@ from rack.measure import metrics
 from rack.measure.breakdown import apply_fixed_stages, stage_breakdown
 from rack.measure.energy import cost_section, energy_section
 from rack.measure.faults import faults_section, with_work_before_crashes
-from rack.runtime.interrupt import RunStopped, StopRequest
+from rack.runtime.interrupt import RunStopped, StopRequest, deferred
 from rack.runtime.quiescence import hold_violations
 from rack.serving.records import DiskRecordSet, assemble as assemble_records
 from rack.wiring.scenario import Scenario
@@ -339,7 +338,7 @@ def run_scenario(scenario: Scenario, requests: Sequence[Any], *, runtime: str = 
                            trace_info, load, status={"status": "aborted", "error": error})
         raise RunAborted(exc, output) from exc
     # every request ended: a signal now waits for the results (`StopRequest.deferred`)
-    with stop.deferred() if stop is not None else contextlib.nullcontext():
+    with deferred(stop):
         return assemble(scenario, specs, requests, raw, runtime, time.perf_counter() - wall0, trace_info, load)
 
 

@@ -13,7 +13,8 @@ sets the request and the run ends as above; before the replay starts and after i
 ended (starting Ray) there is nothing to keep, and the first signal raises
 KeyboardInterrupt at once, as Python's default handler does. While a command writes
 its results (`StopRequest.deferred`) a first and a second signal wait for the write to
-complete, and the command then ends with the signal's exit code. Elsewhere a second
+complete, and the command then ends with the signal's exit code (`replaying(stop)` and
+`deferred(stop)` give these contexts for a stop that may be None). Elsewhere a second
 signal always raises KeyboardInterrupt at once (the gathering is skipped; the
 command's clean-up still shuts Ray down), a third exits the process on the spot
 (`exit_now`: the processes it started, e.g. a local Ray's, are killed by PID, then
@@ -143,6 +144,19 @@ class StopRequest:
             self.absorb_second = absorb
 
 
+def replaying(stop: StopRequest | None) -> "contextlib.AbstractContextManager":
+    """`stop.replaying()` (a first signal asks for a stop instead of raising), or a
+    context that does nothing when `stop` is None (a run nobody can stop: no
+    `handle_signals` block, e.g. a test or a worker process of a sweep)."""
+    return stop.replaying() if stop is not None else contextlib.nullcontext()
+
+
+def deferred(stop: StopRequest | None) -> "contextlib.AbstractContextManager":
+    """`stop.deferred()` (a first and a second signal wait for the write inside), or a
+    context that does nothing when `stop` is None (as `replaying`)."""
+    return stop.deferred() if stop is not None else contextlib.nullcontext()
+
+
 class RunStopped(Exception):
     """A replay stopped on request (`StopRequest`).
 
@@ -263,5 +277,6 @@ def quiet_after_command(signals: tuple[int, ...] = (signal.SIGINT, signal.SIGTER
         signal.signal(s, lambda signum, frame: exit_now(128 + signum))
 
 
-__all__ = ["EXIT_INTERRUPTED", "EXIT_TERMINATED", "RunStopped", "StopRequest", "current_stop", "exit_code",
-           "exit_now", "handle_signals", "ignore_sigint", "stop_requested", "quiet_after_command", "reclaim_signals", "signals_claimed"]
+__all__ = ["EXIT_INTERRUPTED", "EXIT_TERMINATED", "RunStopped", "StopRequest", "current_stop", "deferred",
+           "exit_code", "exit_now", "handle_signals", "ignore_sigint", "quiet_after_command", "reclaim_signals",
+           "replaying", "signals_claimed", "stop_requested"]

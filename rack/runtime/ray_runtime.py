@@ -43,7 +43,7 @@ from typing import Any, Callable, Sequence
 from rack.wiring.topology import ComponentSpec
 
 from .errors import ActorLost, ComponentError, RayDaemonLost, RayRunError, RunFailed
-from .interrupt import RunStopped, StopRequest, reclaim_signals, signals_claimed
+from .interrupt import RunStopped, StopRequest, reclaim_signals, replaying, signals_claimed
 from rack.wiring.pace import LIVENESS_FLOOR_S, dilation_error, replay_error, replay_timeout_s
 from .placement import load_factory
 from .quiescence import ended_holds
@@ -366,7 +366,7 @@ def run_topology_ray(specs: Sequence[ComponentSpec], requests: Sequence[Any], *,
                 timeout=60)
         # from here a first signal stops the replay and keeps what finished
         watch = ActorWatch(ray, topo, liveness_timeout_s)
-        with stop.replaying() if stop is not None else contextlib.nullcontext():
+        with replaying(stop):
             try:
                 _wait_with_progress(ray, watch, len(requests), deadline, progress, stop)
                 replay_wall = time.time() - topo.epoch

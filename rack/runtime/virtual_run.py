@@ -12,7 +12,7 @@ from rack.serving.collector import DEFERRABLE
 from rack.wiring.topology import ComponentSpec
 
 from .errors import ComponentError
-from .interrupt import RunStopped, StopRequest
+from .interrupt import RunStopped, StopRequest, deferred, replaying
 from .placement import construct
 from .quiescence import ended_holds
 from .virtual import VirtualDriver, VirtualTimeDeadlock
@@ -108,8 +108,7 @@ def run_topology_virtual(specs: Sequence[ComponentSpec], requests: Sequence[Any]
                 "loop_type": f"{type(driver).__module__}.{type(driver).__name__} (no event loop)"}
 
     try:
-        with stop.replaying() if stop is not None else contextlib.nullcontext(), _no_hugepage_advice(), \
-                _young_gc_only():
+        with replaying(stop), _no_hugepage_advice(), _young_gc_only():
             driver.run(done)
     except ComponentError as exc:
         exc.partial = records(salvage=True, failed=exc.component)
@@ -122,7 +121,7 @@ def run_topology_virtual(specs: Sequence[ComponentSpec], requests: Sequence[Any]
         raise RunStopped(stop.signal_name, driver.now, records(salvage=True))
     # The replay has ended: a signal now waits for its records (`StopRequest.deferred`)
     # instead of dropping a whole run's work on the floor.
-    with stop.deferred() if stop is not None else contextlib.nullcontext():
+    with deferred(stop):
         driver.take_inboxes()                   # (deferred records) before reading the collector
         if not cores["collector"].all_ended():
             err = VirtualTimeDeadlock(
