@@ -85,8 +85,10 @@ def test_peer_section_runs_the_mocker_at_its_defaults_and_at_racks_block_size(tm
     fake.write_text(FAKE_PEER)
     fake.chmod(0o755)
     sec = BP.peer_section(["mooncake-excerpt"], pairs=[("gpu-only-kimi-k2", "agg", (4,))], repeat=1,
-                          python=str(fake), output_scales=(1.0,), window=(0.0, 10.0))
+                          python=str(fake), output_scales=(1.0, 2.0), window=(0.0, 10.0))
     row = sec["traces"]["mooncake-excerpt"]["x1"]["gpu-only-kimi-k2"]
+    doubled = sec["traces"]["mooncake-excerpt"]["x2"]["gpu-only-kimi-k2"]
+    assert doubled["cpu_s"]["peer_matched"] == 2.0 and doubled["requests"] == row["requests"]
     assert row["cpu_s"]["peer"] == 1.0 and row["cpu_s"]["peer_matched"] == 2.0
     assert row["mocker"]["matched"] == {"block_tokens": 16, "gpu_blocks": 65536}
     rack_cpu = row["cpu_s"]["current"]
@@ -97,6 +99,7 @@ def test_peer_section_runs_the_mocker_at_its_defaults_and_at_racks_block_size(tm
     key = "peer.mooncake-excerpt.gpu-only-kimi-k2"
     assert checks[f"{key}.cpu_ratio_to_mocker_at_rack_blocks"]["value"] == rack_cpu / 2.0
     assert "16-token KV blocks, 65,536 per worker" in checks[f"{key}.cpu_ratio_to_mocker_at_rack_blocks"]["target"]
+    assert checks[f"{key}.doubled_output_cpu_ratio"]["value"] == doubled["cpu_s"]["current"] / rack_cpu
     only = BP.peer_section(["mooncake-excerpt"], pairs=[("gpu-only-kimi-k2", "agg", (4,))], repeat=1,
                            python=str(fake), output_scales=(1.0,), window=(0.0, 10.0), matched_blocks=False)
     assert "peer_matched" not in only["traces"]["mooncake-excerpt"]["x1"]["gpu-only-kimi-k2"]["cpu_s"]

@@ -2,7 +2,8 @@
 Rust engine core behind AISimulate), measured in the same run.
 
 For each trace and each matched pair (rack scenario, mocker deployment) it runs, in
-fresh processes and alternately: the previous code's replay (with `--baseline REF`),
+fresh processes and alternately, each round going through every output scale (x1, x2): the
+previous code's replay (with `--baseline REF`),
 this code's replay (both in sweep mode, `rack.experiments.bench_baseline.replay_in`:
 `run_scenario` alone is timed, after the trace is read and a 20-request warm-up), and
 the mocker's `run_trace_replay` (`rack/experiments/peer_mocker.py`, run by its file path
@@ -192,61 +193,69 @@ def peer_section(traces: Sequence[str] = PEER_TRACES, pairs: Sequence[tuple] = P
         sides = [("baseline", base)] if base is not None else []
         sides.append(("current", current))
         for trace in traces:
-            rows: dict[str, Any] = {}
-            for scale in output_scales:
-                jsonl = Path(tmp) / f"{Path(str(trace)).stem}-x{scale:g}.jsonl"
-                if status["installed"]:
-                    write_mooncake_jsonl(load_requests(trace, output_scale=scale, window=window), jsonl)
-                per: dict[str, Any] = {}
-                for scenario, mode, workers in pairs:
-                    runs: dict[str, list[dict]] = {s: [] for s, _ in sides}
-                    # the mocker's sides: its defaults, then (matched_blocks) rack's block size
-                    mockers = [("peer", None)]
-                    if matched_blocks:
-                        mockers.append(("peer_matched", matched_block_args(scenario_block_tokens(scenario))))
-                    for side, _ in mockers:
-                        runs[side] = []
-                    cols = {s: Path(tmp) / f"{s}.npz" for s, _ in sides}
-                    for i in range(max(1, int(repeat))):
+            jsonl = {scale: Path(tmp) / f"{Path(str(trace)).stem}-x{scale:g}.jsonl" for scale in output_scales}
+            if status["installed"]:
+                for scale, path in jsonl.items():
+                    write_mooncake_jsonl(load_requests(trace, output_scale=scale, window=window), path)
+            rows: dict[str, Any] = {f"x{scale:g}": {} for scale in output_scales}
+            for scenario, mode, workers in pairs:
+                # the mocker's sides: its defaults, then (matched_blocks) rack's block size
+                mockers = [("peer", None)]
+                if matched_blocks:
+                    mockers.append(("peer_matched", matched_block_args(scenario_block_tokens(scenario))))
+                runs = {scale: {s: [] for s in [*(s for s, _ in sides), *(m for m, _ in mockers)]}
+                        for scale in output_scales}
+                cols = {(scale, s): Path(tmp) / f"{s}-x{scale:g}.npz" for scale in output_scales for s, _ in sides}
+                # each round runs every output scale, so that the doubled outputs' ratio
+                # compares replays minutes apart at most, not a whole trace's section apart
+                for i in range(max(1, int(repeat))):
+                    for scale in output_scales:
                         for side, root in sides:
                             progress(f"peer comparison: {trace} x{scale:g} {scenario}, rack {side}, "
                                      f"round {i + 1}/{repeat}")
-                            runs[side].append(replay_in(root, trace, scenario, output_scale=scale, mode="sweep", window=window,
-                                                        columns_to=cols[side] if i == 0 else None))
+                            runs[scale][side].append(replay_in(
+                                root, trace, scenario, output_scale=scale, mode="sweep", window=window,
+                                columns_to=cols[scale, side] if i == 0 else None))
                         for side, limits in mockers if status["installed"] else ():
                             progress(f"peer comparison: {trace} x{scale:g}, mocker {mode} {workers}"
                                      f"{'' if limits is None else f' at {limits}'}, round {i + 1}/{repeat}")
-                            runs[side].append(peer_replay(status["python"], jsonl, mode, workers, limits))
-                    n = runs["current"][0]["requests"]
-                    cpu = {s: _med(v, "cpu_s") for s, v in runs.items() if v}
-                    wall = {s: _med(v, "wall_s") for s, v in runs.items() if v}
-                    row: dict[str, Any] = {
-                        "mocker": {"mode": mode, "workers": list(workers), "matched": dict(mockers)
-                                   .get("peer_matched")}, "requests": n,
-                        "cpu_s": cpu, "wall_s": wall,
-                        "cpu_us_per_request": {s: v / n * 1e6 for s, v in cpu.items()},
-                        "wall_us_per_request": {s: v / n * 1e6 for s, v in wall.items()},
-                        "events_per_request": {s: runs[s][0].get("events_per_request") for s, _ in sides},
-                        "completed": {s: v[0].get("completed") for s, v in runs.items() if v},
-                        "runs": {s: [{"cpu_s": r.get("cpu_s"), "wall_s": r.get("wall_s")} for r in v]
-                                 for s, v in runs.items() if v},
-                        "peer_ttft_p50_ms": {s: runs[s][0].get("ttft_p50_ms") for s, _ in mockers if runs[s]},
-                    }
-                    for side, _ in mockers:
-                        if side in cpu:
-                            row[f"cpu_ratio_to_{side}"] = {s: cpu[s] / cpu[side] for s, _ in sides}
-                            row[f"wall_ratio_to_{side}"] = {s: wall[s] / wall[side] for s, _ in sides}
+                            runs[scale][side].append(peer_replay(status["python"], jsonl[scale], mode, workers, limits))
+                for scale in output_scales:
+                    row = _pair_row(runs[scale], [s for s, _ in sides], mockers, mode, workers)
                     if base is not None:
-                        row["cpu_speedup"] = cpu["baseline"] / cpu["current"]
-                        row["metrics"] = columns_diff(cols["baseline"], cols["current"])
+                        row["cpu_speedup"] = row["cpu_s"]["baseline"] / row["cpu_s"]["current"]
+                        row["metrics"] = columns_diff(cols[scale, "baseline"], cols[scale, "current"])
                         # the ITL summary (mean, extremes, percentiles, count): equal to the last bit
-                        itl = {s: runs[s][0].get("itl_s") for s, _ in sides}
+                        itl = {s: runs[scale][s][0].get("itl_s") for s, _ in sides}
                         row["metrics"]["itl_summary_equal"] = itl["baseline"] == itl["current"]
                         row["metrics"]["itl_s"] = itl
-                    per[scenario] = row
-                rows[f"x{scale:g}"] = per
+                    rows[f"x{scale:g}"][scenario] = row
             out["traces"][trace] = rows
     return out
+
+
+def _pair_row(runs: dict[str, list[dict]], racks: list[str], mockers: list[tuple[str, dict | None]],
+              mode: str, workers: Sequence[int]) -> dict:
+    """`peer_section`'s row of one pair at one output scale from its replays (`runs`:
+    side -> the rounds' results), without the baseline's comparison."""
+    n = runs["current"][0]["requests"]
+    cpu = {s: _med(v, "cpu_s") for s, v in runs.items() if v}
+    wall = {s: _med(v, "wall_s") for s, v in runs.items() if v}
+    row: dict[str, Any] = {
+        "mocker": {"mode": mode, "workers": list(workers), "matched": dict(mockers).get("peer_matched")},
+        "requests": n, "cpu_s": cpu, "wall_s": wall,
+        "cpu_us_per_request": {s: v / n * 1e6 for s, v in cpu.items()},
+        "wall_us_per_request": {s: v / n * 1e6 for s, v in wall.items()},
+        "events_per_request": {s: runs[s][0].get("events_per_request") for s in racks},
+        "completed": {s: v[0].get("completed") for s, v in runs.items() if v},
+        "runs": {s: [{"cpu_s": r.get("cpu_s"), "wall_s": r.get("wall_s")} for r in v] for s, v in runs.items() if v},
+        "peer_ttft_p50_ms": {s: runs[s][0].get("ttft_p50_ms") for s, _ in mockers if runs[s]},
+    }
+    for side, _ in mockers:
+        if side in cpu:
+            row[f"cpu_ratio_to_{side}"] = {s: cpu[s] / cpu[side] for s in racks}
+            row[f"wall_ratio_to_{side}"] = {s: wall[s] / wall[side] for s in racks}
+    return row
 
 
 def peer_checks(sec: dict, targets_s: float = 1e-9) -> dict:
