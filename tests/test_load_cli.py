@@ -98,6 +98,20 @@ def test_a_trace_without_timestamps_runs_with_a_request_rate(cli, tmp_path, load
     assert arrivals == sorted(arrivals) and arrivals[0] == 0.0 and arrivals[-1] > 0.0
     res = json.loads((out / "results.json").read_text())
     assert res["provenance"]["trace"]["reader"]["format"] == "vidur"
+    if "--max-concurrency" in load:     # the arrivals line says what paced them
+        assert "(asked: the source's own timing, sent as slots free: --max-concurrency 2)" in r.output, r.output
+
+
+def test_rack_run_names_skip_bad_rows_for_a_bad_row_as_trace_stats_does(cli, tmp_path):
+    bad = tmp_path / "bad.csv"
+    bad.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,374,44\n"
+                   "2023-11-16 18:15:50.9951690,396,109,7\n")
+    r = cli(["run", "--runtime", "virtual", "--trace", bad, "--out", tmp_path / "run"])
+    assert r.exit_code == 2
+    assert f"{bad}:3: the row has 4 fields" in r.output and "(use --skip-bad-rows to skip and count such rows)" \
+        in r.output, r.output
+    r = cli(["run", "--runtime", "virtual", "--trace", bad, "--skip-bad-rows", "--out", tmp_path / "run"])
+    assert r.exit_code == 0, r.output
 
 
 def test_a_sweep_re_times_a_trace_without_timestamps_at_each_rate(cli, tmp_path):

@@ -24,6 +24,17 @@ def fail(message: str, code: int = 2) -> NoReturn:
     raise typer.Exit(code)
 
 
+def bad_row_hint(exc: BaseException) -> str:
+    """What a command that takes --skip-bad-rows adds to its error when `exc` is about
+    one bad trace row that the option would skip and count (a `workloads.TraceError`
+    with a skip reason; the reader raises these only without the option), else ""."""
+    from workloads import TraceError
+
+    if isinstance(exc, TraceError) and exc.reason is not None:
+        return " (use --skip-bad-rows to skip and count such rows)"
+    return ""
+
+
 def check_positive(option: str, value: Optional[float]) -> None:
     """Refuse a numeric option (None: not given) that is not a finite number > 0;
     the message names `option` (e.g. "--dilation")."""

@@ -195,6 +195,8 @@ def rate_line(requests, load: "LoadOptions", rate_scale: float = 1.0) -> str:
              f"--request-rate {r:g}" + (f" for --duration {load.duration:g} s" if load.duration else "")
              if r is not None else "the source's own timing"
              + (f" x --rate-scale {rate_scale:g}" if rate_scale != 1.0 else ""))
+    if load.max_concurrency is not None:        # the closed loop paces them, whatever their arrivals
+        asked += f", sent as slots free: --max-concurrency {load.max_concurrency}"
     real = f"{a['realised_rps']:.3g} req/s realised" if a["realised_rps"] is not None else "no rate realised"
     return f"arrivals: {a['arrivals']} over {a['arrival_span_s']:.4g} s (first to last), {real} (asked: {asked})"
 

@@ -9,7 +9,7 @@ from typing import List, Optional
 
 import typer
 
-from rack.cli._checks import check_positive, fail, interruptible, out_path, prepare_out_dir, report_failure
+from rack.cli._checks import bad_row_hint, check_positive, fail, interruptible, out_path, prepare_out_dir, report_failure
 from rack.cli._terms import BOUNDARY_OPTION, TERM_OPTION, parse_terms, with_boundary, with_terms
 from rack.cli._routing import POLICY_OPTION, WEIGHT_OPTION, with_routing
 from rack.cli.app import app
@@ -46,7 +46,7 @@ def load_inputs(scenario: Optional[str], trace: str, window: Optional[str], rate
                                               output_scale=output_scale, skip_bad_rows=skip_bad_rows,
                                               compact=compact)
     except (ScenarioError, CatalogError, ModelDoesNotFit, TraceError, ValueError) as exc:
-        fail(str(exc))
+        fail(str(exc) + bad_row_hint(exc))
     except OSError as exc:        # e.g. a device file that is a directory
         fail(f"{exc.filename or scenario}: {exc.strerror or exc}")
     return sc, loaded

@@ -7,6 +7,7 @@ from typing import Any, List, Optional
 
 import typer
 
+from rack.cli._checks import bad_row_hint
 from rack.cli.app import app, command_group
 from rack.cli.load import BLOCK_SIZE_OPTION, FORMAT_OPTION, MAP_OPTION, TIME_UNIT_OPTION, parse_mapping
 
@@ -37,7 +38,8 @@ def _print_table(d: dict[str, Any]) -> None:
         summary.add_row("span", f"{_fmt(d['span_s'])} s ({_fmt(d['span_s'] / 60)} min)")
         summary.add_row("mean rate", f"{_fmt(d['rate_mean_per_s'], 3)} req/s")
         if d["rate_peak_1min_per_s"] is None:
-            summary.add_row("peak 1-min rate", f"n/a (the trace spans under a minute; {_fmt(d['count'])} requests)")
+            summary.add_row("peak 1-min rate", "n/a (the trace spans under a minute; "
+                            f"{_fmt(d['count'])} request{'' if d['count'] == 1 else 's'})")
         else:
             summary.add_row("peak 1-min rate", f"{_fmt(d['rate_peak_1min_per_s'], 2)} req/s "
                             f"({_fmt(d['rate_peak_per_min'])} in the busiest minute)")
@@ -90,9 +92,7 @@ def stats(
         result = trace_stats(trace, format=format, skip_bad_rows=skip_bad_rows,
                              mapping=parse_mapping(mapping, time_unit, block_size))
     except TraceError as e:
-        hint = "" if skip_bad_rows or e.reason is None else \
-            " (use --skip-bad-rows to skip and count such rows)"
-        typer.echo(f"error: {e}{hint}", err=True)
+        typer.echo(f"error: {e}{bad_row_hint(e)}", err=True)
         raise typer.Exit(2) from None
     except ValueError as e:
         typer.echo(f"error: {e}", err=True)
