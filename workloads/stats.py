@@ -231,23 +231,22 @@ class _IdealCache:
             return
         bs, p = r.block_size, r.prompt_tokens
         full = r.block_hashes[: p // bs]
-        run = 0
         if self.capacity is None:
             cache = self.sets.get(bs)
             if cache is None:
                 cache = self.sets[bs] = set()
-            for h in full:
-                if h not in cache:
-                    break
-                run += 1
-            cache.update(full)
+            keys = full
         else:
             cache = self.keys
             keys = [(bs, h) for h in full]
-            for k in keys:
-                if k not in cache:
-                    break
-                run += 1
+        run = 0                                 # the leading blocks the cache holds
+        for k in keys:
+            if k not in cache:
+                break
+            run += 1
+        if self.capacity is None:
+            cache.update(keys)
+        else:
             for k in reversed(keys):
                 cache[k] = None
                 cache.move_to_end(k)

@@ -586,8 +586,7 @@ class DecodeEngine(Core):
         B = self.block_tokens
         kv0 = np.fromiter((s.kv0 - s.shared + s.emitted for s in batch), np.int64, len(batch))
         low = np.fromiter((s.prompt - s.shared for s in batch), np.int64, len(batch))
-        rem = np.fromiter((s.rem for s in batch), np.int64, len(batch))
-        done = self._t_end.stop - np.fromiter((s.start for s in batch), np.int64, len(batch))
+        done, rem = self._stints(batch)
         held = np.fromiter((self.pool.held_blocks(s.req.id) for s in batch), np.int64, len(batch))
         need_h = -(-np.maximum(low, kv0 + emitted_after(done + horizon, rem, self.tps)) // B)
         cnt = np.maximum(0, need_h - held)
@@ -871,8 +870,7 @@ class DecodeEngine(Core):
         `step_token_times` needs. A later `run_cut` says how many steps ran."""
         if self.stream_to is None or not batch:
             return
-        done = self._t_end.stop - np.fromiter((s.start for s in batch), np.int64, len(batch))
-        rem = np.fromiter((s.rem for s in batch), np.int64, len(batch))
+        done, rem = self._stints(batch)
         index0 = emitted_after(done, rem, self.tps) + np.fromiter(
             (s.emitted + (s.first_token_s is not None) for s in batch), np.int64, len(batch))
         self.send(self.stream_to, "tokens_planned", self.name, float(t0), ends, self.tps,
@@ -903,8 +901,16 @@ class DecodeEngine(Core):
             # base_less_start + stop (`_start_run` prices from their sum)
             return np.fromiter((s.base_less_start + stop for s in batch), np.int64, len(batch))
         # (its context at the stint's start is base_less_start + start)
-        return np.fromiter((s.base_less_start + s.start + emitted_after(stop - s.start, s.rem, tps)
-                            for s in batch), np.int64, len(batch))
+        done, rem = self._stints(batch)
+        return np.fromiter((s.base_less_start + s.start for s in batch), np.int64, len(batch)) + \
+            emitted_after(done, rem, tps)
+
+    def _stints(self, batch: list[_Seq]) -> tuple[np.ndarray, np.ndarray]:
+        """(steps each request of `batch` has taken of its current stint, the tokens its
+        stint had left when it began): int64 arrays of shape (len(batch),), for the
+        vector computations over the batch (`emitted_after`)."""
+        done = self._t_end.stop - np.fromiter((s.start for s in batch), np.int64, len(batch))
+        return done, np.fromiter((s.rem for s in batch), np.int64, len(batch))
 
     def _batch_left(self, batch: list[_Seq], leaving) -> None:
         """The batch is now `batch` (the requests that stay, in order): `leaving` left."""

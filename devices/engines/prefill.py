@@ -215,7 +215,6 @@ class PrefillEngine(Core):
         attach_host_tier(self, host_kv_bytes, host_kv_Bps)
         if kv_events and self.prefix is not None and router is not None:
             self.prefix.journal = []
-        self._kv_events = self.prefix is not None and self.prefix.journal is not None
 
         self._queue: deque[_Job] = deque()
         self._running: list[_Job] = []
@@ -269,8 +268,7 @@ class PrefillEngine(Core):
                                f"known: {sorted(self.decode)}")
         if enqueue_batch(self, now, items, self._refusal, self._new_job):
             self._poke(now)
-            if self.series.enabled:
-                self._sample(now)
+            self._sample(now)
         self._report_load()
 
     def _refusal(self, req, target):
@@ -485,10 +483,9 @@ class PrefillEngine(Core):
             self.send(self.router, "load", self.name, load)
 
     def _sample(self, t: float) -> None:
-        """A row of the gauges over time (`series`); the callers call it only when
-        they are recorded (`series.enabled`: up to four times per request, the call is
-        skipped)."""
-        record_series(self, t, len(self._queue), len(self._running))
+        """A row of the gauges over time (`series`), when they are recorded."""
+        if self.series.enabled:
+            record_series(self, t, len(self._queue), len(self._running))
 
     def _publish_kv_events(self) -> None:
         """Send the router the prefix cache's changes since the last call (if any)."""
@@ -531,18 +528,17 @@ class PrefillEngine(Core):
         if events is None:
             events = []
         plan = plan_chunk(self._running, self._queue, self.chunk_tokens, self._try_admit)
-        if self._kv_events:
-            self._publish_kv_events()      # admissions may have evicted blocks
+        self._publish_kv_events()          # admissions may have evicted blocks
         if not plan:
             self._t_free = None
-            if self.series.enabled:
-                self._sample(now)
+            self._sample(now)
             if events:
                 self.send(self.collector, "events", events)
             return
         t0 = now if self._t_free is None else self._t_free
-        if self.series.enabled:
-            self._sample(t0)
+        if self.series.enabled:             # (memory held: a gauge too, recorded with them)
+            self.memory.add(t0, self.ledger.used)
+        self._sample(t0)
         load_s = host_load_s(plan)           # (of the jobs it starts: before they are marked)
         # one pass over the plan: its counts (lists: the cost model's lookup key as they
         # are), its tokens, the jobs it starts (their prefill_start events)
@@ -557,8 +553,6 @@ class PrefillEngine(Core):
                 events.append((j.req.id, "prefill_start", t0))
         c = self.cost.prefill(new, cached)
         t1 = t0 + load_s + c.time_s
-        if self.series.enabled:
-            self.memory.add(t0, self.ledger.used)
         if events:
             self.send(self.collector, "events", events)
         self._iter = (t0, t1, plan, c, tokens)
@@ -671,7 +665,7 @@ class PrefillEngine(Core):
                 self._publish_kv_events()
         if self.series.enabled:
             self.memory.add(now, self.ledger.used)
-            self._sample(now)
+        self._sample(now)
         self._poke(now)
 
 

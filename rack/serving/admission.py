@@ -54,6 +54,12 @@ def context_verdict(prompt_tokens: int, output_tokens: int, limit: Optional[int]
     return output_tokens, None
 
 
+def decode_footprint(prompt_tokens: int, output_tokens: int) -> int:
+    """KV tokens a request holds at its last decode step: its prompt and every output
+    token but the last (whose KV is never written)."""
+    return prompt_tokens + output_tokens - 1
+
+
 @dataclass(frozen=True)
 class KVFit:
     """The KV capacity of one instance: `capacity_bytes` for KV in paged blocks of
@@ -69,7 +75,7 @@ class KVFit:
 
     def fits_decode(self, prompt_tokens: int, output_tokens: int) -> bool:
         """Whether a request can ever run on this decode instance (module docstring)."""
-        return self.fits(prompt_tokens + output_tokens - 1)
+        return self.fits(decode_footprint(prompt_tokens, output_tokens))
 
     def max_tokens(self) -> int | float:
         """The most tokens of KV that fit: `fits(t)` holds exactly for integers t <= this
@@ -96,4 +102,5 @@ def first_fitting(fits: Mapping[str, KVFit], prompt_tokens: int, output_tokens: 
     return [n for n, f in fits.items() if f.fits(prompt_tokens)]
 
 
-__all__ = ["ADMISSION_REASONS", "ContextOverflow", "KVFit", "context_verdict", "first_fitting", "kv_fit_of"]
+__all__ = ["ADMISSION_REASONS", "ContextOverflow", "KVFit", "context_verdict", "decode_footprint", "first_fitting",
+           "kv_fit_of"]

@@ -39,7 +39,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from rack.serving.admission import KVFit, context_verdict
+from rack.serving.admission import KVFit, context_verdict, decode_footprint
 from rack.serving.prefix_routing import CachedBlockIndex, prefix_aware_choice
 from workloads.core import Core
 
@@ -398,7 +398,8 @@ class Router(Core):
                 cands = [nm for nm, most in self._prompt_max if p <= most]
                 if not cands:
                     reason = "prompt_exceeds_kv_capacity"
-                elif self._decode_max is not None and p + req.output_tokens - 1 > self._decode_max:
+                elif self._decode_max is not None and \
+                        decode_footprint(p, req.output_tokens) > self._decode_max:
                     reason = "exceeds_decode_kv_capacity"
             if reason is not None:
                 refused.append((req.id, reason))
@@ -465,7 +466,7 @@ class Router(Core):
         most = self._max_tokens.get(name)
         if most is None:
             return True
-        return (req.prompt_tokens + req.output_tokens - 1 if decode else req.prompt_tokens) <= most
+        return (decode_footprint(req.prompt_tokens, req.output_tokens) if decode else req.prompt_tokens) <= most
 
     def _next_fitting(self, cycle, n: int, req: Any, both: bool) -> str | None:
         """The next name of round-robin `cycle` (n names) that `req` fits: its decode
