@@ -99,7 +99,8 @@ def test_a_trace_without_timestamps_runs_with_a_request_rate(cli, tmp_path, load
     res = json.loads((out / "results.json").read_text())
     assert res["provenance"]["trace"]["reader"]["format"] == "vidur"
     if "--max-concurrency" in load:     # the arrivals line says what paced them
-        assert "(asked: the source's own timing, sent as slots free: --max-concurrency 2)" in r.output, r.output
+        assert "in the source's schedule (asked: the source's own timing), each sent as a slot frees " \
+            "(--max-concurrency 2)" in r.output and "realised" not in r.output, r.output
 
 
 def test_rack_run_names_skip_bad_rows_for_a_bad_row_as_trace_stats_does(cli, tmp_path):

@@ -184,7 +184,9 @@ def rate_line(requests, load: "LoadOptions", rate_scale: float = 1.0) -> str:
     """The realised arrival rate of `requests` beside the asked one (what `rack run` and
     `rack compare` print): "arrivals: N over S s (first to last), R req/s realised
     (asked: ...)". Realised = N / --duration when one is set, else (N - 1) / S (the
-    rate the gaps realise)."""
+    rate the gaps realise). Under a closed loop (--max-concurrency) the run sends each
+    request as a slot frees: the line gives the source's schedule and says so, with no
+    realised rate."""
     from rack.experiments.sweep import arrival_summary
 
     a = arrival_summary(requests)
@@ -195,8 +197,12 @@ def rate_line(requests, load: "LoadOptions", rate_scale: float = 1.0) -> str:
              f"--request-rate {r:g}" + (f" for --duration {load.duration:g} s" if load.duration else "")
              if r is not None else "the source's own timing"
              + (f" x --rate-scale {rate_scale:g}" if rate_scale != 1.0 else ""))
-    if load.max_concurrency is not None:        # the closed loop paces them, whatever their arrivals
-        asked += f", sent as slots free: --max-concurrency {load.max_concurrency}"
+    if load.max_concurrency is not None:
+        # a closed loop sends a request when a slot frees: the run sets when they are
+        # sent, so the requests' own times are a schedule, not a realised rate
+        return (f"arrivals: {a['arrivals']} over {a['arrival_span_s']:.4g} s in the source's schedule "
+                f"(asked: {asked}), each sent as a slot frees (--max-concurrency {load.max_concurrency}): "
+                "the times sent are the requests' t_arrival in the results")
     real = f"{a['realised_rps']:.3g} req/s realised" if a["realised_rps"] is not None else "no rate realised"
     return f"arrivals: {a['arrivals']} over {a['arrival_span_s']:.4g} s (first to last), {real} (asked: {asked})"
 
